@@ -1,0 +1,100 @@
+//! Keep derived tables fresh from change-data-capture.
+//!
+//! A change event is a doorbell, never the data: freshen maps each row change to the
+//! *scope keys* of the derived tables it dirties, waits for each key to go quiet
+//! (debounce, capped by a maximum wait), and calls your rebuild to recompute that scope
+//! from the source tables. Rebuilds are idempotent, so at-least-once delivery is enough
+//! and the derived table cannot drift; a reconcile sweep is the safety net.
+//!
+//! # Concepts
+//!
+//! - [`Source`]: batches of [`RowEvent`]s, each batch with one [`Ack`]. Sources live in
+//!   adapter crates (`freshen-postgres`, `freshen-kafka`, …); [`channel`] is an in-memory one.
+//! - *Scope*: `Fn(&RowEvent) -> keys`. A row that moves between scopes dirties both
+//!   ([`RowEvent::scope_keys`]).
+//! - [`DirtySet`]: the scheduler. Per-key debounce (`coalesce`) with a cap (`max_wait`),
+//!   single flight, exponential backoff with jitter, quarantine after `poison_after`
+//!   failures. O(log n) per operation.
+//! - *Rebuild*: recompute one key, or up to N keys per call ([`Rebuild`]).
+//! - *Reconcile*: list the live key universe ([`Enumerate`]) once at start, then on an
+//!   interval and right after a TRUNCATE; every key flows through the normal pipeline.
+//! - [`AckPolicy`]: acknowledge on enqueue (stateless; the sweep heals a crash) or after
+//!   rebuild (the default; a crash loses nothing, the source replays).
+//! - [`Stats`]: counters, gauges and a freshness-lag histogram, from a [`Handle`].
+//!
+//! # Example
+//!
+//! Three row changes on two devices collapse into two rebuilds:
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use std::time::Duration;
+//! use freshen::{channel, Ack, Batch, Key, Op, Refresher, Row, RowEvent, Value};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let reading = |device: &str, value: i64| {
+//!     RowEvent::new("public", "readings", Op::Insert)
+//!         .with_new(Row::from_pairs([("device", Value::from(device)), ("value", Value::Int(value))]))
+//! };
+//! let (feed, source) = channel(16);
+//! let rebuilt = Arc::new(Mutex::new(Vec::new()));
+//! let log = rebuilt.clone();
+//! let refresher = Refresher::builder()
+//!     .source(source)
+//!     .scope(|e: &RowEvent| e.scope_keys(&["device"]))
+//!     .rebuild(move |key: Key| {
+//!         let log = log.clone();
+//!         async move {
+//!             // Here: DELETE + INSERT … SELECT … WHERE device = $1, in one transaction.
+//!             log.lock().unwrap().push(key.to_string());
+//!             Ok::<_, std::io::Error>(())
+//!         }
+//!     })
+//!     .coalesce(Duration::from_millis(20))
+//!     .build()
+//!     .expect("valid configuration");
+//!
+//! let events = vec![reading("dev-1", 10), reading("dev-2", 5), reading("dev-1", 12)];
+//! feed.send(Batch::new(events, Ack::none())).await.unwrap();
+//! drop(feed); // end of stream: run drains the dirty keys, then returns
+//! refresher.run(std::future::pending()).await.unwrap();
+//!
+//! let mut keys = rebuilt.lock().unwrap().clone();
+//! keys.sort();
+//! assert_eq!(keys, ["dev-1", "dev-2"]);
+//! assert_eq!(refresher.stats().rebuilds_ok, 2);
+//! # });
+//! ```
+//!
+//! # Dependencies
+//!
+//! This crate depends on tokio only; it never learns about a database. No features.
+
+mod ack;
+mod backoff;
+mod channel;
+mod dirty;
+mod event;
+mod fanout;
+mod histogram;
+mod index;
+mod key;
+mod rebuild;
+mod refresher;
+mod source;
+mod stats;
+
+pub use ack::AckPolicy;
+pub use backoff::Backoff;
+pub use channel::{channel, ChannelSource, Feed, FeedClosed};
+pub use dirty::{Completion, DirtyConfig, DirtySet, Mark, Ready};
+pub use event::{Columns, Op, Row, RowEvent, Tx, Value};
+pub use fanout::{fanout, Branch};
+pub use histogram::HistogramSnapshot;
+pub use key::{Key, Parts};
+pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
+pub use refresher::{BuildError, Builder, Handle, Refresher, Report, RunError};
+pub use source::{
+    Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError,
+};
+pub use stats::Stats;

@@ -1,0 +1,161 @@
+//! The two user callbacks that touch the database: `Rebuild` and `Enumerate`.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+
+use tokio::sync::mpsc;
+
+use crate::{BoxError, BoxFuture, Key};
+
+/// A key due for rebuild, with what the source said about the changes behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    /// The scope to recompute.
+    pub key: Key,
+    /// Ids of the transactions (PostgreSQL `xid8`) whose changes dirtied the key since
+    /// its last rebuild started, oldest first. A rebuild must see all of them: a database
+    /// can ship a commit through its change stream a moment before the commit is visible
+    /// to new snapshots, and `freshen-postgres` checks its snapshot against these.
+    /// Empty when the source gives no transaction ids or a reconcile sweep listed the key.
+    pub txids: Vec<u64>,
+}
+
+/// Recomputes dirty scopes from the source tables. Must be idempotent: a key may be
+/// rebuilt more than once for one change (at-least-once delivery, reconcile sweeps).
+///
+/// Most programs pass a closure to [`Builder::rebuild`](crate::Builder::rebuild) or
+/// [`Builder::rebuild_batch`](crate::Builder::rebuild_batch); implement this trait to see
+/// transaction ids or to rebuild several keys in one round trip.
+pub trait Rebuild: Send + Sync + 'static {
+    /// Rebuilds `due` (at most [`max_batch`](Self::max_batch) keys, never two rebuilds of
+    /// one key at once). An error fails every key in the call; each is retried on its own.
+    fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>>;
+
+    /// How many keys one call may take (1 = one key per call).
+    fn max_batch(&self) -> usize {
+        1
+    }
+}
+
+/// Lists the live key universe for a reconcile sweep, streaming keys into a [`KeySink`].
+pub trait Enumerate: Send + Sync + 'static {
+    /// Sends every key that should exist (and every key the derived table holds, so that
+    /// stale rows are removed) into `sink`.
+    fn enumerate(&self, sink: KeySink) -> BoxFuture<'_, Result<(), BoxError>>;
+}
+
+/// Where a reconcile sweep sends the keys it lists; each key joins the normal pipeline.
+#[derive(Debug, Clone)]
+pub struct KeySink {
+    tx: mpsc::Sender<Key>,
+}
+
+/// The refresher stopped listening (it is shutting down); stop enumerating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkClosed;
+
+impl fmt::Display for SinkClosed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the refresher stopped taking reconcile keys")
+    }
+}
+
+impl std::error::Error for SinkClosed {}
+
+impl KeySink {
+    pub(crate) fn new(tx: mpsc::Sender<Key>) -> KeySink {
+        KeySink { tx }
+    }
+
+    /// Sends one key, waiting while the refresher catches up.
+    pub async fn send(&self, key: Key) -> Result<(), SinkClosed> {
+        self.tx.send(key).await.map_err(|_| SinkClosed)
+    }
+}
+
+/// Adapts `Fn(Key) -> Future<Output = Result<(), E>>` to [`Rebuild`].
+pub(crate) struct PerKey<F, Fut, E>(pub(crate) F, PhantomData<fn() -> (Fut, E)>);
+
+impl<F, Fut, E> PerKey<F, Fut, E> {
+    pub(crate) fn new(f: F) -> Self {
+        PerKey(f, PhantomData)
+    }
+}
+
+impl<F, Fut, E> Rebuild for PerKey<F, Fut, E>
+where
+    F: Fn(Key) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
+        // max_batch is 1, so there is exactly one key; run them in turn regardless.
+        Box::pin(async move {
+            for d in due {
+                (self.0)(d.key.clone()).await.map_err(Into::into)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Adapts `Fn(Vec<Key>) -> Future<Output = Result<(), E>>` to [`Rebuild`].
+pub(crate) struct Batched<F, Fut, E> {
+    f: F,
+    max: usize,
+    _p: PhantomData<fn() -> (Fut, E)>,
+}
+
+impl<F, Fut, E> Batched<F, Fut, E> {
+    pub(crate) fn new(max: usize, f: F) -> Self {
+        Batched {
+            f,
+            max,
+            _p: PhantomData,
+        }
+    }
+}
+
+impl<F, Fut, E> Rebuild for Batched<F, Fut, E>
+where
+    F: Fn(Vec<Key>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
+        let keys = due.iter().map(|d| d.key.clone()).collect();
+        let fut = (self.f)(keys);
+        Box::pin(async move { fut.await.map_err(Into::into) })
+    }
+
+    fn max_batch(&self) -> usize {
+        self.max.max(1)
+    }
+}
+
+/// Adapts `Fn() -> Future<Output = Result<Vec<Key>, E>>` to [`Enumerate`].
+pub(crate) struct ListAll<F, Fut, E>(F, PhantomData<fn() -> (Fut, E)>);
+
+impl<F, Fut, E> ListAll<F, Fut, E> {
+    pub(crate) fn new(f: F) -> Self {
+        ListAll(f, PhantomData)
+    }
+}
+
+impl<F, Fut, E> Enumerate for ListAll<F, Fut, E>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Vec<Key>, E>> + Send + 'static,
+    E: Into<BoxError> + 'static,
+{
+    fn enumerate(&self, sink: KeySink) -> BoxFuture<'_, Result<(), BoxError>> {
+        let fut = (self.0)();
+        Box::pin(async move {
+            for key in fut.await.map_err(Into::into)? {
+                sink.send(key).await?;
+            }
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,223 @@
+//! The source contract: batches of row events, each with one acknowledgement.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::RowEvent;
+
+/// A boxed error that can cross threads.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// A boxed, sendable future (what the object-safe traits here return).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Tells a source that a batch is done with: its position may be confirmed upstream
+/// (replication feedback, Kafka offset commit, Pulsar ack).
+///
+/// The refresher calls acks strictly in the order the batches arrived. Dropping an
+/// `Ack` without calling it is "not acknowledged": after a crash the source replays.
+pub struct Ack(Option<Box<dyn FnOnce() + Send>>);
+
+impl Ack {
+    /// An acknowledgement that runs `f` once when the batch is released.
+    pub fn new(f: impl FnOnce() + Send + 'static) -> Ack {
+        Ack(Some(Box::new(f)))
+    }
+
+    /// An acknowledgement that does nothing (a source without positions).
+    pub fn none() -> Ack {
+        Ack(None)
+    }
+
+    /// Releases the batch.
+    pub fn ack(mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+impl fmt::Debug for Ack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "Ack" } else { "Ack(none)" })
+    }
+}
+
+/// What a source hands the refresher: row events, the messages it had to skip, and one
+/// acknowledgement covering all of them.
+///
+/// A message the source cannot decode is a *skip*: it travels in the batch (so its
+/// position is acknowledged with the batch and never pins the source), is counted and
+/// reported, and the stream goes on.
+#[derive(Debug)]
+pub struct Batch {
+    events: Arc<[RowEvent]>,
+    skipped: Vec<BoxError>,
+    ack: Ack,
+}
+
+impl Batch {
+    /// A batch of events with its acknowledgement.
+    pub fn new(events: Vec<RowEvent>, ack: Ack) -> Batch {
+        Batch {
+            events: events.into(),
+            skipped: Vec::new(),
+            ack,
+        }
+    }
+
+    /// A batch sharing already-shared events (see [`fanout`](crate::fanout)).
+    pub fn shared(events: Arc<[RowEvent]>, ack: Ack) -> Batch {
+        Batch {
+            events,
+            skipped: Vec::new(),
+            ack,
+        }
+    }
+
+    /// Adds a message the source could not decode.
+    pub fn with_skipped(mut self, error: impl Into<BoxError>) -> Batch {
+        self.skipped.push(error.into());
+        self
+    }
+
+    /// The row events, in source order.
+    pub fn events(&self) -> &[RowEvent] {
+        &self.events
+    }
+
+    /// The events as a shared slice.
+    pub fn shared_events(&self) -> &Arc<[RowEvent]> {
+        &self.events
+    }
+
+    /// Messages skipped because they could not be decoded.
+    pub fn skipped(&self) -> &[BoxError] {
+        &self.skipped
+    }
+
+    /// Splits the batch into its parts.
+    pub fn into_parts(self) -> (Arc<[RowEvent]>, Vec<BoxError>, Ack) {
+        (self.events, self.skipped, self.ack)
+    }
+}
+
+/// A source error that ends [`Refresher::run`](crate::Refresher::run): sources retry
+/// what can be retried (reconnects) themselves, so whatever reaches the refresher is
+/// final. Cloneable so that [`fanout`](crate::fanout) can hand it to every branch.
+#[derive(Clone)]
+pub struct SourceError(Arc<dyn StdError + Send + Sync + 'static>);
+
+impl SourceError {
+    /// Wraps any error.
+    pub fn new(error: impl Into<BoxError>) -> SourceError {
+        SourceError(Arc::from(error.into()))
+    }
+
+    /// A plain-message error.
+    pub fn msg(message: impl fmt::Display) -> SourceError {
+        SourceError::new(message.to_string())
+    }
+
+    /// The wrapped error.
+    pub fn inner(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for SourceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl StdError for SourceError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
+}
+
+/// How much of a changed row's former image a source delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeforeImage {
+    /// The whole former row (PostgreSQL REPLICA IDENTITY FULL, MySQL full row image).
+    Full,
+    /// Only the key columns, and only when they change (PostgreSQL's default identity).
+    KeyOnly,
+    /// No former row.
+    None,
+}
+
+/// What a source can guarantee, so that `freshen check` can say what a configuration
+/// cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How much of the former row updates and deletes carry.
+    pub before_image: BeforeImage,
+    /// Whether unacknowledged batches are replayed after a restart (a replication slot,
+    /// a committed consumer offset). Without it only the reconcile sweep heals a crash.
+    pub recoverable: bool,
+    /// Whether the source can deliver the current contents as events (a snapshot).
+    pub snapshot: bool,
+    /// Whether the source polls a cursor column instead of reading a change log.
+    pub cursor: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Capabilities {
+        Capabilities {
+            before_image: BeforeImage::None,
+            recoverable: false,
+            snapshot: false,
+            cursor: false,
+        }
+    }
+}
+
+/// A stream of row-event batches: PostgreSQL logical replication, a MySQL binlog, a
+/// Kafka topic, an in-memory channel.
+///
+/// Usable as a trait object (`Box<dyn Source>`) so that a program can pick its source
+/// at run time.
+pub trait Source: Send + 'static {
+    /// The next batch; `None` when the stream has ended for good; `Err` for a failure
+    /// the source could not recover from (it retries reconnects itself).
+    ///
+    /// The refresher may drop the returned future when it shuts down; nothing the source
+    /// has not yet handed over is acknowledged, so a replay covers it.
+    fn next_batch(&mut self) -> BoxFuture<'_, Option<Result<Batch, SourceError>>>;
+
+    /// What this source can guarantee.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Called once when the refresher stops, after the last acknowledgement: a chance to
+    /// send final feedback upstream.
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+impl<S: Source + ?Sized> Source for Box<S> {
+    fn next_batch(&mut self) -> BoxFuture<'_, Option<Result<Batch, SourceError>>> {
+        (**self).next_batch()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        (**self).close()
+    }
+}

@@ -1,0 +1,167 @@
+//! `Stats`: a plain snapshot of a refresher's counters and gauges.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::histogram::{Histogram, HistogramSnapshot};
+
+/// A point-in-time view of a refresher, from [`Handle::stats`](crate::Handle::stats).
+///
+/// Counters only grow; gauges are the value at the snapshot. There is no metrics client
+/// here: the `freshen` binary exports these to Prometheus.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Batches received from the source.
+    pub batches_received: u64,
+    /// Batches acknowledged to the source.
+    pub batches_acked: u64,
+    /// Row events received.
+    pub events_received: u64,
+    /// Messages the source could not decode (skipped, counted, reported).
+    pub events_skipped: u64,
+    /// TRUNCATE events received.
+    pub truncates: u64,
+    /// Keys marked dirty by events and sweeps (one per key per event).
+    pub keys_marked: u64,
+    /// Marks ignored because the key is poisoned.
+    pub keys_ignored: u64,
+    /// Keys rebuilt successfully.
+    pub rebuilds_ok: u64,
+    /// Key rebuilds that failed.
+    pub rebuilds_failed: u64,
+    /// Calls of the rebuild callback (less than keys when rebuilds are batched).
+    pub rebuild_calls: u64,
+    /// Keys quarantined after repeated failures (counted once per quarantine).
+    pub keys_poisoned: u64,
+    /// Reconcile sweeps completed.
+    pub reconciles: u64,
+    /// Reconcile sweeps that failed to list keys.
+    pub reconcile_failures: u64,
+    /// Keys listed by reconcile sweeps.
+    pub reconcile_keys: u64,
+    /// Keys waiting for a rebuild (dirty or waiting to retry). Gauge.
+    pub dirty: u64,
+    /// Keys quarantined now. Gauge.
+    pub poisoned: u64,
+    /// Keys being rebuilt now. Gauge.
+    pub in_flight: u64,
+    /// Batches received but not yet acknowledged. Gauge.
+    pub unacked_batches: u64,
+    /// When the last batch arrived.
+    pub last_event: Option<SystemTime>,
+    /// When the last rebuild succeeded.
+    pub last_rebuild: Option<SystemTime>,
+    /// Freshness lag: from the first change that dirtied a key to the end of the rebuild
+    /// that covered it.
+    pub freshness: HistogramSnapshot,
+}
+
+/// The live counters behind [`Stats`], shared by the run loop and every handle.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    pub(crate) batches_received: AtomicU64,
+    pub(crate) batches_acked: AtomicU64,
+    pub(crate) events_received: AtomicU64,
+    pub(crate) events_skipped: AtomicU64,
+    pub(crate) truncates: AtomicU64,
+    pub(crate) keys_marked: AtomicU64,
+    pub(crate) keys_ignored: AtomicU64,
+    pub(crate) rebuilds_ok: AtomicU64,
+    pub(crate) rebuilds_failed: AtomicU64,
+    pub(crate) rebuild_calls: AtomicU64,
+    pub(crate) keys_poisoned: AtomicU64,
+    pub(crate) reconciles: AtomicU64,
+    pub(crate) reconcile_failures: AtomicU64,
+    pub(crate) reconcile_keys: AtomicU64,
+    pub(crate) dirty: AtomicU64,
+    pub(crate) poisoned: AtomicU64,
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) unacked_batches: AtomicU64,
+    /// Milliseconds since the Unix epoch; 0 = never.
+    pub(crate) last_event_ms: AtomicU64,
+    pub(crate) last_rebuild_ms: AtomicU64,
+    pub(crate) freshness: Histogram,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn time_of(ms: u64) -> Option<SystemTime> {
+    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+impl Recorder {
+    pub(crate) fn new() -> Recorder {
+        let z = || AtomicU64::new(0);
+        Recorder {
+            batches_received: z(),
+            batches_acked: z(),
+            events_received: z(),
+            events_skipped: z(),
+            truncates: z(),
+            keys_marked: z(),
+            keys_ignored: z(),
+            rebuilds_ok: z(),
+            rebuilds_failed: z(),
+            rebuild_calls: z(),
+            keys_poisoned: z(),
+            reconciles: z(),
+            reconcile_failures: z(),
+            reconcile_keys: z(),
+            dirty: z(),
+            poisoned: z(),
+            in_flight: z(),
+            unacked_batches: z(),
+            last_event_ms: z(),
+            last_rebuild_ms: z(),
+            freshness: Histogram::new(),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn set(gauge: &AtomicU64, v: u64) {
+        gauge.store(v, Relaxed);
+    }
+
+    pub(crate) fn touch_event(&self) {
+        self.last_event_ms.store(now_ms(), Relaxed);
+    }
+
+    pub(crate) fn touch_rebuild(&self) {
+        self.last_rebuild_ms.store(now_ms(), Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        Stats {
+            batches_received: g(&self.batches_received),
+            batches_acked: g(&self.batches_acked),
+            events_received: g(&self.events_received),
+            events_skipped: g(&self.events_skipped),
+            truncates: g(&self.truncates),
+            keys_marked: g(&self.keys_marked),
+            keys_ignored: g(&self.keys_ignored),
+            rebuilds_ok: g(&self.rebuilds_ok),
+            rebuilds_failed: g(&self.rebuilds_failed),
+            rebuild_calls: g(&self.rebuild_calls),
+            keys_poisoned: g(&self.keys_poisoned),
+            reconciles: g(&self.reconciles),
+            reconcile_failures: g(&self.reconcile_failures),
+            reconcile_keys: g(&self.reconcile_keys),
+            dirty: g(&self.dirty),
+            poisoned: g(&self.poisoned),
+            in_flight: g(&self.in_flight),
+            unacked_batches: g(&self.unacked_batches),
+            last_event: time_of(g(&self.last_event_ms)),
+            last_rebuild: time_of(g(&self.last_rebuild_ms)),
+            freshness: self.freshness.snapshot(),
+        }
+    }
+}

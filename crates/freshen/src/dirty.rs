@@ -24,9 +24,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
+use crate::Key;
 use crate::backoff::{Backoff, Rng};
 use crate::index::{Hash32, Index};
-use crate::Key;
 
 /// Timing of a [`DirtySet`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -549,7 +549,10 @@ mod tests {
         for name in ["x", "y", "z", "w"] {
             s.mark(&k(name), t0);
         }
-        assert_eq!(drain(&mut s, t0 + 100 * MS), vec![k("x"), k("y"), k("z"), k("w")]);
+        assert_eq!(
+            drain(&mut s, t0 + 100 * MS),
+            vec![k("x"), k("y"), k("z"), k("w")]
+        );
     }
 
     #[test]
@@ -573,7 +576,10 @@ mod tests {
         s.mark(&k("c"), t0 + 16 * MS);
         // a's re-dirty would be due at 22 ms, before b (25) and c (26); the rebuild ends
         // at 40 ms when all three are due, and a goes behind the others.
-        assert_eq!(s.complete(&k("a"), true, t0 + 40 * MS), Completion::Requeued);
+        assert_eq!(
+            s.complete(&k("a"), true, t0 + 40 * MS),
+            Completion::Requeued
+        );
         assert_eq!(s.queued(), 3);
         let again = drain(&mut s, t0 + 40 * MS);
         assert_eq!(again, vec![k("b"), k("c"), k("a")]);
@@ -583,7 +589,10 @@ mod tests {
         s2.pop_ready(t0 + 10 * MS).unwrap();
         s2.mark(&k("a"), t0 + 12 * MS);
         s2.complete(&k("a"), true, t0 + 13 * MS);
-        assert_eq!(s2.pop_ready(t0 + 22 * MS).unwrap().first_dirty, t0 + 12 * MS);
+        assert_eq!(
+            s2.pop_ready(t0 + 22 * MS).unwrap().first_dirty,
+            t0 + 12 * MS
+        );
     }
 
     #[test]
@@ -594,7 +603,10 @@ mod tests {
         assert_eq!(s.complete(&k("a"), true, t0 + 11 * MS), Completion::Clean);
         assert!(s.is_idle());
         assert_eq!(s.next_deadline(), None);
-        assert_eq!(s.complete(&k("a"), true, t0 + 12 * MS), Completion::NotRunning);
+        assert_eq!(
+            s.complete(&k("a"), true, t0 + 12 * MS),
+            Completion::NotRunning
+        );
         assert_eq!(s.mark(&k("a"), t0 + 20 * MS), Mark::Queued);
     }
 
@@ -649,7 +661,10 @@ mod tests {
             }
             outcomes.push(c);
         }
-        let poisoned = outcomes.iter().filter(|c| **c == Completion::Poisoned).count();
+        let poisoned = outcomes
+            .iter()
+            .filter(|c| **c == Completion::Poisoned)
+            .count();
         assert_eq!(poisoned, 1);
         assert_eq!(*outcomes.last().unwrap(), Completion::Poisoned);
         assert_eq!(s.poisoned(), 1);

@@ -372,7 +372,7 @@ mod tests {
     use super::*;
 
     fn row(pairs: &[(&str, Value)]) -> Row {
-        Row::from_pairs(pairs.iter().cloned().map(|(c, v)| (c, v)))
+        Row::from_pairs(pairs.iter().cloned())
     }
 
     #[test]
@@ -386,7 +386,10 @@ mod tests {
     fn text_forms() {
         assert_eq!(Value::Int(-3).to_text().unwrap(), "-3");
         assert_eq!(Value::Bool(true).to_text().unwrap(), "true");
-        assert_eq!(Value::Bytes(vec![0, 171].into()).to_text().unwrap(), "\\x00ab");
+        assert_eq!(
+            Value::Bytes(vec![0, 171].into()).to_text().unwrap(),
+            "\\x00ab"
+        );
         assert_eq!(Value::from(None::<i64>), Value::Null);
     }
 
@@ -394,10 +397,7 @@ mod tests {
     fn row_key_single_and_composite() {
         let r = row(&[("a", Value::Int(1)), ("b", Value::Null), ("c", "x".into())]);
         assert_eq!(r.key(&["a"]), Some(Key::from("1")));
-        assert_eq!(
-            r.key(&["c", "b"]),
-            Some(Key::from_parts([Some("x"), None]))
-        );
+        assert_eq!(r.key(&["c", "b"]), Some(Key::from_parts([Some("x"), None])));
         assert_eq!(r.key(&["missing"]), None);
         assert_eq!(r.key(&["b"]), Some(Key::from_parts([None::<&str>])));
     }
@@ -424,9 +424,11 @@ mod tests {
         let e = RowEvent::new("s", "t", Op::Update)
             .with_new(row(&[("d", Value::Unchanged), ("v", Value::Int(2))]))
             .with_old(row(&[("d", "a".into()), ("v", Value::Int(1))]));
-        assert_eq!(e.scope_keys(&["d"]).collect::<Vec<_>>(), vec![Key::from("a")]);
-        let no_old = RowEvent::new("s", "t", Op::Update)
-            .with_new(row(&[("d", Value::Unchanged)]));
+        assert_eq!(
+            e.scope_keys(&["d"]).collect::<Vec<_>>(),
+            vec![Key::from("a")]
+        );
+        let no_old = RowEvent::new("s", "t", Op::Update).with_new(row(&[("d", Value::Unchanged)]));
         assert_eq!(no_old.scope_keys(&["d"]).count(), 0);
     }
 
@@ -434,6 +436,9 @@ mod tests {
     fn delete_with_key_only_old_image_yields_nothing_for_other_columns() {
         let e = RowEvent::new("s", "t", Op::Delete).with_old(row(&[("id", Value::Int(7))]));
         assert_eq!(e.scope_keys(&["device"]).count(), 0);
-        assert_eq!(e.scope_keys(&["id"]).collect::<Vec<_>>(), vec![Key::from("7")]);
+        assert_eq!(
+            e.scope_keys(&["id"]).collect::<Vec<_>>(),
+            vec![Key::from("7")]
+        );
     }
 }

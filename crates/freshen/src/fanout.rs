@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{Notify, mpsc};
 
 use crate::{Ack, Batch, BoxFuture, Capabilities, Source, SourceError};
 
@@ -89,7 +89,10 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
 }
 
 async fn pump(start: Start, shared: Arc<Shared>) {
-    let Start { mut source, senders } = start;
+    let Start {
+        mut source,
+        senders,
+    } = start;
     let closed = shared.all_closed.notified();
     tokio::pin!(closed);
     loop {

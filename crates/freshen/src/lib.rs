@@ -86,15 +86,13 @@ mod stats;
 
 pub use ack::AckPolicy;
 pub use backoff::Backoff;
-pub use channel::{channel, ChannelSource, Feed, FeedClosed};
+pub use channel::{ChannelSource, Feed, FeedClosed, channel};
 pub use dirty::{Completion, DirtyConfig, DirtySet, Mark, Ready};
 pub use event::{Columns, Op, Row, RowEvent, Tx, Value};
-pub use fanout::{fanout, Branch};
+pub use fanout::{Branch, fanout};
 pub use histogram::HistogramSnapshot;
 pub use key::{Key, Parts};
 pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
 pub use refresher::{BuildError, Builder, Handle, Refresher, Report, RunError};
-pub use source::{
-    Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError,
-};
+pub use source::{Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError};
 pub use stats::Stats;

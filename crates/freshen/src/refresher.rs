@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -90,7 +90,10 @@ impl fmt::Display for Report<'_> {
             ),
             Report::Skipped { error } => write!(f, "skipped an undecodable message: {error}"),
             Report::ReconcileFailed { error, retry_in } => {
-                write!(f, "reconcile sweep failed, retrying in {retry_in:?}: {error}")
+                write!(
+                    f,
+                    "reconcile sweep failed, retrying in {retry_in:?}: {error}"
+                )
             }
             Report::TruncateIgnored { schema, table } => write!(
                 f,
@@ -377,10 +380,8 @@ impl Builder {
                 self.backoff.base, self.backoff.max
             ));
         }
-        if let Some(r) = &self.reconcile {
-            if r.every.is_zero() {
-                problems.push("reconcile interval must be greater than zero".into());
-            }
+        if self.reconcile.as_ref().is_some_and(|r| r.every.is_zero()) {
+            problems.push("reconcile interval must be greater than zero".into());
         }
         let (Some(source), Some(scope), Some(rebuild), true) =
             (self.source, self.scope, self.rebuild, problems.is_empty())
@@ -769,7 +770,13 @@ impl Runner {
         }
     }
 
-    fn mark(&mut self, key: Key, now: std::time::Instant, batch: Option<BatchId>, txid: Option<u64>) {
+    fn mark(
+        &mut self,
+        key: Key,
+        now: std::time::Instant,
+        batch: Option<BatchId>,
+        txid: Option<u64>,
+    ) {
         let st = &self.shared.stats;
         if self.dirty.mark(&key, now) == Mark::Ignored {
             Recorder::add(&st.keys_ignored, 1);
@@ -844,7 +851,10 @@ impl Runner {
 
     fn mark_swept(&mut self, keys: &mut Vec<Key>) {
         let now = Instant::now().into_std();
-        let pin = self.sweep.as_ref().and_then(|s| s.pins.iter().min().copied());
+        let pin = self
+            .sweep
+            .as_ref()
+            .and_then(|s| s.pins.iter().min().copied());
         let st = &self.shared.stats;
         Recorder::add(&st.reconcile_keys, keys.len() as u64);
         for key in keys.drain(..) {
@@ -952,10 +962,7 @@ impl Runner {
         }
     }
 
-    fn finish_job(
-        &mut self,
-        done: Result<(tokio::task::Id, JobOutput), tokio::task::JoinError>,
-    ) {
+    fn finish_job(&mut self, done: Result<(tokio::task::Id, JobOutput), tokio::task::JoinError>) {
         let (id, dues, result) = match done {
             Ok((id, (dues, result))) => (id, dues, result),
             Err(e) => {
@@ -977,7 +984,8 @@ impl Runner {
                     if let Some(t) = &mut self.tracker {
                         t.succeeded(m.covered);
                     }
-                    st.freshness.record(now.saturating_duration_since(m.first_dirty));
+                    st.freshness
+                        .record(now.saturating_duration_since(m.first_dirty));
                     Recorder::add(&st.rebuilds_ok, 1);
                 }
                 st.touch_rebuild();

@@ -1,0 +1,565 @@
+//! Run-level behaviour of `Refresher` with an in-memory source.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use freshen::{
+    Ack, AckPolicy, Batch, Due, Key, Rebuild, Refresher, Report, RunError, SourceError, channel,
+    fanout,
+};
+use support::*;
+
+fn recording(
+    log: &Log,
+) -> impl Fn(Key) -> std::future::Ready<Result<(), std::io::Error>> + Send + Sync + 'static {
+    let log = log.clone();
+    move |key: Key| {
+        log.push(key.to_string());
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_events_on_two_keys_make_two_rebuilds_all_acked() {
+    let (feed, source) = channel(8);
+    let log = Log::default();
+    let acks = Acks::default();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&log))
+        .coalesce(50 * MS)
+        .build()
+        .unwrap();
+    feed.send(acks.batch(1, vec![reading("a", 1), reading("b", 2)]))
+        .await
+        .unwrap();
+    feed.send(acks.batch(2, vec![reading("a", 3)]))
+        .await
+        .unwrap();
+    drop(feed);
+    within(
+        "run drains",
+        Duration::from_secs(10),
+        r.run(std::future::pending()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(log.sorted(), ["a", "b"]);
+    assert_eq!(acks.list(), [1, 2]);
+    let s = r.stats();
+    assert_eq!(s.events_received, 3);
+    assert_eq!(s.keys_marked, 3);
+    assert_eq!(s.rebuilds_ok, 2);
+    assert_eq!(s.batches_received, 2);
+    assert_eq!(s.batches_acked, 2);
+    assert_eq!(s.freshness.count(), 2);
+    assert!(s.last_rebuild.is_some() && s.last_event.is_some());
+    assert_eq!((s.dirty, s.in_flight, s.unacked_batches), (0, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_key_is_poisoned_without_blocking_a_healthy_one() {
+    let (feed, source) = channel(8);
+    let log = Log::default();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let rep = reports.clone();
+    let acks = Acks::default();
+    let l = log.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |key: Key| {
+            let l = l.clone();
+            async move {
+                if key.as_str() == Some("bad") {
+                    return Err("constraint violation".to_string());
+                }
+                l.push(key.to_string());
+                Ok(())
+            }
+        })
+        .coalesce(10 * MS)
+        .backoff(100 * MS, 400 * MS)
+        .poison_after(3)
+        .on_error(move |r: &Report<'_>| rep.lock().unwrap().push(r.to_string()))
+        .build()
+        .unwrap();
+    feed.send(acks.batch(1, vec![reading("bad", 1)]))
+        .await
+        .unwrap();
+    feed.send(acks.batch(2, vec![reading("good", 1)]))
+        .await
+        .unwrap();
+    let handle = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    // The healthy key is rebuilt while the bad one is still backing off.
+    tokio::select! {
+        _ = &mut run => panic!("run ended early"),
+        _ = eventually("good rebuilt", Duration::from_secs(1), || log.count("good") == 1) => {}
+    }
+    assert_eq!(handle.stats().keys_poisoned, 0, "bad key is still retrying");
+    drop(feed);
+    within("run drains", Duration::from_secs(10), &mut run)
+        .await
+        .unwrap();
+    let s = handle.stats();
+    assert_eq!(s.rebuilds_failed, 3);
+    assert_eq!(s.keys_poisoned, 1);
+    assert_eq!(s.poisoned, 1);
+    assert_eq!(acks.list(), [1, 2], "a poisoned key releases its hold");
+    let reports = reports.lock().unwrap();
+    let poisoned: Vec<_> = reports
+        .iter()
+        .filter(|r| r.contains("quarantined"))
+        .collect();
+    assert_eq!(poisoned.len(), 1, "{reports:?}");
+    assert_eq!(reports.iter().filter(|r| r.contains("retrying")).count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
+    let (feed, source) = channel(8);
+    let fail = Arc::new(AtomicUsize::new(1));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (f, c) = (fail.clone(), calls.clone());
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |_key: Key| {
+            c.fetch_add(1, Ordering::SeqCst);
+            let failing = f.load(Ordering::SeqCst) == 1;
+            async move { if failing { Err("down") } else { Ok(()) } }
+        })
+        .coalesce(MS)
+        .poison_after(1)
+        .reconcile(Duration::from_secs(3600), || async {
+            Ok::<_, std::io::Error>(vec![Key::from("k")])
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    // The start-up sweep lists k; its rebuild fails once and poisons it.
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("poisoned", Duration::from_secs(1), || h.stats().poisoned == 1) => {}
+    }
+    feed.send(Batch::new(vec![reading("k", 1)], Ack::none()))
+        .await
+        .unwrap();
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("ignored", Duration::from_secs(1), || h.stats().keys_ignored == 1) => {}
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "no rebuild for an ignored event"
+    );
+    fail.store(0, Ordering::SeqCst);
+    assert!(h.reconcile_now());
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("revived and rebuilt", Duration::from_secs(1), || h.stats().rebuilds_ok == 1) => {}
+    }
+    assert_eq!(h.stats().poisoned, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_twice_is_an_error() {
+    let (feed, source) = channel(1);
+    drop(feed);
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&Log::default()))
+        .build()
+        .unwrap();
+    r.run(std::future::pending()).await.unwrap();
+    assert!(matches!(
+        r.run(std::future::pending()).await,
+        Err(RunError::AlreadyRan)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn skipped_messages_are_counted_reported_and_acked() {
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let rep = reports.clone();
+    let log = Log::default();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&log))
+        .on_error(move |r: &Report<'_>| rep.lock().unwrap().push(r.to_string()))
+        .build()
+        .unwrap();
+    feed.send(acks.batch(1, vec![]).with_skipped("bad json at offset 7"))
+        .await
+        .unwrap();
+    feed.send(acks.batch(2, vec![reading("a", 1)]))
+        .await
+        .unwrap();
+    drop(feed);
+    r.run(std::future::pending()).await.unwrap();
+    assert_eq!(r.stats().events_skipped, 1);
+    assert_eq!(acks.list(), [1, 2]);
+    assert_eq!(log.list(), ["a"]);
+    assert!(reports.lock().unwrap()[0].contains("bad json at offset 7"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fatal_source_error_ends_run_with_that_error() {
+    let (feed, source) = channel(8);
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&Log::default()))
+        .build()
+        .unwrap();
+    feed.fail(SourceError::msg("replication slot \"s\" was invalidated"))
+        .await
+        .unwrap();
+    let err = within(
+        "run fails",
+        Duration::from_secs(5),
+        r.run(std::future::pending()),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RunError::Source(_)));
+    assert!(err.to_string().contains("invalidated"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reconcile_sweeps_at_start_and_on_the_interval() {
+    let (feed, source) = channel(1);
+    let sweeps = Arc::new(AtomicUsize::new(0));
+    let s2 = sweeps.clone();
+    let log = Log::default();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&log))
+        .reconcile(Duration::from_secs(60), move || {
+            s2.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::io::Error>(vec![Key::from("x"), Key::from("y")]) }
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let start = tokio::time::Instant::now();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("first sweep rebuilt", Duration::from_secs(1), || h.stats().rebuilds_ok == 2) => {}
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "the first sweep runs at start"
+    );
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("second sweep", Duration::from_secs(120), || h.stats().rebuilds_ok == 4) => {}
+    }
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(60) && elapsed < Duration::from_secs(62),
+        "second sweep after the interval, at {elapsed:?}"
+    );
+    assert_eq!(h.stats().reconciles, 2);
+    assert_eq!(h.stats().reconcile_keys, 4);
+    drop(feed);
+    within("drain", Duration::from_secs(5), run).await.unwrap();
+    assert_eq!(sweeps.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sweep_is_retried_with_backoff() {
+    let (feed, source) = channel(1);
+    let tries = Arc::new(AtomicUsize::new(0));
+    let t = tries.clone();
+    let reports = Arc::new(AtomicUsize::new(0));
+    let rep = reports.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&Log::default()))
+        .backoff(100 * MS, Duration::from_secs(1))
+        .reconcile(Duration::from_secs(3600), move || {
+            let n = t.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    Err("database is starting up".to_string())
+                } else {
+                    Ok(vec![Key::from("x")])
+                }
+            }
+        })
+        .on_error(move |r: &Report<'_>| {
+            if matches!(r, Report::ReconcileFailed { .. }) {
+                rep.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let start = tokio::time::Instant::now();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("retried sweep", Duration::from_secs(5), || h.stats().reconciles == 1) => {}
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "retried long before the hourly sweep"
+    );
+    assert_eq!(h.stats().reconcile_failures, 1);
+    assert_eq!(reports.load(Ordering::SeqCst), 1);
+    drop(feed);
+    within("drain", Duration::from_secs(5), run).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures() {
+    let (feed, source) = channel(8);
+    let calls: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let c = calls.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild_batch(10, move |keys: Vec<Key>| {
+            let names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            let fail = names.len() > 1 && names.iter().any(|n| n == "bad");
+            let fail_alone = names == ["bad"];
+            c.lock().unwrap().push(names);
+            async move {
+                if fail || fail_alone {
+                    Err("bad row")
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .coalesce(10 * MS)
+        .poison_after(2)
+        .build()
+        .unwrap();
+    let events = ["a", "b", "bad", "c"]
+        .iter()
+        .map(|d| reading(d, 1))
+        .collect();
+    feed.send(Batch::new(events, Ack::none())).await.unwrap();
+    drop(feed);
+    r.run(std::future::pending()).await.unwrap();
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(
+        calls[0].len(),
+        4,
+        "one call for all four ready keys: {calls:?}"
+    );
+    // After the batch failed, each key is retried alone: the good ones succeed.
+    let alone: Vec<_> = calls[1..].iter().filter(|c| c.len() == 1).collect();
+    assert_eq!(alone.len(), calls.len() - 1, "{calls:?}");
+    let s = r.stats();
+    assert_eq!(s.rebuilds_ok, 3);
+    assert_eq!(s.keys_poisoned, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_enqueue_acks_before_rebuilding() {
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |_k: Key| {
+            let g = g.clone();
+            async move {
+                let _permit = g.acquire().await.unwrap();
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .ack(AckPolicy::OnEnqueue)
+        .build()
+        .unwrap();
+    let h = r.handle();
+    feed.send(acks.batch(1, vec![reading("a", 1)]))
+        .await
+        .unwrap();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("acked while the rebuild is blocked", Duration::from_secs(1), || acks.list() == [1]) => {}
+    }
+    assert_eq!(h.stats().rebuilds_ok, 0);
+    gate.add_permits(1);
+    drop(feed);
+    within("drain", Duration::from_secs(5), run).await.unwrap();
+    assert_eq!(h.stats().rebuilds_ok, 1);
+}
+
+struct SeeTxids(Arc<Mutex<Vec<Due>>>);
+
+impl Rebuild for SeeTxids {
+    fn rebuild<'a>(
+        &'a self,
+        due: &'a [Due],
+    ) -> freshen::BoxFuture<'a, Result<(), freshen::BoxError>> {
+        self.0.lock().unwrap().extend(due.iter().cloned());
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rebuild_sees_every_transaction_that_dirtied_its_key() {
+    let (feed, source) = channel(8);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild_with(SeeTxids(seen.clone()))
+        .build()
+        .unwrap();
+    let events = vec![
+        reading_in_tx("a", 1, 7),
+        reading_in_tx("a", 2, 7),
+        reading_in_tx("b", 1, 8),
+        reading_in_tx("a", 3, 9),
+    ];
+    feed.send(Batch::new(events, Ack::none())).await.unwrap();
+    drop(feed);
+    r.run(std::future::pending()).await.unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_by(|x, y| x.key.cmp(&y.key));
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].txids, [7, 9]);
+    assert_eq!(seen[1].txids, [8]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_lets_running_rebuilds_finish_and_acks_them() {
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let s = started.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |_k: Key| {
+            s.notify_one();
+            async move {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .build()
+        .unwrap();
+    feed.send(acks.batch(1, vec![reading("a", 1)]))
+        .await
+        .unwrap();
+    let stop = started.notified();
+    within("stops", Duration::from_secs(5), r.run(stop))
+        .await
+        .unwrap();
+    assert_eq!(
+        acks.list(),
+        [1],
+        "the in-flight rebuild finished and its batch was acked"
+    );
+    assert_eq!(r.stats().rebuilds_ok, 1);
+    drop(feed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fanout_acks_upstream_only_when_every_branch_has() {
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let mut branches = fanout(source, 2).into_iter();
+    let fast_log = Log::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let fast = Refresher::builder()
+        .source(branches.next().unwrap())
+        .scope(scope)
+        .rebuild(recording(&fast_log))
+        .build()
+        .unwrap();
+    let slow = Refresher::builder()
+        .source(branches.next().unwrap())
+        .scope(scope)
+        .rebuild(move |_k: Key| {
+            let g = g.clone();
+            async move {
+                let _p = g.acquire().await.unwrap();
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .build()
+        .unwrap();
+    feed.send(acks.batch(1, vec![reading("a", 1)]))
+        .await
+        .unwrap();
+    drop(feed);
+    let slow_h = slow.handle();
+    let both = async {
+        tokio::join!(
+            fast.run(std::future::pending()),
+            slow.run(std::future::pending())
+        )
+    };
+    tokio::pin!(both);
+    tokio::select! {
+        _ = &mut both => panic!("ended while the slow view is blocked"),
+        _ = eventually("fast view done", Duration::from_secs(1), || fast_log.list() == ["a"]) => {}
+    }
+    assert_eq!(slow_h.stats().in_flight, 1);
+    assert!(acks.list().is_empty(), "the slow view has not rebuilt yet");
+    gate.add_permits(1);
+    let (a, b) = within("both drain", Duration::from_secs(5), both).await;
+    a.unwrap();
+    b.unwrap();
+    assert_eq!(acks.list(), [1]);
+}
+
+#[test]
+fn build_lists_every_problem_at_once() {
+    let err = Refresher::builder()
+        .coalesce(Duration::from_secs(10))
+        .max_wait(Duration::from_secs(1))
+        .workers(0)
+        .poison_after(0)
+        .backoff(Duration::ZERO, Duration::from_secs(1))
+        .build()
+        .unwrap_err();
+    let p = err.problems();
+    for needle in [
+        "source",
+        "scope",
+        "rebuild",
+        "coalesce",
+        "workers",
+        "poison_after",
+        "backoff",
+    ] {
+        assert!(
+            p.iter().any(|x| x.contains(needle)),
+            "missing {needle}: {p:?}"
+        );
+    }
+    assert_eq!(p.len(), 7, "{p:?}");
+    assert!(err.to_string().contains("\n  - "), "one problem per line");
+}

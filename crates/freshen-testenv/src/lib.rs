@@ -1,0 +1,28 @@
+//! Throwaway real servers for freshen's tests and benchmarks.
+//!
+//! Tests that claim a database's behaviour run against the real thing, started by the
+//! test and stopped when it ends. This crate starts them quickly and cleans up after
+//! them; it is a dev-dependency (and a benchmark dependency) only.
+//!
+//! - [`PgServer`]: a PostgreSQL cluster in a temporary directory, `wal_level=logical`,
+//!   on a free loopback port with its own socket directory, tuned for speed (no fsync).
+//!   Stop, kill and start it again for fault tests; dropping it stops it and removes
+//!   its directory.
+//!
+//! A missing server binary is an error that names the package to install, never a
+//! silent skip.
+//!
+//! ```no_run
+//! let pg = freshen_testenv::PgServer::start().expect("PostgreSQL for tests");
+//! println!("connect to {}", pg.url());
+//! pg.psql("CREATE TABLE t (id int PRIMARY KEY)").unwrap();
+//! ```
+//!
+//! Broker modules (`kafka`, `pulsar`) go beside `postgres` and share [`support`].
+
+mod error;
+mod postgres;
+pub mod support;
+
+pub use error::TestEnvError;
+pub use postgres::{PgServer, PgServerBuilder, Shutdown};

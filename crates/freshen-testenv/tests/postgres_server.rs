@@ -1,0 +1,109 @@
+//! The throwaway PostgreSQL server: starts, serves, restarts, cleans up.
+
+use std::process::Command;
+
+use freshen_testenv::PgServer;
+
+#[test]
+fn starts_logical_ready_and_cleans_up() {
+    let mut pg = PgServer::start().expect("start PostgreSQL");
+    assert_eq!(pg.psql("SHOW wal_level").unwrap(), "logical");
+    assert_eq!(pg.psql("SHOW fsync").unwrap(), "off");
+    assert!(pg.url().starts_with("postgres://postgres@127.0.0.1:"));
+    assert!(pg.url().ends_with(&format!(":{}/postgres", pg.port())));
+    let data = pg.data_dir();
+    assert!(data.join("PG_VERSION").is_file());
+
+    pg.psql("CREATE TABLE kept (x int); INSERT INTO kept VALUES (7)")
+        .unwrap();
+    pg.restart().expect("restart");
+    assert_eq!(
+        pg.psql("SELECT x FROM kept").unwrap(),
+        "7",
+        "data survives a restart"
+    );
+
+    pg.kill().expect("kill");
+    assert!(!pg.is_running());
+    assert!(
+        pg.psql("SELECT 1").is_err(),
+        "a killed server answers nothing"
+    );
+    pg.start_again().expect("start after a crash");
+    assert_eq!(pg.psql("SELECT x FROM kept").unwrap(), "7");
+
+    drop(pg);
+    assert!(!data.exists(), "the directory is removed on drop");
+}
+
+#[test]
+fn never_runs_as_root() {
+    let pg = PgServer::start().expect("start PostgreSQL");
+    let pidfile = std::fs::read_to_string(pg.data_dir().join("postmaster.pid")).unwrap();
+    let pid = pidfile.lines().next().unwrap().trim().to_string();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let uid: u32 = uid_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_ne!(uid, 0, "the postmaster runs unprivileged: {uid_line}");
+}
+
+#[test]
+fn password_is_required_over_tcp() {
+    let pg = PgServer::builder()
+        .password("s3cret pw")
+        .start()
+        .expect("start PostgreSQL");
+    assert!(pg.url().contains("s3cret%20pw"));
+    let psql = pg.bin_dir().join("psql");
+    let try_with = |pw: &str| {
+        Command::new(&psql)
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-w",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &pg.port().to_string(),
+            ])
+            .args(["-U", "postgres", "-d", "postgres", "-c", "SELECT 42"])
+            .env("PGPASSWORD", pw)
+            .output()
+            .unwrap()
+    };
+    let ok = try_with("s3cret pw");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "42");
+    let bad = try_with("wrong");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("password authentication failed"));
+}
+
+#[test]
+fn serves_tls_with_a_throwaway_ca() {
+    let pg = PgServer::builder()
+        .tls(true)
+        .start()
+        .expect("start PostgreSQL with TLS");
+    let ca = pg.ca_cert().expect("a CA");
+    let out = Command::new(pg.bin_dir().join("psql"))
+        .args(["-X", "-A", "-t", "-c", "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"])
+        .arg(format!(
+            "host=localhost port={} user=postgres dbname=postgres sslmode=verify-full sslrootcert={}",
+            pg.port(),
+            ca.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t");
+}

@@ -20,13 +20,12 @@
 //! has exactly one heap entry, so the heap never outgrows the dirty set, and mark, pop,
 //! complete and the next wake-up are all O(log n).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use crate::Key;
 use crate::backoff::{Backoff, Rng};
-use crate::index::{Hash32, Index};
+use crate::heap::QuadHeap;
+use crate::index::{Hash32, Index, Probe};
 
 /// Timing of a [`DirtySet`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +166,7 @@ pub struct DirtySet {
     slots: Vec<Slot>,
     free: Vec<u32>,
     index: Index,
-    heap: BinaryHeap<Reverse<Entry>>,
+    heap: QuadHeap<Entry>,
     seq: u32,
     rng: Rng,
     queued: usize,
@@ -191,7 +190,7 @@ impl DirtySet {
             slots: Vec::new(),
             free: Vec::new(),
             index: Index::new(),
-            heap: BinaryHeap::new(),
+            heap: QuadHeap::new(),
             seq: 0,
             queued: 0,
             running: 0,
@@ -212,16 +211,16 @@ impl DirtySet {
         self.epoch + Duration::from_nanos(ns)
     }
 
-    fn find(&self, key: &Key) -> (Hash32, Option<u32>) {
+    fn find(&self, key: &Key) -> (Hash32, Probe) {
         let hash = self.index.hash(key);
         let slots = &self.slots;
-        let slot = self.index.find(key, hash, |s| {
+        let probe = self.index.find(key, hash, |s| {
             slots[s as usize]
                 .key
                 .as_ref()
                 .expect("the index only points at live slots")
         });
-        (hash, slot)
+        (hash, probe)
     }
 
     fn dirty_deadline(&self, s: &Slot) -> u64 {
@@ -232,14 +231,14 @@ impl DirtySet {
 
     fn push(&mut self, slot: u32, deadline: u64) {
         self.seq = self.seq.wrapping_add(1);
-        self.heap.push(Reverse(Entry {
+        self.heap.push(Entry {
             deadline,
             seq: self.seq,
             slot,
-        }));
+        });
     }
 
-    fn alloc(&mut self, key: &Key, hash: Hash32, now: u64) -> u32 {
+    fn alloc(&mut self, key: &Key, hash: Hash32, vacant: usize, now: u64) -> u32 {
         let slot = Slot {
             key: Some(key.clone()),
             first: now,
@@ -258,16 +257,13 @@ impl DirtySet {
                 u32::try_from(self.slots.len() - 1).expect("fewer than 4G dirty keys")
             }
         };
-        self.index.insert(hash, i);
+        self.index.insert(hash, i, vacant);
         i
     }
 
-    fn release(&mut self, i: u32) {
-        // The hash is recomputed rather than stored: 8 bytes less per key.
-        if let Some(key) = self.slots[i as usize].key.take() {
-            let hash = self.index.hash(&key);
-            self.index.remove(hash, i);
-        }
+    fn release(&mut self, i: u32, bucket: usize) {
+        self.slots[i as usize].key = None;
+        self.index.remove(bucket);
         self.free.push(i);
     }
 
@@ -284,13 +280,15 @@ impl DirtySet {
 
     fn mark_inner(&mut self, key: &Key, now: Instant, revive: bool) -> Mark {
         let now = self.ns(now);
-        let (hash, found) = self.find(key);
-        let Some(i) = found else {
-            let i = self.alloc(key, hash, now);
-            let d = self.dirty_deadline(&self.slots[i as usize]);
-            self.push(i, d);
-            self.queued += 1;
-            return Mark::Queued;
+        let i = match self.find(key) {
+            (_, Probe::Found { slot, .. }) => slot,
+            (hash, Probe::Vacant(vacant)) => {
+                let i = self.alloc(key, hash, vacant, now);
+                let d = self.dirty_deadline(&self.slots[i as usize]);
+                self.push(i, d);
+                self.queued += 1;
+                return Mark::Queued;
+            }
         };
         let s = &mut self.slots[i as usize];
         match s.state {
@@ -330,7 +328,7 @@ impl DirtySet {
     /// key's deadline moved.
     fn settle_top(&mut self) -> Option<Entry> {
         loop {
-            let Reverse(top) = *self.heap.peek()?;
+            let top = *self.heap.peek()?;
             let s = &self.slots[top.slot as usize];
             let real = match s.state {
                 State::Dirty => self.dirty_deadline(s),
@@ -379,8 +377,7 @@ impl DirtySet {
     /// Records how the running rebuild of `key` ended.
     pub fn complete(&mut self, key: &Key, ok: bool, now: Instant) -> Completion {
         let now = self.ns(now);
-        let (_, found) = self.find(key);
-        let Some(i) = found else {
+        let Probe::Found { slot: i, bucket } = self.find(key).1 else {
             return Completion::NotRunning;
         };
         let s = &mut self.slots[i as usize];
@@ -393,7 +390,7 @@ impl DirtySet {
         if ok {
             s.failures = 0;
             if !redirty {
-                self.release(i);
+                self.release(i, bucket);
                 return Completion::Clean;
             }
             s.state = State::Dirty;
@@ -427,8 +424,8 @@ impl DirtySet {
     /// Whether `key` is quarantined.
     pub fn is_poisoned(&self, key: &Key) -> bool {
         match self.find(key).1 {
-            Some(i) => self.slots[i as usize].state == State::Poisoned,
-            None => false,
+            Probe::Found { slot, .. } => self.slots[slot as usize].state == State::Poisoned,
+            Probe::Vacant(_) => false,
         }
     }
 

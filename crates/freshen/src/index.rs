@@ -17,6 +17,25 @@ const EMPTY: u64 = 0;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hash32(u32);
 
+/// The outcome of [`Index::find`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The key is in `slot`, recorded at `bucket`.
+    Found { slot: u32, bucket: usize },
+    /// The key is absent; this empty bucket ends its probe run.
+    Vacant(usize),
+}
+
+#[cfg(test)]
+impl Probe {
+    pub(crate) fn slot(self) -> Option<u32> {
+        match self {
+            Probe::Found { slot, .. } => Some(slot),
+            Probe::Vacant(_) => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Index {
     /// `(hash << 32) | (slot + 1)`; 0 is empty.
@@ -47,36 +66,42 @@ impl Index {
         hash.0 as usize & self.mask()
     }
 
-    /// The slot holding `key`; `key_at` reads the key stored in a slot.
+    /// Where `key` is: `Found { slot, bucket }`, or `Vacant(bucket)` — the empty bucket
+    /// ending its probe run, where an insert may put it. `key_at` reads a slot's key.
     pub(crate) fn find<'k>(
         &self,
         key: &Key,
         hash: Hash32,
         key_at: impl Fn(u32) -> &'k Key,
-    ) -> Option<u32> {
+    ) -> Probe {
         let mut i = self.home(hash);
         loop {
             let b = self.buckets[i];
             if b == EMPTY {
-                return None;
+                return Probe::Vacant(i);
             }
             if (b >> 32) as u32 == hash.0 {
                 let slot = (b as u32) - 1;
                 if key_at(slot) == key {
-                    return Some(slot);
+                    return Probe::Found { slot, bucket: i };
                 }
             }
             i = (i + 1) & self.mask();
         }
     }
 
-    /// Records that `slot` holds a key with `hash`. The caller has checked it is absent.
-    pub(crate) fn insert(&mut self, hash: Hash32, slot: u32) {
-        if (self.len + 1) * 4 > self.buckets.len() * 3 {
-            self.grow();
-        }
-        self.place(((hash.0 as u64) << 32) | (slot as u64 + 1));
+    /// Records that `slot` holds a key with `hash`, at `vacant` from a [`find`](Self::find)
+    /// that found nothing (no other change in between).
+    pub(crate) fn insert(&mut self, hash: Hash32, slot: u32, vacant: usize) {
+        let bucket = ((hash.0 as u64) << 32) | (slot as u64 + 1);
         self.len += 1;
+        if self.len * 4 > self.buckets.len() * 3 {
+            self.grow();
+            self.place(bucket);
+        } else {
+            debug_assert_eq!(self.buckets[vacant], EMPTY);
+            self.buckets[vacant] = bucket;
+        }
     }
 
     fn place(&mut self, bucket: u64) {
@@ -95,18 +120,10 @@ impl Index {
         }
     }
 
-    /// Forgets the bucket pointing at `slot` (whose key has `hash`).
-    pub(crate) fn remove(&mut self, hash: Hash32, slot: u32) {
-        let want = ((hash.0 as u64) << 32) | (slot as u64 + 1);
+    /// Empties `bucket` (from a [`find`](Self::find) that found its key).
+    pub(crate) fn remove(&mut self, bucket: usize) {
         let mask = self.mask();
-        let mut i = self.home(hash);
-        while self.buckets[i] != want {
-            if self.buckets[i] == EMPTY {
-                debug_assert!(false, "removing a slot the index does not hold");
-                return;
-            }
-            i = (i + 1) & mask;
-        }
+        let i = bucket;
         // Backward-shift: pull later members of the probe run into the hole so that
         // lookups never stop early at it.
         let mut hole = i;
@@ -150,17 +167,17 @@ mod tests {
             for (op, k) in ops {
                 let key = Key::from(k.to_string());
                 let h = index.hash(&key);
-                let found = index.find(&key, h, |s| slab[s as usize].as_ref().unwrap());
-                prop_assert_eq!(found, model.get(&key).copied());
-                match (op, found) {
-                    (0 | 1, None) => {
+                let probe = index.find(&key, h, |s| slab[s as usize].as_ref().unwrap());
+                prop_assert_eq!(probe.slot(), model.get(&key).copied());
+                match (op, probe) {
+                    (0 | 1, Probe::Vacant(at)) => {
                         let slot = slab.len() as u32;
                         slab.push(Some(key.clone()));
-                        index.insert(h, slot);
+                        index.insert(h, slot, at);
                         model.insert(key, slot);
                     }
-                    (2, Some(slot)) => {
-                        index.remove(h, slot);
+                    (2, Probe::Found { slot, bucket }) => {
+                        index.remove(bucket);
                         slab[slot as usize] = None;
                         model.remove(&key);
                     }
@@ -170,7 +187,7 @@ mod tests {
             }
             for (key, slot) in &model {
                 let h = index.hash(key);
-                prop_assert_eq!(index.find(key, h, |s| slab[s as usize].as_ref().unwrap()), Some(*slot));
+                prop_assert_eq!(index.find(key, h, |s| slab[s as usize].as_ref().unwrap()).slot(), Some(*slot));
             }
         }
     }

@@ -76,6 +76,7 @@ mod channel;
 mod dirty;
 mod event;
 mod fanout;
+mod heap;
 mod histogram;
 mod index;
 mod key;

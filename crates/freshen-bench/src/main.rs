@@ -1,0 +1,78 @@
+//! freshen's benchmark harness.
+//!
+//! `cargo run --release -p freshen-bench -- all` runs every scenario; name scenarios to run
+//! only those; `--quick` is a smoke run (small sizes) that CI may execute — it asserts
+//! nothing about time. Each scenario measures freshen and its rival in the same run and
+//! prints a table: ratios hold on a noisy machine, absolute times don't.
+
+mod alloc;
+mod report;
+mod scan;
+mod scheduler;
+
+use clap::Parser;
+
+#[global_allocator]
+static ALLOC: alloc::Counting = alloc::Counting;
+
+/// A scenario: a name, what it compares, and its entry point.
+struct Scenario {
+    name: &'static str,
+    about: &'static str,
+    run: fn(&Opts) -> anyhow::Result<()>,
+}
+
+/// Options every scenario receives.
+#[derive(Debug, Clone)]
+struct Opts {
+    quick: bool,
+}
+
+const SCENARIOS: &[Scenario] = &[Scenario {
+    name: "scheduler",
+    about: "DirtySet mark/drain, staggered readiness, bytes per key vs a scan-based FIFO (the Go original's design)",
+    run: scheduler::run,
+}];
+
+#[derive(Parser, Debug)]
+#[command(about = "freshen benchmarks: freshen and its rival side by side, one table per scenario")]
+struct Args {
+    /// Scenarios to run: `all` or names (see --list).
+    #[arg(default_value = "all")]
+    scenarios: Vec<String>,
+    /// Small sizes: a smoke run that checks the harness works, not a measurement.
+    #[arg(long)]
+    quick: bool,
+    /// List the scenarios and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.list {
+        for s in SCENARIOS {
+            println!("{:<12} {}", s.name, s.about);
+        }
+        return Ok(());
+    }
+    let all = args.scenarios.iter().any(|s| s == "all");
+    let unknown: Vec<_> = args
+        .scenarios
+        .iter()
+        .filter(|n| *n != "all" && !SCENARIOS.iter().any(|s| s.name == n.as_str()))
+        .collect();
+    anyhow::ensure!(
+        unknown.is_empty(),
+        "unknown scenario(s) {unknown:?}; try --list"
+    );
+    let opts = Opts { quick: args.quick };
+    report::machine_header();
+    for s in SCENARIOS {
+        if all || args.scenarios.iter().any(|n| n == s.name) {
+            println!("\n## {} — {}\n", s.name, s.about);
+            (s.run)(&opts)?;
+        }
+    }
+    Ok(())
+}

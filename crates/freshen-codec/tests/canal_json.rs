@@ -1,0 +1,255 @@
+//! canal-json decoding against captured TiCDC messages and Canal-shaped fixtures.
+
+mod support;
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use freshen::{Key, Op, Value};
+use freshen_codec::{CanalJson, Control, DecodeError, Decoded};
+use support::fixture;
+
+fn decode(path: &str) -> Result<Decoded, DecodeError> {
+    CanalJson::new().decode(&fixture(path))
+}
+
+fn events(path: &str) -> Vec<freshen::RowEvent> {
+    match decode(path) {
+        Ok(Decoded::Rows(rows)) => rows,
+        other => panic!("{path}: expected rows, got {other:?}"),
+    }
+}
+
+#[test]
+fn ticdc_insert() {
+    let e = events("canal-json/ticdc_insert.json");
+    assert_eq!(e.len(), 1);
+    let e = &e[0];
+    assert_eq!(
+        (&*e.schema, &*e.table, e.op),
+        ("demo", "readings", Op::Insert)
+    );
+    assert_eq!(e.pk_names.iter().map(|c| &**c).collect::<Vec<_>>(), ["id"]);
+    assert_eq!(
+        e.commit_ts,
+        Some(UNIX_EPOCH + Duration::from_millis(1786358942713))
+    );
+    assert!(e.old.is_none());
+    assert!(e.tx.is_none());
+    let new = e.new.as_ref().unwrap();
+    let cols: Vec<_> = new.iter().map(|(c, _)| c).collect();
+    assert_eq!(cols, ["id", "device", "value"], "table order, not sorted");
+    assert_eq!(new.get("id"), Some(&Value::Int(1)));
+    assert_eq!(new.get("device"), Some(&Value::text("dev-a")));
+    assert_eq!(new.get("value"), Some(&Value::Int(10)));
+}
+
+#[test]
+fn ticdc_update_has_whole_old_image() {
+    let e = &events("canal-json/ticdc_update.json")[0];
+    assert_eq!(e.op, Op::Update);
+    assert_eq!(e.new.as_ref().unwrap().get("value"), Some(&Value::Int(11)));
+    let old = e.old.as_ref().unwrap();
+    assert_eq!(old.get("value"), Some(&Value::Int(10)));
+    assert_eq!(old.get("device"), Some(&Value::text("dev-a")));
+    assert_eq!(old.len(), 3);
+}
+
+#[test]
+fn ticdc_delete_carries_its_row_in_data() {
+    let e = &events("canal-json/ticdc_delete.json")[0];
+    assert_eq!(e.op, Op::Delete);
+    assert!(e.new.is_none());
+    let old = e.old.as_ref().unwrap();
+    assert_eq!(old.get("id"), Some(&Value::Int(1)));
+    assert_eq!(
+        e.scope_keys(&["device"]).collect::<Vec<_>>(),
+        [Key::from("dev-a")]
+    );
+}
+
+#[test]
+fn canal_delete_carrying_its_row_in_old() {
+    let e = &events("canal-json/canal_delete_in_old.json")[0];
+    assert_eq!(e.op, Op::Delete);
+    assert_eq!(
+        e.old.as_ref().unwrap().get("device"),
+        Some(&Value::text("dev-d"))
+    );
+    assert!(e.new.is_none());
+}
+
+#[test]
+fn canal_partial_old_is_merged_over_data() {
+    let rows = events("canal-json/canal_update_partial_old.json");
+    assert_eq!(rows.len(), 2);
+    let first = rows[0].old.as_ref().unwrap();
+    assert_eq!(
+        first.get("id"),
+        Some(&Value::Int(1)),
+        "unchanged column from data"
+    );
+    assert_eq!(
+        first.get("device"),
+        Some(&Value::text("dev-a")),
+        "changed column from old"
+    );
+    assert_eq!(first.get("value"), Some(&Value::Int(10)));
+    assert_eq!(first.get("note"), Some(&Value::Null));
+    // The row moved from dev-a to dev-b: both scopes are dirty.
+    let keys: Vec<_> = rows[0].scope_keys(&["device"]).collect();
+    assert_eq!(keys, [Key::from("dev-b"), Key::from("dev-a")]);
+    let second = rows[1].old.as_ref().unwrap();
+    assert_eq!(second.get("device"), Some(&Value::text("dev-c")));
+    assert_eq!(second.get("value"), Some(&Value::Int(6)));
+    assert_eq!(second.get("note"), Some(&Value::text("x")));
+    assert_eq!(
+        rows[1].scope_keys(&["device"]).count(),
+        1,
+        "same scope: one key"
+    );
+}
+
+#[test]
+fn multi_row_message_and_value_families() {
+    let rows = events("canal-json/canal_insert_multi_row.json");
+    assert_eq!(rows.len(), 3);
+    assert!(
+        std::sync::Arc::ptr_eq(
+            rows[0].new.as_ref().unwrap().columns(),
+            rows[2].new.as_ref().unwrap().columns()
+        ),
+        "rows of one table share their column list"
+    );
+    let a = rows[0].new.as_ref().unwrap();
+    assert_eq!(
+        a.get("price"),
+        Some(&Value::text("10.50")),
+        "decimal keeps its digits"
+    );
+    assert_eq!(a.get("ratio"), Some(&Value::Float(0.25)));
+    assert_eq!(
+        a.get("flag"),
+        Some(&Value::Int(1)),
+        "tinyint(1) stays an integer"
+    );
+    assert_eq!(a.get("big"), Some(&Value::text("18446744073709551615")));
+    assert_eq!(a.get("doc"), Some(&Value::Json("{\"k\": [1, 2]}".into())));
+    assert_eq!(
+        a.get("raw"),
+        Some(&Value::Bytes(vec![0, 0xff, 0x41].into()))
+    );
+    let b = rows[1].new.as_ref().unwrap();
+    assert_eq!(b.get("ratio"), Some(&Value::Float(1000.0)));
+    assert_eq!(b.get("big"), Some(&Value::Int(5)));
+    assert_eq!(b.get("raw"), Some(&Value::Bytes(Vec::new().into())));
+    let c = rows[2].new.as_ref().unwrap();
+    assert!(c.values().iter().skip(2).all(Value::is_null));
+    let keys: Vec<_> = rows
+        .iter()
+        .flat_map(|e| e.scope_keys(&["device"]))
+        .collect();
+    assert_eq!(
+        keys,
+        [Key::from("dev-a"), Key::from("dev-b"), Key::from("dev-a")]
+    );
+}
+
+#[test]
+fn ddl_messages_carry_no_rows() {
+    for path in [
+        "canal-json/ticdc_ddl_create.json",
+        "canal-json/ticdc_ddl_query.json",
+    ] {
+        match decode(path).unwrap() {
+            Decoded::Control(Control::Ddl { schema, sql, .. }) => {
+                assert_eq!(schema, "demo");
+                assert!(sql.starts_with("CREATE"), "{sql}");
+            }
+            other => panic!("{path}: {other:?}"),
+        }
+    }
+    let create = decode("canal-json/ticdc_ddl_create.json").unwrap();
+    assert!(create.events().is_empty());
+}
+
+#[test]
+fn watermark_is_a_control_message() {
+    assert_eq!(
+        decode("canal-json/docs_ticdc_watermark.json").unwrap(),
+        Decoded::Control(Control::Watermark {
+            ts: 434919270523076621
+        })
+    );
+}
+
+#[test]
+fn truncate_becomes_a_truncate_event() {
+    let e = events("canal-json/hand_ticdc_truncate.json");
+    assert_eq!(e.len(), 1);
+    assert_eq!((&*e[0].table, e[0].op), ("readings", Op::Truncate));
+    assert!(e[0].new.is_none() && e[0].old.is_none());
+}
+
+#[test]
+fn unknown_type_is_an_error() {
+    let err = CanalJson::new()
+        .decode(br#"{"database":"d","table":"t","type":"UPSERT","data":[{"id":"1"}]}"#)
+        .unwrap_err();
+    assert!(
+        matches!(&err, DecodeError::UnknownType(t) if t == "UPSERT"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_messages_are_errors() {
+    let mut d = CanalJson::new();
+    let cases: &[&[u8]] = &[
+        b"",
+        b"not json",
+        b"[]",
+        br#"{"database":"d"}"#,
+        br#"{"type":"INSERT","data":null}"#,
+        br#"{"type":"INSERT","data":[]}"#,
+        br#"{"type":"DELETE","data":null,"old":null}"#,
+        br#"{"type":"UPDATE","data":[{"a":"1"},{"a":"2"}],"old":[{"a":"0"}]}"#,
+        br#"{"type":"INSERT","data":[{"a":"1","a":"2"}]}"#,
+        br#"{"type":"INSERT","data":{"a":"1"}}"#,
+        br#"{"type":7,"data":[{"a":"1"}]}"#,
+    ];
+    for case in cases {
+        assert!(d.decode(case).is_err(), "{}", String::from_utf8_lossy(case));
+    }
+    // The decoder goes on after errors.
+    assert_eq!(
+        d.decode(&fixture("canal-json/ticdc_insert.json"))
+            .unwrap()
+            .events()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn error_text_does_not_echo_a_long_type() {
+    let long = "X".repeat(10_000);
+    let msg = format!(r#"{{"type":"{long}"}}"#);
+    let err = CanalJson::new()
+        .decode(msg.as_bytes())
+        .unwrap_err()
+        .to_string();
+    assert!(err.len() < 200, "{}", err.len());
+}
+
+#[test]
+fn extreme_times_do_not_panic() {
+    let msg = br#"{"database":"d","table":"t","type":"INSERT","es":18446744073709551615,"data":[{"a":"1"}]}"#;
+    let e = CanalJson::new().decode(msg).unwrap().into_events();
+    assert_eq!(
+        e[0].commit_ts,
+        UNIX_EPOCH.checked_add(Duration::from_millis(u64::MAX))
+    );
+    let negative = br#"{"database":"d","table":"t","type":"INSERT","es":-5,"data":[{"a":"1"}]}"#;
+    let e = CanalJson::new().decode(negative).unwrap().into_events();
+    assert_eq!(e[0].commit_ts, None);
+}

@@ -223,9 +223,9 @@ impl Row {
 
     /// The key formed by `columns` of this image: `None` when a column is missing from
     /// the image or its value is unchanged (unknown). NULL values become NULL parts.
-    pub fn key(&self, columns: &[&str]) -> Option<Key> {
+    pub fn key<S: AsRef<str>>(&self, columns: &[S]) -> Option<Key> {
         if let [only] = columns {
-            let v = self.get(only)?;
+            let v = self.get(only.as_ref())?;
             return match v {
                 Value::Unchanged => None,
                 Value::Null => Some(Key::from_parts([None::<&str>])),
@@ -234,7 +234,7 @@ impl Row {
         }
         let mut parts: Vec<Option<Cow<'_, str>>> = Vec::with_capacity(columns.len());
         for c in columns {
-            match self.get(c)? {
+            match self.get(c.as_ref())? {
                 Value::Unchanged => return None,
                 v => parts.push(v.to_text()),
             }
@@ -344,7 +344,7 @@ impl RowEvent {
     /// let keys: Vec<_> = moved.scope_keys(&["device"]).map(|k| k.to_string()).collect();
     /// assert_eq!(keys, ["b", "a"]);
     /// ```
-    pub fn scope_keys(&self, columns: &[&str]) -> impl Iterator<Item = Key> + use<> {
+    pub fn scope_keys<S: AsRef<str>>(&self, columns: &[S]) -> impl Iterator<Item = Key> + use<S> {
         let old = self.old.as_ref().and_then(|r| r.key(columns));
         let new = self.new.as_ref().and_then(|r| {
             r.key(columns).or_else(|| {
@@ -352,6 +352,7 @@ impl RowEvent {
                 let old_row = self.old.as_ref()?;
                 let mut filled = r.clone();
                 for c in columns {
+                    let c = c.as_ref();
                     if filled.get(c)?.is_unchanged() {
                         filled.set(c, old_row.get(c)?.clone());
                     }

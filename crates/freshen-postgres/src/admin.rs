@@ -1,0 +1,758 @@
+//! Slot and publication administration and the inspections `freshen check` runs:
+//! `wal_level`, replication privilege, slot state and lag, publication coverage,
+//! replica identity against scope columns. All values are bound as parameters;
+//! identifiers that must be spliced (DDL) are quoted.
+
+use std::fmt;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use freshen::BeforeImage;
+
+use crate::config::quote_ident;
+use crate::error::ErrorKind;
+use crate::{ConnectionConfig, Lsn, PgError, PublicationMode, SlotMode, TableName, tls};
+
+/// A pool of SQL connections (deadpool-postgres over tokio-postgres, TLS by rustls).
+/// Connections are opened lazily; the pool spawns their tasks on the runtime that
+/// first uses them.
+pub fn connect_pool(conn: &ConnectionConfig, max_size: usize) -> Result<Pool, PgError> {
+    let problems = conn.problems();
+    if !problems.is_empty() {
+        return Err(PgError::config(&problems));
+    }
+    let manager = Manager::from_config(
+        conn.to_tokio(),
+        tls::sql_connector(conn)?,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(max_size.max(1))
+        .build()
+        .map_err(|e| {
+            PgError::new(
+                ErrorKind::Config,
+                format!("cannot build the connection pool: {e}"),
+            )
+        })
+}
+
+/// Takes a connection from `pool`, mapping pool errors to [`PgError`].
+pub(crate) async fn client(pool: &Pool) -> Result<deadpool_postgres::Object, PgError> {
+    pool.get().await.map_err(|e| match e {
+        deadpool_postgres::PoolError::Backend(e) => PgError::sql("cannot connect to PostgreSQL", e),
+        other => PgError::new(
+            ErrorKind::Connection,
+            format!("cannot get a connection: {other}"),
+        ),
+    })
+}
+
+/// A replication slot as `pg_replication_slots` shows it, with its lag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotInfo {
+    /// Slot name.
+    pub name: String,
+    /// Output plugin (`pgoutput`); `None` for a physical slot.
+    pub plugin: Option<String>,
+    /// `logical` or `physical`.
+    pub slot_type: String,
+    /// Database of a logical slot.
+    pub database: Option<String>,
+    /// Dropped at the end of its session.
+    pub temporary: bool,
+    /// A session is streaming from it.
+    pub active: bool,
+    /// The process streaming from it.
+    pub active_pid: Option<i32>,
+    /// Oldest WAL the slot needs.
+    pub restart_lsn: Option<Lsn>,
+    /// What the consumer confirmed: streaming resumes from here.
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated: changes are gone).
+    pub wal_status: Option<String>,
+    /// Bytes of WAL between the confirmed position and the server's current one.
+    pub lag_bytes: Option<u64>,
+    /// Bytes that can still be written before the slot is in danger of `lost`
+    /// (`max_slot_wal_keep_size`); `None` when unlimited.
+    pub safe_wal_size: Option<i64>,
+}
+
+impl SlotInfo {
+    /// Whether the server invalidated the slot (its changes are gone).
+    pub fn is_lost(&self) -> bool {
+        self.wal_status.as_deref() == Some("lost")
+    }
+}
+
+/// A publication's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicationInfo {
+    /// Publication name.
+    pub name: String,
+    /// `FOR ALL TABLES`.
+    pub all_tables: bool,
+    /// Which operations it publishes.
+    pub insert: bool,
+    /// Publishes UPDATE.
+    pub update: bool,
+    /// Publishes DELETE.
+    pub delete: bool,
+    /// Publishes TRUNCATE.
+    pub truncate: bool,
+    /// Tables it covers.
+    pub tables: Vec<TableName>,
+}
+
+/// What a publication lacks for a set of tables.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Coverage {
+    /// Watched tables the publication does not include.
+    pub missing_tables: Vec<TableName>,
+    /// Operations it does not publish (`insert`, `update`, `delete`, `truncate`).
+    pub missing_operations: Vec<&'static str>,
+}
+
+impl Coverage {
+    /// Whether nothing is missing.
+    pub fn is_complete(&self) -> bool {
+        self.missing_tables.is_empty() && self.missing_operations.is_empty()
+    }
+}
+
+/// `REPLICA IDENTITY` of a table: what UPDATE and DELETE carry of the former row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaIdentity {
+    /// The primary key (only when it changes, for UPDATE).
+    Default,
+    /// Nothing: UPDATE and DELETE cannot even be replicated.
+    Nothing,
+    /// The whole former row.
+    Full,
+    /// The columns of a chosen unique index.
+    Index,
+}
+
+impl fmt::Display for ReplicaIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReplicaIdentity::Default => "DEFAULT",
+            ReplicaIdentity::Nothing => "NOTHING",
+            ReplicaIdentity::Full => "FULL",
+            ReplicaIdentity::Index => "USING INDEX",
+        })
+    }
+}
+
+/// A table's replica identity and its key columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableIdentity {
+    /// The table.
+    pub table: TableName,
+    /// Its replica identity.
+    pub identity: ReplicaIdentity,
+    /// The identity's key columns (primary key or index), in key order; empty for FULL
+    /// and NOTHING, and for DEFAULT on a table without a primary key.
+    pub key_columns: Vec<String>,
+}
+
+impl TableIdentity {
+    /// How much of the former row this table's changes carry.
+    pub fn before_image(&self) -> BeforeImage {
+        match self.identity {
+            ReplicaIdentity::Full => BeforeImage::Full,
+            ReplicaIdentity::Default | ReplicaIdentity::Index if !self.key_columns.is_empty() => {
+                BeforeImage::KeyOnly
+            }
+            _ => BeforeImage::None,
+        }
+    }
+
+    /// Whether an UPDATE that moves a row between scopes of `scope_columns`, and a
+    /// DELETE, carry the scope the row left — and if not, how to fix it.
+    pub fn check_scope(&self, scope_columns: &[&str]) -> IdentityCheck {
+        let covered = match self.identity {
+            ReplicaIdentity::Full => true,
+            ReplicaIdentity::Default | ReplicaIdentity::Index => {
+                !self.key_columns.is_empty()
+                    && scope_columns
+                        .iter()
+                        .all(|c| self.key_columns.iter().any(|k| k == c))
+            }
+            ReplicaIdentity::Nothing => false,
+        };
+        let fix = format!("ALTER TABLE {} REPLICA IDENTITY FULL", self.table.quoted());
+        let advice = (!covered).then(|| match self.identity {
+            ReplicaIdentity::Nothing => format!(
+                "{} has REPLICA IDENTITY NOTHING: UPDATE and DELETE carry no former row (and \
+                 fail on a published table). Run: {fix}",
+                self.table
+            ),
+            _ if self.key_columns.is_empty() => format!(
+                "{} has no primary key for REPLICA IDENTITY {}: UPDATE and DELETE carry no \
+                 former row. Run: {fix}",
+                self.table, self.identity
+            ),
+            _ => format!(
+                "{} has REPLICA IDENTITY {} on ({}): an UPDATE that changes the scope columns \
+                 ({}) but not the key sends no former image, and a DELETE sends only the key, \
+                 so the scope the row left is never rebuilt (only a reconcile sweep heals it). \
+                 Run: {fix}",
+                self.table,
+                self.identity,
+                self.key_columns.join(", "),
+                scope_columns.join(", ")
+            ),
+        });
+        IdentityCheck {
+            identity: self.clone(),
+            carries_old_scope: covered,
+            advice,
+        }
+    }
+}
+
+/// The answer of [`TableIdentity::check_scope`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityCheck {
+    /// The table's identity.
+    pub identity: TableIdentity,
+    /// Whether scope-moving UPDATEs and DELETEs carry the scope the row left.
+    pub carries_old_scope: bool,
+    /// What to do when they do not.
+    pub advice: Option<String>,
+}
+
+/// SQL administration and inspection on one database (a small connection pool).
+#[derive(Clone)]
+pub struct PgAdmin {
+    pool: Pool,
+}
+
+impl fmt::Debug for PgAdmin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgAdmin")
+            .field("pool", &self.pool.status())
+            .finish()
+    }
+}
+
+impl PgAdmin {
+    /// Connects (and checks that a connection can be made).
+    pub async fn connect(conn: &ConnectionConfig) -> Result<PgAdmin, PgError> {
+        let admin = PgAdmin::from_pool(connect_pool(conn, 2)?);
+        drop(client(&admin.pool).await?);
+        Ok(admin)
+    }
+
+    /// Uses an existing pool.
+    pub fn from_pool(pool: Pool) -> PgAdmin {
+        PgAdmin { pool }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    async fn one_row(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, PgError> {
+        let c = client(&self.pool).await?;
+        c.query_opt(sql, params)
+            .await
+            .map_err(|e| PgError::sql(format!("cannot read {what}"), e))
+    }
+
+    /// The server's `wal_level`.
+    pub async fn wal_level(&self) -> Result<String, PgError> {
+        let row = self
+            .one_row("wal_level", "SELECT current_setting('wal_level')", &[])
+            .await?;
+        Ok(row.map(|r| r.get::<_, String>(0)).unwrap_or_default())
+    }
+
+    /// Fails unless `wal_level` is `logical`, saying how to fix it.
+    pub async fn require_logical_wal(&self) -> Result<(), PgError> {
+        let level = self.wal_level().await?;
+        if level == "logical" {
+            Ok(())
+        } else {
+            Err(PgError::new(
+                ErrorKind::Setup,
+                format!(
+                    "wal_level is {level:?}, logical replication needs \"logical\": run \
+                     ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL"
+                ),
+            ))
+        }
+    }
+
+    /// Whether the connected user may open replication connections (`REPLICATION` or
+    /// superuser).
+    pub async fn can_replicate(&self) -> Result<bool, PgError> {
+        let row = self
+            .one_row(
+                "the user's privileges",
+                "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+                &[],
+            )
+            .await?;
+        Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
+    /// Fails unless the user may replicate, saying how to fix it.
+    pub async fn require_replication_privilege(&self) -> Result<(), PgError> {
+        if self.can_replicate().await? {
+            return Ok(());
+        }
+        let c = client(&self.pool).await?;
+        let user: String = c
+            .query_one("SELECT current_user::text", &[])
+            .await
+            .map_err(|e| PgError::sql("cannot read current_user", e))?
+            .get(0);
+        Err(PgError::new(
+            ErrorKind::Setup,
+            format!(
+                "user {user:?} may not open replication connections: run ALTER ROLE {} REPLICATION",
+                quote_ident(&user)
+            ),
+        ))
+    }
+
+    /// The slot, if it exists.
+    pub async fn slot(&self, name: &str) -> Result<Option<SlotInfo>, PgError> {
+        let row = self
+            .one_row(
+                "the replication slot",
+                "SELECT slot_name::text, plugin::text, slot_type, database::text, temporary, \
+                        active, active_pid, restart_lsn::text, confirmed_flush_lsn::text, \
+                        wal_status, \
+                        ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                               ELSE pg_current_wal_lsn() END) - confirmed_flush_lsn)::int8, \
+                        safe_wal_size \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&name],
+            )
+            .await?;
+        Ok(row.map(|r| {
+            let lsn = |i: usize| r.get::<_, Option<String>>(i).and_then(|s| s.parse().ok());
+            SlotInfo {
+                name: r.get(0),
+                plugin: r.get(1),
+                slot_type: r.get(2),
+                database: r.get(3),
+                temporary: r.get(4),
+                active: r.get(5),
+                active_pid: r.get(6),
+                restart_lsn: lsn(7),
+                confirmed_flush_lsn: lsn(8),
+                wal_status: r.get(9),
+                lag_bytes: r.get::<_, Option<i64>>(10).map(|b| b.max(0) as u64),
+                safe_wal_size: r.get(11),
+            }
+        }))
+    }
+
+    /// Creates a persistent `pgoutput` slot (fails if it exists).
+    pub async fn create_slot(&self, name: &str) -> Result<(), PgError> {
+        let c = client(&self.pool).await?;
+        c.execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&name],
+        )
+        .await
+        .map_err(|e| PgError::sql(format!("cannot create replication slot {name:?}"), e))?;
+        Ok(())
+    }
+
+    /// Makes sure a usable slot exists per `mode` (temporary slots are made by the
+    /// replication connection itself, so `Temporary` checks nothing).
+    pub async fn ensure_slot(
+        &self,
+        name: &str,
+        mode: SlotMode,
+        dbname: &str,
+    ) -> Result<(), PgError> {
+        if mode == SlotMode::Temporary {
+            return Ok(());
+        }
+        let info = match self.slot(name).await? {
+            Some(info) => info,
+            None if mode == SlotMode::MustExist => {
+                return Err(slot_missing(name));
+            }
+            None => {
+                match self.create_slot(name).await {
+                    Ok(()) => {}
+                    // Created by someone else meanwhile: validate theirs.
+                    Err(e) if e.sqlstate() == Some("42710") => {}
+                    Err(e) => return Err(e),
+                }
+                self.slot(name).await?.ok_or_else(|| slot_missing(name))?
+            }
+        };
+        let mut problems = Vec::new();
+        if info.slot_type != "logical" || info.plugin.as_deref() != Some("pgoutput") {
+            problems.push(format!(
+                "slot {name:?} is a {} slot with plugin {:?}; freshen needs a logical slot with pgoutput",
+                info.slot_type, info.plugin
+            ));
+        }
+        if info.database.as_deref() != Some(dbname) {
+            problems.push(format!(
+                "slot {name:?} belongs to database {:?}, not {dbname:?}",
+                info.database
+            ));
+        }
+        if info.temporary {
+            problems.push(format!("slot {name:?} is another session's temporary slot"));
+        }
+        if !problems.is_empty() {
+            return Err(PgError::new(ErrorKind::Slot, problems.join("; ")));
+        }
+        if info.is_lost() {
+            return Err(slot_lost(name));
+        }
+        Ok(())
+    }
+
+    /// Drops the slot. `Ok(false)` when it did not exist. A slot in use by a streaming
+    /// session cannot be dropped; this waits up to 5 s for its session to go away.
+    pub async fn drop_slot(&self, name: &str) -> Result<bool, PgError> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let c = client(&self.pool).await?;
+            let r = c
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE slot_name = $1",
+                    &[&name],
+                )
+                .await;
+            match r {
+                Ok(n) => return Ok(n > 0),
+                Err(e)
+                    if e.code().map(|c| c.code()) == Some("55006")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    return Err(PgError::sql(
+                        format!("cannot drop replication slot {name:?}"),
+                        e,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The publication, if it exists.
+    pub async fn publication(&self, name: &str) -> Result<Option<PublicationInfo>, PgError> {
+        let c = client(&self.pool).await?;
+        let Some(p) = c
+            .query_opt(
+                "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate \
+                 FROM pg_publication WHERE pubname = $1",
+                &[&name],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the publication", e))?
+        else {
+            return Ok(None);
+        };
+        let tables = c
+            .query(
+                "SELECT schemaname::text, tablename::text FROM pg_publication_tables \
+                 WHERE pubname = $1 ORDER BY 1, 2",
+                &[&name],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the publication's tables", e))?
+            .iter()
+            .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect();
+        Ok(Some(PublicationInfo {
+            name: name.to_owned(),
+            all_tables: p.get(0),
+            insert: p.get(1),
+            update: p.get(2),
+            delete: p.get(3),
+            truncate: p.get(4),
+            tables,
+        }))
+    }
+
+    /// What publication `name` lacks for `tables`; `None` when it does not exist.
+    pub async fn coverage(
+        &self,
+        name: &str,
+        tables: &[TableName],
+    ) -> Result<Option<Coverage>, PgError> {
+        let Some(p) = self.publication(name).await? else {
+            return Ok(None);
+        };
+        Ok(Some(coverage_of(&p, tables)))
+    }
+
+    /// Makes sure publication `name` exists per `mode` and covers `tables` with every
+    /// operation; the error says what to run when it does not.
+    pub async fn ensure_publication(
+        &self,
+        name: &str,
+        tables: &[TableName],
+        mode: PublicationMode,
+    ) -> Result<(), PgError> {
+        let existing = self.publication(name).await?;
+        let p = match existing {
+            Some(p) => p,
+            None if mode == PublicationMode::MustExist => {
+                return Err(PgError::new(
+                    ErrorKind::Setup,
+                    format!(
+                        "publication {name:?} does not exist: run CREATE PUBLICATION {} FOR TABLE {}",
+                        quote_ident(name),
+                        list(tables)
+                    ),
+                ));
+            }
+            None => {
+                let c = client(&self.pool).await?;
+                let sql = format!(
+                    "CREATE PUBLICATION {} FOR TABLE {}",
+                    quote_ident(name),
+                    list(tables)
+                );
+                match c.batch_execute(&sql).await {
+                    Ok(()) => {}
+                    Err(e) if e.code().map(|c| c.code()) == Some("42710") => {}
+                    Err(e) => {
+                        return Err(PgError::sql(
+                            format!("cannot create publication {name:?}"),
+                            e,
+                        ));
+                    }
+                }
+                self.publication(name).await?.ok_or_else(|| {
+                    PgError::new(
+                        ErrorKind::Setup,
+                        format!("publication {name:?} vanished after creation"),
+                    )
+                })?
+            }
+        };
+        let cov = coverage_of(&p, tables);
+        let mut fixes = Vec::new();
+        if !cov.missing_tables.is_empty() {
+            fixes.push(format!(
+                "it does not include {}: run ALTER PUBLICATION {} ADD TABLE {}",
+                cov.missing_tables
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                quote_ident(name),
+                list(&cov.missing_tables)
+            ));
+        }
+        if !cov.missing_operations.is_empty() {
+            fixes.push(format!(
+                "it does not publish {}: run ALTER PUBLICATION {} SET (publish = 'insert, update, delete, truncate')",
+                cov.missing_operations.join(", "),
+                quote_ident(name)
+            ));
+        }
+        if fixes.is_empty() {
+            Ok(())
+        } else {
+            Err(PgError::new(
+                ErrorKind::Setup,
+                format!(
+                    "publication {name:?} does not cover the watched tables: {}",
+                    fixes.join("; ")
+                ),
+            ))
+        }
+    }
+
+    /// A table's replica identity; an error when the table does not exist.
+    pub async fn replica_identity(&self, table: &TableName) -> Result<TableIdentity, PgError> {
+        let row = self
+            .one_row(
+                "the table's replica identity",
+                "SELECT c.relreplident::text, \
+                        ARRAY(SELECT a.attname::text \
+                              FROM pg_index i \
+                              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+                              WHERE i.indrelid = c.oid \
+                                AND ((c.relreplident = 'd' AND i.indisprimary) \
+                                  OR (c.relreplident = 'i' AND i.indisreplident)) \
+                              ORDER BY array_position(i.indkey::int2[], a.attnum)) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+                &[&table.schema, &table.name],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Err(PgError::new(
+                ErrorKind::Setup,
+                format!("table {table} does not exist"),
+            ));
+        };
+        let identity = match row.get::<_, String>(0).as_str() {
+            "f" => ReplicaIdentity::Full,
+            "n" => ReplicaIdentity::Nothing,
+            "i" => ReplicaIdentity::Index,
+            _ => ReplicaIdentity::Default,
+        };
+        Ok(TableIdentity {
+            table: table.clone(),
+            identity,
+            key_columns: row.get(1),
+        })
+    }
+
+    /// [`TableIdentity::check_scope`] for `table`.
+    pub async fn check_replica_identity(
+        &self,
+        table: &TableName,
+        scope_columns: &[&str],
+    ) -> Result<IdentityCheck, PgError> {
+        Ok(self
+            .replica_identity(table)
+            .await?
+            .check_scope(scope_columns))
+    }
+}
+
+fn list(tables: &[TableName]) -> String {
+    tables
+        .iter()
+        .map(TableName::quoted)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn coverage_of(p: &PublicationInfo, tables: &[TableName]) -> Coverage {
+    let missing_tables = if p.all_tables {
+        Vec::new()
+    } else {
+        tables
+            .iter()
+            .filter(|t| !p.tables.contains(t))
+            .cloned()
+            .collect()
+    };
+    let mut missing_operations = Vec::new();
+    for (on, op) in [
+        (p.insert, "insert"),
+        (p.update, "update"),
+        (p.delete, "delete"),
+        (p.truncate, "truncate"),
+    ] {
+        if !on {
+            missing_operations.push(op);
+        }
+    }
+    Coverage {
+        missing_tables,
+        missing_operations,
+    }
+}
+
+pub(crate) fn slot_missing(name: &str) -> PgError {
+    PgError::new(
+        ErrorKind::Slot,
+        format!(
+            "replication slot {name:?} does not exist (was it dropped?). Changes made since it \
+             went away are lost: recreate it (slot_mode = create-if-missing) and run a \
+             reconcile sweep so the derived tables are rebuilt from the source tables"
+        ),
+    )
+}
+
+pub(crate) fn slot_lost(name: &str) -> PgError {
+    PgError::new(
+        ErrorKind::Slot,
+        format!(
+            "replication slot {name:?} was invalidated by the server (wal_status = lost, \
+             max_slot_wal_keep_size exceeded): the WAL it needed is gone. Drop it \
+             (SELECT pg_drop_replication_slot('{name}')), let freshen create it again, and run \
+             a reconcile sweep so the derived tables are rebuilt; consider raising \
+             max_slot_wal_keep_size"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ident(identity: ReplicaIdentity, keys: &[&str]) -> TableIdentity {
+        TableIdentity {
+            table: TableName::new("public", "readings"),
+            identity,
+            key_columns: keys.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn scope_checks() {
+        assert!(
+            ident(ReplicaIdentity::Full, &[])
+                .check_scope(&["device"])
+                .carries_old_scope
+        );
+        let pk = ident(ReplicaIdentity::Default, &["device", "ts"]);
+        assert!(pk.check_scope(&["device"]).carries_old_scope);
+        let id_only = ident(ReplicaIdentity::Default, &["id"]);
+        let c = id_only.check_scope(&["device"]);
+        assert!(!c.carries_old_scope);
+        assert!(
+            c.advice
+                .unwrap()
+                .contains("ALTER TABLE \"public\".\"readings\" REPLICA IDENTITY FULL")
+        );
+        assert!(
+            !ident(ReplicaIdentity::Default, &[])
+                .check_scope(&["id"])
+                .carries_old_scope
+        );
+        assert!(
+            !ident(ReplicaIdentity::Nothing, &[])
+                .check_scope(&["id"])
+                .carries_old_scope
+        );
+        assert_eq!(id_only.before_image(), BeforeImage::KeyOnly);
+        assert_eq!(
+            ident(ReplicaIdentity::Nothing, &[]).before_image(),
+            BeforeImage::None
+        );
+    }
+
+    #[test]
+    fn coverage_names_what_is_missing() {
+        let p = PublicationInfo {
+            name: "p".into(),
+            all_tables: false,
+            insert: true,
+            update: true,
+            delete: false,
+            truncate: true,
+            tables: vec![TableName::new("public", "a")],
+        };
+        let c = coverage_of(
+            &p,
+            &[TableName::new("public", "a"), TableName::new("public", "b")],
+        );
+        assert_eq!(c.missing_tables, vec![TableName::new("public", "b")]);
+        assert_eq!(c.missing_operations, vec!["delete"]);
+        assert!(!c.is_complete());
+    }
+}

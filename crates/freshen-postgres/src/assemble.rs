@@ -1,0 +1,433 @@
+//! Turns the replication stream into batches of row events: pure, no I/O.
+//!
+//! Rows are handed over as they arrive, never a whole transaction: a batch closes when
+//! it is full (before the event that would overflow it) or when the stream goes quiet.
+//! A batch that holds a commit carries that commit's `end_lsn` for its acknowledgement;
+//! the others carry none.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use freshen::{BoxError, Op, RowEvent, Tx};
+
+use crate::pgoutput::{self, Message, OldImage};
+use crate::rows::{Relations, Table};
+use crate::xid::{XidClock, pg_time};
+
+/// A closed batch, ready to hand over.
+#[derive(Debug)]
+pub(crate) struct Output {
+    pub(crate) events: Vec<RowEvent>,
+    pub(crate) skipped: Vec<BoxError>,
+    /// The `end_lsn` of the last commit in the batch: acknowledging the batch confirms
+    /// this position.
+    pub(crate) commit_end: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpenTx {
+    id: u64,
+    final_lsn: u64,
+    commit_ts: SystemTime,
+    index: u32,
+}
+
+/// What a commit meant for the batch under construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Committed {
+    /// The batch holds events; it now carries this commit's position.
+    InBatch,
+    /// Nothing of this transaction (nor of any earlier unsent one) is waiting: its
+    /// position may be confirmed as soon as nothing else is pending.
+    Empty(u64),
+}
+
+#[derive(Debug)]
+pub(crate) struct Assembler {
+    relations: Relations,
+    xids: XidClock,
+    batch_size: usize,
+    tx: Option<OpenTx>,
+    events: Vec<RowEvent>,
+    skipped: Vec<BoxError>,
+    commit_end: Option<u64>,
+}
+
+impl Assembler {
+    pub(crate) fn new(relations: Relations, xids: XidClock, batch_size: usize) -> Assembler {
+        Assembler {
+            relations,
+            xids,
+            batch_size: batch_size.max(1),
+            tx: None,
+            events: Vec::with_capacity(batch_size.clamp(1, 4096)),
+            skipped: Vec::new(),
+            commit_end: None,
+        }
+    }
+
+    /// A new session begins (after a reconnect): what was not handed over is replayed
+    /// by the server, so it is dropped here, relations are resent, and the epoch is
+    /// learnt again.
+    pub(crate) fn reset(&mut self, xids: XidClock) {
+        self.relations.clear();
+        self.xids = xids;
+        self.tx = None;
+        self.events.clear();
+        self.skipped.clear();
+        self.commit_end = None;
+    }
+
+    /// Whether a transaction is open (its rows may be partly handed over).
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Whether anything is waiting in the batch under construction.
+    pub(crate) fn has_output(&self) -> bool {
+        !self.events.is_empty() || !self.skipped.is_empty()
+    }
+
+    /// Closes the batch under construction, if it holds anything.
+    pub(crate) fn take(&mut self) -> Option<Output> {
+        if !self.has_output() {
+            return None;
+        }
+        let events = std::mem::replace(
+            &mut self.events,
+            Vec::with_capacity(self.batch_size.clamp(1, 4096)),
+        );
+        Some(Output {
+            events,
+            skipped: std::mem::take(&mut self.skipped),
+            commit_end: self.commit_end.take(),
+        })
+    }
+
+    pub(crate) fn begin(&mut self, final_lsn: u64, xid: u32, commit_ts_micros: i64) {
+        self.tx = Some(OpenTx {
+            id: self.xids.extend(xid),
+            final_lsn,
+            commit_ts: pg_time(commit_ts_micros),
+            index: 0,
+        });
+    }
+
+    pub(crate) fn commit(&mut self, end_lsn: u64) -> Committed {
+        self.tx = None;
+        if self.has_output() {
+            self.commit_end = Some(end_lsn);
+            Committed::InBatch
+        } else {
+            Committed::Empty(end_lsn)
+        }
+    }
+
+    /// Decodes one change message. Returns a full batch to hand over first when the
+    /// next event would overflow the one under construction.
+    pub(crate) fn change(&mut self, data: &[u8]) -> Vec<Output> {
+        let mut out = Vec::new();
+        let msg = match pgoutput::decode(data) {
+            Ok(m) => m,
+            Err(e) => {
+                self.skip(e.into(), &mut out);
+                return out;
+            }
+        };
+        match msg {
+            Message::Relation(r) => self.relations.upsert(r),
+            Message::Insert { relation, new } => {
+                let ev =
+                    self.with_table(
+                        relation,
+                        |t| Ok(event(t, Op::Insert).with_new(t.row(&new)?)),
+                    );
+                self.emit(ev, &mut out);
+            }
+            Message::Update { relation, old, new } => {
+                let ev = self.with_table(relation, |t| {
+                    let mut new_row = t.row(&new)?;
+                    let old_row = match &old {
+                        None => None,
+                        Some(OldImage::Key(k)) => Some(t.key_row(k)?),
+                        Some(OldImage::Full(o)) => Some(t.row(o)?),
+                    };
+                    // Unchanged TOAST values: known from a full former image.
+                    if let Some(OldImage::Full(_)) = &old
+                        && let Some(o) = &old_row
+                    {
+                        for (v, ov) in new_row.values_mut().iter_mut().zip(o.values()) {
+                            if v.is_unchanged() && !ov.is_unchanged() {
+                                *v = ov.clone();
+                            }
+                        }
+                    }
+                    let mut e = event(t, Op::Update).with_new(new_row);
+                    e.old = old_row;
+                    Ok(e)
+                });
+                self.emit(ev, &mut out);
+            }
+            Message::Delete { relation, old } => {
+                let ev = self.with_table(relation, |t| {
+                    let row = match &old {
+                        OldImage::Key(k) => t.key_row(k)?,
+                        OldImage::Full(o) => t.row(o)?,
+                    };
+                    Ok(event(t, Op::Delete).with_old(row))
+                });
+                self.emit(ev, &mut out);
+            }
+            Message::Truncate { relations, .. } => {
+                for oid in relations {
+                    let ev = self.with_table(oid, |t| Ok(event(t, Op::Truncate)));
+                    self.emit(ev, &mut out);
+                }
+            }
+            // Handled by the replication client, or carry nothing a scope can use.
+            Message::Begin { .. }
+            | Message::Commit { .. }
+            | Message::Origin { .. }
+            | Message::Type { .. }
+            | Message::Message { .. } => {}
+        }
+        out
+    }
+
+    /// `Ok(None)`: the table is not watched.
+    fn with_table(
+        &self,
+        oid: u32,
+        f: impl FnOnce(&Table) -> Result<RowEvent, String>,
+    ) -> Result<Option<RowEvent>, BoxError> {
+        let t = self.relations.get(oid).ok_or_else(|| {
+            format!("change for relation {oid}, which the server never described")
+        })?;
+        if !t.watched {
+            return Ok(None);
+        }
+        f(t).map(Some).map_err(Into::into)
+    }
+
+    fn emit(&mut self, ev: Result<Option<RowEvent>, BoxError>, out: &mut Vec<Output>) {
+        match ev {
+            Ok(Some(mut e)) => {
+                if self.events.len() >= self.batch_size {
+                    out.extend(self.take());
+                }
+                if let Some(tx) = &mut self.tx {
+                    e.commit_ts = Some(tx.commit_ts);
+                    e.tx = Some(Tx {
+                        id: tx.id,
+                        commit: tx.final_lsn,
+                        index: tx.index,
+                    });
+                    tx.index = tx.index.saturating_add(1);
+                }
+                self.events.push(e);
+            }
+            Ok(None) => {}
+            Err(error) => self.skip(error, out),
+        }
+    }
+
+    fn skip(&mut self, error: BoxError, out: &mut Vec<Output>) {
+        if self.skipped.len() >= self.batch_size {
+            out.extend(self.take());
+        }
+        self.skipped.push(error);
+    }
+}
+
+fn event(t: &Table, op: Op) -> RowEvent {
+    let mut e = RowEvent::new(Arc::clone(&t.schema), Arc::clone(&t.name), op);
+    e.pk_names = t.key_columns.clone();
+    e
+}
+
+/// Whether a row image leaves a value out because it did not change (for tests).
+#[cfg(test)]
+fn has_unchanged(v: &[freshen::Value]) -> bool {
+    v.iter().any(freshen::Value::is_unchanged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pgoutput::fixtures::*;
+    use freshen::{Key, Value};
+
+    fn asm(batch: usize) -> Assembler {
+        let mut a = Assembler::new(Relations::new(None), XidClock::new((3 << 32) + 100), batch);
+        assert!(
+            a.change(&relation(
+                1,
+                "public",
+                "t",
+                b'd',
+                &[(true, "id", 23), (false, "dev", 25), (false, "doc", 25)]
+            ))
+            .is_empty()
+        );
+        a
+    }
+
+    #[test]
+    fn events_carry_transaction_metadata() {
+        let mut a = asm(10);
+        a.begin(500, 90, 0);
+        a.change(&insert(1, &[Some(Some("1")), Some(Some("a")), None]));
+        a.change(&insert(1, &[Some(Some("2")), Some(Some("b")), None]));
+        assert_eq!(a.commit(520), Committed::InBatch);
+        let out = a.take().unwrap();
+        assert_eq!(out.commit_end, Some(520));
+        let tx: Vec<Tx> = out.events.iter().map(|e| e.tx.unwrap()).collect();
+        assert_eq!(
+            tx[0],
+            Tx {
+                id: (3 << 32) + 90,
+                commit: 500,
+                index: 0
+            }
+        );
+        assert_eq!(tx[1].index, 1);
+        assert_eq!(&*out.events[0].schema, "public");
+        assert_eq!(&*out.events[0].pk_names, &[Box::from("id")]);
+        assert!(out.events[0].commit_ts.is_some());
+        assert!(a.take().is_none());
+    }
+
+    #[test]
+    fn a_big_transaction_is_many_batches_and_only_the_last_holds_the_commit() {
+        let mut a = asm(3);
+        a.begin(1000, 7, 0);
+        let mut batches = Vec::new();
+        for i in 0..10 {
+            batches.extend(a.change(&insert(1, &[Some(Some(&i.to_string())), None, None])));
+        }
+        assert_eq!(a.commit(1100), Committed::InBatch);
+        batches.extend(a.take());
+        assert_eq!(
+            batches.iter().map(|b| b.events.len()).collect::<Vec<_>>(),
+            [3, 3, 3, 1]
+        );
+        assert!(batches[..3].iter().all(|b| b.commit_end.is_none()));
+        assert_eq!(batches[3].commit_end, Some(1100));
+    }
+
+    #[test]
+    fn empty_and_filtered_transactions_are_reported_as_empty() {
+        let mut w = std::collections::HashSet::new();
+        w.insert(crate::TableName::new("public", "watched"));
+        let mut a = Assembler::new(Relations::new(Some(w)), XidClock::new(100), 10);
+        a.change(&relation(2, "public", "other", b'd', &[(true, "id", 23)]));
+        a.begin(10, 1, 0);
+        a.change(&insert(2, &[Some(Some("1"))]));
+        assert!(!a.has_output(), "unwatched tables are dropped");
+        assert!(a.in_transaction());
+        assert_eq!(a.commit(20), Committed::Empty(20));
+        assert!(!a.in_transaction());
+    }
+
+    #[test]
+    fn update_images_and_toast() {
+        let mut a = Assembler::new(Relations::new(None), XidClock::new(100), 10);
+        a.change(&relation(
+            1,
+            "public",
+            "t",
+            b'f',
+            &[(true, "id", 23), (false, "dev", 25), (false, "doc", 25)],
+        ));
+        a.begin(10, 1, 0);
+        // FULL identity: the old image fills the unchanged TOAST value.
+        a.change(&update(
+            1,
+            Some((b'O', &[Some(Some("1")), Some(Some("a")), Some(Some("big"))])),
+            &[Some(Some("1")), Some(Some("b")), Some(None)],
+        ));
+        // Without an old image, unchanged stays unchanged (not NULL).
+        a.change(&update(
+            1,
+            None,
+            &[Some(Some("1")), Some(Some("c")), Some(None)],
+        ));
+        // Key-only old image: only the key column.
+        a.change(&update(
+            1,
+            Some((b'K', &[Some(Some("1")), None, None])),
+            &[Some(Some("2")), Some(Some("c")), None],
+        ));
+        a.commit(20);
+        let out = a.take().unwrap();
+        let full = &out.events[0];
+        assert_eq!(
+            full.new.as_ref().unwrap().get("doc"),
+            Some(&Value::text("big"))
+        );
+        assert_eq!(
+            full.scope_keys(&["dev"]).collect::<Vec<_>>(),
+            [Key::from("b"), Key::from("a")]
+        );
+        let plain = &out.events[1];
+        assert!(plain.old.is_none());
+        assert_eq!(
+            plain.new.as_ref().unwrap().get("doc"),
+            Some(&Value::Unchanged)
+        );
+        assert!(has_unchanged(plain.new.as_ref().unwrap().values()));
+        let keyed = &out.events[2];
+        assert_eq!(keyed.old.as_ref().unwrap().len(), 1);
+        assert_eq!(keyed.new.as_ref().unwrap().get("doc"), Some(&Value::Null));
+        assert_eq!(
+            keyed.scope_keys(&["id"]).collect::<Vec<_>>(),
+            [Key::from("2"), Key::from("1")]
+        );
+    }
+
+    #[test]
+    fn truncate_is_one_event_per_table_and_garbage_is_skipped() {
+        let mut a = asm(10);
+        a.change(&relation(2, "s", "u", b'd', &[(true, "id", 23)]));
+        a.begin(10, 1, 0);
+        a.change(&truncate(0, &[1, 2]));
+        a.change(b"\xff\x00");
+        a.change(&insert(99, &[None]));
+        a.change(&insert(1, &[None]));
+        a.commit(20);
+        let out = a.take().unwrap();
+        let ops: Vec<(String, Op)> = out
+            .events
+            .iter()
+            .map(|e| (e.table.to_string(), e.op))
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                ("t".to_string(), Op::Truncate),
+                ("u".to_string(), Op::Truncate)
+            ]
+        );
+        assert_eq!(
+            out.skipped.len(),
+            3,
+            "undecodable, unknown relation, wrong width"
+        );
+        assert!(out.skipped[1].to_string().contains("never described"));
+    }
+
+    #[test]
+    fn reset_forgets_unsent_work() {
+        let mut a = asm(10);
+        a.begin(10, 1, 0);
+        a.change(&insert(1, &[Some(Some("1")), None, None]));
+        a.reset(XidClock::new(100));
+        assert!(!a.in_transaction() && !a.has_output());
+        assert_eq!(a.change(&insert(1, &[None, None, None])).len(), 0);
+        assert_eq!(
+            a.take().unwrap().skipped.len(),
+            1,
+            "relations are forgotten too"
+        );
+    }
+}

@@ -1,0 +1,571 @@
+//! Plain-data configuration: how to connect, and what the source streams.
+//!
+//! The `freshen` binary builds these from its TOML; Rust programs use the builders.
+//! Passwords are never printed: `Debug` shows `***`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use freshen::Backoff;
+
+use crate::{Lsn, PgError};
+
+/// How the connection uses TLS (libpq's `sslmode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SslMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS when the server offers it, else plain (the libpq default). Does not verify
+    /// the certificate.
+    #[default]
+    Prefer,
+    /// TLS or fail; the certificate is not verified (encryption without authentication).
+    Require,
+    /// TLS or fail; the certificate must chain to `sslrootcert` and name the host.
+    VerifyFull,
+}
+
+impl FromStr for SslMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<SslMode, String> {
+        match s {
+            "disable" => Ok(SslMode::Disable),
+            "prefer" => Ok(SslMode::Prefer),
+            "require" => Ok(SslMode::Require),
+            "verify-full" => Ok(SslMode::VerifyFull),
+            "allow" | "verify-ca" => Err(format!(
+                "sslmode {s:?} is not supported; use disable, prefer, require or verify-full"
+            )),
+            _ => Err(format!(
+                "unknown sslmode {s:?}; use disable, prefer, require or verify-full"
+            )),
+        }
+    }
+}
+
+/// Where and as whom to connect. Plain data; [`ConnectionConfig::from_url`] parses a
+/// `postgres://` URL.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnectionConfig {
+    /// Host name, IP address, or an absolute path to a unix socket directory.
+    pub host: String,
+    /// TCP port (also names the socket file in a socket directory).
+    pub port: u16,
+    /// User; logical replication needs the `REPLICATION` attribute (or superuser).
+    pub user: String,
+    /// Password, if the server asks for one. Never logged.
+    pub password: Option<String>,
+    /// Database.
+    pub dbname: String,
+    /// TLS use.
+    pub sslmode: SslMode,
+    /// PEM file of the CA certificates that `verify-full` trusts.
+    pub sslrootcert: Option<PathBuf>,
+    /// `application_name` shown in `pg_stat_activity`.
+    pub application_name: String,
+    /// How long a connection attempt may take.
+    pub connect_timeout: Duration,
+}
+
+impl fmt::Debug for ConnectionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("dbname", &self.dbname)
+            .field("sslmode", &self.sslmode)
+            .field("sslrootcert", &self.sslrootcert)
+            .field("application_name", &self.application_name)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> ConnectionConfig {
+        ConnectionConfig {
+            host: "localhost".into(),
+            port: 5432,
+            user: "postgres".into(),
+            password: None,
+            dbname: "postgres".into(),
+            sslmode: SslMode::default(),
+            sslrootcert: None,
+            application_name: "freshen".into(),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ConnectionConfig {
+    /// Parses `postgres://[user[:password]@][host][:port][/dbname][?param=value&…]`
+    /// (also `postgresql://`). Parameters: `sslmode`, `sslrootcert`,
+    /// `application_name`, `connect_timeout` (seconds), `host` (a socket directory),
+    /// `port`, `user`, `password`, `dbname`. Percent-escapes are decoded.
+    pub fn from_url(url: &str) -> Result<ConnectionConfig, PgError> {
+        let bad = |why: &str| {
+            // Never echo the URL: it may hold a password.
+            PgError::config(&[format!("invalid PostgreSQL URL: {why}")])
+        };
+        let rest = url
+            .strip_prefix("postgres://")
+            .or_else(|| url.strip_prefix("postgresql://"))
+            .ok_or_else(|| bad("it must start with postgres:// or postgresql://"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (rest, None),
+        };
+        let mut cfg = ConnectionConfig::default();
+        let hostport = match authority.rsplit_once('@') {
+            Some((userinfo, hp)) => {
+                let (user, pw) = match userinfo.split_once(':') {
+                    Some((u, p)) => (u, Some(p)),
+                    None => (userinfo, None),
+                };
+                if !user.is_empty() {
+                    cfg.user = decode(user).map_err(|e| bad(&e))?;
+                }
+                cfg.password = pw.map(decode).transpose().map_err(|e| bad(&e))?;
+                hp
+            }
+            None => authority,
+        };
+        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or_else(|| bad("unclosed [ in host"))?;
+            (h.to_owned(), after.strip_prefix(':'))
+        } else {
+            match hostport.rsplit_once(':') {
+                Some((h, p)) => (h.to_owned(), Some(p)),
+                None => (hostport.to_owned(), None),
+            }
+        };
+        if !host.is_empty() {
+            cfg.host = decode(&host).map_err(|e| bad(&e))?;
+        }
+        if let Some(p) = port.filter(|p| !p.is_empty()) {
+            cfg.port = p.parse().map_err(|_| bad("the port is not a number"))?;
+        }
+        if let Some(db) = path.filter(|p| !p.is_empty()) {
+            cfg.dbname = decode(db).map_err(|e| bad(&e))?;
+        }
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = decode(v).map_err(|e| bad(&e))?;
+            match k {
+                "sslmode" => cfg.sslmode = v.parse().map_err(|e: String| bad(&e))?,
+                "sslrootcert" => cfg.sslrootcert = Some(PathBuf::from(v)),
+                "application_name" => cfg.application_name = v,
+                "connect_timeout" => {
+                    let secs: u64 = v
+                        .parse()
+                        .map_err(|_| bad("connect_timeout is not a number"))?;
+                    cfg.connect_timeout = Duration::from_secs(secs.max(1));
+                }
+                "host" => cfg.host = v,
+                "port" => cfg.port = v.parse().map_err(|_| bad("port is not a number"))?,
+                "user" => cfg.user = v,
+                "password" => cfg.password = Some(v),
+                "dbname" => cfg.dbname = v,
+                other => return Err(bad(&format!("unknown parameter {other:?}"))),
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Whether `host` is a unix socket directory.
+    pub fn is_unix_socket(&self) -> bool {
+        self.host.starts_with('/')
+    }
+
+    /// Problems with this configuration (empty when valid).
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.host.is_empty() {
+            p.push("connection host is empty".into());
+        }
+        if self.user.is_empty() {
+            p.push("connection user is empty".into());
+        }
+        if self.dbname.is_empty() {
+            p.push("connection dbname is empty".into());
+        }
+        if self.sslmode == SslMode::VerifyFull && self.sslrootcert.is_none() {
+            p.push(
+                "sslmode verify-full needs sslrootcert (a PEM file of trusted CA certificates)"
+                    .into(),
+            );
+        }
+        if self.connect_timeout.is_zero() {
+            p.push("connect_timeout must be greater than zero".into());
+        }
+        p
+    }
+
+    /// The tokio-postgres configuration for SQL connections.
+    pub(crate) fn to_tokio(&self) -> tokio_postgres::Config {
+        let mut c = tokio_postgres::Config::new();
+        if self.is_unix_socket() {
+            c.host_path(&self.host);
+        } else {
+            c.host(&self.host);
+        }
+        c.port(self.port)
+            .user(&self.user)
+            .dbname(&self.dbname)
+            .application_name(&self.application_name)
+            .connect_timeout(self.connect_timeout)
+            .ssl_mode(match self.sslmode {
+                SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+                SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+                SslMode::Require | SslMode::VerifyFull => tokio_postgres::config::SslMode::Require,
+            });
+        if let Some(pw) = &self.password {
+            c.password(pw);
+        }
+        c
+    }
+}
+
+/// Percent-decoding for URL parts.
+fn decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "bad percent-escape".to_string())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-escapes do not form UTF-8".to_string())
+}
+
+/// A schema-qualified table name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableName {
+    /// Schema (`public` when not given).
+    pub schema: String,
+    /// Table.
+    pub name: String,
+}
+
+impl TableName {
+    /// `schema.name`.
+    pub fn new(schema: impl Into<String>, name: impl Into<String>) -> TableName {
+        TableName {
+            schema: schema.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The name quoted for SQL: `"schema"."name"`.
+    pub fn quoted(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+impl FromStr for TableName {
+    type Err = String;
+
+    /// `table`, `schema.table`, with double quotes around parts that need them.
+    fn from_str(s: &str) -> Result<TableName, String> {
+        let mut parts = Vec::new();
+        let mut cur = String::new();
+        let mut quoted = false;
+        let mut chars = s.trim().chars().peekable();
+        let mut was_quoted = false;
+        while let Some(c) = chars.next() {
+            match (c, quoted) {
+                ('"', false) => {
+                    quoted = true;
+                    was_quoted = true;
+                }
+                ('"', true) if chars.peek() == Some(&'"') => {
+                    chars.next();
+                    cur.push('"');
+                }
+                ('"', true) => quoted = false,
+                ('.', false) => {
+                    parts.push((std::mem::take(&mut cur), was_quoted));
+                    was_quoted = false;
+                }
+                (c, _) => cur.push(c),
+            }
+        }
+        if quoted {
+            return Err(format!("unclosed quote in table name {s:?}"));
+        }
+        parts.push((cur, was_quoted));
+        // Unquoted identifiers fold to lower case, as in SQL.
+        let fold = |(p, q): (String, bool)| if q { p } else { p.to_lowercase() };
+        let mut parts: Vec<String> = parts.into_iter().map(fold).collect();
+        if parts.iter().any(|p| p.is_empty()) || parts.len() > 2 {
+            return Err(format!(
+                "invalid table name {s:?} (expected table or schema.table)"
+            ));
+        }
+        let name = parts.pop().unwrap_or_default();
+        let schema = parts.pop().unwrap_or_else(|| "public".into());
+        Ok(TableName { schema, name })
+    }
+}
+
+/// Quotes an identifier for SQL.
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// Quotes a string literal for SQL (used only where the replication protocol cannot take
+/// parameters).
+pub(crate) fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// What the source does about its replication slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlotMode {
+    /// Use the slot; create it (persistent, `pgoutput`) if it does not exist.
+    #[default]
+    CreateIfMissing,
+    /// The slot must exist; a missing slot is an error.
+    MustExist,
+    /// A temporary slot for this connection only: dropped when it ends, so a reconnect
+    /// or a restart loses changes (not recoverable; for tests and ad-hoc tools).
+    Temporary,
+}
+
+/// What the source does about its publication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PublicationMode {
+    /// Create the publication for the watched tables if it does not exist; an existing
+    /// one must cover them.
+    #[default]
+    CreateIfMissing,
+    /// The publication must exist and cover the watched tables.
+    MustExist,
+}
+
+/// Where streaming starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartPosition {
+    /// Where the slot's confirmed position is (resume; at-least-once).
+    #[default]
+    Slot,
+    /// Skip transactions that committed before this position. The slot's confirmed
+    /// position is not moved by this: it advances only as batches are acknowledged.
+    Lsn(Lsn),
+}
+
+/// Everything a [`PgSource`](crate::PgSource) needs. Plain data; see the field docs for
+/// defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PgSourceConfig {
+    /// Where to connect (replication and SQL connections alike).
+    pub connection: ConnectionConfig,
+    /// Replication slot name: lower-case letters, digits and `_`, at most 63 bytes.
+    pub slot: String,
+    /// Slot lifecycle (default: create if missing).
+    pub slot_mode: SlotMode,
+    /// Publication name.
+    pub publication: String,
+    /// Publication lifecycle (default: create if missing).
+    pub publication_mode: PublicationMode,
+    /// Tables whose changes are delivered. With a publication that must exist this may
+    /// be empty: then every table the publication covers is delivered.
+    pub tables: Vec<TableName>,
+    /// Where streaming starts (default: the slot's position).
+    pub start: StartPosition,
+    /// Most events in one batch (default 1024). A transaction larger than this arrives
+    /// as several batches; only the one holding its commit carries the acknowledgement.
+    pub batch_size: usize,
+    /// Batches queued between the replication reader and the consumer (default 4);
+    /// beyond that the reader waits (back-pressure).
+    pub queue_batches: usize,
+    /// Wire messages buffered by the replication client (default 4096).
+    pub wire_buffer: usize,
+    /// How often a standby status update is sent, at least (default 1 s). Acks are
+    /// reported at this pace too.
+    pub status_interval: Duration,
+    /// Delays between reconnect attempts (default 100 ms doubling to 10 s, jittered).
+    pub reconnect: Backoff,
+    /// How long reconnecting may go on without streaming before the source gives up
+    /// with an error (default 5 minutes).
+    pub reconnect_deadline: Duration,
+}
+
+impl Default for PgSourceConfig {
+    fn default() -> PgSourceConfig {
+        PgSourceConfig {
+            connection: ConnectionConfig::default(),
+            slot: String::new(),
+            slot_mode: SlotMode::default(),
+            publication: String::new(),
+            publication_mode: PublicationMode::default(),
+            tables: Vec::new(),
+            start: StartPosition::default(),
+            batch_size: 1024,
+            queue_batches: 4,
+            wire_buffer: 4096,
+            status_interval: Duration::from_secs(1),
+            reconnect: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
+            reconnect_deadline: Duration::from_secs(300),
+        }
+    }
+}
+
+impl PgSourceConfig {
+    /// Every problem with this configuration, one sentence each (empty when valid).
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = self.connection.problems();
+        if self.slot.is_empty() {
+            p.push("a replication slot name is required".into());
+        } else if self.slot.len() > 63
+            || !self
+                .slot
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            p.push(format!(
+                "slot name {:?} is invalid: use lower-case letters, digits and _, at most 63 bytes",
+                self.slot
+            ));
+        }
+        if self.publication.is_empty() {
+            p.push("a publication name is required".into());
+        } else if self.publication.len() > 63
+            || self
+                .publication
+                .chars()
+                .any(|c| c == ',' || c.is_whitespace() || c.is_control())
+        {
+            p.push(format!(
+                "publication name {:?} is invalid: at most 63 bytes, no commas, spaces or control characters",
+                self.publication
+            ));
+        }
+        if self.tables.is_empty() && self.publication_mode == PublicationMode::CreateIfMissing {
+            p.push("list the tables to watch (a publication is created for them)".into());
+        }
+        if self.batch_size == 0 {
+            p.push("batch_size must be at least 1".into());
+        }
+        if self.queue_batches == 0 {
+            p.push("queue_batches must be at least 1".into());
+        }
+        if self.wire_buffer == 0 {
+            p.push("wire_buffer must be at least 1".into());
+        }
+        if self.status_interval.is_zero() {
+            p.push("status_interval must be greater than zero".into());
+        }
+        if self.reconnect.base.is_zero() || self.reconnect.base > self.reconnect.max {
+            p.push("reconnect backoff: base must be > 0 and not exceed max".into());
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let c = ConnectionConfig::from_url(
+            "postgres://rep:p%40ss@db.example:6543/app?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x",
+        )
+        .unwrap();
+        assert_eq!(c.host, "db.example");
+        assert_eq!(c.port, 6543);
+        assert_eq!(c.user, "rep");
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.dbname, "app");
+        assert_eq!(c.sslmode, SslMode::VerifyFull);
+        assert_eq!(c.sslrootcert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(c.application_name, "x");
+        let v6 = ConnectionConfig::from_url("postgresql://[::1]:5433").unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", 5433));
+        let sock = ConnectionConfig::from_url("postgres:///db?host=/var/run/postgresql").unwrap();
+        assert!(sock.is_unix_socket());
+        assert_eq!(sock.dbname, "db");
+    }
+
+    #[test]
+    fn bad_urls_never_echo_the_password() {
+        let e = ConnectionConfig::from_url("postgres://u:hunter2@h:notaport/db").unwrap_err();
+        assert!(!e.to_string().contains("hunter2"));
+        assert!(ConnectionConfig::from_url("mysql://x").is_err());
+        assert!(ConnectionConfig::from_url("postgres://h/db?sslmode=verify-ca").is_err());
+        assert!(ConnectionConfig::from_url("postgres://h/db?bogus=1").is_err());
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let mut c = ConnectionConfig::default();
+        c.password = Some("hunter2".into());
+        let cfg = PgSourceConfig {
+            connection: c,
+            ..PgSourceConfig::default()
+        };
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("hunter2"));
+        assert!(shown.contains("***"));
+    }
+
+    #[test]
+    fn table_names() {
+        assert_eq!(
+            "t".parse::<TableName>().unwrap(),
+            TableName::new("public", "t")
+        );
+        assert_eq!(
+            "S.T".parse::<TableName>().unwrap(),
+            TableName::new("s", "t")
+        );
+        assert_eq!(
+            r#""My Schema"."a.b""#.parse::<TableName>().unwrap(),
+            TableName::new("My Schema", "a.b")
+        );
+        assert!("a.b.c".parse::<TableName>().is_err());
+        assert!("\"open".parse::<TableName>().is_err());
+        assert_eq!(TableName::new("s", "we\"ird").quoted(), r#""s"."we""ird""#);
+    }
+
+    #[test]
+    fn validation_lists_every_problem() {
+        let cfg = PgSourceConfig {
+            slot: "Bad-Slot".into(),
+            batch_size: 0,
+            ..PgSourceConfig::default()
+        };
+        let p = cfg.problems();
+        assert!(p.iter().any(|s| s.contains("slot name")));
+        assert!(p.iter().any(|s| s.contains("publication name is required")));
+        assert!(p.iter().any(|s| s.contains("tables")));
+        assert!(p.iter().any(|s| s.contains("batch_size")));
+    }
+}

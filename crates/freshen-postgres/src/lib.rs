@@ -1,0 +1,96 @@
+//! PostgreSQL for freshen: a logical replication source and SQL helpers.
+//!
+//! # Concepts
+//!
+//! - [`PgSource`]: streams row changes from a replication slot through the `pgoutput`
+//!   plugin and implements [`freshen::Source`]. Rows are handed over as they arrive, in
+//!   batches of at most `batch_size` events; a huge transaction is many batches and only
+//!   the one holding its commit carries the acknowledgement, so memory stays bounded.
+//!   Feedback never confirms past what was acknowledged, and confirms the server's WAL
+//!   end when nothing is pending, so a quiet or filtered database retains no WAL.
+//!   Reconnects with backoff and resumes from the slot (at-least-once).
+//! - [`PgHandle`]: [`Health`] and slot lag of a running source.
+//! - [`PgAdmin`]: slot and publication administration and the inspections
+//!   `freshen check` runs (`wal_level`, replication privilege, slot lag, publication
+//!   coverage, replica identity against scope columns).
+//! - [`SqlRebuild`]: a [`freshen::Rebuild`] that runs your statements in one
+//!   REPEATABLE READ transaction per key (or batch of keys), with key parts bound as
+//!   typed parameters, after checking the snapshot sees every transaction that dirtied
+//!   the key.
+//! - [`SqlEnumerate`]: a [`freshen::Enumerate`] that streams keys from a query.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use freshen::{Refresher, RowEvent};
+//! use freshen_postgres::{connect_pool, ConnectionConfig, PgSource, PublicationMode, SlotMode, SqlRebuild};
+//!
+//! let url = "postgres://freshen:secret@localhost/app";
+//! let source = PgSource::builder()
+//!     .url(url)
+//!     .slot("freshen_rollup", SlotMode::CreateIfMissing)
+//!     .publication("freshen_rollup", PublicationMode::CreateIfMissing)
+//!     .table("public.readings")
+//!     .start()
+//!     .await?;
+//! let pool = connect_pool(&ConnectionConfig::from_url(url)?, 4)?;
+//! let rebuild = SqlRebuild::builder(pool)
+//!     .statement("DELETE FROM rollup WHERE device = $1")
+//!     .statement("INSERT INTO rollup SELECT device, count(*), sum(value) FROM readings WHERE device = $1 GROUP BY device")
+//!     .build()
+//!     .await?;
+//! let refresher = Refresher::builder()
+//!     .source(source)
+//!     .scope(|e: &RowEvent| e.scope_keys(&["device"]))
+//!     .rebuild_with(rebuild)
+//!     .coalesce(Duration::from_millis(50))
+//!     .build()?;
+//! refresher.run(std::future::pending()).await?; // or a shutdown signal
+//! # Ok(()) }
+//! ```
+//!
+//! # Key text forms
+//!
+//! Keys from the stream and keys from [`SqlEnumerate`] are the same [`freshen::Key`]
+//! for the same scope: integers print as decimal, booleans as `true`/`false`, text,
+//! uuid, numeric, dates and timestamps as PostgreSQL prints them (both sides use the
+//! server's `DateStyle`/`TimeZone`). Floats in exponent form (`1e+20`) are the
+//! exception; avoid floating-point scope columns.
+//!
+//! # TLS
+//!
+//! rustls with the ring provider, for SQL and replication connections alike;
+//! `sslmode` `disable`, `prefer`, `require`, `verify-full` (with `sslrootcert`).
+
+mod admin;
+mod assemble;
+mod config;
+mod enumerate;
+mod error;
+mod lsn;
+mod params;
+mod pgoutput;
+mod reader;
+mod rebuild;
+mod rows;
+mod source;
+mod tls;
+mod xid;
+
+pub use admin::{
+    Coverage, IdentityCheck, PgAdmin, PublicationInfo, ReplicaIdentity, SlotInfo, TableIdentity,
+    connect_pool,
+};
+pub use config::{
+    ConnectionConfig, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition, TableName,
+    quote_ident,
+};
+pub use deadpool_postgres::Pool;
+pub use enumerate::SqlEnumerate;
+pub use error::{ErrorKind, PgError};
+pub use lsn::{Lsn, ParseLsnError};
+pub use pgoutput::DecodeError;
+pub use rebuild::{SqlRebuild, SqlRebuildBuilder};
+pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};

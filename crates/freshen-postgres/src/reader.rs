@@ -1,0 +1,618 @@
+//! The replication reader: its own thread and current-thread runtime (measured 2–3×
+//! faster than a multi-thread runtime for this loop), reconnecting with backoff, handing
+//! batches to the source through a bounded channel, and sending feedback that never
+//! confirms past what was acknowledged.
+//!
+//! Feedback rule. Acks arrive strictly in batch order, so an acked commit batch's
+//! `end_lsn` is confirmed as is. When nothing is pending — no open transaction, no
+//! unsent events, every handed-out commit batch acked — the newest keepalive `wal_end`
+//! (or empty commit) is confirmed too, so traffic the publication filters out never
+//! holds WAL.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use freshen::{Ack, Batch, SourceError};
+use futures_util::FutureExt;
+use pgwire_replication::{
+    Lsn as WireLsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
+};
+use rustls::ClientConfig;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+
+use crate::admin::{slot_lost, slot_missing};
+use crate::assemble::{Assembler, Committed, Output};
+use crate::config::quote_literal;
+use crate::error::ErrorKind;
+use crate::rows::Relations;
+use crate::tls::{self, Transport};
+use crate::xid::XidClock;
+use crate::{Lsn, PgError, PgSourceConfig, SlotMode, StartPosition, TableName};
+
+/// State shared by the reader, the source, its handles and the acks.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) running: AtomicBool,
+    pub(crate) streaming: AtomicBool,
+    pub(crate) received_lsn: AtomicU64,
+    pub(crate) server_lsn: AtomicU64,
+    pub(crate) confirmed_lsn: AtomicU64,
+    pub(crate) events: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) skipped: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
+    pub(crate) queued_events: AtomicU64,
+    pub(crate) peak_queued_events: AtomicU64,
+    pub(crate) last_error: Mutex<Option<String>>,
+    /// Highest `end_lsn` of an acknowledged commit batch.
+    acked_end: AtomicU64,
+    /// Sequence number of the newest acknowledged commit batch.
+    acked_seq: AtomicU64,
+    ack_notify: Notify,
+}
+
+impl Shared {
+    fn set_error(&self, e: &PgError) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+    }
+}
+
+/// Why a session ended without an error.
+enum Ended {
+    /// The source asked to stop.
+    Stopped,
+    /// The consumer dropped the source.
+    ConsumerGone,
+}
+
+/// What the reader needs from the source.
+pub(crate) struct ReaderSetup {
+    pub(crate) config: Arc<PgSourceConfig>,
+    pub(crate) tls: Option<Arc<ClientConfig>>,
+    pub(crate) watched: Option<std::collections::HashSet<TableName>>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) tx: mpsc::Sender<Result<Batch, SourceError>>,
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
+/// Starts the reader thread. `ready` gets the outcome of the first successful start of
+/// streaming (or the error that ended the attempts); `done` fires when the thread ends.
+pub(crate) fn spawn(
+    setup: ReaderSetup,
+    ready: oneshot::Sender<Result<(), PgError>>,
+    done: oneshot::Sender<()>,
+) -> Result<(), PgError> {
+    std::thread::Builder::new()
+        .name("freshen-pg-reader".into())
+        .spawn(move || {
+            let shared = Arc::clone(&setup.shared);
+            shared.running.store(true, Ordering::SeqCst);
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => {
+                    let reader = Reader::new(setup);
+                    rt.block_on(reader.run(ready));
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(PgError::new(
+                        ErrorKind::Connection,
+                        format!("cannot start the replication runtime: {e}"),
+                    )));
+                }
+            }
+            shared.running.store(false, Ordering::SeqCst);
+            shared.streaming.store(false, Ordering::SeqCst);
+            let _ = done.send(());
+        })
+        .map(|_| ())
+        .map_err(|e| {
+            PgError::new(
+                ErrorKind::Connection,
+                format!("cannot start the replication thread: {e}"),
+            )
+        })
+}
+
+struct Reader {
+    cfg: Arc<PgSourceConfig>,
+    tls: Option<Arc<ClientConfig>>,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Result<Batch, SourceError>>,
+    stop: watch::Receiver<bool>,
+    asm: Assembler,
+    handed_seq: u64,
+    /// The position given to the replication client to report.
+    confirmed: u64,
+    /// Newest position known to hold nothing unsent (keepalive `wal_end`, empty commit).
+    idle_pos: u64,
+}
+
+/// What woke the stream loop.
+enum Wake {
+    Stop,
+    Acked,
+    Event(Result<Option<ReplicationEvent>, PgWireError>),
+}
+
+impl Reader {
+    fn new(s: ReaderSetup) -> Reader {
+        let batch = s.config.batch_size;
+        Reader {
+            asm: Assembler::new(Relations::new(s.watched), XidClock::new(0), batch),
+            cfg: s.config,
+            tls: s.tls,
+            shared: s.shared,
+            tx: s.tx,
+            stop: s.stop,
+            handed_seq: 0,
+            confirmed: 0,
+            idle_pos: 0,
+        }
+    }
+
+    fn stop_requested(&self) -> bool {
+        *self.stop.borrow() || self.stop.has_changed().is_err()
+    }
+
+    async fn run(mut self, ready: oneshot::Sender<Result<(), PgError>>) {
+        let mut ready = Some(ready);
+        let mut attempt: u32 = 0;
+        let mut down_since: Option<Instant> = None;
+        let mut rng = seed();
+        loop {
+            if self.stop_requested() {
+                break;
+            }
+            let result = self.session(&mut ready).await;
+            self.shared.streaming.store(false, Ordering::SeqCst);
+            let error = match result {
+                Ok(Ended::Stopped | Ended::ConsumerGone) => break,
+                Err((e, streamed)) => {
+                    if streamed {
+                        attempt = 0;
+                        down_since = None;
+                    }
+                    e
+                }
+            };
+            self.shared.set_error(&error);
+            let since = *down_since.get_or_insert_with(Instant::now);
+            let gave_up = since.elapsed() >= self.cfg.reconnect_deadline;
+            if !error.is_retryable() || gave_up {
+                let error = if gave_up && error.is_retryable() {
+                    PgError::new(
+                        ErrorKind::Connection,
+                        format!(
+                            "replication stream down for {:?} (reconnect deadline); last error",
+                            since.elapsed()
+                        ),
+                    )
+                    .with_source(error)
+                } else {
+                    error
+                };
+                match ready.take() {
+                    Some(r) => {
+                        let _ = r.send(Err(error));
+                    }
+                    None => {
+                        let _ = self.tx.send(Err(SourceError::new(error))).await;
+                    }
+                }
+                break;
+            }
+            attempt = attempt.saturating_add(1);
+            let delay = self.cfg.reconnect.delay(attempt, next_unit(&mut rng));
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped(&mut stop) => break,
+            }
+            self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn wire_config(&self, transport: &Transport) -> ReplicationConfig {
+        let c = &self.cfg.connection;
+        let host = match transport {
+            Transport::Direct => c.host.clone(),
+            Transport::Bridged { dir } => dir.display().to_string(),
+        };
+        let start = match self.cfg.start {
+            StartPosition::Slot => 0,
+            StartPosition::Lsn(l) => l.0,
+        };
+        ReplicationConfig::new(
+            host,
+            c.user.clone(),
+            c.password.clone().unwrap_or_default(),
+            c.dbname.clone(),
+            self.cfg.slot.clone(),
+            self.cfg.publication.as_str(),
+        )
+        .with_port(c.port)
+        .with_start_lsn(WireLsn(start))
+        // Always say what is confirmed: starting from a position without it would
+        // report the start position as flushed and skip what was never acknowledged.
+        .with_ack_lsn(WireLsn(self.confirmed))
+        .with_status_interval(self.cfg.status_interval)
+        .with_wakeup_interval(self.cfg.status_interval)
+        .with_buffer_size(self.cfg.wire_buffer)
+        .with_application_name(c.application_name.clone())
+    }
+
+    /// Connects, prepares the slot, streams until stopped or broken. The error carries
+    /// whether streaming had started (which resets the backoff).
+    async fn session(
+        &mut self,
+        ready: &mut Option<oneshot::Sender<Result<(), PgError>>>,
+    ) -> Result<Ended, (PgError, bool)> {
+        let timeout = self.cfg.connection.connect_timeout;
+        let prepared = tokio::time::timeout(timeout * 2, self.connect())
+            .await
+            .map_err(|_| {
+                (
+                    PgError::new(
+                        ErrorKind::Connection,
+                        "connecting for replication timed out",
+                    ),
+                    false,
+                )
+            })?
+            .map_err(|e| (e, false))?;
+        let (mut client, xids) = prepared;
+        self.asm.reset(xids);
+        self.shared.streaming.store(true, Ordering::SeqCst);
+        if let Some(r) = ready.take() {
+            let _ = r.send(Ok(()));
+        }
+        self.stream(&mut client).await.map_err(|e| (e, true))
+    }
+
+    async fn connect(&mut self) -> Result<(ReplicationClient, XidClock), PgError> {
+        let transport = tls::replication_transport(&self.cfg.connection, self.tls.as_ref()).await?;
+        let mut client = ReplicationClient::connect_gated(self.wire_config(&transport))
+            .await
+            .map_err(classify)?;
+        let slot = &self.cfg.slot;
+        let rows = client
+            .simple_query(&format!(
+                "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, \
+                        (SELECT wal_status FROM pg_replication_slots WHERE slot_name = {lit}), \
+                        (SELECT count(*) FROM pg_replication_slots WHERE slot_name = {lit})::text",
+                lit = quote_literal(slot)
+            ))
+            .await
+            .map_err(classify)?;
+        let text = |i: usize| -> Option<String> {
+            let v = rows.first()?.get(i)?.as_ref()?;
+            Some(String::from_utf8_lossy(v).into_owned())
+        };
+        let next_xid: u64 = text(0).and_then(|s| s.parse().ok()).ok_or_else(|| {
+            PgError::new(ErrorKind::Protocol, "cannot read the transaction epoch")
+        })?;
+        let exists = text(2).as_deref() == Some("1");
+        match self.cfg.slot_mode {
+            SlotMode::Temporary => {
+                if exists {
+                    return Err(PgError::new(
+                        ErrorKind::Slot,
+                        format!(
+                            "a slot named {slot:?} already exists; a temporary slot needs a free name"
+                        ),
+                    ));
+                }
+                client
+                    .simple_query(&format!(
+                        "CREATE_REPLICATION_SLOT {slot} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+                    ))
+                    .await
+                    .map_err(classify)?;
+            }
+            _ if !exists => return Err(slot_missing(slot)),
+            _ if text(1).as_deref() == Some("lost") => return Err(slot_lost(slot)),
+            _ => {}
+        }
+        client.start().await.map_err(classify)?;
+        client.wait_started().await.map_err(classify)?;
+        Ok((client, XidClock::new(next_xid)))
+    }
+
+    async fn stream(&mut self, client: &mut ReplicationClient) -> Result<Ended, PgError> {
+        loop {
+            let wake = match client.recv().now_or_never() {
+                Some(ev) => Wake::Event(ev),
+                None => {
+                    // The wire is quiet: hand over what has gathered, then wait.
+                    if let Some(out) = self.asm.take() {
+                        if let Some(end) = self.send(out, client).await? {
+                            return Ok(end);
+                        }
+                        continue;
+                    }
+                    let stop = &mut self.stop;
+                    let acks = &self.shared.ack_notify;
+                    tokio::select! {
+                        biased;
+                        _ = stopped(stop) => Wake::Stop,
+                        _ = acks.notified() => Wake::Acked,
+                        ev = client.recv() => Wake::Event(ev),
+                    }
+                }
+            };
+            match wake {
+                Wake::Stop => {
+                    self.finish(client).await;
+                    return Ok(Ended::Stopped);
+                }
+                Wake::Acked => self.advance(client),
+                Wake::Event(Ok(Some(ev))) => {
+                    if let Some(end) = self.handle(ev, client).await? {
+                        return Ok(end);
+                    }
+                }
+                Wake::Event(Ok(None)) => {
+                    return Err(PgError::new(
+                        ErrorKind::Connection,
+                        "the replication stream ended",
+                    ));
+                }
+                Wake::Event(Err(e)) => return Err(classify(e)),
+            }
+        }
+    }
+
+    async fn handle(
+        &mut self,
+        ev: ReplicationEvent,
+        client: &mut ReplicationClient,
+    ) -> Result<Option<Ended>, PgError> {
+        match ev {
+            ReplicationEvent::Begin {
+                final_lsn,
+                xid,
+                commit_time_micros,
+            } => self.asm.begin(final_lsn.0, xid, commit_time_micros),
+            ReplicationEvent::XLogData {
+                wal_start, data, ..
+            } => {
+                self.shared
+                    .received_lsn
+                    .fetch_max(wal_start.0, Ordering::Relaxed);
+                for out in self.asm.change(&data) {
+                    if let Some(end) = self.send(out, client).await? {
+                        return Ok(Some(end));
+                    }
+                }
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                self.shared
+                    .received_lsn
+                    .fetch_max(end_lsn.0, Ordering::Relaxed);
+                if let Committed::Empty(end) = self.asm.commit(end_lsn.0) {
+                    self.idle_pos = self.idle_pos.max(end);
+                    self.advance(client);
+                }
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                self.shared
+                    .server_lsn
+                    .fetch_max(wal_end.0, Ordering::Relaxed);
+                self.idle_pos = self.idle_pos.max(wal_end.0);
+                self.advance(client);
+            }
+            ReplicationEvent::StoppedAt { .. } => return Ok(Some(Ended::Stopped)),
+            // Logical decoding messages carry no row changes.
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    /// Hands a batch over, waiting (and still processing acks) while the queue is full.
+    async fn send(
+        &mut self,
+        out: Output,
+        client: &mut ReplicationClient,
+    ) -> Result<Option<Ended>, PgError> {
+        let n = out.events.len() as u64;
+        let skipped = out.skipped.len() as u64;
+        let ack = match out.commit_end {
+            Some(end) => {
+                self.handed_seq += 1;
+                let seq = self.handed_seq;
+                let shared = Arc::clone(&self.shared);
+                Ack::new(move || {
+                    shared.acked_end.fetch_max(end, Ordering::SeqCst);
+                    shared.acked_seq.fetch_max(seq, Ordering::SeqCst);
+                    shared.ack_notify.notify_one();
+                })
+            }
+            None => Ack::none(),
+        };
+        let mut batch = Batch::new(out.events, ack);
+        for e in out.skipped {
+            batch = batch.with_skipped(e);
+        }
+        let sender = self.tx.clone();
+        let permit = loop {
+            let stop = &mut self.stop;
+            let acks = &self.shared.ack_notify;
+            let got = tokio::select! {
+                biased;
+                _ = stopped(stop) => None,
+                _ = acks.notified() => Some(None),
+                p = sender.reserve() => Some(Some(p)),
+            };
+            match got {
+                None => {
+                    self.finish(client).await;
+                    return Ok(Some(Ended::Stopped));
+                }
+                Some(None) => self.advance(client),
+                Some(Some(Ok(p))) => break p,
+                Some(Some(Err(_))) => return Ok(Some(Ended::ConsumerGone)),
+            }
+        };
+        let s = &self.shared;
+        let queued = s.queued_events.fetch_add(n, Ordering::Relaxed) + n;
+        s.peak_queued_events.fetch_max(queued, Ordering::Relaxed);
+        s.events.fetch_add(n, Ordering::Relaxed);
+        s.skipped.fetch_add(skipped, Ordering::Relaxed);
+        s.batches.fetch_add(1, Ordering::Relaxed);
+        permit.send(Ok(batch));
+        Ok(None)
+    }
+
+    fn pending(&self) -> bool {
+        self.asm.in_transaction()
+            || self.asm.has_output()
+            || self.shared.acked_seq.load(Ordering::SeqCst) < self.handed_seq
+    }
+
+    /// Raises the confirmed position as far as the feedback rule allows.
+    fn advance(&mut self, client: &ReplicationClient) {
+        let mut target = self.shared.acked_end.load(Ordering::SeqCst);
+        if !self.pending() {
+            target = target.max(self.idle_pos);
+        }
+        if target > self.confirmed {
+            self.confirmed = target;
+            client.update_applied_lsn(WireLsn(target));
+            self.shared.confirmed_lsn.store(target, Ordering::SeqCst);
+        }
+    }
+
+    /// Final feedback: report the last confirmed position, then end the stream.
+    async fn finish(&mut self, client: &mut ReplicationClient) {
+        self.advance(client);
+        let target = self.confirmed;
+        let deadline = Instant::now() + self.cfg.status_interval + Duration::from_secs(1);
+        while client.metrics().last_applied_lsn().0 < target && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        client.stop();
+        let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+    }
+}
+
+/// Resolves once a stop is requested (or the source is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    loop {
+        if *stop.borrow_and_update() {
+            return;
+        }
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Classifies a replication-client error: what a reconnect can fix, and what it cannot.
+pub(crate) fn classify(e: PgWireError) -> PgError {
+    let text = e.to_string();
+    let code = text
+        .rsplit_once("(SQLSTATE ")
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .map(str::to_owned);
+    let kind = match (&e, code.as_deref()) {
+        (PgWireError::Auth(_), _) => ErrorKind::Auth,
+        (PgWireError::Tls(_), _) => ErrorKind::Tls,
+        (PgWireError::Server(_), Some(c)) if c.starts_with("28") => ErrorKind::Auth,
+        (PgWireError::Server(_), Some("42704")) if text.contains("replication slot") => {
+            ErrorKind::Slot
+        }
+        (PgWireError::Server(_), Some("55000")) if text.contains("replication slot") => {
+            ErrorKind::Slot
+        }
+        (PgWireError::Server(_), Some("42704" | "3D000" | "42501" | "0A000")) => ErrorKind::Setup,
+        (PgWireError::Server(_), _) => ErrorKind::Server,
+        (PgWireError::MessageTooLarge { .. }, _) => ErrorKind::Protocol,
+        (PgWireError::Protocol(_), _) => ErrorKind::Protocol,
+        _ => ErrorKind::Connection,
+    };
+    let message = match kind {
+        ErrorKind::Slot => format!(
+            "replication slot unusable: {text}. If it was dropped or invalidated, changes are \
+             lost: recreate it and run a reconcile sweep"
+        ),
+        _ => format!("replication connection: {text}"),
+    };
+    let mut err = PgError::new(kind, message);
+    if let Some(c) = code {
+        err = err.with_sqlstate(c);
+    }
+    if matches!(e, PgWireError::MessageTooLarge { .. }) {
+        // Repeats forever on reconnect: not worth retrying.
+        return PgError::new(ErrorKind::Config, err.to_string());
+    }
+    err
+}
+
+fn seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1
+}
+
+/// xorshift draw in `[0, 1)` for reconnect jitter.
+fn next_unit(s: &mut u64) -> f64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    (*s >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The source-side view of queued events (decremented as batches are taken).
+pub(crate) fn taken(shared: &Shared, events: usize) {
+    shared
+        .queued_events
+        .fetch_sub(events as u64, Ordering::Relaxed);
+}
+
+/// The confirmed position as an [`Lsn`].
+pub(crate) fn lsn(a: &AtomicU64) -> Lsn {
+    Lsn(a.load(Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_server_errors() {
+        let slot = classify(PgWireError::Server(
+            "replication slot \"s\" does not exist (SQLSTATE 42704)".into(),
+        ));
+        assert_eq!(slot.kind(), ErrorKind::Slot);
+        assert!(!slot.is_retryable());
+        assert!(slot.to_string().contains("reconcile"));
+        let busy = classify(PgWireError::Server(
+            "replication slot \"s\" is active for PID 7 (SQLSTATE 55006)".into(),
+        ));
+        assert_eq!(busy.sqlstate(), Some("55006"));
+        assert!(busy.is_retryable());
+        let auth = classify(PgWireError::Server(
+            "password authentication failed (SQLSTATE 28P01)".into(),
+        ));
+        assert_eq!(auth.kind(), ErrorKind::Auth);
+        let down = classify(PgWireError::Server(
+            "terminating connection (SQLSTATE 57P01)".into(),
+        ));
+        assert!(down.is_retryable());
+        let io = classify(PgWireError::Io(Arc::new(std::io::Error::other("reset"))));
+        assert!(io.is_retryable());
+    }
+
+    #[test]
+    fn jitter_draws_stay_in_range() {
+        let mut s = seed();
+        for _ in 0..1000 {
+            let u = next_unit(&mut s);
+            assert!((0.0..1.0).contains(&u));
+        }
+    }
+}

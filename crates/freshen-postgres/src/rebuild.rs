@@ -1,0 +1,357 @@
+//! `SqlRebuild`: rebuild a key by running your statements in one transaction.
+//!
+//! Visibility. PostgreSQL can ship a commit through logical decoding a moment before
+//! the committing transaction is visible to new snapshots (the WAL flush precedes the
+//! proc-array update; a descheduled backend or a synchronous standby widens the gap).
+//! A rebuild in that moment would recompute the scope without the change that dirtied
+//! it — and nothing would dirty it again. So the rebuild runs REPEATABLE READ, first
+//! checks with `pg_visible_in_snapshot` that its snapshot sees every transaction that
+//! dirtied its keys ([`Due::txids`](freshen::Due)), and if not rolls back and retries
+//! briefly; past `visibility_wait` it fails and the refresher's backoff takes over.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use freshen::{BoxError, BoxFuture, Due, Rebuild};
+use tokio_postgres::IsolationLevel;
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::PgError;
+use crate::admin::client;
+use crate::error::ErrorKind;
+use crate::params::{TextParam, array_literal, check_scalar, element};
+
+const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
+                           WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())";
+
+/// Rebuilds keys with SQL: the statements run in order in one REPEATABLE READ
+/// transaction per call, `$1`, `$2`, … bound to the key's parts.
+///
+/// Per key (the default), each parameter has the column's type (`WHERE device = $1`).
+/// In batch mode ([`SqlRebuildBuilder::batch`]) one call rebuilds up to N keys and the
+/// statements are written over arrays, one array per key part
+/// (`WHERE device = ANY($1)`, or `WHERE (a, b) IN (SELECT * FROM unnest($1::int[], $2::text[]))`).
+/// A NULL key part binds NULL.
+#[derive(Clone)]
+pub struct SqlRebuild {
+    pool: Pool,
+    statements: Arc<[String]>,
+    batch: usize,
+    check_visibility: bool,
+    visibility_wait: Duration,
+}
+
+impl fmt::Debug for SqlRebuild {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlRebuild")
+            .field("statements", &self.statements)
+            .field("batch", &self.batch)
+            .field("check_visibility", &self.check_visibility)
+            .field("visibility_wait", &self.visibility_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`SqlRebuild`]; from [`SqlRebuild::builder`].
+#[derive(Debug)]
+pub struct SqlRebuildBuilder {
+    pool: Pool,
+    statements: Vec<String>,
+    batch: usize,
+    check_visibility: bool,
+    visibility_wait: Duration,
+}
+
+impl SqlRebuildBuilder {
+    /// Adds a statement (run in the order added).
+    pub fn statement(mut self, sql: impl Into<String>) -> Self {
+        self.statements.push(sql.into());
+        self
+    }
+
+    /// Adds statements.
+    pub fn statements<I, S>(mut self, sqls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.statements.extend(sqls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Rebuild up to `max_keys` keys per call with statements written over arrays
+    /// (`1`, the default, is per key with scalar parameters).
+    pub fn batch(mut self, max_keys: usize) -> Self {
+        self.batch = max_keys;
+        self
+    }
+
+    /// Whether to check that the snapshot sees the dirtying transactions (default on).
+    pub fn check_visibility(mut self, on: bool) -> Self {
+        self.check_visibility = on;
+        self
+    }
+
+    /// How long to retry a snapshot that does not yet see them (default 2 s).
+    pub fn visibility_wait(mut self, d: Duration) -> Self {
+        self.visibility_wait = d;
+        self
+    }
+
+    /// Validates the statements against the database (prepares each and checks its
+    /// parameters suit the mode) and builds the rebuild.
+    pub async fn build(self) -> Result<SqlRebuild, PgError> {
+        let mut problems = Vec::new();
+        if self.statements.is_empty() {
+            problems.push("a rebuild needs at least one statement".to_string());
+        }
+        if self.batch == 0 {
+            problems.push("batch size must be at least 1".to_string());
+        }
+        if !problems.is_empty() {
+            return Err(PgError::config(&problems));
+        }
+        let c = client(&self.pool).await?;
+        for (i, sql) in self.statements.iter().enumerate() {
+            let stmt = c.prepare(sql).await.map_err(|e| {
+                PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
+            })?;
+            for (j, ty) in stmt.params().iter().enumerate() {
+                let array = element(ty).is_some();
+                if self.batch > 1 && !array {
+                    problems.push(format!(
+                        "statement {}: ${} is {}, but in batch mode every parameter is an array of one key part (write = ANY(${}))",
+                        i + 1, j + 1, ty.name(), j + 1
+                    ));
+                }
+                if self.batch == 1 && array && *ty != Type::TEXT_ARRAY {
+                    problems.push(format!(
+                        "statement {}: ${} is an array ({}); array parameters are for batch mode (SqlRebuildBuilder::batch)",
+                        i + 1, j + 1, ty.name()
+                    ));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(PgError::config(&problems));
+        }
+        Ok(SqlRebuild {
+            pool: self.pool,
+            statements: self.statements.into(),
+            batch: self.batch,
+            check_visibility: self.check_visibility,
+            visibility_wait: self.visibility_wait,
+        })
+    }
+}
+
+impl SqlRebuild {
+    /// A builder over a connection pool.
+    pub fn builder(pool: Pool) -> SqlRebuildBuilder {
+        SqlRebuildBuilder {
+            pool,
+            statements: Vec::new(),
+            batch: 1,
+            check_visibility: true,
+            visibility_wait: Duration::from_secs(2),
+        }
+    }
+
+    /// Rebuilds `due` (as [`Rebuild::rebuild`] does), with the typed error.
+    pub async fn run(&self, due: &[Due]) -> Result<(), PgError> {
+        let mut attempts = 0;
+        loop {
+            match self.attempt(due).await {
+                // A serialization failure or deadlock between concurrent rebuilds: the
+                // transaction did nothing, run it again at once (a few times).
+                Err(e) if matches!(e.sqlstate(), Some("40001" | "40P01")) && attempts < 3 => {
+                    attempts += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn attempt(&self, due: &[Due]) -> Result<(), PgError> {
+        let mut c = client(&self.pool).await?;
+        let mut txids: Vec<String> = Vec::new();
+        if self.check_visibility {
+            let mut ids: Vec<u64> = due.iter().flat_map(|d| d.txids.iter().copied()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            txids = ids.iter().map(u64::to_string).collect();
+        }
+        let deadline = tokio::time::Instant::now() + self.visibility_wait;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let tx = c
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .start()
+                .await
+                .map_err(|e| PgError::sql("cannot begin the rebuild transaction", e))?;
+            if !txids.is_empty() {
+                // First statement: it fixes the snapshot every later statement uses.
+                let unseen = tx
+                    .query(NOT_VISIBLE, &[&txids])
+                    .await
+                    .map_err(|e| PgError::sql("visibility check failed", e))?;
+                if !unseen.is_empty() {
+                    let _ = tx.rollback().await;
+                    if tokio::time::Instant::now() >= deadline {
+                        let ids: Vec<String> = unseen.iter().map(|r| r.get(0)).collect();
+                        return Err(PgError::new(
+                            ErrorKind::NotVisible,
+                            format!(
+                                "transaction(s) {} committed in the WAL but are still not visible \
+                                 to new snapshots after {:?} (a synchronous standby or a stalled \
+                                 backend?); the rebuild will be retried",
+                                ids.join(", "),
+                                self.visibility_wait
+                            ),
+                        ));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                    continue;
+                }
+            }
+            if self.batch > 1 {
+                self.run_batch(&tx, due).await?;
+            } else {
+                for d in due {
+                    self.run_key(&tx, d).await?;
+                }
+            }
+            return tx
+                .commit()
+                .await
+                .map_err(|e| PgError::sql("cannot commit the rebuild", e));
+        }
+    }
+
+    async fn run_key(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        due: &Due,
+    ) -> Result<(), PgError> {
+        let parts: Vec<Option<&str>> = due.key.parts().collect();
+        for (i, sql) in self.statements.iter().enumerate() {
+            let stmt = tx.prepare_cached(sql).await.map_err(|e| {
+                PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
+            })?;
+            let mut params = Vec::with_capacity(stmt.params().len());
+            for (j, ty) in stmt.params().iter().enumerate() {
+                let part = parts.get(j).ok_or_else(|| {
+                    PgError::new(
+                        ErrorKind::Config,
+                        format!(
+                            "statement {} uses ${} but key {} has {} part(s)",
+                            i + 1,
+                            j + 1,
+                            due.key,
+                            parts.len()
+                        ),
+                    )
+                })?;
+                if let Some(text) = part {
+                    check_scalar(ty, text).map_err(|why| {
+                        PgError::new(
+                            ErrorKind::Config,
+                            format!(
+                                "key {}: part {} for ${} of statement {}: {why}",
+                                due.key,
+                                j + 1,
+                                j + 1,
+                                i + 1
+                            ),
+                        )
+                    })?;
+                }
+                params.push(TextParam(part.map(str::to_owned)));
+            }
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            tx.execute(&stmt, &refs).await.map_err(|e| {
+                PgError::sql(
+                    format!("rebuild statement {} failed for key {}", i + 1, due.key),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn run_batch(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        due: &[Due],
+    ) -> Result<(), PgError> {
+        let keys: Vec<Vec<Option<&str>>> = due.iter().map(|d| d.key.parts().collect()).collect();
+        for (i, sql) in self.statements.iter().enumerate() {
+            let stmt = tx.prepare_cached(sql).await.map_err(|e| {
+                PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
+            })?;
+            let mut params = Vec::with_capacity(stmt.params().len());
+            for (j, ty) in stmt.params().iter().enumerate() {
+                let elem = element(ty).unwrap_or(ty);
+                let mut column = Vec::with_capacity(keys.len());
+                for (k, parts) in keys.iter().enumerate() {
+                    let part = *parts.get(j).ok_or_else(|| {
+                        PgError::new(
+                            ErrorKind::Config,
+                            format!(
+                                "statement {} uses ${} but key {} has {} part(s)",
+                                i + 1,
+                                j + 1,
+                                due[k].key,
+                                parts.len()
+                            ),
+                        )
+                    })?;
+                    if let Some(text) = part {
+                        check_scalar(elem, text).map_err(|why| {
+                            PgError::new(
+                                ErrorKind::Config,
+                                format!(
+                                    "key {}: part {} for ${} of statement {}: {why}",
+                                    due[k].key,
+                                    j + 1,
+                                    j + 1,
+                                    i + 1
+                                ),
+                            )
+                        })?;
+                    }
+                    column.push(part);
+                }
+                params.push(TextParam(Some(array_literal(column))));
+            }
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            tx.execute(&stmt, &refs).await.map_err(|e| {
+                PgError::sql(
+                    format!(
+                        "rebuild statement {} failed for a batch of {} keys",
+                        i + 1,
+                        due.len()
+                    ),
+                    e,
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Rebuild for SqlRebuild {
+    fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
+        Box::pin(async move { self.run(due).await.map_err(Into::into) })
+    }
+
+    fn max_batch(&self) -> usize {
+        self.batch
+    }
+}

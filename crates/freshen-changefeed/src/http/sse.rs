@@ -1,0 +1,259 @@
+//! `GET /changefeed/stream`: Server-Sent Events, for as long as the client stays.
+//!
+//! Each stream reads the durable log itself, one frame (up to `max_events` events) at
+//! a time, and only when the connection has taken the previous frame: a slow client
+//! reads at its own pace and never loses events, and the server keeps no queue for it.
+
+use std::io::Write as _;
+use std::pin::Pin;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::stream;
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::error::{ApiError, parse_u64};
+use super::{AppState, FilterParams, MAX_SCAN};
+use crate::Filter;
+use crate::log::Core;
+use crate::metrics;
+
+/// ThemisDB's one-shot mode (`keep_alive=false`) sends at most this many events.
+const ONE_SHOT_LIMIT: usize = 1000;
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct StreamParams {
+    from_seq: Option<String>,
+    heartbeat_ms: Option<String>,
+    retry_ms: Option<String>,
+    max_events: Option<String>,
+    max_seconds: Option<String>,
+    keep_alive: Option<String>,
+    #[serde(flatten)]
+    filter: FilterParams,
+}
+
+struct Settings {
+    from: u64,
+    heartbeat: Duration,
+    retry_ms: u64,
+    max_events: usize,
+    max_time: Option<Duration>,
+    keep_alive: bool,
+    filter: Filter,
+}
+
+fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<Settings, ApiError> {
+    let config = s.config();
+    // A reconnecting EventSource repeats its URL and adds Last-Event-ID: that wins.
+    let last_id = match headers.get("last-event-id") {
+        Some(v) => {
+            let v = v
+                .to_str()
+                .map_err(|_| ApiError::BadRequest("Last-Event-ID: not text".to_owned()))?;
+            parse_u64("Last-Event-ID", Some(v))?
+        }
+        None => None,
+    };
+    let from = match last_id {
+        Some(id) => id,
+        None => parse_u64("from_seq", q.from_seq.as_deref())?.unwrap_or(0),
+    };
+    let heartbeat_ms = parse_u64("heartbeat_ms", q.heartbeat_ms.as_deref())?
+        .unwrap_or(config.heartbeat_ms)
+        .clamp(100, 300_000);
+    let retry_ms = parse_u64("retry_ms", q.retry_ms.as_deref())?
+        .unwrap_or(config.retry_ms)
+        .clamp(100, 120_000);
+    let max_events = match parse_u64("max_events", q.max_events.as_deref())? {
+        Some(0) => {
+            return Err(ApiError::BadRequest(
+                "max_events: must be at least 1".to_owned(),
+            ));
+        }
+        Some(n) => usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .min(config.max_events_per_frame),
+        None => config.max_events_per_frame,
+    };
+    let max_time = match parse_u64("max_seconds", q.max_seconds.as_deref())? {
+        Some(0) => {
+            return Err(ApiError::BadRequest(
+                "max_seconds: must be at least 1".to_owned(),
+            ));
+        }
+        other => other.map(Duration::from_secs),
+    };
+    let keep_alive = match q.keep_alive.as_deref().map(str::trim) {
+        None | Some("true" | "1" | "") => true,
+        Some("false" | "0") => false,
+        Some(v) => {
+            return Err(ApiError::BadRequest(format!(
+                "keep_alive: expected true or false, got {v:?}"
+            )));
+        }
+    };
+    Ok(Settings {
+        from,
+        heartbeat: Duration::from_millis(heartbeat_ms),
+        retry_ms,
+        max_events,
+        max_time,
+        keep_alive,
+        filter: q.filter.filter()?,
+    })
+}
+
+pub(crate) async fn stream(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<StreamParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let parsed = q
+        .map_err(ApiError::from)
+        .and_then(|Query(q)| settings(&s, &headers, &q));
+    let settings = match parsed {
+        Ok(st) => st,
+        Err(e) => {
+            metrics::inc(&s.cf().core.metrics().http_bad_requests);
+            return Err(e);
+        }
+    };
+    let core = s.cf().core.clone();
+    metrics::inc(&core.metrics().sse_connections);
+    metrics::inc(&core.metrics().sse_open);
+    let now = Instant::now();
+    let state = Sse {
+        latest: core.watch_latest(),
+        open: Open(core.clone()),
+        core,
+        after: settings.from,
+        last_write: now,
+        deadline: settings.max_time.map(|t| now + t),
+        ending: Box::pin(s.ending()),
+        sent: 0,
+        first: Some(Bytes::from(format!("retry: {}\n\n", settings.retry_ms))),
+        done: false,
+        settings,
+    };
+    let body = Body::from_stream(stream::unfold(state, |mut st| async move {
+        st.next_chunk()
+            .await
+            .map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), st))
+    }));
+    let mut response = body.into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    // nginx and friends buffer responses unless told not to.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// Counts an open stream while it lives.
+struct Open(std::sync::Arc<Core>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        metrics::dec(&self.0.metrics().sse_open);
+    }
+}
+
+struct Sse {
+    core: std::sync::Arc<Core>,
+    settings: Settings,
+    latest: watch::Receiver<u64>,
+    after: u64,
+    last_write: Instant,
+    deadline: Option<Instant>,
+    ending: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    sent: usize,
+    first: Option<Bytes>,
+    done: bool,
+    #[allow(dead_code)]
+    open: Open,
+}
+
+impl Sse {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        if self.done {
+            return None;
+        }
+        loop {
+            let limit = if self.settings.keep_alive {
+                self.settings.max_events
+            } else {
+                self.settings.max_events.min(ONE_SHOT_LIMIT - self.sent)
+            };
+            let mut buf = Vec::new();
+            let mut n = 0;
+            let read = self.core.read_json(
+                self.after,
+                limit,
+                MAX_SCAN,
+                &self.settings.filter,
+                |seq, r| {
+                    let _ = write!(buf, "id: {seq}\ndata: ");
+                    r.write_json(seq, &mut buf);
+                    buf.extend_from_slice(b"\n\n");
+                    n += 1;
+                },
+            );
+            // A store failure ends the stream; the client reconnects and resumes.
+            self.after = read.ok()?;
+            if n > 0 {
+                self.sent += n;
+                metrics::add(&self.core.metrics().sse_events, n as u64);
+                self.last_write = Instant::now();
+                if !self.settings.keep_alive
+                    && (self.sent >= ONE_SHOT_LIMIT || self.after >= self.core.latest())
+                {
+                    self.done = true;
+                }
+                return Some(Bytes::from(buf));
+            }
+            if self.after < self.core.latest() {
+                continue;
+            }
+            if !self.settings.keep_alive {
+                self.done = true;
+                return (self.sent == 0).then(|| Bytes::from_static(b": heartbeat\n\n"));
+            }
+            let heartbeat_at = self.last_write + self.settings.heartbeat;
+            let after = self.after;
+            tokio::select! {
+                () = crate::log::newer_than(&mut self.latest, after) => {}
+                () = tokio::time::sleep_until(heartbeat_at) => {
+                    self.last_write = Instant::now();
+                    metrics::inc(&self.core.metrics().sse_heartbeats);
+                    return Some(Bytes::from_static(b": heartbeat\n\n"));
+                }
+                () = sleep_until_opt(self.deadline) => return None,
+                () = &mut self.ending => return None,
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

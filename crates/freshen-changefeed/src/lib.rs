@@ -1,0 +1,80 @@
+//! A durable, sequenced change log served over HTTP.
+//!
+//! Capture appends row events to an embedded log (a [redb](https://www.redb.org) file)
+//! with group commit; each event gets a monotonic `sequence`. Applications read the log
+//! over HTTP in ThemisDB's changefeed format, so its clients work unchanged:
+//! long-polling (`GET /changefeed`), Server-Sent Events (`GET /changefeed/stream`),
+//! WebSocket (`GET /v2/cdc/stream`), consumer groups with leases and dead letters.
+//!
+//! # Concepts
+//!
+//! - [`Changefeed`]: the log. [`Changefeed::append`] returns once the events are
+//!   durable; [`Changefeed::capture`] runs a [`freshen::Source`] into the log and
+//!   acknowledges each batch once it is durable. Events carrying a source position
+//!   ([`freshen::Tx`]: commit LSN, index in the transaction) are appended at most once,
+//!   so a source replaying after a crash duplicates nothing.
+//! - Readers see only durable events, in sequence order, at their own pace: every reader
+//!   reads the log itself, so a slow reader never loses events and never makes the
+//!   server buffer for it.
+//! - [`app`] builds the HTTP API (an axum `Router`, testable in-process); [`serve`] runs
+//!   it on a bound listener until a shutdown future completes.
+//! - Consumer groups: competing consumers lease events for a visibility timeout,
+//!   acknowledge or reject them; unacknowledged events are delivered again, then
+//!   dead-lettered. All of it survives a restart.
+//! - Retention: by age, count or size in the background ([`RetentionConfig`]), or
+//!   `POST /changefeed/retention`.
+//!
+//! # Event JSON
+//!
+//! ThemisDB's fields — `sequence`, `type` (`PUT`, `DELETE`), `key` (`table:pk`, the
+//! primary-key values joined by `:`), `value` (the new row as JSON text; `null` for a
+//! DELETE), `timestamp_ms` (commit time when the source gives it, else append time),
+//! `metadata` (`table`, `pk`), `before_snapshot` / `after_snapshot` (row JSON text, when
+//! known) — plus ours: `op` (`insert`, `update`, `delete`, `truncate`), `schema`,
+//! `table`, `lsn` (`X/X`) and `xid` when the source gives them, and `unchanged_columns`
+//! (columns the source did not send because they did not change; they are left out of
+//! the row JSON rather than shown as `null`). A TRUNCATE is a `DELETE` of key `table:`.
+//!
+//! # Example
+//!
+//! ```
+//! use freshen::{Op, Row, RowEvent, Value};
+//! use freshen_changefeed::{Changefeed, ChangefeedConfig, Filter};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let dir = tempfile::tempdir().unwrap();
+//! let cf = Changefeed::open(&ChangefeedConfig::new(dir.path().join("feed.redb"))).await.unwrap();
+//! let insert = RowEvent::new("public", "orders", Op::Insert)
+//!     .with_pk(["id"])
+//!     .with_new(Row::from_pairs([("id", Value::Int(7)), ("total", Value::text("9.50"))]));
+//! cf.append(&[insert]).await.unwrap();
+//! let events = cf.read(0, 10, &Filter::default()).unwrap();
+//! assert_eq!(events[0].sequence, 1);
+//! assert!(events[0].json.contains(r#""key":"orders:7""#));
+//! cf.close().await;
+//! # });
+//! ```
+
+mod capture;
+mod config;
+mod error;
+mod filter;
+mod groups;
+mod http;
+mod log;
+mod metrics;
+mod record;
+mod retention;
+mod store;
+mod writer;
+
+pub use capture::{CaptureError, CaptureReport};
+pub use config::{
+    ChangefeedConfig, Durability, GroupDefaults, HttpConfig, RetentionConfig, Scope, TokenConfig,
+};
+pub use error::Error;
+pub use filter::Filter;
+pub use groups::{GroupInfo, GroupSpec, Start};
+pub use http::{AppState, ServeError, app, serve};
+pub use log::{Changefeed, Event, Stats};
+pub use writer::AppendOutcome;

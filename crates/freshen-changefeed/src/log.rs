@@ -1,0 +1,390 @@
+//! `Changefeed`: the handle to the log — append, read, wait, retention, close.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use freshen::RowEvent;
+use redb::Database;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::groups::Groups;
+use crate::metrics::{self, GroupGauges, LogGauges, Metrics};
+use crate::record::{self, Encoder, RecordRef};
+use crate::store::{self, LogState};
+use crate::writer::{self, AppendOutcome, Item, Request};
+use crate::{ChangefeedConfig, Error, Filter};
+
+/// One event as the log serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Event {
+    /// Its position in the log.
+    pub sequence: u64,
+    /// Its JSON (ThemisDB's fields plus ours).
+    pub json: String,
+}
+
+/// The log's size, as `GET /changefeed/stats` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Events stored.
+    pub total_events: u64,
+    /// The last sequence appended (0: none yet).
+    pub latest_sequence: u64,
+    /// The oldest sequence stored (`latest_sequence + 1` when empty).
+    pub oldest_sequence: u64,
+    /// Bytes of stored events.
+    pub total_size_bytes: u64,
+}
+
+/// What the writer publishes; shared with readers. Holds no sender, so that dropping
+/// every `Changefeed` stops the writer.
+pub(crate) struct Published {
+    latest: watch::Sender<u64>,
+    oldest: AtomicU64,
+    size: AtomicU64,
+    closed: Mutex<Option<String>>,
+    pub(crate) metrics: Metrics,
+}
+
+impl writer::Publish for Arc<Published> {
+    fn committed(&self, s: &LogState, commit: Duration, appended: u64, duplicates: u64) {
+        self.oldest.store(s.oldest, Ordering::Relaxed);
+        self.size.store(s.size, Ordering::Relaxed);
+        metrics::inc(&self.metrics.commits);
+        metrics::add(&self.metrics.commit_micros, commit.as_micros() as u64);
+        metrics::add(&self.metrics.appended, appended);
+        metrics::add(&self.metrics.duplicates, duplicates);
+        self.latest.send_if_modified(|l| {
+            let changed = *l != s.last;
+            *l = s.last;
+            changed
+        });
+    }
+
+    fn failed(&self, reason: String) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+    }
+}
+
+pub(crate) struct Core {
+    pub(crate) db: Arc<Database>,
+    requests: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+    pub(crate) published: Arc<Published>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Background tasks watch this and stop when it turns true.
+    stop: watch::Sender<bool>,
+}
+
+impl Core {
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.published.metrics
+    }
+
+    fn closed_error(&self) -> Error {
+        Error::Closed {
+            reason: self
+                .published
+                .closed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+
+    fn submit(&self, request: Request) -> Result<(), Error> {
+        let requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        match requests.as_ref() {
+            Some(tx) => tx.send(request).map_err(|_| self.closed_error()),
+            None => Err(self.closed_error()),
+        }
+    }
+
+    /// Applies consumer-group changes durably.
+    pub(crate) fn write_submit(
+        &self,
+        ops: Vec<writer::WriteOp>,
+    ) -> Result<oneshot::Receiver<Result<(), Error>>, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Write { ops, reply })?;
+        Ok(rx)
+    }
+
+    pub(crate) async fn wait<T>(
+        &self,
+        rx: oneshot::Receiver<Result<T, Error>>,
+    ) -> Result<T, Error> {
+        rx.await.map_err(|_| self.closed_error())?
+    }
+
+    pub(crate) fn latest(&self) -> u64 {
+        *self.published.latest.borrow()
+    }
+
+    pub(crate) fn watch_latest(&self) -> watch::Receiver<u64> {
+        self.published.latest.subscribe()
+    }
+
+    pub(crate) fn stopping(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let latest = self.latest();
+        // The oldest is stored before the latest is published: never above latest + 1.
+        let oldest = self
+            .published
+            .oldest
+            .load(Ordering::Relaxed)
+            .min(latest + 1);
+        Stats {
+            total_events: (latest + 1).saturating_sub(oldest),
+            latest_sequence: latest,
+            oldest_sequence: oldest,
+            total_size_bytes: self.published.size.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Visits durable events after `after` (at most `max_scan`), in order, until `visit`
+    /// returns false; returns the last sequence visited.
+    pub(crate) fn scan(
+        &self,
+        after: u64,
+        max_scan: usize,
+        visit: impl FnMut(u64, &RecordRef<'_>) -> bool,
+    ) -> Result<u64, Error> {
+        let mut corrupt = 0;
+        let last = store::scan(
+            &self.db,
+            after,
+            self.latest(),
+            max_scan,
+            &mut corrupt,
+            visit,
+        );
+        if corrupt > 0 {
+            metrics::add(&self.metrics().corrupt_records, corrupt);
+        }
+        last
+    }
+
+    /// Up to `limit` durable events after `after` that match `filter`, examining at most
+    /// `max_scan` events; returns them as `(sequence, json)` and the last sequence
+    /// examined (where the next read starts).
+    pub(crate) fn read_json(
+        &self,
+        after: u64,
+        limit: usize,
+        max_scan: usize,
+        filter: &Filter,
+        mut each: impl FnMut(u64, &RecordRef<'_>),
+    ) -> Result<u64, Error> {
+        let mut n = 0;
+        let mut last_match = after;
+        let last = self.scan(after, max_scan, |seq, r| {
+            if filter.matches(r) {
+                each(seq, r);
+                n += 1;
+                last_match = seq;
+            }
+            n < limit
+        })?;
+        // Stopped at the limit: resume right after the last event returned.
+        Ok(if n >= limit { last_match } else { last })
+    }
+
+    pub(crate) async fn truncate(&self, before: u64) -> Result<u64, Error> {
+        let mut total = 0;
+        loop {
+            let (reply, rx) = oneshot::channel();
+            self.submit(Request::Truncate { before, reply })?;
+            let n = self.wait(rx).await?;
+            total += n;
+            if n < writer::TRUNCATE_CHUNK {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// Resolves once the published latest sequence exceeds `after`.
+pub(crate) async fn newer_than(rx: &mut watch::Receiver<u64>, after: u64) {
+    // The sender lives as long as the log; if it is gone, nothing newer comes.
+    if rx.wait_for(|l| *l > after).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A durable, sequenced change log: append row events (idempotently, with group
+/// commit), read them back in order, serve them over HTTP ([`crate::app`]).
+///
+/// Cloning is cheap; clones share the log. The writer stops when the last clone is
+/// dropped or [`Changefeed::close`] is called.
+#[derive(Clone)]
+pub struct Changefeed {
+    pub(crate) core: Arc<Core>,
+    pub(crate) groups: Arc<Groups>,
+}
+
+impl std::fmt::Debug for Changefeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Changefeed")
+            .field("stats", &self.core.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Changefeed {
+    /// Opens the log at `config.path` (creating it when missing), loads consumer-group
+    /// state, and starts the retention policy and the lease sweeper in the background
+    /// (on the current tokio runtime).
+    pub async fn open(config: &ChangefeedConfig) -> Result<Changefeed, Error> {
+        let problems = config.problems();
+        if !problems.is_empty() {
+            return Err(Error::Invalid(problems.join("; ")));
+        }
+        let path = config.path.clone();
+        let (db, state) = tokio::task::spawn_blocking(move || store::open(&path))
+            .await
+            .map_err(|e| Error::Invalid(format!("opening the store panicked: {e}")))??;
+        let db = Arc::new(db);
+        let published = Arc::new(Published {
+            latest: watch::Sender::new(state.last),
+            oldest: AtomicU64::new(state.oldest),
+            size: AtomicU64::new(state.size),
+            closed: Mutex::new(None),
+            metrics: Metrics::default(),
+        });
+        let settings = writer::Settings {
+            durability: config.durability,
+            commit_delay: Duration::from_millis(config.commit_delay_ms),
+            max_commit_events: config.max_commit_events,
+        };
+        let (requests, handle) = writer::spawn(db.clone(), state, settings, published.clone())
+            .map_err(|e| Error::Store(redb::Error::Io(e)))?;
+        let core = Arc::new(Core {
+            db,
+            requests: Mutex::new(Some(requests)),
+            published,
+            writer: Mutex::new(Some(handle)),
+            stop: watch::Sender::new(false),
+        });
+        let groups = Arc::new(Groups::load(core.clone(), config.groups.clone())?);
+        let cf = Changefeed { core, groups };
+        crate::retention::spawn(&cf, config.retention.clone());
+        crate::groups::spawn_sweeper(&cf);
+        Ok(cf)
+    }
+
+    /// Appends `events` and returns once they are durable. Events carrying a source
+    /// position ([`freshen::Tx`]) at or below the last one appended are skipped: a
+    /// source replaying after a crash appends nothing twice.
+    pub async fn append(&self, events: &[RowEvent]) -> Result<AppendOutcome, Error> {
+        let rx = self.submit_append(events)?;
+        self.core.wait(rx).await
+    }
+
+    /// Queues `events` for the next group commit; the receiver answers once durable.
+    pub(crate) fn submit_append(
+        &self,
+        events: &[RowEvent],
+    ) -> Result<oneshot::Receiver<Result<AppendOutcome, Error>>, Error> {
+        let now = record::unix_ms(SystemTime::now());
+        let mut encoder = Encoder::default();
+        let items = events
+            .iter()
+            .map(|e| Item {
+                position: e.tx.map(|t| (t.commit, t.index)),
+                record: encoder.encode(e, now),
+            })
+            .collect();
+        let (reply, rx) = oneshot::channel();
+        self.core.submit(Request::Append { items, reply })?;
+        Ok(rx)
+    }
+
+    /// Up to `limit` events after sequence `after` that match `filter`, in order.
+    pub fn read(&self, after: u64, limit: usize, filter: &Filter) -> Result<Vec<Event>, Error> {
+        let mut out = Vec::new();
+        let mut after = after;
+        // Scan in bounded steps so that a selective filter over a long log still ends.
+        while out.len() < limit {
+            let before = out.len();
+            let next =
+                self.core
+                    .read_json(after, limit - out.len(), 10_000, filter, |seq, r| {
+                        out.push(Event {
+                            sequence: seq,
+                            json: record::event_json(seq, r),
+                        })
+                    })?;
+            if next == after || (out.len() == before && next >= self.core.latest()) {
+                break;
+            }
+            after = next;
+        }
+        Ok(out)
+    }
+
+    /// The last sequence appended (0 before the first append).
+    pub fn latest_sequence(&self) -> u64 {
+        self.core.latest()
+    }
+
+    /// Waits until an event after `after` is durable or `timeout` passes; returns the
+    /// latest sequence then.
+    pub async fn wait_after(&self, after: u64, timeout: Duration) -> u64 {
+        let mut rx = self.core.watch_latest();
+        let _ = tokio::time::timeout(timeout, rx.wait_for(|l| *l > after)).await;
+        self.core.latest()
+    }
+
+    /// The log's size.
+    pub fn stats(&self) -> Stats {
+        self.core.stats()
+    }
+
+    /// Deletes every event before sequence `before`; returns how many were deleted.
+    pub async fn delete_before(&self, before: u64) -> Result<u64, Error> {
+        let n = self.core.truncate(before).await?;
+        metrics::add(&self.core.metrics().retention_deleted, n);
+        Ok(n)
+    }
+
+    /// The Prometheus text exposition of the changefeed's metrics.
+    pub fn metrics_text(&self) -> String {
+        let s = self.core.stats();
+        let log = LogGauges {
+            latest_sequence: s.latest_sequence,
+            oldest_sequence: s.oldest_sequence,
+            events: s.total_events,
+            size_bytes: s.total_size_bytes,
+        };
+        let groups: Vec<GroupGauges> = self.groups.gauges();
+        metrics::render(self.core.metrics(), &log, &groups)
+    }
+
+    /// Stops the background tasks and the writer (after it finished what was queued)
+    /// and waits for them. Further appends fail with [`Error::Closed`]. The store file
+    /// is released when the last clone of this handle (held by servers, streams) is
+    /// dropped.
+    pub async fn close(&self) {
+        self.core.stop.send_replace(true);
+        self.core
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let handle = self
+            .core
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+    }
+}

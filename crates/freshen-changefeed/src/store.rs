@@ -1,0 +1,163 @@
+//! The redb file: tables, opening, and the read path.
+//!
+//! | table          | key             | value                                  |
+//! |----------------|-----------------|----------------------------------------|
+//! | `events`       | sequence        | a record (`record.rs`)                 |
+//! | `meta`         | name            | `format`, `last_sequence`, `high_water`, `size_bytes` |
+//! | `groups`       | group           | the group's definition and cursor (JSON) |
+//! | `leases`       | (group, seq)    | an event in flight in the group (JSON)  |
+//! | `dead_letters` | (group, seq)    | a dead letter: JSON header + the record |
+//!
+//! All writes go through the single writer thread (`writer.rs`); reads run anywhere.
+
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::Error;
+use crate::record::RecordRef;
+
+pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+pub(crate) const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("groups");
+pub(crate) const LEASES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("leases");
+pub(crate) const DEAD: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("dead_letters");
+
+const FORMAT: &[u8] = &[1];
+pub(crate) const META_FORMAT: &str = "format";
+pub(crate) const META_LAST: &str = "last_sequence";
+pub(crate) const META_HIGH_WATER: &str = "high_water";
+pub(crate) const META_SIZE: &str = "size_bytes";
+
+/// Bytes an event occupies in the size accounting: its key and its record.
+pub(crate) fn stored_size(record_len: usize) -> u64 {
+    8 + record_len as u64
+}
+
+/// The log's counters, as the writer keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LogState {
+    /// The last sequence ever assigned (0: none yet). Kept even when retention deleted it.
+    pub(crate) last: u64,
+    /// The oldest sequence still stored; `last + 1` when the log is empty.
+    pub(crate) oldest: u64,
+    /// The position of the last appended event that had one: (commit, index in txn).
+    pub(crate) high_water: Option<(u64, u32)>,
+    /// Bytes of stored events.
+    pub(crate) size: u64,
+}
+
+fn u64_of(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
+pub(crate) fn encode_high_water((commit, index): (u64, u32)) -> [u8; 12] {
+    let mut b = [0; 12];
+    b[..8].copy_from_slice(&commit.to_le_bytes());
+    b[8..].copy_from_slice(&index.to_le_bytes());
+    b
+}
+
+fn decode_high_water(b: &[u8]) -> Option<(u64, u32)> {
+    Some((
+        u64_of(b.get(..8)?)?,
+        u32::from_le_bytes(b.get(8..12)?.try_into().ok()?),
+    ))
+}
+
+/// Opens (creating when missing) the store at `path` and reads the log's counters.
+pub(crate) fn open(path: &Path) -> Result<(Database, LogState), Error> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Open {
+            path: path.to_owned(),
+            source: redb::DatabaseError::Storage(redb::StorageError::Io(e)),
+        })?;
+    }
+    let db = Database::create(path).map_err(|source| Error::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    let tx = db.begin_write()?;
+    let state = {
+        let mut meta = tx.open_table(META)?;
+        let format = meta.get(META_FORMAT)?.map(|f| f.value().to_vec());
+        match format {
+            Some(f) if f == FORMAT => {}
+            Some(f) => {
+                return Err(Error::Format(format!(
+                    "{} holds format {f:?}; this version reads {FORMAT:?}",
+                    path.display()
+                )));
+            }
+            None => {
+                meta.insert(META_FORMAT, FORMAT)?;
+            }
+        }
+        let last = meta
+            .get(META_LAST)?
+            .and_then(|v| u64_of(v.value()))
+            .unwrap_or(0);
+        let high_water = meta
+            .get(META_HIGH_WATER)?
+            .and_then(|v| decode_high_water(v.value()));
+        let size = meta
+            .get(META_SIZE)?
+            .and_then(|v| u64_of(v.value()))
+            .unwrap_or(0);
+        let events = tx.open_table(EVENTS)?;
+        let oldest = match events.first()? {
+            Some((k, _)) => k.value(),
+            None => last + 1,
+        };
+        tx.open_table(GROUPS)?;
+        tx.open_table(LEASES)?;
+        tx.open_table(DEAD)?;
+        LogState {
+            last,
+            oldest,
+            high_water,
+            size,
+        }
+    };
+    tx.commit()?;
+    Ok((db, state))
+}
+
+/// Visits stored events with sequence in `(after, upto]`, in order, at most `max_scan`
+/// of them, until `visit` returns false. Returns the last sequence visited (`after` when
+/// none). Records that do not parse are skipped and counted in `corrupt`.
+pub(crate) fn scan(
+    db: &Database,
+    after: u64,
+    upto: u64,
+    max_scan: usize,
+    corrupt: &mut u64,
+    mut visit: impl FnMut(u64, &RecordRef<'_>) -> bool,
+) -> Result<u64, Error> {
+    if after >= upto || max_scan == 0 {
+        return Ok(after);
+    }
+    let tx = db.begin_read()?;
+    let table = tx.open_table(EVENTS)?;
+    let mut last = after;
+    for item in table.range(after + 1..=upto)?.take(max_scan) {
+        let (k, v) = item?;
+        last = k.value();
+        match RecordRef::parse(v.value()) {
+            Some(r) => {
+                if !visit(last, &r) {
+                    break;
+                }
+            }
+            None => *corrupt += 1,
+        }
+    }
+    Ok(last)
+}
+
+/// The stored record of `sequence`, if it is still stored.
+pub(crate) fn get(db: &Database, sequence: u64) -> Result<Option<Vec<u8>>, Error> {
+    let tx = db.begin_read()?;
+    let table = tx.open_table(EVENTS)?;
+    Ok(table.get(sequence)?.map(|v| v.value().to_vec()))
+}

@@ -1,0 +1,120 @@
+//! Shared helpers for the integration tests: a real server, SQL clients, sources.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use freshen::{Batch, RowEvent, Source};
+use freshen_postgres::{
+    ConnectionConfig, Lsn, PgSource, PgSourceConfig, PublicationMode, SlotMode, TableName,
+};
+use freshen_testenv::PgServer;
+use tokio_postgres::{Client, NoTls};
+
+/// A throwaway server; fails (never skips) with the package to install.
+pub fn server() -> PgServer {
+    PgServer::start().unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"))
+}
+
+/// A SQL client (the connection runs on the current runtime).
+pub async fn sql(pg: &PgServer) -> Client {
+    let (client, conn) = tokio_postgres::connect(&pg.url(), NoTls)
+        .await
+        .expect("connect for SQL");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A source configuration for `tables` on `pg`, tuned for quick tests.
+pub fn config(pg: &PgServer, slot: &str, tables: &[&str]) -> PgSourceConfig {
+    PgSourceConfig {
+        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
+        slot: slot.into(),
+        slot_mode: SlotMode::CreateIfMissing,
+        publication: format!("{slot}_pub"),
+        publication_mode: PublicationMode::CreateIfMissing,
+        tables: tables
+            .iter()
+            .map(|t| t.parse::<TableName>().unwrap())
+            .collect(),
+        status_interval: Duration::from_millis(100),
+        reconnect: freshen::Backoff::new(Duration::from_millis(50), Duration::from_millis(500)),
+        ..PgSourceConfig::default()
+    }
+}
+
+/// Starts a source.
+pub async fn source(cfg: PgSourceConfig) -> PgSource {
+    PgSource::start(cfg).await.expect("start the source")
+}
+
+/// Reads batches until `n` events arrived (or panics after `secs`).
+pub async fn take_events(src: &mut PgSource, n: usize, secs: u64) -> Vec<Batch> {
+    let mut got = 0;
+    let mut batches = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while got < n {
+        let next = tokio::time::timeout_at(deadline, src.next_batch())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "only {got} of {n} events within {secs}s: {:?}",
+                    src.health()
+                )
+            })
+            .expect("stream ended")
+            .expect("source failed");
+        got += next.events().len();
+        batches.push(next);
+    }
+    batches
+}
+
+/// The events of `batches`, in order.
+pub fn events(batches: &[Batch]) -> Vec<RowEvent> {
+    batches
+        .iter()
+        .flat_map(|b| b.events().iter().cloned())
+        .collect()
+}
+
+/// Polls `check` until it returns `Some` (panics with `what` after `secs`).
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {secs}s waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The slot's `confirmed_flush_lsn`.
+pub async fn confirmed_flush(c: &Client, slot: &str) -> Lsn {
+    let row = c
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+    row.get::<_, String>(0).parse().unwrap()
+}
+
+/// The server's current WAL position.
+pub async fn current_lsn(c: &Client) -> Lsn {
+    let row = c
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap();
+    row.get::<_, String>(0).parse().unwrap()
+}

@@ -531,17 +531,24 @@ async fn pump(
     tx: mpsc::Sender<Result<Batch, SourceError>>,
     mut stop: oneshot::Receiver<()>,
 ) {
+    let mut stopped = false;
     loop {
         let item = tokio::select! {
             biased;
-            _ = &mut stop => break,
+            _ = &mut stop => {
+                stopped = true;
+                break;
+            }
             item = source.next_batch() => item,
         };
         let Some(item) = item else { break };
         let fatal = item.is_err();
         tokio::select! {
             biased;
-            _ = &mut stop => break,
+            _ = &mut stop => {
+                stopped = true;
+                break;
+            }
             sent = tx.send(item) => if sent.is_err() { break },
         }
         if fatal {
@@ -549,8 +556,10 @@ async fn pump(
         }
     }
     drop(tx);
-    // Close only once the refresher has released its last acks.
-    let _ = stop.await;
+    if !stopped {
+        // Close only once the refresher has released its last acks.
+        let _ = stop.await;
+    }
     source.close().await;
 }
 

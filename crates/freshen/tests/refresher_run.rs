@@ -563,3 +563,69 @@ fn build_lists_every_problem_at_once() {
     assert_eq!(p.len(), 7, "{p:?}");
     assert!(err.to_string().contains("\n  - "), "one problem per line");
 }
+
+/// A source that counts `close` calls, around a channel source.
+struct Closing {
+    inner: freshen::ChannelSource,
+    closed: Arc<AtomicUsize>,
+}
+
+impl freshen::Source for Closing {
+    fn next_batch(&mut self) -> freshen::BoxFuture<'_, Option<Result<Batch, SourceError>>> {
+        self.inner.next_batch()
+    }
+
+    fn close(&mut self) -> freshen::BoxFuture<'_, ()> {
+        self.closed.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {})
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_source_is_closed_once_on_shutdown_and_at_the_end_of_the_stream() {
+    for end_of_stream in [false, true] {
+        let (feed, inner) = channel(8);
+        let closed = Arc::new(AtomicUsize::new(0));
+        let acks = Acks::default();
+        let r = Refresher::builder()
+            .source(Closing {
+                inner,
+                closed: closed.clone(),
+            })
+            .scope(scope)
+            .rebuild(recording(&Log::default()))
+            .build()
+            .unwrap();
+        feed.send(acks.batch(1, vec![reading("a", 1)]))
+            .await
+            .unwrap();
+        let h = r.handle();
+        if end_of_stream {
+            drop(feed);
+            within(
+                "drain",
+                Duration::from_secs(5),
+                r.run(std::future::pending()),
+            )
+            .await
+            .unwrap();
+        } else {
+            let stop = async {
+                eventually("acked", Duration::from_secs(5), || {
+                    h.stats().batches_acked == 1
+                })
+                .await
+            };
+            within("stop", Duration::from_secs(5), r.run(stop))
+                .await
+                .unwrap();
+            drop(feed);
+        }
+        assert_eq!(
+            closed.load(Ordering::SeqCst),
+            1,
+            "end_of_stream = {end_of_stream}"
+        );
+        assert_eq!(acks.list(), [1]);
+    }
+}

@@ -189,7 +189,7 @@ impl Assembler {
             | Message::Commit { .. }
             | Message::Origin { .. }
             | Message::Type { .. }
-            | Message::Message { .. } => {}
+            | Message::Logical { .. } => {}
         }
         out
     }

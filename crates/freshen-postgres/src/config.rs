@@ -525,8 +525,10 @@ mod tests {
 
     #[test]
     fn debug_hides_the_password() {
-        let mut c = ConnectionConfig::default();
-        c.password = Some("hunter2".into());
+        let c = ConnectionConfig {
+            password: Some("hunter2".into()),
+            ..ConnectionConfig::default()
+        };
         let cfg = PgSourceConfig {
             connection: c,
             ..PgSourceConfig::default()

@@ -91,7 +91,7 @@ impl PgError {
             Some(c) if c.starts_with("28") => ErrorKind::Auth,
             Some(c) if c.starts_with("08") || c.starts_with("57P") => ErrorKind::Connection,
             Some(_) => ErrorKind::Server,
-            None if e.is_closed() => ErrorKind::Connection,
+            None if e.to_string().contains("TLS") => ErrorKind::Tls,
             None => ErrorKind::Connection,
         };
         let mut err = PgError::new(kind, context).with_source(e);

@@ -123,7 +123,7 @@ pub(crate) enum Message<'a> {
         options: u8,
         relations: Vec<u32>,
     },
-    Message {
+    Logical {
         transactional: bool,
         lsn: u64,
         prefix: &'a str,
@@ -363,7 +363,7 @@ pub(crate) fn decode(data: &[u8]) -> Result<Message<'_>, DecodeError> {
             if len < 0 {
                 return Err(r.err(format!("negative message length {len}")));
             }
-            Message::Message {
+            Message::Logical {
                 transactional: flags & 1 == 1,
                 lsn,
                 prefix,
@@ -616,7 +616,7 @@ mod tests {
         m.extend(b"xyz");
         assert_eq!(
             decode(&m).unwrap(),
-            Message::Message {
+            Message::Logical {
                 transactional: true,
                 lsn: 5,
                 prefix: "app",

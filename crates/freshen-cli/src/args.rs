@@ -1,0 +1,67 @@
+//! What the user said on the command line (resolved into settings elsewhere).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Keep derived tables fresh from change-data-capture.
+#[derive(Debug, Parser)]
+#[command(name = "freshen", version, about, propagate_version = true)]
+pub struct Args {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Keep every view of a configuration fresh until SIGINT/SIGTERM.
+    Run {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and the database it points at.
+    Check {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// Print the findings as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Only validate the file; do not connect to the database.
+        #[arg(long)]
+        offline: bool,
+    },
+    /// See freshen work: a throwaway PostgreSQL, a live workload, two derived tables kept
+    /// fresh and verified against truth at the end.
+    Demo {
+        /// How long the workload runs.
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Concurrent writers.
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        /// Leave the database running at the end and print how to connect.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Print a running instance's status.
+    Status {
+        /// The instance's HTTP address.
+        #[arg(long, default_value = "http://127.0.0.1:9187")]
+        url: String,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the replication slot (and the publication freshen created) so an abandoned
+    /// pipeline never retains WAL.
+    Drop {
+        /// The configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+    },
+}

@@ -1,0 +1,717 @@
+//! The configuration file: parse, validate everything (every problem at once, with its
+//! line), then resolve into the settings the program runs with.
+
+mod problems;
+mod read;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use freshen::AckPolicy;
+use toml_edit::Document;
+
+pub use problems::ConfigError;
+use problems::Problem;
+use read::{Reader, Tbl};
+
+/// A secret (a connection URL with a password): never printed, never logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced, safe for logs.
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secret({})", self.redacted())
+    }
+}
+
+/// `postgres://user:pw@host/db` → `postgres://user:***@host/db`; key=value strings too.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((auth, host)) = rest.split_once('@')
+            && let Some((user, _)) = auth.split_once(':')
+        {
+            return format!("{scheme}://{user}:***@{host}");
+        }
+        return url.to_string();
+    }
+    url.split_whitespace()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// How the replication slot is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotMode {
+    /// Create it when missing, reuse it otherwise (the default).
+    Create,
+    /// It must exist already.
+    Existing,
+    /// A temporary slot that disappears with the connection (at-least-once is lost on
+    /// restart: pair it with a reconcile sweep).
+    Temporary,
+}
+
+/// How the publication is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublicationMode {
+    /// Create it for the watched tables when missing (the default).
+    Create,
+    /// It must exist and cover the watched tables.
+    Existing,
+}
+
+/// `[source] kind = "postgres"`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PgSource {
+    /// Connection URL (may hold a password).
+    pub url: Secret,
+    /// Replication slot name.
+    pub slot: String,
+    /// Publication name.
+    pub publication: String,
+    /// Slot lifecycle.
+    pub slot_mode: SlotMode,
+    /// Publication lifecycle.
+    pub publication_mode: PublicationMode,
+    /// How often feedback is sent to the server.
+    pub status_interval: Duration,
+}
+
+/// Where changes come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// PostgreSQL logical replication.
+    Postgres(PgSource),
+}
+
+/// Timing and failure options; `[defaults]` and every view may set them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Quiet period before a key fires.
+    pub coalesce: Duration,
+    /// Longest a dirty key waits.
+    pub max_wait: Duration,
+    /// Rebuilds at once.
+    pub workers: usize,
+    /// Failures in a row before a key is quarantined.
+    pub poison_after: u32,
+    /// First retry delay.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing {
+            coalesce: Duration::from_millis(100),
+            max_wait: Duration::from_secs(5),
+            workers: 4,
+            poison_after: 5,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A watched table and the columns that form a view's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watch {
+    /// Schema (default `public`).
+    pub schema: String,
+    /// Table.
+    pub table: String,
+    /// Key columns, in `$1..$n` order.
+    pub key: Vec<String>,
+    /// Line in the file.
+    pub line: Option<usize>,
+}
+
+impl Watch {
+    /// `schema.table`.
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", self.schema, self.table)
+    }
+}
+
+/// A view's reconcile sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconcile {
+    /// Interval between sweeps.
+    pub every: Duration,
+    /// Query listing the live keys (one column per key part).
+    pub keys: String,
+    /// Line in the file.
+    pub line: Option<usize>,
+}
+
+/// One derived table kept fresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    /// Unique name (metrics label, logs).
+    pub name: String,
+    /// Watched tables.
+    pub watch: Vec<Watch>,
+    /// Statements run in one transaction per key (or per batch of keys).
+    pub rebuild: Vec<String>,
+    /// Keys per rebuild round trip (statements written over arrays); `None` = one key.
+    pub rebuild_batch: Option<usize>,
+    /// Optional reconcile sweep.
+    pub reconcile: Option<Reconcile>,
+    /// Timing for this view.
+    pub timing: Timing,
+    /// Line of the view in the file.
+    pub line: Option<usize>,
+    /// Line of the `rebuild` list.
+    pub rebuild_line: Option<usize>,
+}
+
+impl View {
+    /// Number of key parts (`$1..$n`).
+    pub fn arity(&self) -> usize {
+        self.watch.first().map_or(0, |w| w.key.len())
+    }
+}
+
+/// Where rebuild and reconcile SQL runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// Connection URL.
+    pub url: Secret,
+    /// Pooled connections.
+    pub pool_size: usize,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where changes come from.
+    pub source: Source,
+    /// When batches are acknowledged.
+    pub ack: AckPolicy,
+    /// Where SQL runs (defaults to the source database).
+    pub target: Target,
+    /// Metrics/health listener; `None` when disabled.
+    pub http: Option<SocketAddr>,
+    /// Log format.
+    pub log: LogFormat,
+    /// The views.
+    pub views: Vec<View>,
+}
+
+impl Config {
+    /// Every watched table, each once, in first-seen order.
+    pub fn watched_tables(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for w in self.views.iter().flat_map(|v| &v.watch) {
+            let t = (w.schema.clone(), w.table.clone());
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        out
+    }
+}
+
+const TOP: &[&str] = &["source", "target", "http", "log", "defaults", "views"];
+const SOURCE_PG: &[&str] = &[
+    "kind",
+    "url",
+    "slot",
+    "publication",
+    "ack",
+    "slot_mode",
+    "publication_mode",
+    "status_interval",
+];
+const TIMING: &[&str] = &["coalesce", "max_wait", "workers", "poison_after", "backoff"];
+const VIEW: &[&str] = &[
+    "name",
+    "watch",
+    "rebuild",
+    "rebuild_batch",
+    "reconcile",
+    "coalesce",
+    "max_wait",
+    "workers",
+    "poison_after",
+    "backoff",
+];
+
+/// Reads and validates `path`, expanding `${VAR}` from the process environment.
+pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        problems: vec![Problem {
+            line: None,
+            message: format!("cannot read the file: {e}"),
+        }],
+    })?;
+    parse(&src, &file, &|name| std::env::var(name).ok())
+}
+
+/// Parses and validates a configuration; `env` looks up `${VAR}` references.
+pub fn parse(
+    src: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let doc = match Document::parse(src) {
+        Ok(doc) => doc,
+        Err(e) => {
+            let line = Reader::new(src, env).line(e.span());
+            return Err(ConfigError {
+                file: file.to_string(),
+                problems: vec![Problem {
+                    line,
+                    message: format!("not valid TOML: {}", e.message()),
+                }],
+            });
+        }
+    };
+    let mut r = Reader::new(src, env);
+    let root = Tbl {
+        t: doc.as_table(),
+        path: "",
+        span: None,
+    };
+    r.known_keys(root, TOP);
+
+    let (source, ack) = read_source(&mut r, root);
+    let target = read_target(&mut r, root, source.as_ref());
+    let http = read_http(&mut r, root);
+    let log = read_log(&mut r, root);
+    let defaults = match r.table(root, "defaults", "defaults") {
+        Some(t) => {
+            r.known_keys(t, TIMING);
+            read_timing(&mut r, t, Timing::default())
+        }
+        None => Timing::default(),
+    };
+    let views = read_views(&mut r, root, defaults);
+
+    match (source, target, r.p.list.is_empty()) {
+        (Some(source), Some(target), true) => Ok(Config {
+            source,
+            ack: ack.unwrap_or_default(),
+            target,
+            http,
+            log,
+            views,
+        }),
+        _ => {
+            let mut problems = r.p.list;
+            problems.sort_by_key(|p| p.line.unwrap_or(0));
+            Err(ConfigError {
+                file: file.to_string(),
+                problems,
+            })
+        }
+    }
+}
+
+fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option<AckPolicy>) {
+    let Some(t) = r.table(root, "source", "source") else {
+        if root.t.get("source").is_none() {
+            r.missing(root, "source", "a [source] table: where changes come from");
+        }
+        return (None, None);
+    };
+    let ack = r
+        .choice(t, "ack", &["after-rebuild", "on-enqueue"])
+        .map(|s| match s.value.as_str() {
+            "on-enqueue" => AckPolicy::OnEnqueue,
+            _ => AckPolicy::AfterRebuild,
+        });
+    let kind = r.choice(t, "kind", &["postgres"]);
+    if kind.is_none() && t.t.get("kind").is_none() {
+        r.missing(t, "kind", "the source type: \"postgres\"");
+    }
+    let Some(_kind) = kind else {
+        return (None, ack);
+    };
+    r.known_keys(t, SOURCE_PG);
+    let url = r.string(t, "url");
+    if url.is_none() && t.t.get("url").is_none() {
+        r.missing(
+            t,
+            "url",
+            "the database to capture from, e.g. \"${DATABASE_URL}\"",
+        );
+    }
+    let slot = r
+        .string(t, "slot")
+        .map_or_else(|| "freshen".into(), |s| s.value);
+    let publication = r
+        .string(t, "publication")
+        .map_or_else(|| "freshen".into(), |s| s.value);
+    for (what, name) in [("slot", &slot), ("publication", &publication)] {
+        if !valid_identifier(name) {
+            let line = r.line(t.t.get(what).and_then(|i| i.span()));
+            r.p.at_line(
+                line,
+                format!("`source.{what}` must be a lower-case identifier (letters, digits, _), not `{name}`"),
+            );
+        }
+    }
+    let slot_mode = r
+        .choice(t, "slot_mode", &["create", "existing", "temporary"])
+        .map_or(SlotMode::Create, |s| match s.value.as_str() {
+            "existing" => SlotMode::Existing,
+            "temporary" => SlotMode::Temporary,
+            _ => SlotMode::Create,
+        });
+    let publication_mode = r
+        .choice(t, "publication_mode", &["create", "existing"])
+        .map_or(PublicationMode::Create, |s| match s.value.as_str() {
+            "existing" => PublicationMode::Existing,
+            _ => PublicationMode::Create,
+        });
+    let status_interval = r
+        .duration(t, "status_interval")
+        .map_or(Duration::from_secs(1), |d| d.value);
+    let source = url.map(|url| {
+        Source::Postgres(PgSource {
+            url: Secret(url.value),
+            slot,
+            publication,
+            slot_mode,
+            publication_mode,
+            status_interval,
+        })
+    });
+    (source, ack)
+}
+
+fn valid_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Option<Target> {
+    let default_url = source.map(|Source::Postgres(pg)| pg.url.clone());
+    let Some(t) = r.table(root, "target", "target") else {
+        return default_url.map(|url| Target { url, pool_size: 4 });
+    };
+    r.known_keys(t, &["url", "pool_size"]);
+    let url = r.string(t, "url").map(|s| Secret(s.value)).or(default_url);
+    let pool_size = r
+        .int(t, "pool_size", 1..=1024)
+        .map_or(4, |n| n.value as usize);
+    url.map(|url| Target { url, pool_size })
+}
+
+fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<SocketAddr> {
+    let default = SocketAddr::from(([127, 0, 0, 1], 9187));
+    let Some(t) = r.table(root, "http", "http") else {
+        return Some(default);
+    };
+    r.known_keys(t, &["listen"]);
+    let listen = r.string(t, "listen")?;
+    if listen.value == "off" {
+        return None;
+    }
+    match listen.value.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            r.p.at_line(
+                listen.line,
+                format!(
+                    "`http.listen` must be an address like \"127.0.0.1:9187\" (or \"off\"), not `{}`",
+                    listen.value
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn read_log(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> LogFormat {
+    let Some(t) = r.table(root, "log", "log") else {
+        return LogFormat::Text;
+    };
+    r.known_keys(t, &["format"]);
+    match r.choice(t, "format", &["text", "json"]) {
+        Some(s) if s.value == "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    }
+}
+
+fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
+    let mut out = base;
+    if let Some(d) = r.duration(t, "coalesce") {
+        out.coalesce = d.value;
+    }
+    if let Some(d) = r.duration(t, "max_wait") {
+        out.max_wait = d.value;
+    }
+    if let Some(n) = r.int(t, "workers", 1..=1024) {
+        out.workers = n.value as usize;
+    }
+    if let Some(n) = r.int(t, "poison_after", 1..=1_000_000) {
+        out.poison_after = n.value as u32;
+    }
+    let path = format!(
+        "{}{}backoff",
+        t.path,
+        if t.path.is_empty() { "" } else { "." }
+    );
+    if let Some(b) = r.table(t, "backoff", &path) {
+        r.known_keys(b, &["base", "max"]);
+        if let Some(d) = r.duration(b, "base") {
+            out.backoff_base = d.value;
+        }
+        if let Some(d) = r.duration(b, "max") {
+            out.backoff_max = d.value;
+        }
+    }
+    if out.coalesce > out.max_wait {
+        let line = r.line(
+            t.t.get("coalesce")
+                .or(t.t.get("max_wait"))
+                .and_then(|i| i.span()),
+        );
+        r.p.at_line(
+            line,
+            format!(
+                "in `{}`: coalesce ({}) must not exceed max_wait ({})",
+                if t.path.is_empty() {
+                    "defaults"
+                } else {
+                    t.path
+                },
+                humantime::format_duration(out.coalesce),
+                humantime::format_duration(out.max_wait)
+            ),
+        );
+    }
+    if out.backoff_base.is_zero() || out.backoff_base > out.backoff_max {
+        let line = r.line(t.t.get("backoff").and_then(|i| i.span()));
+        r.p.at_line(
+            line,
+            format!(
+                "backoff base ({}) must be above zero and at most max ({})",
+                humantime::format_duration(out.backoff_base),
+                humantime::format_duration(out.backoff_max)
+            ),
+        );
+    }
+    out
+}
+
+fn split_table(name: &str) -> Option<(String, String)> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let ok = |s: &str| !s.is_empty() && !s.contains(char::is_whitespace);
+    match parts.as_slice() {
+        [t] if ok(t) => Some(("public".into(), (*t).into())),
+        [s, t] if ok(s) && ok(t) => Some(((*s).into(), (*t).into())),
+        _ => None,
+    }
+}
+
+fn read_views(r: &mut Reader<'_, '_>, root: Tbl<'_>, defaults: Timing) -> Vec<View> {
+    let Some(views) = r.tables(root, "views") else {
+        if root.t.get("views").is_none() {
+            r.missing(root, "views", "at least one [[views]] entry");
+        }
+        return Vec::new();
+    };
+    if views.is_empty() {
+        r.missing(root, "views", "at least one [[views]] entry");
+    }
+    let mut out: Vec<View> = Vec::new();
+    for (t, path) in &views {
+        let t = Tbl { path, ..*t };
+        r.known_keys(t, VIEW);
+        let line = r.line(t.span.map(|s| s..s));
+        let name = r.string(t, "name");
+        if name.is_none() && t.t.get("name").is_none() {
+            r.missing(t, "name", "a unique name for the view");
+        }
+        if let Some(n) = &name
+            && let Some(prev) = out.iter().find(|v| v.name == n.value)
+        {
+            r.p.at_line(
+                n.line,
+                format!(
+                    "duplicate view name `{}` (first used on line {})",
+                    n.value,
+                    prev.line.map_or("?".into(), |l| l.to_string())
+                ),
+            );
+        }
+        let vname = name
+            .as_ref()
+            .map_or_else(|| path.clone(), |n| n.value.clone());
+        let watch = read_watch(r, t, &vname);
+        let rebuild = r.strings(t, "rebuild");
+        match &rebuild {
+            None if t.t.get("rebuild").is_none() => r.missing(
+                t,
+                "rebuild",
+                "the SQL statements that recompute one key, with the key as $1..$n",
+            ),
+            Some(s) if s.value.is_empty() || s.value.iter().any(|q| q.trim().is_empty()) => {
+                r.p.at_line(
+                    s.line,
+                    format!("view `{vname}`: `rebuild` statements must not be empty"),
+                )
+            }
+            _ => {}
+        }
+        let rebuild_batch = r
+            .int(t, "rebuild_batch", 1..=100_000)
+            .map(|n| n.value as usize);
+        let reconcile = r.table(t, "reconcile", "reconcile").and_then(|rt| {
+            r.known_keys(rt, &["every", "keys"]);
+            let every = r.duration(rt, "every");
+            let keys = r.string(rt, "keys");
+            if every.is_none() && rt.t.get("every").is_none() {
+                r.missing(rt, "every", "the sweep interval, e.g. \"1h\"");
+            }
+            if keys.is_none() && rt.t.get("keys").is_none() {
+                r.missing(rt, "keys", "a query listing every live key");
+            }
+            if let Some(e) = &every
+                && e.value.is_zero()
+            {
+                r.p.at_line(e.line, "`reconcile.every` must be greater than zero");
+            }
+            Some(Reconcile {
+                every: every?.value,
+                line: keys.as_ref().and_then(|k| k.line),
+                keys: keys?.value,
+            })
+        });
+        let timing = read_timing(r, t, defaults);
+        if let (Some(name), Some(rebuild)) = (name, rebuild) {
+            out.push(View {
+                name: name.value,
+                watch,
+                rebuild: rebuild.value,
+                rebuild_batch,
+                reconcile,
+                timing,
+                line,
+                rebuild_line: rebuild.line,
+            });
+        }
+    }
+    out
+}
+
+fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
+    let Some(entries) = r.tables(t, "watch") else {
+        if t.t.get("watch").is_none() {
+            r.missing(
+                t,
+                "watch",
+                "the tables whose changes dirty this view, with their key columns",
+            );
+        }
+        return Vec::new();
+    };
+    if entries.is_empty() {
+        r.missing(t, "watch", "at least one watched table");
+    }
+    let mut out: Vec<Watch> = Vec::new();
+    for (w, path) in &entries {
+        let w = Tbl { path, ..*w };
+        r.known_keys(w, &["table", "key"]);
+        let line = r.line(w.span.map(|s| s..s));
+        let table = r.string(w, "table");
+        if table.is_none() && w.t.get("table").is_none() {
+            r.missing(w, "table", "a table name, \"schema.table\" or \"table\"");
+        }
+        let key = r.strings(w, "key");
+        if key.is_none() && w.t.get("key").is_none() {
+            r.missing(w, "key", "the columns whose values form the view's key");
+        }
+        let (Some(table), Some(key)) = (table, key) else {
+            continue;
+        };
+        if key.value.is_empty() {
+            r.p.at_line(
+                key.line,
+                format!("view `{view}`: `key` needs at least one column"),
+            );
+            continue;
+        }
+        let Some((schema, table_name)) = split_table(&table.value) else {
+            r.p.at_line(
+                table.line,
+                format!(
+                    "view `{view}`: `{}` is not a table name (\"schema.table\" or \"table\")",
+                    table.value
+                ),
+            );
+            continue;
+        };
+        if let Some(first) = out.first()
+            && first.key.len() != key.value.len()
+        {
+            r.p.at_line(
+                key.line,
+                format!(
+                    "view `{view}`: every watched table must give a key of the same arity: {} has {} column(s) ({}), {} has {} ({})",
+                    first.qualified(),
+                    first.key.len(),
+                    first.key.join(", "),
+                    format_args!("{schema}.{table_name}"),
+                    key.value.len(),
+                    key.value.join(", ")
+                ),
+            );
+        }
+        if out
+            .iter()
+            .any(|o| o.schema == schema && o.table == table_name)
+        {
+            r.p.at_line(
+                table.line,
+                format!("view `{view}` watches {schema}.{table_name} twice"),
+            );
+        }
+        out.push(Watch {
+            schema,
+            table: table_name,
+            key: key.value,
+            line,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

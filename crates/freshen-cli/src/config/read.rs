@@ -1,0 +1,372 @@
+//! Typed reads from a span-keeping TOML tree, recording every problem with its line.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use toml_edit::{Item, TableLike, Value};
+
+use super::problems::{Problems, suggest};
+
+/// A value and the line it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Spanned<T> {
+    pub(crate) value: T,
+    pub(crate) line: Option<usize>,
+}
+
+/// A table (header or inline) and where it is.
+#[derive(Clone, Copy)]
+pub(crate) struct Tbl<'a> {
+    pub(crate) t: &'a dyn TableLike,
+    pub(crate) path: &'a str,
+    /// Byte offset where the table starts.
+    pub(crate) span: Option<usize>,
+}
+
+type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
+
+pub(crate) struct Reader<'s, 'e> {
+    pub(crate) p: Problems<'s>,
+    env: Env<'e>,
+}
+
+fn type_name(item: &Item) -> &'static str {
+    match item {
+        Item::None => "nothing",
+        Item::Table(_) => "a table",
+        Item::ArrayOfTables(_) => "an array of tables",
+        Item::Value(v) => match v {
+            Value::String(_) => "a string",
+            Value::Integer(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Boolean(_) => "a boolean",
+            Value::Datetime(_) => "a date-time",
+            Value::Array(_) => "an array",
+            Value::InlineTable(_) => "an inline table",
+        },
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+impl<'s, 'e> Reader<'s, 'e> {
+    pub(crate) fn new(src: &'s str, env: Env<'e>) -> Reader<'s, 'e> {
+        Reader {
+            p: Problems::new(src),
+            env,
+        }
+    }
+
+    pub(crate) fn line(&self, span: Option<Range<usize>>) -> Option<usize> {
+        self.p.line_of(span)
+    }
+
+    /// `item` as a table, or a problem.
+    pub(crate) fn as_table<'a>(&mut self, item: &'a Item, path: &'a str) -> Option<Tbl<'a>> {
+        match item.as_table_like() {
+            Some(t) => Some(Tbl {
+                t,
+                path,
+                span: item.span().map(|r| r.start),
+            }),
+            None => {
+                self.p.at(
+                    item.span(),
+                    format!("`{path}` must be a table, not {}", type_name(item)),
+                );
+                None
+            }
+        }
+    }
+
+    /// Reports every key of `t` not in `allowed`, suggesting the likely intended one.
+    pub(crate) fn known_keys(&mut self, t: Tbl<'_>, allowed: &[&str]) {
+        for (k, _) in t.t.iter() {
+            if allowed.contains(&k) {
+                continue;
+            }
+            let span = t.t.key(k).and_then(|k| k.span());
+            let hint = match suggest(k, allowed) {
+                Some(s) => format!("did you mean `{s}`?"),
+                None => format!("expected one of: {}", allowed.join(", ")),
+            };
+            let place = if t.path.is_empty() {
+                "at the top level".to_string()
+            } else {
+                format!("in `{}`", t.path)
+            };
+            self.p
+                .at(span, format!("unknown key `{k}` {place} ({hint})"));
+        }
+    }
+
+    fn get<'a>(&self, t: Tbl<'a>, key: &str) -> Option<&'a Item> {
+        t.t.get(key).filter(|i| !i.is_none())
+    }
+
+    /// Records that a required key is missing.
+    pub(crate) fn missing(&mut self, t: Tbl<'_>, key: &str, what: &str) {
+        let at = if t.path.is_empty() {
+            "the file".to_string()
+        } else {
+            format!("`{}`", t.path)
+        };
+        self.p
+            .at(t.span.map(|s| s..s), format!("{at} needs `{key}` ({what})"));
+    }
+
+    fn expand(&mut self, raw: &str, span: Option<Range<usize>>, path: &str) -> String {
+        let mut out = String::with_capacity(raw.len());
+        let mut rest = raw;
+        while let Some(i) = rest.find('$') {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 1..];
+            if let Some(tail) = after.strip_prefix('$') {
+                out.push('$');
+                rest = tail;
+            } else if let Some(body) = after.strip_prefix('{') {
+                match body.find('}') {
+                    Some(end) => {
+                        let name = &body[..end];
+                        match (self.env)(name) {
+                            Some(v) => out.push_str(&v),
+                            None => self.p.at(
+                                span.clone(),
+                                format!(
+                                    "environment variable `{name}` is not set (used by `{path}`)"
+                                ),
+                            ),
+                        }
+                        rest = &body[end + 1..];
+                    }
+                    None => {
+                        self.p.at(
+                            span.clone(),
+                            format!("unclosed `${{` in `{path}` (write `$$` for a literal `$`)"),
+                        );
+                        out.push_str(&rest[i..]);
+                        rest = "";
+                    }
+                }
+            } else {
+                out.push('$');
+                rest = after;
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// An optional string, with `${VAR}` expanded from the environment.
+    pub(crate) fn string(&mut self, t: Tbl<'_>, key: &str) -> Option<Spanned<String>> {
+        let item = self.get(t, key)?;
+        let path = join(t.path, key);
+        match item.as_str() {
+            Some(s) => {
+                let value = self.expand(s, item.span(), &path);
+                Some(Spanned {
+                    value,
+                    line: self.line(item.span()),
+                })
+            }
+            None => {
+                self.p.at(
+                    item.span(),
+                    format!("`{path}` must be a string, not {}", type_name(item)),
+                );
+                None
+            }
+        }
+    }
+
+    /// One of `choices`.
+    pub(crate) fn choice(
+        &mut self,
+        t: Tbl<'_>,
+        key: &str,
+        choices: &[&str],
+    ) -> Option<Spanned<String>> {
+        let s = self.string(t, key)?;
+        if choices.contains(&s.value.as_str()) {
+            return Some(s);
+        }
+        let hint = suggest(&s.value, choices)
+            .map(|c| format!(" (did you mean `{c}`?)"))
+            .unwrap_or_default();
+        self.p.at_line(
+            s.line,
+            format!(
+                "`{}` must be one of {}, not `{}`{hint}",
+                join(t.path, key),
+                choices
+                    .iter()
+                    .map(|c| format!("`{c}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                s.value
+            ),
+        );
+        None
+    }
+
+    /// An optional integer within `range`.
+    pub(crate) fn int(
+        &mut self,
+        t: Tbl<'_>,
+        key: &str,
+        range: std::ops::RangeInclusive<i64>,
+    ) -> Option<Spanned<i64>> {
+        let item = self.get(t, key)?;
+        let path = join(t.path, key);
+        match item.as_integer() {
+            Some(n) if range.contains(&n) => Some(Spanned {
+                value: n,
+                line: self.line(item.span()),
+            }),
+            Some(n) => {
+                self.p.at(
+                    item.span(),
+                    format!(
+                        "`{path}` must be between {} and {}, not {n}",
+                        range.start(),
+                        range.end()
+                    ),
+                );
+                None
+            }
+            None => {
+                self.p.at(
+                    item.span(),
+                    format!("`{path}` must be an integer, not {}", type_name(item)),
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional duration written like `"100ms"`, `"5s"`, `"1h 30m"`.
+    pub(crate) fn duration(&mut self, t: Tbl<'_>, key: &str) -> Option<Spanned<Duration>> {
+        let s = self.string(t, key)?;
+        match humantime::parse_duration(s.value.trim()) {
+            Ok(d) => Some(Spanned {
+                value: d,
+                line: s.line,
+            }),
+            Err(e) => {
+                self.p.at_line(
+                    s.line,
+                    format!(
+                        "`{}` is not a duration (`{}`: {e}); write e.g. \"100ms\", \"5s\", \"1h\"",
+                        join(t.path, key),
+                        s.value
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional array of strings.
+    pub(crate) fn strings(&mut self, t: Tbl<'_>, key: &str) -> Option<Spanned<Vec<String>>> {
+        let item = self.get(t, key)?;
+        let path = join(t.path, key);
+        let Some(arr) = item.as_array() else {
+            // A single string is accepted as a one-element list.
+            if item.is_str() {
+                return self.string(t, key).map(|s| Spanned {
+                    value: vec![s.value],
+                    line: s.line,
+                });
+            }
+            self.p.at(
+                item.span(),
+                format!(
+                    "`{path}` must be an array of strings, not {}",
+                    type_name(item)
+                ),
+            );
+            return None;
+        };
+        let mut out = Vec::with_capacity(arr.len());
+        let mut ok = true;
+        for (i, v) in arr.iter().enumerate() {
+            match v.as_str() {
+                Some(s) => out.push(self.expand(s, v.span(), &format!("{path}[{i}]"))),
+                None => {
+                    ok = false;
+                    self.p
+                        .at(v.span(), format!("`{path}[{i}]` must be a string"));
+                }
+            }
+        }
+        ok.then(|| Spanned {
+            value: out,
+            line: self.line(item.span()),
+        })
+    }
+
+    /// An optional list of tables: `[[path.key]]` sections or an array of inline tables.
+    pub(crate) fn tables<'a>(&mut self, t: Tbl<'a>, key: &str) -> Option<Vec<(Tbl<'a>, String)>> {
+        let item = self.get(t, key)?;
+        let path = join(t.path, key);
+        match item {
+            Item::ArrayOfTables(a) => Some(
+                a.iter()
+                    .enumerate()
+                    .map(|(i, tb)| {
+                        (
+                            Tbl {
+                                t: tb,
+                                path: "",
+                                span: tb.span().map(|r| r.start),
+                            },
+                            format!("{path}[{i}]"),
+                        )
+                    })
+                    .collect(),
+            ),
+            Item::Value(Value::Array(a)) => {
+                let mut out = Vec::new();
+                for (i, v) in a.iter().enumerate() {
+                    match v.as_inline_table() {
+                        Some(it) => out.push((
+                            Tbl {
+                                t: it,
+                                path: "",
+                                span: v.span().map(|r| r.start),
+                            },
+                            format!("{path}[{i}]"),
+                        )),
+                        None => self.p.at(
+                            v.span(),
+                            format!("`{path}[{i}]` must be a table like {{ key = value }}"),
+                        ),
+                    }
+                }
+                Some(out)
+            }
+            other => {
+                self.p.at(
+                    other.span(),
+                    format!(
+                        "`{path}` must be a list of tables, not {}",
+                        type_name(other)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional sub-table (`[path.key]` or an inline table).
+    pub(crate) fn table<'a>(&mut self, t: Tbl<'a>, key: &str, path: &'a str) -> Option<Tbl<'a>> {
+        let item = self.get(t, key)?;
+        self.as_table(item, path)
+    }
+}

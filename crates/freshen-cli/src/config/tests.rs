@@ -1,0 +1,234 @@
+use super::*;
+
+const GOOD: &str = r#"
+[source]
+kind = "postgres"
+url = "${DATABASE_URL}"
+slot = "freshen"
+publication = "freshen"
+ack = "after-rebuild"
+
+[target]
+url = "${TARGET_URL}"
+pool_size = 8
+
+[http]
+listen = "127.0.0.1:9999"
+
+[defaults]
+coalesce = "50ms"
+max_wait = "2s"
+workers = 3
+poison_after = 4
+backoff = { base = "10ms", max = "1s" }
+
+[[views]]
+name = "device_totals"
+watch = [ { table = "public.readings", key = ["device"] } ]
+rebuild = [
+  "DELETE FROM device_totals WHERE device = $1",
+  "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
+]
+reconcile = { every = "1h", keys = "SELECT device FROM readings UNION SELECT device FROM device_totals" }
+
+[[views]]
+name = "site_totals"
+coalesce = "200ms"
+rebuild_batch = 50
+watch = [
+  { table = "readings", key = ["site"] },
+  { table = "sites", key = ["id"] },
+]
+rebuild = "SELECT 1 WHERE $1::text IS NOT NULL"
+"#;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "DATABASE_URL" => Some("postgres://app:s3cret@db/app".into()),
+        "TARGET_URL" => Some("postgres://app:s3cret@replica/app".into()),
+        _ => None,
+    }
+}
+
+fn problems(src: &str) -> Vec<String> {
+    parse(src, "f.toml", &env).unwrap_err().lines()
+}
+
+#[test]
+fn a_good_file_resolves_with_defaults_and_overrides() {
+    let c = parse(GOOD, "f.toml", &env).unwrap();
+    let Source::Postgres(pg) = &c.source;
+    assert_eq!(pg.url.expose(), "postgres://app:s3cret@db/app");
+    assert_eq!(pg.slot_mode, SlotMode::Create);
+    assert_eq!(c.target.pool_size, 8);
+    assert_eq!(c.target.url.expose(), "postgres://app:s3cret@replica/app");
+    assert_eq!(c.http, Some("127.0.0.1:9999".parse().unwrap()));
+    assert_eq!(c.ack, AckPolicy::AfterRebuild);
+    assert_eq!(c.views.len(), 2);
+    let v = &c.views[0];
+    assert_eq!(v.timing.coalesce, Duration::from_millis(50));
+    assert_eq!(v.timing.workers, 3);
+    assert_eq!(v.timing.backoff_base, Duration::from_millis(10));
+    assert_eq!(v.rebuild.len(), 2);
+    assert_eq!(
+        v.reconcile.as_ref().unwrap().every,
+        Duration::from_secs(3600)
+    );
+    let s = &c.views[1];
+    assert_eq!(
+        s.timing.coalesce,
+        Duration::from_millis(200),
+        "view overrides defaults"
+    );
+    assert_eq!(
+        s.timing.max_wait,
+        Duration::from_secs(2),
+        "and inherits the rest"
+    );
+    assert_eq!(s.rebuild_batch, Some(50));
+    assert_eq!(s.watch[0].qualified(), "public.readings");
+    assert_eq!(s.watch[1].key, ["id"]);
+    assert_eq!(
+        c.watched_tables(),
+        [
+            ("public".into(), "readings".into()),
+            ("public".into(), "sites".into())
+        ]
+    );
+}
+
+#[test]
+fn secrets_never_show_in_debug_output() {
+    let c = parse(GOOD, "f.toml", &env).unwrap();
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(shown.contains("app:***@db"), "{shown}");
+    assert_eq!(
+        redact_url("host=db password=x user=a"),
+        "host=db password=*** user=a"
+    );
+}
+
+#[test]
+fn every_problem_is_listed_at_once_with_its_line() {
+    let src = r#"
+[source]
+kind = "postgres"
+url = "${MISSING_URL}"
+colour = "blue"
+
+[defaults]
+coalesce = "10 parsecs"
+max_wait = "1s"
+workrs = 2
+
+[[views]]
+name = "a"
+watch = [ { table = "t1", key = ["x"] }, { table = "t2", key = ["x", "y"] } ]
+rebuild = ["SELECT $1"]
+
+[[views]]
+name = "a"
+watch = [ { table = "t3", key = ["z"] } ]
+rebuild = ["SELECT $1"]
+reconcile = { every = "0s", keys = "SELECT 1" }
+"#;
+    let p = problems(src);
+    let want = [
+        "f.toml:4: environment variable `MISSING_URL` is not set",
+        "f.toml:5: unknown key `colour` in `source`",
+        "f.toml:8: `defaults.coalesce` is not a duration",
+        "f.toml:10: unknown key `workrs` in `defaults` (did you mean `workers`?)",
+        "f.toml:14: view `a`: every watched table must give a key of the same arity",
+        "f.toml:18: duplicate view name `a` (first used on line 12)",
+        "f.toml:21: `reconcile.every` must be greater than zero",
+    ];
+    for w in want {
+        assert!(
+            p.iter().any(|l| l.starts_with(w)),
+            "missing {w:?} in\n{}",
+            p.join("\n")
+        );
+    }
+    assert_eq!(p.len(), want.len(), "{}", p.join("\n"));
+}
+
+#[test]
+fn missing_sections_and_keys_are_named() {
+    let p = problems("[http]\nlisten = \"nowhere\"\n");
+    assert!(p.iter().any(|l| l.contains("needs `source`")), "{p:?}");
+    assert!(p.iter().any(|l| l.contains("needs `views`")), "{p:?}");
+    assert!(
+        p.iter()
+            .any(|l| l.contains("f.toml:2: `http.listen` must be an address")),
+        "{p:?}"
+    );
+
+    let p = problems("[source]\nkind = \"postgres\"\n[[views]]\nwatch = []\n");
+    for needle in [
+        "needs `url`",
+        "needs `name`",
+        "needs `rebuild`",
+        "at least one watched table",
+    ] {
+        assert!(
+            p.iter().any(|l| l.contains(needle)),
+            "missing {needle}: {p:?}"
+        );
+    }
+}
+
+#[test]
+fn wrong_types_and_choices_are_explained() {
+    let src = r#"
+[source]
+kind = "postgress"
+ack = "sometimes"
+[[views]]
+name = 7
+watch = "readings"
+rebuild = ["x"]
+"#;
+    let p = problems(src);
+    assert!(p.iter().any(|l| l.contains("f.toml:3: `source.kind` must be one of `postgres`, not `postgress` (did you mean `postgres`?)")), "{p:?}");
+    assert!(
+        p.iter()
+            .any(|l| l.contains("f.toml:4: `source.ack` must be one of")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.contains("f.toml:6: `views[0].name` must be a string, not an integer")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.contains("f.toml:7: `views[0].watch` must be a list of tables")),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn coalesce_above_max_wait_is_rejected() {
+    let src = GOOD.replace("coalesce = \"200ms\"", "coalesce = \"3s\"");
+    let p = problems(&src);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].contains("coalesce (3s) must not exceed max_wait (2s)"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn invalid_toml_points_at_the_line() {
+    let p = problems("[source]\nkind = \"postgres\nurl = 1\n");
+    assert_eq!(p.len(), 1);
+    assert!(p[0].starts_with("f.toml:2: not valid TOML"), "{p:?}");
+}
+
+#[test]
+fn dollar_escapes_and_literal_text_survive_expansion() {
+    let src = GOOD.replace("${TARGET_URL}", "postgres://u:pa$$word@h/db?x=$y");
+    let c = parse(&src, "f.toml", &env).unwrap();
+    assert_eq!(c.target.url.expose(), "postgres://u:pa$word@h/db?x=$y");
+}

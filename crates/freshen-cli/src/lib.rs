@@ -1,0 +1,16 @@
+//! The `freshen` binary's code: configuration, commands, HTTP endpoints.
+//!
+//! `main.rs` only parses arguments and maps outcomes to exit codes; everything else is
+//! here so that tests can drive it in-process.
+
+pub mod args;
+pub mod check;
+pub mod config;
+pub mod demo;
+pub mod drop;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod pipeline;
+pub mod scope;
+pub mod status;

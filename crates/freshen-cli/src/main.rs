@@ -1,0 +1,160 @@
+//! `freshen`: keep derived tables fresh from change-data-capture, driven by a TOML file.
+//!
+//! This file only parses arguments, starts the runtime and maps outcomes to exit codes:
+//! 0 success, 1 failure (a mismatch, a failed check, a fatal error), 2 a bad configuration.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use freshen_cli::args::{Args, Command};
+use freshen_cli::config::{self, LogFormat};
+use freshen_cli::{check, demo, drop, http, logging, pipeline, status};
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprint!("{e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    logging::init(cfg.log, "info");
+    let p = pipeline::Pipeline::start(&cfg).await?;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = match cfg.http {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status");
+            let observer: std::sync::Arc<dyn http::Observe> = p.observer();
+            Some(tokio::spawn(http::serve(listener, observer, async {
+                let _ = http_stopped.await;
+            })))
+        }
+        None => None,
+    };
+    let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
+    tracing::info!(views = ?views, "running");
+    let result = p.run(shutdown_signal()).await;
+    let _ = stop_http.send(());
+    if let Some(s) = server {
+        let _ = s.await;
+    }
+    result?;
+    tracing::info!("stopped cleanly");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Command::Run { config } => run(&config).await,
+        Command::Check {
+            config,
+            json,
+            offline,
+        } => {
+            let report = check::check(&config, offline).await;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
+            Ok(if report.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Demo {
+            duration,
+            writers,
+            keep,
+        } => {
+            let ok = demo::run(demo::DemoOptions {
+                duration,
+                writers: writers.max(1),
+                keep,
+            })
+            .await?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Status { url, json } => {
+            let s = status::fetch(&url).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", status::render(&s));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Drop { config } => {
+            let cfg = match config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprint!("{e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let d = drop::drop_pipeline(&cfg).await?;
+            let config::Source::Postgres(pg) = &cfg.source;
+            println!(
+                "slot {}: {}",
+                pg.slot,
+                if d.slot { "dropped" } else { "did not exist" }
+            );
+            println!(
+                "publication {}: {}",
+                pg.publication,
+                if d.publication {
+                    "dropped"
+                } else if d.kept_publication {
+                    "kept (not created by freshen)"
+                } else {
+                    "did not exist"
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match args.command {
+        Command::Run { .. } => {}
+        // The demo prints its own progress; logs only say what goes wrong.
+        Command::Demo { .. } => logging::init(LogFormat::Text, "warn"),
+        _ => logging::init(LogFormat::Text, "info"),
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("freshen: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("freshen: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

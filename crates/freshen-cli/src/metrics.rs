@@ -1,0 +1,341 @@
+//! Prometheus exposition of the refreshers' [`Stats`] and the source's health. Every
+//! metric name is a constant here; labels are bounded (view names, never keys).
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use freshen::Stats;
+use serde::Serialize;
+
+/// Names of every exported metric.
+pub mod names {
+    /// Row events received, per view.
+    pub const EVENTS: &str = "freshen_events_total";
+    /// Undecodable messages skipped, per view.
+    pub const SKIPPED: &str = "freshen_events_skipped_total";
+    /// Keys marked dirty, per view.
+    pub const KEYS_MARKED: &str = "freshen_keys_marked_total";
+    /// Marks ignored because the key is quarantined, per view.
+    pub const KEYS_IGNORED: &str = "freshen_keys_ignored_total";
+    /// Key rebuilds by outcome (`ok`, `failed`), per view.
+    pub const REBUILDS: &str = "freshen_rebuilds_total";
+    /// Rebuild round trips, per view.
+    pub const REBUILD_CALLS: &str = "freshen_rebuild_calls_total";
+    /// Keys quarantined, per view.
+    pub const POISONINGS: &str = "freshen_keys_poisoned_total";
+    /// Reconcile sweeps by outcome, per view.
+    pub const RECONCILES: &str = "freshen_reconciles_total";
+    /// Keys waiting for a rebuild, per view.
+    pub const DIRTY: &str = "freshen_dirty_keys";
+    /// Keys quarantined now, per view.
+    pub const POISONED: &str = "freshen_poisoned_keys";
+    /// Rebuilds running now, per view.
+    pub const IN_FLIGHT: &str = "freshen_rebuilds_in_flight";
+    /// Batches received and not yet acknowledged, per view.
+    pub const UNACKED: &str = "freshen_unacked_batches";
+    /// First change → rebuilt, per view (histogram, seconds).
+    pub const FRESHNESS: &str = "freshen_freshness_lag_seconds";
+    /// Unix time of the last batch, per view.
+    pub const LAST_EVENT: &str = "freshen_last_event_timestamp_seconds";
+    /// Unix time of the last successful rebuild, per view.
+    pub const LAST_REBUILD: &str = "freshen_last_rebuild_timestamp_seconds";
+    /// 1 while the source streams changes.
+    pub const SOURCE_UP: &str = "freshen_source_streaming";
+    /// Highest position received from the source (PostgreSQL LSN as a number).
+    pub const SOURCE_RECEIVED: &str = "freshen_source_received_lsn";
+    /// Highest position confirmed to the source.
+    pub const SOURCE_CONFIRMED: &str = "freshen_source_confirmed_lsn";
+    /// Bytes of WAL the slot retains behind the server's current position.
+    pub const SOURCE_LAG: &str = "freshen_source_lag_bytes";
+    /// Reconnects of the source.
+    pub const SOURCE_RECONNECTS: &str = "freshen_source_reconnects_total";
+    /// Row events the source delivered.
+    pub const SOURCE_EVENTS: &str = "freshen_source_events_total";
+}
+
+/// Freshness histogram bucket bounds, in seconds.
+const BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// What a source says about itself, for `/metrics`, `/healthz` and `/status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SourceStatus {
+    /// Source kind (`postgres`).
+    pub kind: String,
+    /// Whether changes are streaming now.
+    pub streaming: bool,
+    /// Highest position received.
+    pub received_lsn: Option<u64>,
+    /// Highest position confirmed upstream.
+    pub confirmed_lsn: Option<u64>,
+    /// The server's current position.
+    pub server_lsn: Option<u64>,
+    /// Bytes retained behind the server's position.
+    pub lag_bytes: Option<u64>,
+    /// Slot state (`reserved`, `extended`, `unreserved`, `lost`).
+    pub slot_status: Option<String>,
+    /// Reconnects so far.
+    pub reconnects: u64,
+    /// Row events delivered.
+    pub events: u64,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+}
+
+/// One view's name and its refresher's stats.
+#[derive(Debug, Clone)]
+pub struct ViewStats {
+    /// View name.
+    pub name: String,
+    /// Snapshot.
+    pub stats: Stats,
+}
+
+fn unix(t: Option<SystemTime>) -> f64 {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out(String);
+
+impl Out {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, v: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.0, "{name} {v}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{labels}}} {v}");
+        }
+    }
+}
+
+/// The Prometheus text exposition of every view and the source.
+pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
+    let mut o = Out(String::new());
+    type Counter = (&'static str, &'static str, fn(&Stats) -> u64);
+    let counters: &[Counter] = &[
+        (names::EVENTS, "Row events received.", |s| s.events_received),
+        (names::SKIPPED, "Undecodable messages skipped.", |s| {
+            s.events_skipped
+        }),
+        (names::KEYS_MARKED, "Keys marked dirty.", |s| s.keys_marked),
+        (
+            names::KEYS_IGNORED,
+            "Marks ignored for quarantined keys.",
+            |s| s.keys_ignored,
+        ),
+        (names::REBUILD_CALLS, "Rebuild round trips.", |s| {
+            s.rebuild_calls
+        }),
+        (
+            names::POISONINGS,
+            "Keys quarantined after repeated failures.",
+            |s| s.keys_poisoned,
+        ),
+    ];
+    for (name, help, get) in counters {
+        o.header(name, "counter", help);
+        for v in views {
+            o.sample(
+                name,
+                &format!("view=\"{}\"", escape(&v.name)),
+                get(&v.stats),
+            );
+        }
+    }
+    o.header(names::REBUILDS, "counter", "Key rebuilds by outcome.");
+    for v in views {
+        let l = escape(&v.name);
+        o.sample(
+            names::REBUILDS,
+            &format!("view=\"{l}\",outcome=\"ok\""),
+            v.stats.rebuilds_ok,
+        );
+        o.sample(
+            names::REBUILDS,
+            &format!("view=\"{l}\",outcome=\"failed\""),
+            v.stats.rebuilds_failed,
+        );
+    }
+    o.header(names::RECONCILES, "counter", "Reconcile sweeps by outcome.");
+    for v in views {
+        let l = escape(&v.name);
+        o.sample(
+            names::RECONCILES,
+            &format!("view=\"{l}\",outcome=\"ok\""),
+            v.stats.reconciles,
+        );
+        o.sample(
+            names::RECONCILES,
+            &format!("view=\"{l}\",outcome=\"failed\""),
+            v.stats.reconcile_failures,
+        );
+    }
+    type Gauge = (&'static str, &'static str, fn(&Stats) -> f64);
+    let gauges: &[Gauge] = &[
+        (names::DIRTY, "Keys waiting for a rebuild.", |s| {
+            s.dirty as f64
+        }),
+        (names::POISONED, "Keys quarantined now.", |s| {
+            s.poisoned as f64
+        }),
+        (names::IN_FLIGHT, "Rebuilds running now.", |s| {
+            s.in_flight as f64
+        }),
+        (
+            names::UNACKED,
+            "Batches not yet acknowledged to the source.",
+            |s| s.unacked_batches as f64,
+        ),
+        (names::LAST_EVENT, "Unix time of the last batch.", |s| {
+            unix(s.last_event)
+        }),
+        (
+            names::LAST_REBUILD,
+            "Unix time of the last successful rebuild.",
+            |s| unix(s.last_rebuild),
+        ),
+    ];
+    for (name, help, get) in gauges {
+        o.header(name, "gauge", help);
+        for v in views {
+            o.sample(
+                name,
+                &format!("view=\"{}\"", escape(&v.name)),
+                get(&v.stats),
+            );
+        }
+    }
+    o.header(
+        names::FRESHNESS,
+        "histogram",
+        "Seconds from the first change that dirtied a key to the end of its rebuild.",
+    );
+    let bounds: Vec<Duration> = BUCKETS
+        .iter()
+        .map(|s| Duration::from_secs_f64(*s))
+        .collect();
+    for v in views {
+        let l = escape(&v.name);
+        let h = &v.stats.freshness;
+        for (b, n) in BUCKETS.iter().zip(h.cumulative(&bounds)) {
+            o.sample(
+                &format!("{}_bucket", names::FRESHNESS),
+                &format!("view=\"{l}\",le=\"{b}\""),
+                n,
+            );
+        }
+        o.sample(
+            &format!("{}_bucket", names::FRESHNESS),
+            &format!("view=\"{l}\",le=\"+Inf\""),
+            h.count(),
+        );
+        o.sample(
+            &format!("{}_sum", names::FRESHNESS),
+            &format!("view=\"{l}\""),
+            h.sum().as_secs_f64(),
+        );
+        o.sample(
+            &format!("{}_count", names::FRESHNESS),
+            &format!("view=\"{l}\""),
+            h.count(),
+        );
+    }
+    let kind = format!("kind=\"{}\"", escape(&source.kind));
+    o.header(
+        names::SOURCE_UP,
+        "gauge",
+        "1 while the source streams changes.",
+    );
+    o.sample(names::SOURCE_UP, &kind, u8::from(source.streaming));
+    o.header(names::SOURCE_RECONNECTS, "counter", "Source reconnects.");
+    o.sample(names::SOURCE_RECONNECTS, &kind, source.reconnects);
+    o.header(
+        names::SOURCE_EVENTS,
+        "counter",
+        "Row events the source delivered.",
+    );
+    o.sample(names::SOURCE_EVENTS, &kind, source.events);
+    let optional = [
+        (
+            names::SOURCE_RECEIVED,
+            "Highest position received from the source.",
+            source.received_lsn,
+        ),
+        (
+            names::SOURCE_CONFIRMED,
+            "Highest position confirmed to the source.",
+            source.confirmed_lsn,
+        ),
+        (
+            names::SOURCE_LAG,
+            "Bytes retained behind the server's position.",
+            source.lag_bytes,
+        ),
+    ];
+    for (name, help, value) in optional {
+        if let Some(v) = value {
+            o.header(name, "gauge", help);
+            o.sample(name, &kind, v);
+        }
+    }
+    o.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_gauges_and_a_histogram_per_view() {
+        let mut stats = Stats::default();
+        stats.events_received = 10;
+        stats.rebuilds_ok = 4;
+        stats.rebuilds_failed = 1;
+        stats.dirty = 3;
+        let text = render(
+            &[ViewStats {
+                name: "device\"totals".into(),
+                stats,
+            }],
+            &SourceStatus {
+                kind: "postgres".into(),
+                streaming: true,
+                lag_bytes: Some(42),
+                ..SourceStatus::default()
+            },
+        );
+        assert!(
+            text.contains("freshen_events_total{view=\"device\\\"totals\"} 10"),
+            "{text}"
+        );
+        assert!(
+            text.contains("freshen_rebuilds_total{view=\"device\\\"totals\",outcome=\"failed\"} 1")
+        );
+        assert!(text.contains("freshen_dirty_keys{view=\"device\\\"totals\"} 3"));
+        assert!(text.contains(
+            "freshen_freshness_lag_seconds_bucket{view=\"device\\\"totals\",le=\"+Inf\"} 0"
+        ));
+        assert!(text.contains("freshen_source_streaming{kind=\"postgres\"} 1"));
+        assert!(text.contains("freshen_source_lag_bytes{kind=\"postgres\"} 42"));
+        assert!(
+            !text.contains("freshen_source_received_lsn"),
+            "unknown values are left out"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
+        }
+    }
+}

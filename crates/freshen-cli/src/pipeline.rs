@@ -1,0 +1,329 @@
+//! One configuration, assembled: a PostgreSQL source fanned out to one refresher per view,
+//! the SQL that rebuilds and lists keys, and the health the HTTP endpoints report.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use freshen::{Backoff, Refresher, Report, fanout};
+use freshen_postgres::{
+    ConnectionConfig, PgAdmin, PgHandle, PgSource, Pool, PublicationMode as PgPublicationMode,
+    SlotInfo, SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild,
+};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, PublicationMode, SlotMode, Source, View};
+use crate::http::Observe;
+use crate::metrics::{SourceStatus, ViewStats};
+use crate::scope::ViewScope;
+
+/// How often the slot's lag is sampled from the server.
+const LAG_SAMPLE: Duration = Duration::from_secs(5);
+
+struct ViewRun {
+    name: String,
+    refresher: Refresher,
+    scope: Arc<ViewScope>,
+}
+
+/// A started pipeline: the slot and publication exist, statements are prepared, and
+/// [`Pipeline::run`] drives it.
+pub struct Pipeline {
+    views: Vec<ViewRun>,
+    source: PgHandle,
+    observer: Arc<Observer>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field(
+                "views",
+                &self.views.iter().map(|v| &v.name).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The views' handles and the source's health, for `/metrics`, `/status` and the demo.
+pub struct Observer {
+    views: Vec<(String, freshen::Handle, Arc<ViewScope>)>,
+    source: PgHandle,
+    lag: Mutex<Option<Result<SlotInfo, String>>>,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer").finish_non_exhaustive()
+    }
+}
+
+impl Observer {
+    /// Unscoped events per view (changes that carried no key value).
+    pub fn unscoped(&self) -> Vec<(String, u64)> {
+        self.views
+            .iter()
+            .map(|(n, _, s)| (n.clone(), s.unscoped()))
+            .collect()
+    }
+
+    /// The source handle (health, lag).
+    pub fn source_handle(&self) -> &PgHandle {
+        &self.source
+    }
+
+    async fn sample_lag(&self) {
+        let sample = self.source.lag().await.map_err(|e| e.to_string());
+        *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample);
+    }
+}
+
+impl Observe for Observer {
+    fn views(&self) -> Vec<ViewStats> {
+        self.views
+            .iter()
+            .map(|(name, h, _)| ViewStats {
+                name: name.clone(),
+                stats: h.stats(),
+            })
+            .collect()
+    }
+
+    fn source(&self) -> SourceStatus {
+        let h = self.source.health();
+        let lag = self.lag.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (lag_bytes, slot_status, lag_error) = match lag {
+            Some(Ok(info)) => (info.lag_bytes, info.wal_status, None),
+            Some(Err(e)) => (None, None, Some(e)),
+            None => (None, None, None),
+        };
+        SourceStatus {
+            kind: "postgres".into(),
+            streaming: h.streaming,
+            received_lsn: Some(h.received_lsn.0),
+            confirmed_lsn: Some(h.confirmed_lsn.0),
+            server_lsn: Some(h.server_lsn.0),
+            lag_bytes,
+            slot_status,
+            reconnects: h.reconnects,
+            events: h.events,
+            last_error: h.last_error.or(lag_error),
+        }
+    }
+}
+
+fn connection(url: &str, what: &str) -> anyhow::Result<ConnectionConfig> {
+    ConnectionConfig::from_url(url).with_context(|| format!("the {what} URL is not usable"))
+}
+
+/// Prepares a view's rebuild statements (before anything starts streaming).
+async fn prepare(view: &View, pool: &Pool) -> anyhow::Result<SqlRebuild> {
+    let mut rebuild = SqlRebuild::builder(pool.clone()).statements(view.rebuild.iter().cloned());
+    if let Some(n) = view.rebuild_batch {
+        rebuild = rebuild.batch(n);
+    }
+    rebuild
+        .build()
+        .await
+        .with_context(|| format!("view {}: the rebuild statements are not usable", view.name))
+}
+
+fn refresher(
+    view: &View,
+    rebuild: SqlRebuild,
+    source: freshen::Branch,
+    pool: &Pool,
+    ack: freshen::AckPolicy,
+) -> anyhow::Result<ViewRun> {
+    let scope = ViewScope::new(view);
+    let t = &view.timing;
+    let name = view.name.clone();
+    let s = scope.clone();
+    let mut b = Refresher::builder()
+        .source(source)
+        .scope(move |e| s.keys(e))
+        .rebuild_with(rebuild)
+        .coalesce(t.coalesce)
+        .max_wait(t.max_wait)
+        .workers(t.workers)
+        .poison_after(t.poison_after)
+        .backoff(t.backoff_base, t.backoff_max)
+        .ack(ack)
+        .on_error(move |r: &Report<'_>| match r {
+            Report::Poisoned { .. } | Report::TruncateIgnored { .. } => {
+                tracing::error!(view = %name, "{r}")
+            }
+            _ => tracing::warn!(view = %name, "{r}"),
+        });
+    if let Some(rec) = &view.reconcile {
+        b = b.reconcile_with(rec.every, SqlEnumerate::new(pool.clone(), rec.keys.clone()));
+    }
+    let refresher = b
+        .build()
+        .map_err(|e| anyhow::anyhow!("view {}: {e}", view.name))?;
+    Ok(ViewRun {
+        name: view.name.clone(),
+        refresher,
+        scope,
+    })
+}
+
+impl Pipeline {
+    /// Connects, creates or validates the slot and publication, prepares every statement.
+    pub async fn start(cfg: &Config) -> anyhow::Result<Pipeline> {
+        let Source::Postgres(pg) = &cfg.source;
+        let slot_mode = match pg.slot_mode {
+            SlotMode::Create => PgSlotMode::CreateIfMissing,
+            SlotMode::Existing => PgSlotMode::MustExist,
+            SlotMode::Temporary => PgSlotMode::Temporary,
+        };
+        let publication_mode = match pg.publication_mode {
+            PublicationMode::Create => PgPublicationMode::CreateIfMissing,
+            PublicationMode::Existing => PgPublicationMode::MustExist,
+        };
+        let source_conn = connection(pg.url.expose(), "source")?;
+        let admin = PgAdmin::connect(&source_conn)
+            .await
+            .context("cannot connect to the source database")?;
+        let publication_existed = admin.publication(&pg.publication).await?.is_some();
+        let mut builder = PgSource::builder()
+            .connection(source_conn)
+            .slot(pg.slot.clone(), slot_mode)
+            .publication(pg.publication.clone(), publication_mode)
+            .status_interval(pg.status_interval)
+            .reconnect(
+                Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
+                Duration::from_secs(300),
+            );
+        for (schema, table) in cfg.watched_tables() {
+            builder = builder.table(&format!("{}.{}", quote(&schema), quote(&table)));
+        }
+        let target = connection(cfg.target.url.expose(), "target")?;
+        let pool = freshen_postgres::connect_pool(&target, cfg.target.pool_size)
+            .context("cannot set up the target connection pool")?;
+        let mut rebuilds = Vec::new();
+        for view in &cfg.views {
+            rebuilds.push(prepare(view, &pool).await?);
+        }
+        let source = builder
+            .start()
+            .await
+            .context("cannot start the PostgreSQL source")?;
+        if !publication_existed {
+            // Marks it as ours, so that `freshen drop` removes it and nothing else.
+            let c = admin
+                .pool()
+                .get()
+                .await
+                .context("cannot connect to the source")?;
+            c.batch_execute(&format!(
+                "COMMENT ON PUBLICATION {} IS '{}'",
+                freshen_postgres::quote_ident(&pg.publication),
+                crate::drop::CREATED_BY
+            ))
+            .await
+            .context("cannot mark the publication as freshen's")?;
+        }
+        let handle = source.handle();
+        let mut views = Vec::new();
+        let branches = fanout(source, cfg.views.len());
+        for ((view, rebuild), branch) in cfg.views.iter().zip(rebuilds).zip(branches) {
+            views.push(refresher(view, rebuild, branch, &pool, cfg.ack)?);
+        }
+        let observer = Arc::new(Observer {
+            views: views
+                .iter()
+                .map(|v| (v.name.clone(), v.refresher.handle(), v.scope.clone()))
+                .collect(),
+            source: handle.clone(),
+            lag: Mutex::new(None),
+        });
+        Ok(Pipeline {
+            views,
+            source: handle,
+            observer,
+        })
+    }
+
+    /// What the HTTP endpoints and the demo read.
+    pub fn observer(&self) -> Arc<Observer> {
+        self.observer.clone()
+    }
+
+    /// The source's handle.
+    pub fn source(&self) -> &PgHandle {
+        &self.source
+    }
+
+    /// Runs every view until `shutdown` completes or one of them fails; then stops the
+    /// others gracefully (running rebuilds finish, earned acks are confirmed).
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+        for v in self.views {
+            let mut rx = stop_rx.clone();
+            tasks.spawn(async move {
+                let stop = async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                };
+                let r = v.refresher.run(stop).await;
+                (v.name, r)
+            });
+        }
+        let observer = self.observer.clone();
+        let mut lag_rx = stop_rx.clone();
+        let sampler = tokio::spawn(async move {
+            loop {
+                observer.sample_lag().await;
+                tokio::select! {
+                    _ = tokio::time::sleep(LAG_SAMPLE) => {}
+                    _ = lag_rx.wait_for(|s| *s) => break,
+                }
+            }
+        });
+        tokio::pin!(shutdown);
+        let mut failure = None;
+        loop {
+            tokio::select! {
+                _ = &mut shutdown, if !*stop_tx.borrow() => {
+                    tracing::info!("shutting down: finishing running rebuilds");
+                    let _ = stop_tx.send(true);
+                }
+                done = tasks.join_next() => match done {
+                    None => break,
+                    Some(Ok((name, Ok(())))) => tracing::info!(view = %name, "stopped"),
+                    Some(Ok((name, Err(e)))) => {
+                        tracing::error!(view = %name, "stopped: {e}");
+                        failure.get_or_insert(anyhow::anyhow!("view {name}: {e}"));
+                        let _ = stop_tx.send(true);
+                    }
+                    Some(Err(e)) => {
+                        failure.get_or_insert(anyhow::anyhow!("a view's task failed: {e}"));
+                        let _ = stop_tx.send(true);
+                    }
+                },
+            }
+        }
+        let _ = stop_tx.send(true);
+        let _ = sampler.await;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Quotes an identifier for the source's table list when it needs it.
+fn quote(ident: &str) -> String {
+    let plain = ident
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !ident.starts_with(|c: char| c.is_ascii_digit());
+    if plain {
+        ident.to_string()
+    } else {
+        freshen_postgres::quote_ident(ident)
+    }
+}

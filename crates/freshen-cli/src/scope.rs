@@ -1,0 +1,135 @@
+//! A view's scope: which tables it watches and which columns of each form its key.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use freshen::{Key, Op, RowEvent};
+
+use crate::config::View;
+
+/// Maps a row event to the keys it dirties in one view.
+///
+/// A key is taken from the new image and, where it differs, the old one (a row that
+/// moves between scopes dirties both). An event that yields no key although it changed
+/// a watched table is *unscoped*: typically a DELETE whose old image carries only the
+/// primary key (PostgreSQL's default replica identity). It is counted and reported once
+/// per table, because its scope will only be healed by a reconcile sweep.
+#[derive(Debug)]
+pub struct ViewScope {
+    view: String,
+    /// (schema, table, key columns); views watch a handful of tables, so a scan is fastest.
+    tables: Vec<(String, String, Vec<String>)>,
+    unscoped: AtomicU64,
+    warned: Mutex<Vec<(String, String)>>,
+}
+
+impl ViewScope {
+    /// The scope of `view`.
+    pub fn new(view: &View) -> Arc<ViewScope> {
+        Arc::new(ViewScope {
+            view: view.name.clone(),
+            tables: view
+                .watch
+                .iter()
+                .map(|w| (w.schema.clone(), w.table.clone(), w.key.clone()))
+                .collect(),
+            unscoped: AtomicU64::new(0),
+            warned: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Events of watched tables that gave no key.
+    pub fn unscoped(&self) -> u64 {
+        self.unscoped.load(Relaxed)
+    }
+
+    /// The keys `event` dirties.
+    pub fn keys(&self, event: &RowEvent) -> Vec<Key> {
+        let Some((_, _, columns)) = self
+            .tables
+            .iter()
+            .find(|(s, t, _)| **s == *event.schema && **t == *event.table)
+        else {
+            return Vec::new();
+        };
+        let keys: Vec<Key> = event.scope_keys(columns).collect();
+        if keys.is_empty() && event.op != Op::Truncate {
+            self.unscoped.fetch_add(1, Relaxed);
+            let table = (event.schema.to_string(), event.table.to_string());
+            let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+            if !warned.contains(&table) {
+                tracing::warn!(
+                    view = %self.view,
+                    table = %format_args!("{}.{}", table.0, table.1),
+                    op = %event.op,
+                    columns = %columns.join(", "),
+                    "a change carried no value for the view's key columns, so its scope cannot be rebuilt until a reconcile sweep; \
+                     set REPLICA IDENTITY FULL on the table (see `freshen check`)"
+                );
+                warned.push(table);
+            }
+        }
+        keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Timing, Watch};
+    use freshen::{Row, Value};
+
+    fn view() -> View {
+        View {
+            name: "v".into(),
+            watch: vec![
+                Watch {
+                    schema: "public".into(),
+                    table: "readings".into(),
+                    key: vec!["device".into()],
+                    line: None,
+                },
+                Watch {
+                    schema: "public".into(),
+                    table: "devices".into(),
+                    key: vec!["id".into()],
+                    line: None,
+                },
+            ],
+            rebuild: vec!["SELECT $1".into()],
+            rebuild_batch: None,
+            reconcile: None,
+            timing: Timing::default(),
+            line: None,
+            rebuild_line: None,
+        }
+    }
+
+    #[test]
+    fn each_table_uses_its_own_key_columns() {
+        let s = ViewScope::new(&view());
+        let r = RowEvent::new("public", "readings", Op::Insert).with_new(Row::from_pairs([
+            ("device", Value::from("d1")),
+            ("id", Value::Int(9)),
+        ]));
+        assert_eq!(s.keys(&r), vec![Key::from("d1")]);
+        let d = RowEvent::new("public", "devices", Op::Update)
+            .with_new(Row::from_pairs([("id", Value::from("d2"))]))
+            .with_old(Row::from_pairs([("id", Value::from("d3"))]));
+        assert_eq!(s.keys(&d), vec![Key::from("d2"), Key::from("d3")]);
+        let other = RowEvent::new("public", "other", Op::Insert)
+            .with_new(Row::from_pairs([("device", Value::from("d1"))]));
+        assert!(s.keys(&other).is_empty());
+        assert_eq!(s.unscoped(), 0, "unwatched tables are not unscoped");
+    }
+
+    #[test]
+    fn a_delete_without_the_key_column_is_counted() {
+        let s = ViewScope::new(&view());
+        let del = RowEvent::new("public", "readings", Op::Delete)
+            .with_old(Row::from_pairs([("id", Value::Int(1))]));
+        assert!(s.keys(&del).is_empty());
+        assert!(s.keys(&del).is_empty());
+        assert_eq!(s.unscoped(), 2);
+    }
+}

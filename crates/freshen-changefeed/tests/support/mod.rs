@@ -175,6 +175,16 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: Option<serde_json::Value>,
 ) -> (StatusCode, String) {
+    try_send(method, url, headers, body).await.expect("request")
+}
+
+/// A request that may fail to connect (a server restarting).
+pub async fn try_send(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<serde_json::Value>,
+) -> Result<(StatusCode, String), String> {
     let mut req = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -189,10 +199,15 @@ pub async fn send(
     let resp = client()
         .request(req.body(body).unwrap())
         .await
-        .expect("request");
+        .map_err(|e| e.to_string())?;
     let status = resp.status();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (status, String::from_utf8_lossy(&bytes).into_owned())
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 pub async fn get(url: &str) -> (StatusCode, String) {
@@ -271,12 +286,22 @@ impl SseReader {
         }
     }
 
-    /// The next item, or `None` when the stream ended or nothing came in `wait`.
+    /// The next item, or `None` when the stream ended; panics when nothing comes
+    /// within `wait`.
     pub async fn next(&mut self, wait: Duration) -> Option<Sse> {
+        match self.try_next(wait).await {
+            Ok(item) => item,
+            Err(()) => panic!("nothing on the stream within {wait:?}"),
+        }
+    }
+
+    /// The next item (`Ok(None)`: the stream ended), or `Err` when nothing came in
+    /// `wait`.
+    pub async fn try_next(&mut self, wait: Duration) -> Result<Option<Sse>, ()> {
         loop {
             if let Some(end) = self.buf.find("\n\n") {
                 let block: String = self.buf.drain(..end + 2).collect();
-                return Some(parse_block(block.trim_end_matches('\n')));
+                return Ok(Some(parse_block(block.trim_end_matches('\n'))));
             }
             match tokio::time::timeout(wait, self.body.frame()).await {
                 Ok(Some(Ok(frame))) => {
@@ -284,7 +309,8 @@ impl SseReader {
                         self.buf.push_str(&String::from_utf8_lossy(&data));
                     }
                 }
-                _ => return None,
+                Ok(Some(Err(_)) | None) => return Ok(None),
+                Err(_) => return Err(()),
             }
         }
     }

@@ -1,0 +1,34 @@
+//! Kafka for freshen.
+//!
+//! - [`KafkaSource`]: change events (canal-json from TiCDC or Canal, Debezium JSON) read
+//!   as a consumer group. Offsets are committed per partition only up to what the
+//!   refresher acknowledged, so with `AckPolicy::AfterRebuild` a crash loses nothing.
+//!   Undecodable messages are skipped, counted and optionally copied to a dead-letter
+//!   topic.
+//! - [`KafkaSink`]: freshen's captured changes published in Debezium's envelope (key =
+//!   the primary key as JSON) by an idempotent producer with `acks=all`; a batch is
+//!   acknowledged upstream only once every record of it is delivered.
+//!
+//! Both are configured by serde structs ([`KafkaSourceConfig`], [`KafkaSinkConfig`])
+//! that the `freshen` binary embeds in its TOML.
+//!
+//! # Features
+//!
+//! librdkafka is built from source (bundled) with gzip (libz), lz4 and snappy.
+//! - `ssl`: TLS to the brokers (librdkafka uses OpenSSL, not the project's rustls).
+//! - `zstd`: zstd-compressed topics.
+
+mod config;
+mod context;
+mod dead_letter;
+mod error;
+mod offsets;
+mod sink;
+mod source;
+mod stats;
+
+pub use config::{KafkaSinkConfig, KafkaSourceConfig, StartFrom, TopicMode};
+pub use error::Error;
+pub use sink::KafkaSink;
+pub use source::{KafkaSource, SourceStatsHandle, Undecodable};
+pub use stats::{SinkStats, SourceStats};

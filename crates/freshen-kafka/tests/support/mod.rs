@@ -1,0 +1,193 @@
+//! Shared helpers for the Kafka integration tests: brokers, topics, TiCDC-shaped
+//! messages, a recording rebuild, polling with deadlines.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use freshen::{Handle, Key, Refresher, RunError};
+use freshen_testenv::{KafkaFlavor, KafkaServer};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// How long any condition may take before a test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Starts a broker; fails with the install hint when it is missing.
+pub fn broker(flavor: KafkaFlavor) -> KafkaServer {
+    KafkaServer::start_flavor(flavor).unwrap_or_else(|e| panic!("{flavor} broker: {e}"))
+}
+
+/// A session timeout each broker accepts and joins quickly with: noida enforces Kafka's
+/// 6 s minimum; tansu holds a join for half the session timeout.
+pub fn session_ms(flavor: KafkaFlavor) -> u32 {
+    match flavor {
+        KafkaFlavor::Tansu => 2000,
+        _ => 6000,
+    }
+}
+
+/// Creates `topic` with `partitions` partitions.
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client");
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results = admin
+        .create_topics(
+            [&new],
+            &AdminOptions::new().operation_timeout(Some(DEADLINE)),
+        )
+        .await
+        .expect("create_topics");
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("creating topic {t}: {e}"));
+    }
+}
+
+/// A producer for test messages.
+pub fn producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("linger.ms", "0")
+        .create()
+        .expect("producer")
+}
+
+/// Produces `value` (with `key`) to `topic`'s `partition` and waits for delivery.
+pub async fn send(p: &FutureProducer, topic: &str, partition: i32, key: &str, value: &[u8]) {
+    p.send(
+        FutureRecord::to(topic)
+            .partition(partition)
+            .key(key)
+            .payload(value),
+        DEADLINE,
+    )
+    .await
+    .unwrap_or_else(|(e, _)| panic!("producing to {topic}[{partition}]: {e}"));
+}
+
+/// A TiCDC canal-json INSERT of one `demo.readings` row.
+pub fn ticdc_insert(id: i64, device: &str, value: i64) -> Vec<u8> {
+    format!(
+        r#"{{"id":0,"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,"type":"INSERT","es":1786358942713,"ts":1786358944991,"sql":"","sqlType":{{"id":4,"device":12,"value":4}},"mysqlType":{{"id":"int","device":"varchar","value":"int"}},"old":null,"data":[{{"id":"{id}","device":"{device}","value":"{value}"}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// A TiCDC canal-json UPDATE moving row `id` from `from` to `to`.
+pub fn ticdc_update(id: i64, from: &str, to: &str, value: i64) -> Vec<u8> {
+    format!(
+        r#"{{"id":0,"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,"type":"UPDATE","es":1786358942713,"ts":1786358944991,"sql":"","sqlType":{{"id":4,"device":12,"value":4}},"mysqlType":{{"id":"int","device":"varchar","value":"int"}},"old":[{{"id":"{id}","device":"{from}","value":"{value}"}}],"data":[{{"id":"{id}","device":"{to}","value":"{value}"}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// A TiCDC DDL message (no rows).
+pub fn ticdc_ddl() -> Vec<u8> {
+    br#"{"id":0,"database":"demo","table":"readings","pkNames":null,"isDdl":true,"type":"CREATE","es":1786358942713,"ts":1786358943021,"sql":"CREATE TABLE readings (id INT PRIMARY KEY, device VARCHAR(64), value INT)","sqlType":null,"mysqlType":null,"data":null,"old":null}"#.to_vec()
+}
+
+/// Keys rebuilt so far, in order.
+#[derive(Clone, Default)]
+pub struct Rebuilt(Arc<Mutex<Vec<Key>>>);
+
+impl Rebuilt {
+    pub fn push(&self, k: Key) {
+        self.0.lock().unwrap().push(k);
+    }
+
+    pub fn all(&self) -> Vec<Key> {
+        self.0.lock().unwrap().clone()
+    }
+
+    pub fn distinct(&self) -> BTreeSet<String> {
+        self.all().iter().map(|k| k.to_string()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+/// A refresher running on its own task, stopped by [`Running::stop`].
+pub struct Running {
+    pub handle: Handle,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), RunError>>,
+}
+
+impl Running {
+    pub fn spawn(refresher: Refresher) -> Running {
+        let handle = refresher.handle();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            refresher
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await
+        });
+        Running {
+            handle,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    /// Stops the refresher and waits for it (its source is closed by then).
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("the refresher stops")
+            .expect("the refresher task")
+            .expect("the refresher run");
+    }
+}
+
+/// Polls `cond` until it holds; panics with `what` after [`DEADLINE`].
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !cond() {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The group's committed offset for each partition of `topic` (`None`: nothing
+/// committed).
+pub fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("consumer for offsets");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = c
+        .committed_offsets(tpl, DEADLINE)
+        .expect("committed offsets");
+    (0..partitions)
+        .map(|p| match got.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        })
+        .collect()
+}

@@ -107,8 +107,8 @@ pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
     let cfg = match config::load(path) {
         Ok(cfg) => cfg,
         Err(e) => {
-            for line in e.lines() {
-                report.push(Level::Error, "config", path.display().to_string(), line);
+            for (place, message) in e.located() {
+                report.push(Level::Error, "config", place, message);
             }
             return report.finish();
         }

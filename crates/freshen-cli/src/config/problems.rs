@@ -61,6 +61,17 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    /// Each problem as (`file:line`, message).
+    pub fn located(&self) -> Vec<(String, String)> {
+        self.problems
+            .iter()
+            .map(|p| match p.line {
+                Some(l) => (format!("{}:{l}", self.file), p.message.clone()),
+                None => (self.file.clone(), p.message.clone()),
+            })
+            .collect()
+    }
+
     /// `file:line: message` for each problem.
     pub fn lines(&self) -> Vec<String> {
         self.problems

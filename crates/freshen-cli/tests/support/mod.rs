@@ -1,0 +1,213 @@
+//! Shared helpers for the binary's end-to-end tests: a throwaway PostgreSQL with the
+//! readings schema, a config file, the `freshen` process.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use freshen_testenv::PgServer;
+use tokio_postgres::{Client, NoTls};
+
+pub const SCHEMA: &str = "
+CREATE TABLE sites (id text PRIMARY KEY, region text NOT NULL);
+CREATE TABLE readings (id bigserial PRIMARY KEY, device text NOT NULL, site text NOT NULL, value bigint NOT NULL);
+ALTER TABLE readings REPLICA IDENTITY FULL;
+ALTER TABLE sites REPLICA IDENTITY FULL;
+CREATE INDEX ON readings (device);
+CREATE INDEX ON readings (site);
+CREATE TABLE device_totals (device text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
+CREATE TABLE site_totals (site text PRIMARY KEY, region text NOT NULL, total bigint NOT NULL, n bigint NOT NULL);
+INSERT INTO sites SELECT 's' || g, (ARRAY['eu','us','ap'])[1 + g % 3] FROM generate_series(0, 9) g;
+";
+
+/// Two views; the second watches two tables.
+pub fn config(url: &str, http: &str) -> String {
+    format!(
+        r#"
+[source]
+kind = "postgres"
+url = "{url}"
+slot = "freshen_test"
+publication = "freshen_test"
+
+[http]
+listen = "{http}"
+
+[defaults]
+coalesce = "20ms"
+max_wait = "500ms"
+
+[[views]]
+name = "device_totals"
+watch = [{{ table = "public.readings", key = ["device"] }}]
+rebuild = [
+  "DELETE FROM device_totals WHERE device = $1",
+  "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
+]
+
+[[views]]
+name = "site_totals"
+watch = [{{ table = "readings", key = ["site"] }}, {{ table = "sites", key = ["id"] }}]
+rebuild_batch = 16
+reconcile = {{ every = "1h", keys = "SELECT id FROM sites" }}
+rebuild = [
+  "DELETE FROM site_totals WHERE site = ANY($1)",
+  "INSERT INTO site_totals SELECT s.id, s.region, coalesce(sum(r.value), 0), count(r.id) FROM sites s LEFT JOIN readings r ON r.site = s.id WHERE s.id = ANY($1) GROUP BY s.id, s.region",
+]
+"#
+    )
+}
+
+pub const TRUTH: [(&str, &str, &str); 2] = [
+    (
+        "device_totals",
+        "SELECT device, total, n FROM device_totals",
+        "SELECT device, sum(value)::bigint, count(*) FROM readings GROUP BY device",
+    ),
+    (
+        "site_totals",
+        "SELECT site, region, total, n FROM site_totals",
+        "SELECT s.id, s.region, coalesce(sum(r.value), 0)::bigint, count(r.id) FROM sites s LEFT JOIN readings r ON r.site = s.id GROUP BY s.id, s.region",
+    ),
+];
+
+pub fn start_pg() -> PgServer {
+    PgServer::start().expect("a throwaway PostgreSQL (apt-get install postgresql-15)")
+}
+
+pub async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// Rows that differ between each derived table and its truth, per table.
+pub async fn differences(c: &Client) -> Vec<(&'static str, i64)> {
+    let mut out = Vec::new();
+    for (name, derived, truth) in TRUTH {
+        let sql = format!(
+            "SELECT count(*) FROM (({derived} EXCEPT {truth}) UNION ALL ({truth} EXCEPT {derived})) d"
+        );
+        out.push((
+            name,
+            c.query_one(&sql, &[])
+                .await
+                .expect("compare")
+                .get::<_, i64>(0),
+        ));
+    }
+    out
+}
+
+/// Polls until every derived table equals truth, or fails after `within`.
+pub async fn wait_equal(c: &Client, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let d = differences(c).await;
+        if d.iter().all(|(_, n)| *n == 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "derived tables never matched truth: {d:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn free_port() -> u16 {
+    freshen_testenv::support::free_port().expect("a free port")
+}
+
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("freshen.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// The `freshen` binary under test.
+pub fn freshen() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_freshen"))
+}
+
+/// `freshen run -c path`, logging to a file in `dir`.
+pub fn spawn_run(dir: &Path, config: &Path, n: u32) -> Child {
+    let log = std::fs::File::create(dir.join(format!("run-{n}.log"))).expect("log file");
+    freshen()
+        .args(["run", "-c"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn freshen run")
+}
+
+pub fn log_of(dir: &Path, n: u32) -> String {
+    std::fs::read_to_string(dir.join(format!("run-{n}.log"))).unwrap_or_default()
+}
+
+/// Polls `GET base+path` until it answers `code`, or fails after `within`.
+pub async fn wait_http(base: &str, path: &str, code: u16, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok((c, body)) = freshen_cli::status::get(base, path).await
+            && c == code
+        {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{base}{path} never answered {code}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A small deterministic generator for workloads.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// `n` transactions of inserts, scope-moving updates (device and site), value updates,
+/// deletes and site re-assignments.
+pub async fn workload(c: &mut Client, r: &mut Rng, n: usize) {
+    for _ in 0..n {
+        let tx = c.transaction().await.expect("begin");
+        for _ in 0..=r.below(3) {
+            let d = format!("d{}", r.below(30));
+            let s = format!("s{}", r.below(10));
+            let v = r.below(100) as i64;
+            let pick = "(SELECT id FROM readings WHERE device = $2 ORDER BY id LIMIT 1)";
+            let result = match r.below(10) {
+                0..=4 => tx.execute("INSERT INTO readings (device, site, value) VALUES ($1, $2, $3)", &[&d, &s, &v]).await,
+                5 => tx.execute(&format!("UPDATE readings SET value = $1 WHERE id = {pick}"), &[&v, &d]).await,
+                6 => {
+                    let from = format!("d{}", r.below(30));
+                    tx.execute(&format!("UPDATE readings SET device = $1 WHERE id = {pick}"), &[&d, &from]).await
+                }
+                7 => {
+                    let from = format!("d{}", r.below(30));
+                    tx.execute(&format!("UPDATE readings SET site = $1 WHERE id = {pick}"), &[&s, &from]).await
+                }
+                8 => tx.execute("DELETE FROM readings WHERE id = (SELECT id FROM readings WHERE device = $1 ORDER BY id LIMIT 1)", &[&d]).await,
+                _ => {
+                    let region = ["eu", "us", "ap"][r.below(3) as usize];
+                    tx.execute("UPDATE sites SET region = $1 WHERE id = $2", &[&region, &s]).await
+                }
+            };
+            result.expect("workload statement");
+        }
+        tx.commit().await.expect("commit");
+    }
+}

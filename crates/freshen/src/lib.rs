@@ -97,3 +97,8 @@ pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
 pub use refresher::{BuildError, Builder, Handle, Refresher, Report, RunError};
 pub use source::{Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError};
 pub use stats::Stats;
+
+/// The README's Rust examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -60,10 +60,10 @@ impl Filter {
         if self.ops != 0 && self.ops & op_bit(r.op) == 0 {
             return false;
         }
-        if let Some(p) = &self.key_prefix {
-            if !r.key.starts_with(p.as_str()) {
-                return false;
-            }
+        if let Some(p) = &self.key_prefix
+            && !r.key.starts_with(p.as_str())
+        {
+            return false;
         }
         self.tables.is_empty()
             || self.tables.iter().any(|t| {

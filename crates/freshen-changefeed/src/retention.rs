@@ -17,10 +17,10 @@ const STEP: usize = 10_000;
 fn cut(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
     let s = core.stats();
     let mut before = s.oldest_sequence;
-    if let Some(max) = policy.max_events {
-        if s.total_events > max {
-            before = before.max(s.latest_sequence + 1 - max);
-        }
+    if let Some(max) = policy.max_events
+        && s.total_events > max
+    {
+        before = before.max(s.latest_sequence + 1 - max);
     }
     if let Some(max_age) = policy.max_age_secs {
         let cutoff =

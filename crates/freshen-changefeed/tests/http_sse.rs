@@ -130,7 +130,7 @@ async fn a_slow_reader_receives_every_event() {
         let seq = e["sequence"].as_u64().unwrap();
         assert!(seq >= expected_id, "in order");
         expected_id = seq + 1;
-        if n % 1000 == 0 {
+        if n.is_multiple_of(1000) {
             // Slow: the stream waits for us.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -331,10 +331,10 @@ impl Conn {
                     let now_ms = record::unix_ms(SystemTime::now());
                     at(now + Duration::from_millis(due.saturating_sub(now_ms)));
                 }
-                if let Some(p) = sub.pending.front() {
-                    if let Ok(i) = self.s.cf().groups.info(group) {
-                        at(p.sent + Duration::from_millis(i.spec.visibility_timeout_ms));
-                    }
+                if let Some(p) = sub.pending.front()
+                    && let Ok(i) = self.s.cf().groups.info(group)
+                {
+                    at(p.sent + Duration::from_millis(i.spec.visibility_timeout_ms));
                 }
             } else {
                 if let Some(p) = sub.pending.front() {
@@ -381,10 +381,10 @@ async fn run(mut socket: WebSocket, s: AppState) {
         tokio::select! {
             msg = socket.recv() => match msg {
                 Some(Ok(Message::Text(t))) => {
-                    if let Some(r) = conn.handle(t.as_str()).await {
-                        if socket.send(r).await.is_err() {
-                            break;
-                        }
+                    if let Some(r) = conn.handle(t.as_str()).await
+                        && socket.send(r).await.is_err()
+                    {
+                        break;
                     }
                 }
                 Some(Ok(Message::Binary(_))) => {

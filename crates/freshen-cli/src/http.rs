@@ -86,6 +86,8 @@ pub struct ViewStatus {
     pub skipped: u64,
     /// Keys marked.
     pub keys_marked: u64,
+    /// Changes that carried no value for the key columns (see the README on replica identity).
+    pub unscoped: u64,
     /// Successful key rebuilds.
     pub rebuilds_ok: u64,
     /// Failed key rebuilds.
@@ -120,6 +122,7 @@ impl From<&ViewStats> for ViewStatus {
             events: s.events_received,
             skipped: s.events_skipped,
             keys_marked: s.keys_marked,
+            unscoped: v.unscoped,
             rebuilds_ok: s.rebuilds_ok,
             rebuilds_failed: s.rebuilds_failed,
             reconciles: s.reconciles,

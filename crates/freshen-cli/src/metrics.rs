@@ -17,6 +17,9 @@ pub mod names {
     pub const KEYS_MARKED: &str = "freshen_keys_marked_total";
     /// Marks ignored because the key is quarantined, per view.
     pub const KEYS_IGNORED: &str = "freshen_keys_ignored_total";
+    /// Changes of a watched table that carried no value for the view's key columns
+    /// (typically a DELETE under the default replica identity), per view.
+    pub const UNSCOPED: &str = "freshen_events_unscoped_total";
     /// Key rebuilds by outcome (`ok`, `failed`), per view.
     pub const REBUILDS: &str = "freshen_rebuilds_total";
     /// Rebuild round trips, per view.
@@ -90,6 +93,8 @@ pub struct ViewStats {
     pub name: String,
     /// Snapshot.
     pub stats: Stats,
+    /// Changes that could not be scoped (see [`names::UNSCOPED`]).
+    pub unscoped: u64,
 }
 
 fn unix(t: Option<SystemTime>) -> f64 {
@@ -153,6 +158,18 @@ pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
                 get(&v.stats),
             );
         }
+    }
+    o.header(
+        names::UNSCOPED,
+        "counter",
+        "Changes of a watched table that carried no value for the key columns.",
+    );
+    for v in views {
+        o.sample(
+            names::UNSCOPED,
+            &format!("view=\"{}\"", escape(&v.name)),
+            v.unscoped,
+        );
     }
     o.header(names::REBUILDS, "counter", "Key rebuilds by outcome.");
     for v in views {
@@ -308,6 +325,7 @@ mod tests {
             &[ViewStats {
                 name: "device\"totals".into(),
                 stats,
+                unscoped: 2,
             }],
             &SourceStatus {
                 kind: "postgres".into(),
@@ -328,6 +346,7 @@ mod tests {
             "freshen_freshness_lag_seconds_bucket{view=\"device\\\"totals\",le=\"+Inf\"} 0"
         ));
         assert!(text.contains("freshen_source_streaming{kind=\"postgres\"} 1"));
+        assert!(text.contains("freshen_events_unscoped_total{view=\"device\\\"totals\"} 2"));
         assert!(text.contains("freshen_source_lag_bytes{kind=\"postgres\"} 42"));
         assert!(
             !text.contains("freshen_source_received_lsn"),

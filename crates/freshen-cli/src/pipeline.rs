@@ -84,9 +84,10 @@ impl Observe for Observer {
     fn views(&self) -> Vec<ViewStats> {
         self.views
             .iter()
-            .map(|(name, h, _)| ViewStats {
+            .map(|(name, h, scope)| ViewStats {
                 name: name.clone(),
                 stats: h.stats(),
+                unscoped: scope.unscoped(),
             })
             .collect()
     }
@@ -188,6 +189,21 @@ impl Pipeline {
             .await
             .context("cannot connect to the source database")?;
         let publication_existed = admin.publication(&pg.publication).await?.is_some();
+        for view in &cfg.views {
+            for w in &view.watch {
+                let table = freshen_postgres::TableName::new(&w.schema, &w.table);
+                let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
+                match admin.check_replica_identity(&table, &cols).await {
+                    Ok(c) if !c.carries_old_scope => tracing::warn!(
+                        view = %view.name,
+                        "{}",
+                        c.advice.unwrap_or_default()
+                    ),
+                    Ok(_) => {}
+                    Err(e) => anyhow::bail!("view {}: {e}", view.name),
+                }
+            }
+        }
         let mut builder = PgSource::builder()
             .connection(source_conn)
             .slot(pg.slot.clone(), slot_mode)

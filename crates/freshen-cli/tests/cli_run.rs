@@ -126,3 +126,52 @@ async fn healthz_is_unavailable_until_the_source_streams() {
     sigterm(&child);
     assert!(child.wait().unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_cannot_be_scoped_is_warned_about_and_counted() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    // The default identity: a DELETE carries only the id, not the device.
+    c.batch_execute("ALTER TABLE readings REPLICA IDENTITY DEFAULT")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(dir.path(), &config(&pg.url(), &format!("127.0.0.1:{port}")));
+    let mut child = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    c.batch_execute("INSERT INTO readings (device, site, value) VALUES ('d1', 's1', 5)")
+        .await
+        .unwrap();
+    c.batch_execute("DELETE FROM readings WHERE device = 'd1'")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = freshen_cli::status::fetch(&base).await.unwrap();
+        let v = s.views.iter().find(|v| v.name == "device_totals").unwrap();
+        if v.unscoped == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never counted: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = wait_http(&base, "/metrics", 200, Duration::from_secs(5)).await;
+    assert!(
+        metrics.contains("freshen_events_unscoped_total{view=\"device_totals\"} 1"),
+        "{metrics}"
+    );
+    sigterm(&child);
+    assert!(child.wait().unwrap().success());
+    let log = log_of(dir.path(), 1);
+    assert!(
+        log.contains("REPLICA IDENTITY FULL"),
+        "warned at start and at the change:\n{log}"
+    );
+    assert!(
+        log.contains("carried no value for the view's key columns"),
+        "{log}"
+    );
+}

@@ -6,6 +6,7 @@
 //! prints a table: ratios hold on a noisy machine, absolute times don't.
 
 mod alloc;
+mod capture;
 mod report;
 mod scan;
 mod scheduler;
@@ -28,11 +29,18 @@ struct Opts {
     quick: bool,
 }
 
-const SCENARIOS: &[Scenario] = &[Scenario {
-    name: "scheduler",
-    about: "DirtySet mark/drain, staggered readiness, bytes per key vs a scan-based FIFO (the Go original's design)",
-    run: scheduler::run,
-}];
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "scheduler",
+        about: "DirtySet mark/drain, staggered readiness, bytes per key vs a scan-based FIFO (the Go original's design)",
+        run: scheduler::run,
+    },
+    Scenario {
+        name: "capture",
+        about: "PostgreSQL capture: PgSource vs pg_recvlogical on copies of one unread slot; memory during a 1M-row transaction",
+        run: capture::run,
+    },
+];
 
 #[derive(Parser, Debug)]
 #[command(about = "freshen benchmarks: freshen and its rival side by side, one table per scenario")]

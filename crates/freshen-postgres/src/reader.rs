@@ -30,6 +30,9 @@ use crate::tls::{self, Transport};
 use crate::xid::XidClock;
 use crate::{Lsn, PgError, PgSourceConfig, SlotMode, StartPosition, TableName};
 
+/// How long a partly filled batch waits for more rows once the wire goes quiet.
+const LINGER: Duration = Duration::from_millis(1);
+
 /// State shared by the reader, the source, its handles and the acks.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
@@ -134,6 +137,8 @@ struct Reader {
 enum Wake {
     Stop,
     Acked,
+    /// The wire stayed quiet for [`LINGER`] with rows waiting.
+    Quiet,
     Event(Result<Option<ReplicationEvent>, PgWireError>),
 }
 
@@ -326,13 +331,10 @@ impl Reader {
             let wake = match client.recv().now_or_never() {
                 Some(ev) => Wake::Event(ev),
                 None => {
-                    // The wire is quiet: hand over what has gathered, then wait.
-                    if let Some(out) = self.asm.take() {
-                        if let Some(end) = self.send(out, client).await? {
-                            return Ok(end);
-                        }
-                        continue;
-                    }
+                    // The wire is momentarily empty. With rows waiting, linger briefly
+                    // for more (a batch per row would cost more than the rows), then
+                    // hand over what has gathered.
+                    let linger = self.asm.has_output();
                     let stop = &mut self.stop;
                     let acks = &self.shared.ack_notify;
                     tokio::select! {
@@ -340,6 +342,7 @@ impl Reader {
                         _ = stopped(stop) => Wake::Stop,
                         _ = acks.notified() => Wake::Acked,
                         ev = client.recv() => Wake::Event(ev),
+                        _ = tokio::time::sleep(LINGER), if linger => Wake::Quiet,
                     }
                 }
             };
@@ -349,6 +352,13 @@ impl Reader {
                     return Ok(Ended::Stopped);
                 }
                 Wake::Acked => self.advance(client),
+                Wake::Quiet => {
+                    if let Some(out) = self.asm.take()
+                        && let Some(end) = self.send(out, client).await?
+                    {
+                        return Ok(end);
+                    }
+                }
                 Wake::Event(Ok(Some(ev))) => {
                     if let Some(end) = self.handle(ev, client).await? {
                         return Ok(end);

@@ -1,0 +1,240 @@
+//! PostgreSQL capture: `PgSource` against `pg_recvlogical` on copies of one unread slot,
+//! and memory while a 1M-row transaction streams through.
+//!
+//! One slot is created before a single transaction inserts the rows; every run reads
+//! its own copy (`pg_copy_logical_replication_slot`), so both readers decode exactly the
+//! same WAL from the same starting point. `pg_recvlogical` writes the pgoutput stream to
+//! /dev/null (no decoding of rows at all); freshen decodes every row into a `RowEvent`,
+//! hands it over in batches and acknowledges them. Runs alternate; the median counts.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use freshen::Source;
+use freshen_postgres::{ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode};
+use freshen_testenv::PgServer;
+
+use crate::report::{Table, dur, rate};
+use crate::{Opts, alloc};
+
+struct Setup {
+    pg: PgServer,
+    end_lsn: String,
+    copies: usize,
+}
+
+fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+/// A server with `rows` inserted in one transaction after slot `origin` was created.
+fn setup(rows: usize) -> anyhow::Result<Setup> {
+    let pg = PgServer::start().context("PostgreSQL for the capture benchmark")?;
+    pg.psql(
+        "CREATE TABLE bench (id int PRIMARY KEY, dev text NOT NULL, v int NOT NULL);
+         CREATE PUBLICATION bench_pub FOR TABLE bench;",
+    )?;
+    // Its own statement: a slot cannot be created in a transaction that wrote.
+    pg.psql("SELECT pg_create_logical_replication_slot('origin', 'pgoutput')")?;
+    pg.psql(&format!(
+        "INSERT INTO bench SELECT g, 'dev-' || (g % 1000), g FROM generate_series(1, {rows}) g"
+    ))?;
+    let end_lsn = pg.psql("SELECT pg_current_wal_lsn()")?;
+    Ok(Setup {
+        pg,
+        end_lsn,
+        copies: 0,
+    })
+}
+
+fn copy_slot(s: &mut Setup) -> anyhow::Result<String> {
+    s.copies += 1;
+    let name = format!("copy_{}", s.copies);
+    s.pg.psql(&format!(
+        "SELECT pg_copy_logical_replication_slot('origin', '{name}')"
+    ))?;
+    Ok(name)
+}
+
+fn drop_slot(s: &Setup, name: &str) {
+    let _ =
+        s.pg.psql(&format!("SELECT pg_drop_replication_slot('{name}')"));
+}
+
+/// `pg_recvlogical` from a fresh copy to the end of the transaction.
+fn recvlogical(s: &mut Setup) -> anyhow::Result<Duration> {
+    let slot = copy_slot(s)?;
+    let t0 = Instant::now();
+    let out = Command::new(s.pg.bin_dir().join("pg_recvlogical"))
+        .args(["-d", &s.pg.url(), "--slot", &slot, "--start", "--no-loop"])
+        .args(["-o", "proto_version=1", "-o", "publication_names=bench_pub"])
+        .args(["--endpos", &s.end_lsn, "-f", "/dev/null"])
+        .output()
+        .context("running pg_recvlogical")?;
+    let took = t0.elapsed();
+    anyhow::ensure!(
+        out.status.success(),
+        "pg_recvlogical failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop_slot(s, &slot);
+    Ok(took)
+}
+
+struct FreshenRun {
+    took: Duration,
+    batches: usize,
+    peak_queued: u64,
+    rss_base: usize,
+    rss_peak: usize,
+    heap_base: usize,
+    heap_peak: usize,
+}
+
+/// `PgSource` from a fresh copy until `rows` events were handed over and acknowledged.
+fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
+    let slot = copy_slot(s)?;
+    let cfg = PgSourceConfig {
+        connection: ConnectionConfig::from_url(&s.pg.url())?,
+        slot: slot.clone(),
+        slot_mode: SlotMode::MustExist,
+        publication: "bench_pub".into(),
+        publication_mode: PublicationMode::MustExist,
+        tables: vec!["bench".parse().map_err(anyhow::Error::msg)?],
+        ..PgSourceConfig::default()
+    };
+    // Sample memory while the stream runs.
+    let done = Arc::new(AtomicBool::new(false));
+    let rss_peak = Arc::new(AtomicUsize::new(0));
+    let heap_peak = Arc::new(AtomicUsize::new(0));
+    let rss_base = rss_bytes();
+    let heap_base = alloc::live_bytes();
+    let sampler = {
+        let (done, rss_peak, heap_peak) = (done.clone(), rss_peak.clone(), heap_peak.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                rss_peak.fetch_max(rss_bytes(), Ordering::Relaxed);
+                heap_peak.fetch_max(alloc::live_bytes(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (took, batches, peak_queued) = rt.block_on(async {
+        let t0 = Instant::now();
+        let mut src = PgSource::start(cfg).await?;
+        let mut got = 0usize;
+        let mut batches = 0usize;
+        while got < rows {
+            let b = tokio::time::timeout(Duration::from_secs(120), src.next_batch())
+                .await
+                .context("capture stalled")?
+                .context("stream ended")??;
+            got += b.events().len();
+            batches += 1;
+            b.into_parts().2.ack();
+        }
+        let took = t0.elapsed();
+        let peak = src.health().peak_queued_events;
+        src.shutdown().await;
+        anyhow::Ok((took, batches, peak))
+    })?;
+    done.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    drop_slot(s, &slot);
+    Ok(FreshenRun {
+        took,
+        batches,
+        peak_queued,
+        rss_base,
+        rss_peak: rss_peak.load(Ordering::Relaxed).max(rss_base),
+        heap_base,
+        heap_peak: heap_peak.load(Ordering::Relaxed).max(heap_base),
+    })
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
+    let (rows, runs) = if opts.quick {
+        (20_000, 1)
+    } else {
+        (1_000_000, 3)
+    };
+    let mut s = setup(rows)?;
+    let mut theirs = Vec::new();
+    let mut ours = Vec::new();
+    for _ in 0..runs {
+        theirs.push(recvlogical(&mut s)?);
+        ours.push(freshen(&mut s, rows)?);
+    }
+    let t_theirs = median(theirs);
+    let t_ours = median(ours.iter().map(|r| r.took).collect());
+    let mut t = Table::new(&[
+        "reader",
+        &format!("{rows} rows, 1 transaction"),
+        "rows/s",
+        "vs pg_recvlogical",
+    ]);
+    t.row(vec![
+        "pg_recvlogical (to /dev/null)".into(),
+        dur(t_theirs),
+        rate(rows as f64, t_theirs),
+        "1.00×".into(),
+    ]);
+    t.row(vec![
+        "freshen PgSource (decoded, batched, acked)".into(),
+        dur(t_ours),
+        rate(rows as f64, t_ours),
+        format!("{:.2}×", t_theirs.as_secs_f64() / t_ours.as_secs_f64()),
+    ]);
+    t.print();
+    println!("\nthroughput ratio (goal ≥ 0.9×): median of {runs} alternating runs each\n");
+
+    // Memory: a transaction 10× larger must not need 10× the memory.
+    let small_rows = rows / 10;
+    let mut small = setup(small_rows)?;
+    let small_run = freshen(&mut small, small_rows)?;
+    let big_run = ours.into_iter().min_by_key(|r| r.took).expect("runs");
+    let mut m = Table::new(&[
+        "transaction",
+        "batches",
+        "peak queued events",
+        "RSS growth",
+        "peak live heap growth",
+    ]);
+    for (n, r) in [(small_rows, &small_run), (rows, &big_run)] {
+        m.row(vec![
+            format!("{n} rows"),
+            r.batches.to_string(),
+            r.peak_queued.to_string(),
+            mib(r.rss_peak.saturating_sub(r.rss_base)),
+            mib(r.heap_peak.saturating_sub(r.heap_base)),
+        ]);
+    }
+    m.print();
+    println!(
+        "\nmemory is flat when the 10× larger transaction grows RSS and heap about as much as the small one"
+    );
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! The sink publishes every change once, in Debezium's envelope, keyed by primary key,
+//! in order per key; a batch is acknowledged only after delivery; what it writes reads
+//! back through the source's Debezium decoder.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use freshen::{Ack, Batch, Op, Row, RowEvent, Source, Tx, Value, channel};
+use freshen_codec::{DebeziumJson, Decoded, Format};
+use freshen_kafka::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig, TopicMode};
+use freshen_testenv::KafkaFlavor;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use support::*;
+
+fn order(id: i64, op: Op, status: &str, xid: u64) -> RowEvent {
+    let row = Row::from_pairs([("id", Value::Int(id)), ("status", Value::text(status))]);
+    let e = RowEvent::new("public", "orders", op)
+        .with_pk(["id"])
+        .with_tx(Tx {
+            id: xid,
+            commit: xid * 100,
+            index: 0,
+        });
+    match op {
+        Op::Delete => e.with_old(row),
+        _ => e.with_new(row),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_change_arrives_once_in_order_per_key() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "shop.public.orders", 3).await;
+
+    // 3 batches: inserts of 1..=6, updates of each, deletes of the even ones.
+    let mut batches = vec![
+        (1..=6)
+            .map(|i| order(i, Op::Insert, "new", 10))
+            .collect::<Vec<_>>(),
+        (1..=6).map(|i| order(i, Op::Update, "paid", 11)).collect(),
+        (1..=6)
+            .filter(|i| i % 2 == 0)
+            .map(|i| order(i, Op::Delete, "paid", 12))
+            .collect(),
+    ];
+    let total: usize = batches.iter().map(Vec::len).sum();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let (feed, source) = channel(4);
+    let sink = KafkaSink::new(&KafkaSinkConfig::new(
+        &bootstrap,
+        "shop",
+        TopicMode::PerTable,
+    ))
+    .unwrap();
+    let sink = Arc::new(sink);
+    let runner = {
+        let sink = sink.clone();
+        tokio::spawn(async move { sink.run(source, std::future::pending()).await })
+    };
+    for events in batches.drain(..) {
+        let acked = acked.clone();
+        feed.send(Batch::new(
+            events,
+            Ack::new(move || {
+                acked.fetch_add(1, Ordering::SeqCst);
+            }),
+        ))
+        .await
+        .unwrap();
+    }
+    drop(feed);
+    tokio::time::timeout(DEADLINE, runner)
+        .await
+        .expect("the sink drains")
+        .unwrap()
+        .expect("the sink ran");
+    assert_eq!(acked.load(Ordering::SeqCst), 3, "every batch acknowledged");
+    let stats = sink.stats();
+    assert_eq!(
+        (stats.batches, stats.delivered as usize, stats.failed),
+        (3, total, 0)
+    );
+
+    // Read the topic back: each change once, each key's changes in commit order.
+    let reader: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    reader.subscribe(&["shop.public.orders"]).unwrap();
+    let mut decoder = DebeziumJson::new();
+    let mut seen: Vec<(i64, Op, Option<u64>)> = Vec::new();
+    while seen.len() < total {
+        let msg = tokio::time::timeout(DEADLINE, reader.recv())
+            .await
+            .expect("all changes arrive")
+            .unwrap();
+        let key: serde_json::Value = serde_json::from_slice(msg.key().unwrap()).unwrap();
+        let id = key["id"].as_i64().expect("key is the primary key");
+        assert_eq!(key.as_object().unwrap().len(), 1);
+        let value: serde_json::Value = serde_json::from_slice(msg.payload().unwrap()).unwrap();
+        assert_eq!(value["source"]["table"], "orders");
+        let Decoded::Rows(rows) = decoder.decode_with_key(msg.key(), msg.payload()).unwrap() else {
+            panic!("a row change");
+        };
+        let e = &rows[0];
+        assert_eq!(e.pk_names.iter().map(|c| &**c).collect::<Vec<_>>(), ["id"]);
+        let image = e.new.as_ref().or(e.old.as_ref()).unwrap();
+        assert_eq!(image.get("id"), Some(&Value::Int(id)));
+        seen.push((id, e.op, e.tx.map(|t| t.id)));
+    }
+    for id in 1..=6 {
+        let ops: Vec<Op> = seen.iter().filter(|s| s.0 == id).map(|s| s.1).collect();
+        let want: &[Op] = if id % 2 == 0 {
+            &[Op::Insert, Op::Update, Op::Delete]
+        } else {
+            &[Op::Insert, Op::Update]
+        };
+        assert_eq!(ops, want, "key {id}: once each, in order");
+    }
+    let extra = tokio::time::timeout(Duration::from_millis(300), reader.recv()).await;
+    assert!(extra.is_err(), "nothing beyond the changes");
+
+    // The source, in Debezium mode, reads the sink's output back as row events.
+    let config =
+        KafkaSourceConfig::new(&bootstrap, ["shop.public.orders"], "dbz", Format::Debezium)
+            .session_timeout_ms(session_ms(KafkaFlavor::Noida));
+    let mut source = KafkaSource::new(&config).unwrap();
+    let mut events = 0;
+    while events < total {
+        let batch = tokio::time::timeout(DEADLINE, source.next_batch())
+            .await
+            .expect("a batch")
+            .unwrap()
+            .unwrap();
+        assert!(batch.skipped().is_empty());
+        events += batch.events().len();
+    }
+    assert_eq!(events, total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undeliverable_batch_is_not_acknowledged() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    // A topic that does not exist and may not be created on demand: undeliverable.
+    let mut config = KafkaSinkConfig::new(&bootstrap, "no-such-topic", TopicMode::Single)
+        .property("allow.auto.create.topics", "false");
+    config.delivery_timeout_ms = 1500;
+    let sink = KafkaSink::new(&config).unwrap();
+    let acked = Arc::new(AtomicUsize::new(0));
+    let (feed, source) = channel(1);
+    let a = acked.clone();
+    feed.send(Batch::new(
+        vec![order(1, Op::Insert, "new", 1)],
+        Ack::new(move || {
+            a.fetch_add(1, Ordering::SeqCst);
+        }),
+    ))
+    .await
+    .unwrap();
+    let result = tokio::time::timeout(DEADLINE, sink.run(source, std::future::pending()))
+        .await
+        .expect("the sink gives up within its delivery timeout");
+    match result {
+        Err(freshen_kafka::Error::Delivery { topic, .. }) => assert_eq!(topic, "no-such-topic"),
+        other => panic!("expected a delivery error, got {other:?}"),
+    }
+    assert_eq!(acked.load(Ordering::SeqCst), 0);
+    assert_eq!(sink.stats().failed, 1);
+}

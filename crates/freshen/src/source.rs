@@ -32,6 +32,11 @@ impl Ack {
         Ack(None)
     }
 
+    /// Whether this acknowledgement does nothing ([`Ack::none`]).
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
     /// Releases the batch.
     pub fn ack(mut self) {
         if let Some(f) = self.0.take() {

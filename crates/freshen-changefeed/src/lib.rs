@@ -35,6 +35,28 @@
 //! (columns the source did not send because they did not change; they are left out of
 //! the row JSON rather than shown as `null`). A TRUNCATE is a `DELETE` of key `table:`.
 //!
+//! # Store
+//!
+//! The log is one [redb](https://www.redb.org) file: a copy-on-write B-tree with ACID
+//! transactions over several tables, so that events, the dedupe high-water mark,
+//! consumer-group cursors, leases and dead letters change atomically. It was chosen over
+//! fjall (an LSM tree) by measuring both in one run
+//! (`cargo run -p freshen-changefeed --release --features compare-stores --example
+//! store_compare`, 2 cores, ~300-byte events, fsync per commit):
+//!
+//! | events, per commit | redb append | fjall append | redb scan | fjall scan | on disk (redb, fjall) |
+//! |---|---|---|---|---|---|
+//! | 200k, 1000 | 370k/s | 546k/s | 12.2M/s | 5.0M/s | 68, 118 MiB |
+//! | 200k, 100 | 136k/s | 223k/s | 8.9M/s | 4.0M/s | 68, 118 MiB |
+//! | 1M, 1000 | 226k/s | 340k/s | 8.0M/s | 2.1M/s | 305, 349 MiB |
+//!
+//! fjall appends about 1.5× faster; redb reads 2.5–4× faster, stays smaller, and builds
+//! in half the time (debug build: redb 6.6 s, no dependencies but libc; fjall about 12 s
+//! with lsm-tree and some 30 more crates). A changefeed is read far more than it is
+//! written — every event goes to every reader — and group commit already puts appends
+//! above the goal, so redb.
+//! After a crash, redb checks the file on open: about 1 s per million events.
+//!
 //! # Example
 //!
 //! ```

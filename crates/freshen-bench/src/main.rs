@@ -7,6 +7,7 @@
 
 mod alloc;
 mod capture;
+mod changefeed;
 mod report;
 mod scan;
 mod scheduler;
@@ -39,6 +40,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "capture",
         about: "PostgreSQL capture: PgSource vs pg_recvlogical on copies of one unread slot; memory during a 1M-row transaction",
         run: capture::run,
+    },
+    Scenario {
+        name: "changefeed",
+        about: "changefeed: durable append (group commit vs one commit per event); long-poll and SSE delivery to 1 and 100 clients; memory per connection",
+        run: changefeed::run,
     },
 ];
 

@@ -1,0 +1,126 @@
+//! Shared helpers for the Pulsar integration tests.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use freshen::{Handle, Key, Refresher, RunError};
+use freshen_pulsar::PulsarProducer;
+use freshen_testenv::PulsarServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// How long any condition may take before a test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Starts pulsar-lite; fails with the install hint when it is missing.
+pub fn broker() -> PulsarServer {
+    PulsarServer::start().unwrap_or_else(|e| panic!("pulsar-lite: {e}"))
+}
+
+pub fn topic(name: &str) -> String {
+    format!("persistent://public/default/{name}")
+}
+
+pub async fn producer(pulsar: &PulsarServer, name: &str) -> PulsarProducer {
+    PulsarProducer::connect(&pulsar.url(), &topic(name))
+        .await
+        .expect("a producer")
+}
+
+/// A TiCDC canal-json INSERT of one `demo.readings` row.
+pub fn ticdc_insert(id: i64, device: &str, value: i64) -> Vec<u8> {
+    format!(
+        r#"{{"id":0,"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,"type":"INSERT","es":1786358942713,"ts":1786358944991,"sql":"","sqlType":{{"id":4,"device":12,"value":4}},"mysqlType":{{"id":"int","device":"varchar","value":"int"}},"old":null,"data":[{{"id":"{id}","device":"{device}","value":"{value}"}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// A TiCDC canal-json UPDATE of row `id` on `device`.
+pub fn ticdc_update(id: i64, device: &str, value: i64) -> Vec<u8> {
+    format!(
+        r#"{{"id":0,"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,"type":"UPDATE","es":1786358942713,"ts":1786358944991,"sql":"","sqlType":{{"id":4,"device":12,"value":4}},"mysqlType":{{"id":"int","device":"varchar","value":"int"}},"old":[{{"id":"{id}","device":"{device}","value":"0"}}],"data":[{{"id":"{id}","device":"{device}","value":"{value}"}}]}}"#
+    )
+    .into_bytes()
+}
+
+pub fn ticdc_ddl() -> Vec<u8> {
+    br#"{"id":0,"database":"demo","table":"readings","pkNames":null,"isDdl":true,"type":"CREATE","es":1786358942713,"ts":1786358943021,"sql":"CREATE TABLE readings (id INT PRIMARY KEY, device VARCHAR(64), value INT)","sqlType":null,"mysqlType":null,"data":null,"old":null}"#.to_vec()
+}
+
+pub fn ticdc_watermark() -> Vec<u8> {
+    br#"{"id":0,"database":"","table":"","pkNames":null,"isDdl":false,"type":"TIDB_WATERMARK","es":1659085352032,"ts":1659085354502,"sql":"","sqlType":null,"mysqlType":null,"data":null,"old":null,"_tidb":{"watermarkTs":434919270523076621}}"#.to_vec()
+}
+
+/// Keys rebuilt so far.
+#[derive(Clone, Default)]
+pub struct Rebuilt(Arc<Mutex<Vec<Key>>>);
+
+impl Rebuilt {
+    pub fn push(&self, k: Key) {
+        self.0.lock().unwrap().push(k);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    pub fn distinct(&self) -> BTreeSet<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|k| k.to_string())
+            .collect()
+    }
+}
+
+/// A refresher running on its own task.
+pub struct Running {
+    pub handle: Handle,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), RunError>>,
+}
+
+impl Running {
+    pub fn spawn(refresher: Refresher) -> Running {
+        let handle = refresher.handle();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            refresher
+                .run(async {
+                    let _ = rx.await;
+                })
+                .await
+        });
+        Running {
+            handle,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("the refresher stops")
+            .expect("the refresher task")
+            .expect("the refresher run");
+    }
+}
+
+/// Polls `cond` until it holds; panics with `what` after [`DEADLINE`].
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !cond() {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -82,6 +82,9 @@ impl Changefeed {
                 Some(Ok(b)) => b,
             };
             let (events, skipped, ack) = batch.into_parts();
+            for e in &skipped {
+                tracing::warn!(error = %e, "changefeed capture skipped a message the source could not decode");
+            }
             if let Some(last) = skipped.last() {
                 report.skipped += skipped.len() as u64;
                 report.last_skip = Some(last.to_string());

@@ -65,6 +65,7 @@ impl writer::Publish for Arc<Published> {
     }
 
     fn failed(&self, reason: String) {
+        tracing::error!(%reason, "changefeed store commit failed; the changefeed stops accepting writes");
         *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
     }
 }

@@ -225,7 +225,7 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
     );
     o.counter(
         "http_bad_requests_total",
-        "Requests refused as malformed (400).",
+        "Long-poll and stream requests refused as malformed (400).",
         &m.http_bad_requests,
     );
     o.counter(

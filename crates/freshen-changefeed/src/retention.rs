@@ -108,7 +108,10 @@ pub(crate) fn spawn(cf: &Changefeed, policy: RetentionConfig) {
                 Ok(_) => {}
                 Err(Error::Closed { .. }) => return,
                 // Counted; the next pass tries again.
-                Err(_) => metrics::inc(&core.metrics().retention_errors),
+                Err(e) => {
+                    tracing::warn!(error = %e, "changefeed retention pass failed");
+                    metrics::inc(&core.metrics().retention_errors);
+                }
             }
         }
     });

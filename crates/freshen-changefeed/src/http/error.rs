@@ -33,7 +33,11 @@ impl From<Error> for ApiError {
             Error::GroupExists(_) => ApiError::Conflict(e.to_string()),
             Error::Invalid(m) => ApiError::BadRequest(m),
             Error::Closed { .. } => ApiError::Unavailable(e.to_string()),
-            Error::Open { .. } | Error::Store(_) | Error::Format(_) => ApiError::Internal,
+            Error::Open { .. } | Error::Store(_) | Error::Format(_) => {
+                // The client learns only that it failed; the details go to the log.
+                tracing::error!(error = %e, "changefeed request failed");
+                ApiError::Internal
+            }
         }
     }
 }

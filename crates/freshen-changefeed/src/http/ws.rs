@@ -6,7 +6,8 @@
 //!   → `{"action":"subscribed","id":"s1"}`. `from_seq` is exclusive; ThemisDB's
 //!   `from_sequence` (inclusive) is accepted too; without either, delivery starts at the
 //!   oldest event. `collection` is the key prefix `collection:`. With `group_id` the
-//!   subscription is a consumer of that group (the id defaults to `group:consumer`).
+//!   subscription is a consumer of that group (the id defaults to `group:consumer`): the
+//!   group's cursor and filter apply, and `from_seq` and the filters are ignored.
 //! - `{"action":"unsubscribe","id":"s1"}` → `{"action":"unsubscribed","id":"s1"}`.
 //! - `{"action":"ack","id":"s1","sequence":N}` (or `group_id` instead of `id`):
 //!   everything sent on the subscription up to N is done; no reply.

@@ -268,6 +268,7 @@ impl PulsarSource {
             a.target = Some((sender.clone(), consumer_id));
         }
         sender.send(&flow(consumer_id, self.config.receiver_queue));
+        add(&self.shared.counters.subscribes, 1);
         Ok(Live {
             conn,
             consumer_id,

@@ -14,6 +14,8 @@ pub struct SourceStats {
     pub skipped: u64,
     /// Cumulative acknowledgements sent.
     pub acks: u64,
+    /// Successful subscribes (the first, and one after each reconnect).
+    pub subscribes: u64,
     /// Connections lost or refused and tried again.
     pub reconnects: u64,
     /// Whether the broker made this consumer the active one of its failover
@@ -29,6 +31,7 @@ pub(crate) struct Counters {
     pub(crate) events: AtomicU64,
     pub(crate) skipped: AtomicU64,
     pub(crate) acks: AtomicU64,
+    pub(crate) subscribes: AtomicU64,
     pub(crate) reconnects: AtomicU64,
 }
 
@@ -44,6 +47,7 @@ impl Counters {
             events: g(&self.events),
             skipped: g(&self.skipped),
             acks: g(&self.acks),
+            subscribes: g(&self.subscribes),
             reconnects: g(&self.reconnects),
             active: None,
             last_error: None,

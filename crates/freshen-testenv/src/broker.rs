@@ -6,7 +6,7 @@
 //! installs the pinned versions into `target/test-venv` (or `$FRESHEN_TEST_VENV`).
 
 use std::fmt;
-use std::fs::{self, File};
+use std::fs;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -108,6 +108,8 @@ pub(crate) struct Process {
     child: Option<Child>,
     dir: tempfile::TempDir,
     port: u16,
+    binary: PathBuf,
+    args: Vec<String>,
 }
 
 impl fmt::Debug for Process {
@@ -137,26 +139,16 @@ impl Process {
                 .tempdir()
                 .map_err(|e| TestEnvError::io("creating a temporary directory", e))?;
             let port = support::free_port()?;
-            let log = dir.path().join("broker.log");
-            let out =
-                File::create(&log).map_err(|e| TestEnvError::io("creating the broker log", e))?;
-            let err = out
-                .try_clone()
-                .map_err(|e| TestEnvError::io("opening the broker log", e))?;
-            let child = Command::new(binary)
-                .args(args(dir.path(), port))
-                .current_dir(dir.path())
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .spawn()
-                .map_err(|e| TestEnvError::io(format!("starting {}", binary.display()), e))?;
+            let args = args(dir.path(), port);
             let mut process = Process {
                 name,
-                child: Some(child),
+                child: None,
                 dir,
                 port,
+                binary: binary.to_path_buf(),
+                args,
             };
+            process.spawn()?;
             match process.wait_listening() {
                 Ok(()) => return Ok(process),
                 Err(e) => {
@@ -173,6 +165,43 @@ impl Process {
             reason: format!("{name} did not start"),
             log: String::new(),
         }))
+    }
+
+    fn spawn(&mut self) -> Result<(), TestEnvError> {
+        let log = self.log_path();
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| TestEnvError::io("opening the broker log", e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| TestEnvError::io("opening the broker log", e))?;
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| TestEnvError::io(format!("starting {}", self.binary.display()), e))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Kills the broker and starts it again on the same port with the same directory
+    /// (its data survives where the broker keeps data on disk).
+    pub(crate) fn restart(&mut self) -> Result<(), TestEnvError> {
+        self.kill();
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        // The old process's listener must be gone before the new one binds.
+        support::wait_for(START_TIMEOUT, || {
+            TcpStream::connect_timeout(&addr, Duration::from_millis(100))
+                .is_err()
+                .then_some(())
+        });
+        self.spawn()?;
+        self.wait_listening()
     }
 
     fn wait_listening(&mut self) -> Result<(), TestEnvError> {

@@ -145,4 +145,10 @@ impl KafkaServer {
     pub fn kill(&mut self) {
         self.process.kill();
     }
+
+    /// Kills the broker and starts it again on the same port and directory (noida keeps
+    /// its data there; tansu's memory storage starts empty).
+    pub fn restart(&mut self) -> Result<(), TestEnvError> {
+        self.process.restart()
+    }
 }

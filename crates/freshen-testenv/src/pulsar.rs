@@ -80,4 +80,10 @@ impl PulsarServer {
     pub fn kill(&mut self) {
         self.process.kill();
     }
+
+    /// Kills the broker and starts it again on the same port and database: topics,
+    /// messages and subscriptions survive (what it had not written to disk may not).
+    pub fn restart(&mut self) -> Result<(), TestEnvError> {
+        self.process.restart()
+    }
 }

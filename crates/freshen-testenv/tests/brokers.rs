@@ -77,6 +77,18 @@ fn pulsar_broker_answers_connect_and_stops() {
     let mut head = [0u8; 10];
     s.read_exact(&mut head).unwrap();
     assert_eq!(&head[8..10], &[0x08, 0x03], "a CONNECTED answer");
+    pulsar.restart().expect("restart on the same port");
+    assert!(pulsar.is_running());
+    assert!(TcpStream::connect(("127.0.0.1", pulsar.port())).is_ok());
     pulsar.kill();
     assert!(!pulsar.is_running());
+}
+
+#[test]
+fn kafka_broker_restarts_on_its_port() {
+    let mut kafka = KafkaServer::start().unwrap();
+    let port = kafka.port();
+    kafka.restart().expect("restart");
+    assert_eq!(kafka.port(), port);
+    assert_eq!(kafka_api_versions(port), 4242);
 }

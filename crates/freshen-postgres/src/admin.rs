@@ -155,6 +155,9 @@ pub struct TableIdentity {
     /// The identity's key columns (primary key or index), in key order; empty for FULL
     /// and NOTHING, and for DEFAULT on a table without a primary key.
     pub key_columns: Vec<String>,
+    /// The table's primary key columns, in key order, whatever the identity; empty
+    /// without a primary key.
+    pub primary_key: Vec<String>,
 }
 
 impl TableIdentity {
@@ -593,6 +596,11 @@ impl PgAdmin {
                               WHERE i.indrelid = c.oid \
                                 AND ((c.relreplident = 'd' AND i.indisprimary) \
                                   OR (c.relreplident = 'i' AND i.indisreplident)) \
+                              ORDER BY array_position(i.indkey::int2[], a.attnum)), \
+                        ARRAY(SELECT a.attname::text \
+                              FROM pg_index i \
+                              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+                              WHERE i.indrelid = c.oid AND i.indisprimary \
                               ORDER BY array_position(i.indkey::int2[], a.attnum)) \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
@@ -615,6 +623,7 @@ impl PgAdmin {
             table: table.clone(),
             identity,
             key_columns: row.get(1),
+            primary_key: row.get(2),
         })
     }
 
@@ -696,6 +705,7 @@ mod tests {
 
     fn ident(identity: ReplicaIdentity, keys: &[&str]) -> TableIdentity {
         TableIdentity {
+            primary_key: Vec::new(),
             table: TableName::new("public", "readings"),
             identity,
             key_columns: keys.iter().map(|s| s.to_string()).collect(),

@@ -241,7 +241,7 @@ impl Assembler {
 
 fn event(t: &Table, op: Op) -> RowEvent {
     let mut e = RowEvent::new(Arc::clone(&t.schema), Arc::clone(&t.name), op);
-    e.pk_names = t.key_columns.clone();
+    e.pk_names = t.pk_names.clone();
     e
 }
 

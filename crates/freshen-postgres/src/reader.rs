@@ -74,6 +74,8 @@ pub(crate) struct ReaderSetup {
     pub(crate) config: Arc<PgSourceConfig>,
     pub(crate) tls: Option<Arc<ClientConfig>>,
     pub(crate) watched: Option<std::collections::HashSet<TableName>>,
+    /// Primary keys of the tables with REPLICA IDENTITY FULL (for `pk_names`).
+    pub(crate) primary_keys: std::collections::HashMap<TableName, Vec<String>>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) tx: mpsc::Sender<Result<Batch, SourceError>>,
     pub(crate) stop: watch::Receiver<bool>,
@@ -146,7 +148,11 @@ impl Reader {
     fn new(s: ReaderSetup) -> Reader {
         let batch = s.config.batch_size;
         Reader {
-            asm: Assembler::new(Relations::new(s.watched), XidClock::new(0), batch),
+            asm: Assembler::new(
+                Relations::new(s.watched).with_primary_keys(s.primary_keys),
+                XidClock::new(0),
+                batch,
+            ),
             cfg: s.config,
             tls: s.tls,
             shared: s.shared,

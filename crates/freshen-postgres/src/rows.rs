@@ -27,8 +27,11 @@ pub(crate) struct Table {
     pub(crate) schema: Arc<str>,
     pub(crate) name: Arc<str>,
     pub(crate) columns: Columns,
-    /// Replica identity key columns, in table order (`pk_names` of every event).
+    /// Replica identity key columns, in table order: what a key-only former image holds.
     pub(crate) key_columns: Columns,
+    /// `pk_names` of every event: the identity key, except under REPLICA IDENTITY FULL,
+    /// where pgoutput flags every column as key and the table's primary key is used.
+    pub(crate) pk_names: Columns,
     key_positions: Vec<usize>,
     types: Vec<u32>,
     /// Whether the source delivers this table's changes.
@@ -41,6 +44,8 @@ pub(crate) struct Relations {
     by_oid: HashMap<u32, Table>,
     /// `None`: every table is watched.
     watched: Option<HashSet<TableName>>,
+    /// Primary keys of tables whose identity is FULL.
+    primary_keys: HashMap<TableName, Vec<String>>,
 }
 
 impl Relations {
@@ -48,16 +53,25 @@ impl Relations {
         Relations {
             by_oid: HashMap::new(),
             watched,
+            primary_keys: HashMap::new(),
         }
     }
 
+    /// The primary keys to name as `pk_names` for tables with REPLICA IDENTITY FULL.
+    pub(crate) fn with_primary_keys(mut self, keys: HashMap<TableName, Vec<String>>) -> Relations {
+        self.primary_keys = keys;
+        self
+    }
+
     pub(crate) fn upsert(&mut self, r: Relation) {
-        let watched = self.watched.as_ref().is_none_or(|w| {
-            w.contains(&TableName {
-                schema: r.namespace.clone(),
-                name: r.name.clone(),
-            })
-        });
+        let table_name = TableName {
+            schema: r.namespace.clone(),
+            name: r.name.clone(),
+        };
+        let watched = self
+            .watched
+            .as_ref()
+            .is_none_or(|w| w.contains(&table_name));
         let columns: Columns = r
             .columns
             .iter()
@@ -71,12 +85,19 @@ impl Relations {
             .map(|(i, _)| i)
             .collect();
         let key_columns: Columns = key_positions.iter().map(|&i| columns[i].clone()).collect();
+        let pk_names = match self.primary_keys.get(&table_name) {
+            Some(pk) if r.replica_identity == b'f' && !pk.is_empty() => {
+                pk.iter().map(|c| Box::from(c.as_str())).collect()
+            }
+            _ => key_columns.clone(),
+        };
         let table = Table {
             schema: Arc::from(r.namespace.as_str()),
             name: Arc::from(r.name.as_str()),
             types: r.columns.iter().map(|c| c.type_oid).collect(),
             columns,
             key_columns,
+            pk_names,
             key_positions,
             watched,
         };
@@ -247,6 +268,30 @@ mod tests {
         );
         assert_eq!(value(23, &Datum::Null), Value::Null);
         assert_eq!(value(25, &Datum::Unchanged), Value::Unchanged);
+    }
+
+    #[test]
+    fn full_identity_names_the_primary_key_not_every_column() {
+        let mut full = rel();
+        full.replica_identity = b'f';
+        for c in &mut full.columns {
+            c.key = true; // pgoutput flags every column under FULL
+        }
+        let pks = HashMap::from([(TableName::new("public", "t"), vec!["id".to_string()])]);
+        let mut rels = Relations::new(None).with_primary_keys(pks);
+        rels.upsert(full.clone());
+        assert_eq!(&*rels.get(1).unwrap().pk_names, &[Box::from("id")]);
+        // Without a known primary key, every flagged column stays the key.
+        let mut bare = Relations::new(None);
+        bare.upsert(full);
+        assert_eq!(bare.get(1).unwrap().pk_names.len(), 3);
+        // DEFAULT identity: the flags are the primary key already.
+        let mut d = Relations::new(None);
+        d.upsert(rel());
+        assert_eq!(
+            &*d.get(1).unwrap().pk_names,
+            &[Box::from("id"), Box::from("k")]
+        );
     }
 
     #[test]

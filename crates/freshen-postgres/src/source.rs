@@ -178,6 +178,11 @@ impl PgSource {
             recoverable: config.slot_mode != SlotMode::Temporary,
             ..Capabilities::default()
         };
+        let primary_keys = identities
+            .iter()
+            .filter(|i| i.identity == crate::ReplicaIdentity::Full)
+            .map(|i| (i.table.clone(), i.primary_key.clone()))
+            .collect();
         let watched: Option<HashSet<TableName>> =
             (!config.tables.is_empty()).then(|| config.tables.iter().cloned().collect());
         let shared = Arc::new(Shared::default());
@@ -191,6 +196,7 @@ impl PgSource {
                 config: Arc::new(config),
                 tls,
                 watched,
+                primary_keys,
                 shared: Arc::clone(&shared),
                 tx,
                 stop: stop_rx,

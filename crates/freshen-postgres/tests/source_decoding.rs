@@ -136,6 +136,11 @@ async fn decodes_types_images_and_transactions() {
     );
     let full = &evs[6];
     assert_eq!(
+        &*full.pk_names,
+        &[Box::from("id")],
+        "FULL identity flags every column; pk_names is still the primary key"
+    );
+    assert_eq!(
         full.old.as_ref().unwrap().get("grp"),
         Some(&Value::text("a"))
     );

@@ -137,7 +137,49 @@ fn table_names(cfg: &Config) -> Vec<TableName> {
 }
 
 async fn check_database(cfg: &Config, report: &mut CheckReport) {
-    let Source::Postgres(pg) = &cfg.source;
+    match &cfg.source {
+        Source::Postgres(pg) => check_postgres_source(cfg, pg, report).await,
+        Source::Kafka(k) => report.push(
+            Level::Ok,
+            "source",
+            format!("kafka {}", k.brokers),
+            format!(
+                "group {} reads {} as {:?} (brokers are not contacted by check)",
+                k.group,
+                k.topics.join(", "),
+                k.format
+            ),
+        ),
+    }
+    if cfg.views.is_empty() {
+        return;
+    }
+    let target = match ConnectionConfig::from_url(cfg.target.url.expose())
+        .and_then(|c| freshen_postgres::connect_pool(&c, 2))
+    {
+        Ok(pool) => pool,
+        Err(e) => {
+            report.push(
+                Level::Error,
+                "target",
+                cfg.target.url.redacted(),
+                e.to_string(),
+            );
+            return;
+        }
+    };
+    for view in &cfg.views {
+        for f in check_statements(&target, view).await {
+            report.findings.push(f);
+        }
+    }
+}
+
+async fn check_postgres_source(
+    cfg: &Config,
+    pg: &crate::config::PgSource,
+    report: &mut CheckReport,
+) {
     let conn = match ConnectionConfig::from_url(pg.url.expose()) {
         Ok(c) => c,
         Err(e) => {

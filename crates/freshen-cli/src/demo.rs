@@ -443,7 +443,10 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     }
     println!("  total time {:.1}s", started.elapsed().as_secs_f64());
     // Let the replication reader and the pools go before the server does.
-    let source = observer.source_handle().clone();
+    let source = observer
+        .postgres()
+        .expect("the demo runs on PostgreSQL")
+        .clone();
     drop(observer);
     drop(admin);
     let deadline = Instant::now() + Duration::from_secs(5);

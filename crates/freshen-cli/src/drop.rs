@@ -22,7 +22,12 @@ pub struct Dropped {
 
 /// Drops the slot and, when freshen created it, the publication.
 pub async fn drop_pipeline(cfg: &Config) -> anyhow::Result<Dropped> {
-    let Source::Postgres(pg) = &cfg.source;
+    let Source::Postgres(pg) = &cfg.source else {
+        anyhow::bail!(
+            "drop removes a PostgreSQL slot and publication; a {} source has neither",
+            cfg.source.kind()
+        );
+    };
     let conn =
         ConnectionConfig::from_url(pg.url.expose()).context("the source URL is not usable")?;
     let admin = PgAdmin::connect(&conn)

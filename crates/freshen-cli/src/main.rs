@@ -110,7 +110,9 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 }
             };
             let d = drop::drop_pipeline(&cfg).await?;
-            let config::Source::Postgres(pg) = &cfg.source;
+            let config::Source::Postgres(pg) = &cfg.source else {
+                unreachable!("drop_pipeline refuses other sources");
+            };
             println!(
                 "slot {}: {}",
                 pg.slot,

@@ -1,12 +1,16 @@
-//! One configuration, assembled: a PostgreSQL source fanned out to one refresher per view,
-//! the SQL that rebuilds and lists keys, and the health the HTTP endpoints report.
+//! One configuration, assembled: a source fanned out to one refresher per view, each
+//! sink and the changefeed; the SQL that rebuilds and lists keys; and the health the HTTP
+//! endpoints report.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use freshen::{Backoff, Refresher, Report, fanout};
+use freshen::{Backoff, Branch, Refresher, Report, fanout};
+use freshen_changefeed::{AppState, Changefeed};
+use freshen_kafka::{KafkaSink, KafkaSource, SourceStatsHandle};
 use freshen_postgres::{
     ConnectionConfig, PgAdmin, PgHandle, PgSource, Pool, PublicationMode as PgPublicationMode,
     SlotInfo, SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild,
@@ -14,7 +18,9 @@ use freshen_postgres::{
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, PublicationMode, SlotMode, Source, View};
+use crate::config::{
+    Config, PgSource as PgSourceConfig, PublicationMode, Sink, SlotMode, Source, View,
+};
 use crate::http::Observe;
 use crate::metrics::{SourceStatus, ViewStats};
 use crate::scope::ViewScope;
@@ -28,11 +34,18 @@ struct ViewRun {
     scope: Arc<ViewScope>,
 }
 
-/// A started pipeline: the slot and publication exist, statements are prepared, and
-/// [`Pipeline::run`] drives it.
+/// What the source says about itself.
+enum Probe {
+    Postgres(PgHandle),
+    Kafka(SourceStatsHandle),
+}
+
+/// A started pipeline: the source is connected (slot and publication exist), statements
+/// are prepared, and [`Pipeline::run`] drives it.
 pub struct Pipeline {
     views: Vec<ViewRun>,
-    source: PgHandle,
+    sinks: Vec<(KafkaSink, Branch)>,
+    changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
     observer: Arc<Observer>,
 }
 
@@ -43,6 +56,8 @@ impl std::fmt::Debug for Pipeline {
                 "views",
                 &self.views.iter().map(|v| &v.name).collect::<Vec<_>>(),
             )
+            .field("sinks", &self.sinks.len())
+            .field("changefeed", &self.changefeed.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -50,7 +65,8 @@ impl std::fmt::Debug for Pipeline {
 /// The views' handles and the source's health, for `/metrics`, `/status` and the demo.
 pub struct Observer {
     views: Vec<(String, freshen::Handle, Arc<ViewScope>)>,
-    source: PgHandle,
+    source: Probe,
+    running: AtomicBool,
     lag: Mutex<Option<Result<SlotInfo, String>>>,
 }
 
@@ -61,22 +77,19 @@ impl std::fmt::Debug for Observer {
 }
 
 impl Observer {
-    /// Unscoped events per view (changes that carried no key value).
-    pub fn unscoped(&self) -> Vec<(String, u64)> {
-        self.views
-            .iter()
-            .map(|(n, _, s)| (n.clone(), s.unscoped()))
-            .collect()
-    }
-
-    /// The source handle (health, lag).
-    pub fn source_handle(&self) -> &PgHandle {
-        &self.source
+    /// The PostgreSQL source's handle (health, lag), when the source is PostgreSQL.
+    pub fn postgres(&self) -> Option<&PgHandle> {
+        match &self.source {
+            Probe::Postgres(h) => Some(h),
+            Probe::Kafka(_) => None,
+        }
     }
 
     async fn sample_lag(&self) {
-        let sample = self.source.lag().await.map_err(|e| e.to_string());
-        *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample);
+        if let Probe::Postgres(h) = &self.source {
+            let sample = h.lag().await.map_err(|e| e.to_string());
+            *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample);
+        }
     }
 }
 
@@ -93,24 +106,39 @@ impl Observe for Observer {
     }
 
     fn source(&self) -> SourceStatus {
-        let h = self.source.health();
-        let lag = self.lag.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let (lag_bytes, slot_status, lag_error) = match lag {
-            Some(Ok(info)) => (info.lag_bytes, info.wal_status, None),
-            Some(Err(e)) => (None, None, Some(e)),
-            None => (None, None, None),
-        };
-        SourceStatus {
-            kind: "postgres".into(),
-            streaming: h.streaming,
-            received_lsn: Some(h.received_lsn.0),
-            confirmed_lsn: Some(h.confirmed_lsn.0),
-            server_lsn: Some(h.server_lsn.0),
-            lag_bytes,
-            slot_status,
-            reconnects: h.reconnects,
-            events: h.events,
-            last_error: h.last_error.or(lag_error),
+        match &self.source {
+            Probe::Postgres(handle) => {
+                let h = handle.health();
+                let lag = self.lag.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let (lag_bytes, slot_status, lag_error) = match lag {
+                    Some(Ok(info)) => (info.lag_bytes, info.wal_status, None),
+                    Some(Err(e)) => (None, None, Some(e)),
+                    None => (None, None, None),
+                };
+                SourceStatus {
+                    kind: "postgres".into(),
+                    streaming: h.streaming,
+                    received_lsn: Some(h.received_lsn.0),
+                    confirmed_lsn: Some(h.confirmed_lsn.0),
+                    server_lsn: Some(h.server_lsn.0),
+                    lag_bytes,
+                    slot_status,
+                    reconnects: h.reconnects,
+                    events: h.events,
+                    last_error: h.last_error.or(lag_error),
+                }
+            }
+            Probe::Kafka(handle) => {
+                let s = handle.stats();
+                SourceStatus {
+                    kind: "kafka".into(),
+                    streaming: self.running.load(Ordering::Relaxed),
+                    events: s.events,
+                    reconnects: s.rebalances,
+                    last_error: s.last_error,
+                    ..SourceStatus::default()
+                }
+            }
         }
     }
 }
@@ -134,7 +162,7 @@ async fn prepare(view: &View, pool: &Pool) -> anyhow::Result<SqlRebuild> {
 fn refresher(
     view: &View,
     rebuild: SqlRebuild,
-    source: freshen::Branch,
+    source: Branch,
     pool: &Pool,
     ack: freshen::AckPolicy,
 ) -> anyhow::Result<ViewRun> {
@@ -171,94 +199,150 @@ fn refresher(
     })
 }
 
-impl Pipeline {
-    /// Connects, creates or validates the slot and publication, prepares every statement.
-    pub async fn start(cfg: &Config) -> anyhow::Result<Pipeline> {
-        let Source::Postgres(pg) = &cfg.source;
-        let slot_mode = match pg.slot_mode {
-            SlotMode::Create => PgSlotMode::CreateIfMissing,
-            SlotMode::Existing => PgSlotMode::MustExist,
-            SlotMode::Temporary => PgSlotMode::Temporary,
-        };
-        let publication_mode = match pg.publication_mode {
-            PublicationMode::Create => PgPublicationMode::CreateIfMissing,
-            PublicationMode::Existing => PgPublicationMode::MustExist,
-        };
-        let source_conn = connection(pg.url.expose(), "source")?;
-        let admin = PgAdmin::connect(&source_conn)
-            .await
-            .context("cannot connect to the source database")?;
-        let publication_existed = admin.publication(&pg.publication).await?.is_some();
-        for view in &cfg.views {
-            for w in &view.watch {
-                let table = freshen_postgres::TableName::new(&w.schema, &w.table);
-                let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
-                match admin.check_replica_identity(&table, &cols).await {
-                    Ok(c) if !c.carries_old_scope => tracing::warn!(
-                        view = %view.name,
-                        "{}",
-                        c.advice.unwrap_or_default()
-                    ),
-                    Ok(_) => {}
-                    Err(e) => anyhow::bail!("view {}: {e}", view.name),
+/// Starts the PostgreSQL source: warns about weak replica identity, creates or validates
+/// the publication (marking one it creates as freshen's) and the slot.
+async fn start_postgres(cfg: &Config, pg: &PgSourceConfig) -> anyhow::Result<PgSource> {
+    let slot_mode = match pg.slot_mode {
+        SlotMode::Create => PgSlotMode::CreateIfMissing,
+        SlotMode::Existing => PgSlotMode::MustExist,
+        SlotMode::Temporary => PgSlotMode::Temporary,
+    };
+    let publication_mode = match pg.publication_mode {
+        PublicationMode::Create => PgPublicationMode::CreateIfMissing,
+        PublicationMode::Existing => PgPublicationMode::MustExist,
+    };
+    let source_conn = connection(pg.url.expose(), "source")?;
+    let admin = PgAdmin::connect(&source_conn)
+        .await
+        .context("cannot connect to the source database")?;
+    for view in &cfg.views {
+        for w in &view.watch {
+            let table = freshen_postgres::TableName::new(&w.schema, &w.table);
+            let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
+            match admin.check_replica_identity(&table, &cols).await {
+                Ok(c) if !c.carries_old_scope => {
+                    tracing::warn!(view = %view.name, "{}", c.advice.unwrap_or_default())
                 }
+                Ok(_) => {}
+                Err(e) => anyhow::bail!("view {}: {e}", view.name),
             }
         }
-        let mut builder = PgSource::builder()
-            .connection(source_conn)
-            .slot(pg.slot.clone(), slot_mode)
-            .publication(pg.publication.clone(), publication_mode)
-            .status_interval(pg.status_interval)
-            .reconnect(
-                Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
-                Duration::from_secs(300),
-            );
-        for (schema, table) in cfg.watched_tables() {
-            builder = builder.table(&format!("{}.{}", quote(&schema), quote(&table)));
-        }
-        let target = connection(cfg.target.url.expose(), "target")?;
-        let pool = freshen_postgres::connect_pool(&target, cfg.target.pool_size)
-            .context("cannot set up the target connection pool")?;
+    }
+    let publication_existed = admin.publication(&pg.publication).await?.is_some();
+    let mut builder = PgSource::builder()
+        .connection(source_conn)
+        .slot(pg.slot.clone(), slot_mode)
+        .publication(pg.publication.clone(), publication_mode)
+        .status_interval(pg.status_interval)
+        .reconnect(
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
+            Duration::from_secs(300),
+        );
+    for (schema, table) in cfg.watched_tables() {
+        builder = builder.table(&format!("{}.{}", quote(&schema), quote(&table)));
+    }
+    let source = builder
+        .start()
+        .await
+        .context("cannot start the PostgreSQL source")?;
+    if !publication_existed {
+        // Marks it as ours, so that `freshen drop` removes it and nothing else.
+        let c = admin
+            .pool()
+            .get()
+            .await
+            .context("cannot connect to the source")?;
+        c.batch_execute(&format!(
+            "COMMENT ON PUBLICATION {} IS '{}'",
+            freshen_postgres::quote_ident(&pg.publication),
+            crate::drop::CREATED_BY
+        ))
+        .await
+        .context("cannot mark the publication as freshen's")?;
+    }
+    Ok(source)
+}
+
+impl Pipeline {
+    /// Connects, creates or validates what the source needs, prepares every statement.
+    pub async fn start(cfg: &Config) -> anyhow::Result<Pipeline> {
+        let pool = if cfg.views.is_empty() {
+            None
+        } else {
+            let target = connection(cfg.target.url.expose(), "target")?;
+            Some(
+                freshen_postgres::connect_pool(&target, cfg.target.pool_size)
+                    .context("cannot set up the target connection pool")?,
+            )
+        };
         let mut rebuilds = Vec::new();
         for view in &cfg.views {
-            rebuilds.push(prepare(view, &pool).await?);
+            rebuilds.push(prepare(view, pool.as_ref().expect("views have a pool")).await?);
         }
-        let source = builder
-            .start()
-            .await
-            .context("cannot start the PostgreSQL source")?;
-        if !publication_existed {
-            // Marks it as ours, so that `freshen drop` removes it and nothing else.
-            let c = admin
-                .pool()
-                .get()
-                .await
-                .context("cannot connect to the source")?;
-            c.batch_execute(&format!(
-                "COMMENT ON PUBLICATION {} IS '{}'",
-                freshen_postgres::quote_ident(&pg.publication),
-                crate::drop::CREATED_BY
-            ))
-            .await
-            .context("cannot mark the publication as freshen's")?;
+        let mut sinks = Vec::new();
+        for Sink::Kafka(k) in &cfg.sinks {
+            sinks.push(KafkaSink::new(k).context("cannot set up the Kafka sink")?);
         }
-        let handle = source.handle();
+        let changefeed = match &cfg.changefeed {
+            Some(c) => {
+                let cf = Changefeed::open(c)
+                    .await
+                    .context("cannot open the changefeed")?;
+                let state = AppState::new(cf.clone(), &c.http)
+                    .context("the changefeed's HTTP settings are not usable")?;
+                let addr = c.http.listen;
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} for the changefeed"))?;
+                Some((cf, listener, state))
+            }
+            None => None,
+        };
+        let (source, probe): (Box<dyn freshen::Source>, Probe) = match &cfg.source {
+            Source::Postgres(pg) => {
+                let s = start_postgres(cfg, pg).await?;
+                let h = s.handle();
+                (Box::new(s), Probe::Postgres(h))
+            }
+            Source::Kafka(k) => {
+                let s = KafkaSource::new(k).context("cannot start the Kafka source")?;
+                let h = s.stats_handle();
+                (Box::new(s), Probe::Kafka(h))
+            }
+        };
+        let mut branches = fanout(source, cfg.consumers()).into_iter();
         let mut views = Vec::new();
-        let branches = fanout(source, cfg.views.len());
-        for ((view, rebuild), branch) in cfg.views.iter().zip(rebuilds).zip(branches) {
-            views.push(refresher(view, rebuild, branch, &pool, cfg.ack)?);
+        for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
+            let branch = branches.next().expect("one branch per consumer");
+            views.push(refresher(
+                view,
+                rebuild,
+                branch,
+                pool.as_ref().expect("pool"),
+                cfg.ack,
+            )?);
         }
+        let sinks = sinks
+            .into_iter()
+            .map(|s| (s, branches.next().expect("one branch per consumer")))
+            .collect();
+        let changefeed = changefeed.map(|(cf, listener, state)| {
+            let branch = branches.next().expect("one branch per consumer");
+            (cf, branch, listener, state)
+        });
         let observer = Arc::new(Observer {
             views: views
                 .iter()
                 .map(|v| (v.name.clone(), v.refresher.handle(), v.scope.clone()))
                 .collect(),
-            source: handle.clone(),
+            source: probe,
+            running: AtomicBool::new(true),
             lag: Mutex::new(None),
         });
         Ok(Pipeline {
             views,
-            source: handle,
+            sinks,
+            changefeed,
             observer,
         })
     }
@@ -268,24 +352,42 @@ impl Pipeline {
         self.observer.clone()
     }
 
-    /// The source's handle.
-    pub fn source(&self) -> &PgHandle {
-        &self.source
-    }
-
-    /// Runs every view until `shutdown` completes or one of them fails; then stops the
-    /// others gracefully (running rebuilds finish, earned acks are confirmed).
+    /// Runs every consumer until `shutdown` completes or one of them fails; then stops
+    /// the others gracefully (running rebuilds finish, earned acks are confirmed).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let mut tasks = JoinSet::new();
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let mut tasks: JoinSet<(String, anyhow::Result<()>)> = JoinSet::new();
         for v in self.views {
-            let mut rx = stop_rx.clone();
+            let stop = stopped(stop_rx.clone());
             tasks.spawn(async move {
-                let stop = async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                };
                 let r = v.refresher.run(stop).await;
-                (v.name, r)
+                (format!("view {}", v.name), r.map_err(Into::into))
+            });
+        }
+        for (i, (sink, branch)) in self.sinks.into_iter().enumerate() {
+            let stop = stopped(stop_rx.clone());
+            tasks.spawn(async move {
+                let r = sink.run(branch, stop).await;
+                (format!("sink {i}"), r.map_err(Into::into))
+            });
+        }
+        if let Some((cf, branch, listener, state)) = self.changefeed {
+            let stop = stopped(stop_rx.clone());
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(addr = %addr, "serving the changefeed");
+            }
+            tasks.spawn(async move {
+                let r = freshen_changefeed::serve(listener, state, stop).await;
+                ("changefeed http".to_string(), r.map_err(Into::into))
+            });
+            let stop = stopped(stop_rx.clone());
+            tasks.spawn(async move {
+                let r = cf.capture(branch, stop).await;
+                cf.close().await;
+                ("changefeed".to_string(), r.map(|_| ()).map_err(Into::into))
             });
         }
         let observer = self.observer.clone();
@@ -309,14 +411,14 @@ impl Pipeline {
                 }
                 done = tasks.join_next() => match done {
                     None => break,
-                    Some(Ok((name, Ok(())))) => tracing::info!(view = %name, "stopped"),
+                    Some(Ok((name, Ok(())))) => tracing::info!("{name} stopped"),
                     Some(Ok((name, Err(e)))) => {
-                        tracing::error!(view = %name, "stopped: {e}");
-                        failure.get_or_insert(anyhow::anyhow!("view {name}: {e}"));
+                        tracing::error!("{name} stopped: {e:#}");
+                        failure.get_or_insert(anyhow::anyhow!("{name}: {e:#}"));
                         let _ = stop_tx.send(true);
                     }
                     Some(Err(e)) => {
-                        failure.get_or_insert(anyhow::anyhow!("a view's task failed: {e}"));
+                        failure.get_or_insert(anyhow::anyhow!("a task failed: {e}"));
                         let _ = stop_tx.send(true);
                     }
                 },
@@ -324,6 +426,7 @@ impl Pipeline {
         }
         let _ = stop_tx.send(true);
         let _ = sampler.await;
+        self.observer.running.store(false, Ordering::Relaxed);
         match failure {
             Some(e) => Err(e),
             None => Ok(()),

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use freshen::AckPolicy;
-use toml_edit::Document;
+use toml_edit::{Document, Item};
 
 pub use problems::ConfigError;
 use problems::Problem;
@@ -92,13 +92,34 @@ pub struct PgSource {
     pub publication_mode: PublicationMode,
     /// How often feedback is sent to the server.
     pub status_interval: Duration,
+    /// Tables captured besides the views' (for the changefeed and sinks), `schema.table`.
+    pub tables: Vec<(String, String)>,
 }
 
 /// Where changes come from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Source {
     /// PostgreSQL logical replication.
     Postgres(PgSource),
+    /// A Kafka consumer group reading canal-json or Debezium JSON.
+    Kafka(Box<freshen_kafka::KafkaSourceConfig>),
+}
+
+impl Source {
+    /// The kind's name, as in the file.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Source::Postgres(_) => "postgres",
+            Source::Kafka(_) => "kafka",
+        }
+    }
+}
+
+/// Where captured changes are published besides the views.
+#[derive(Debug, Clone)]
+pub enum Sink {
+    /// Every change to Kafka in Debezium's envelope.
+    Kafka(Box<freshen_kafka::KafkaSinkConfig>),
 }
 
 /// Timing and failure options; `[defaults]` and every view may set them.
@@ -210,7 +231,7 @@ pub enum LogFormat {
 }
 
 /// The resolved configuration.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Where changes come from.
     pub source: Source,
@@ -224,23 +245,50 @@ pub struct Config {
     pub log: LogFormat,
     /// The views.
     pub views: Vec<View>,
+    /// Sinks that receive every captured change.
+    pub sinks: Vec<Sink>,
+    /// The durable changefeed, when configured.
+    pub changefeed: Option<freshen_changefeed::ChangefeedConfig>,
 }
 
 impl Config {
-    /// Every watched table, each once, in first-seen order.
+    /// Every watched table, each once, in first-seen order, then the source's extra
+    /// captured tables.
     pub fn watched_tables(&self) -> Vec<(String, String)> {
+        let extra = match &self.source {
+            Source::Postgres(pg) => pg.tables.clone(),
+            Source::Kafka(_) => Vec::new(),
+        };
         let mut out: Vec<(String, String)> = Vec::new();
-        for w in self.views.iter().flat_map(|v| &v.watch) {
-            let t = (w.schema.clone(), w.table.clone());
+        let views = self
+            .views
+            .iter()
+            .flat_map(|v| &v.watch)
+            .map(|w| (w.schema.clone(), w.table.clone()));
+        for t in views.chain(extra) {
             if !out.contains(&t) {
                 out.push(t);
             }
         }
         out
     }
+
+    /// How many consumers the source feeds: views, sinks and the changefeed.
+    pub fn consumers(&self) -> usize {
+        self.views.len() + self.sinks.len() + usize::from(self.changefeed.is_some())
+    }
 }
 
-const TOP: &[&str] = &["source", "target", "http", "log", "defaults", "views"];
+const TOP: &[&str] = &[
+    "source",
+    "target",
+    "http",
+    "log",
+    "defaults",
+    "views",
+    "sinks",
+    "changefeed",
+];
 const SOURCE_PG: &[&str] = &[
     "kind",
     "url",
@@ -250,6 +298,7 @@ const SOURCE_PG: &[&str] = &[
     "slot_mode",
     "publication_mode",
     "status_interval",
+    "tables",
 ];
 const TIMING: &[&str] = &["coalesce", "max_wait", "workers", "poison_after", "backoff"];
 const VIEW: &[&str] = &[
@@ -316,16 +365,47 @@ pub fn parse(
         }
         None => Timing::default(),
     };
-    let views = read_views(&mut r, root, defaults);
+    let sinks = read_sinks(&mut r, root);
+    let changefeed = root.t.get("changefeed").and_then(|item| {
+        let cf: freshen_changefeed::ChangefeedConfig = r.serde_table(item, "changefeed", &[])?;
+        let line = r.line(item.span());
+        for p in cf.problems() {
+            r.p.at_line(line, format!("in `changefeed`: {p}"));
+        }
+        Some(cf)
+    });
+    let views = read_views(
+        &mut r,
+        root,
+        defaults,
+        !sinks.is_empty() || changefeed.is_some(),
+    );
 
+    let kind = root
+        .t
+        .get("source")
+        .and_then(|s| s.get("kind"))
+        .and_then(|k| k.as_str());
+    if target.is_none() && !views.is_empty() && kind.is_some_and(|k| k != "postgres") {
+        r.missing(
+            root,
+            "target",
+            "a [target] url: where rebuild and reconcile SQL runs (only a PostgreSQL source provides a default)",
+        );
+    }
     match (source, target, r.p.list.is_empty()) {
-        (Some(source), Some(target), true) => Ok(Config {
+        (Some(source), target, true) if target.is_some() || views.is_empty() => Ok(Config {
             source,
             ack: ack.unwrap_or_default(),
-            target,
+            target: target.unwrap_or(Target {
+                url: Secret(String::new()),
+                pool_size: 1,
+            }),
             http,
             log,
             views,
+            sinks,
+            changefeed,
         }),
         _ => {
             let mut problems = r.p.list;
@@ -351,13 +431,26 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             "on-enqueue" => AckPolicy::OnEnqueue,
             _ => AckPolicy::AfterRebuild,
         });
-    let kind = r.choice(t, "kind", &["postgres"]);
+    let kind = r.choice(t, "kind", &["postgres", "kafka"]);
     if kind.is_none() && t.t.get("kind").is_none() {
-        r.missing(t, "kind", "the source type: \"postgres\"");
+        r.missing(t, "kind", "the source type: \"postgres\" or \"kafka\"");
     }
-    let Some(_kind) = kind else {
+    let Some(kind) = kind else {
         return (None, ack);
     };
+    if kind.value == "kafka" {
+        let item = root.t.get("source").expect("read above");
+        let kafka: Option<freshen_kafka::KafkaSourceConfig> =
+            r.serde_table(item, "source", &["kind", "ack"]);
+        let kafka = kafka.filter(|k| {
+            let problems = k.problems();
+            for p in &problems {
+                r.p.at_line(kind.line, format!("in `source`: {p}"));
+            }
+            problems.is_empty()
+        });
+        return (kafka.map(|k| Source::Kafka(Box::new(k))), ack);
+    }
     r.known_keys(t, SOURCE_PG);
     let url = r.string(t, "url");
     if url.is_none() && t.t.get("url").is_none() {
@@ -398,6 +491,18 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
     let status_interval = r
         .duration(t, "status_interval")
         .map_or(Duration::from_secs(1), |d| d.value);
+    let mut tables = Vec::new();
+    if let Some(list) = r.strings(t, "tables") {
+        for name in list.value {
+            match split_table(&name) {
+                Some(st) => tables.push(st),
+                None => r.p.at_line(
+                    list.line,
+                    format!("`source.tables`: `{name}` is not a table name (\"schema.table\" or \"table\")"),
+                ),
+            }
+        }
+    }
     let source = url.map(|url| {
         Source::Postgres(PgSource {
             url: Secret(url.value),
@@ -406,6 +511,7 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             slot_mode,
             publication_mode,
             status_interval,
+            tables,
         })
     });
     (source, ack)
@@ -420,7 +526,10 @@ fn valid_identifier(s: &str) -> bool {
 }
 
 fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Option<Target> {
-    let default_url = source.map(|Source::Postgres(pg)| pg.url.clone());
+    let default_url = match source {
+        Some(Source::Postgres(pg)) => Some(pg.url.clone()),
+        _ => None,
+    };
     let Some(t) = r.table(root, "target", "target") else {
         return default_url.map(|url| Target { url, pool_size: 4 });
     };
@@ -540,14 +649,23 @@ fn split_table(name: &str) -> Option<(String, String)> {
     }
 }
 
-fn read_views(r: &mut Reader<'_, '_>, root: Tbl<'_>, defaults: Timing) -> Vec<View> {
+fn read_views(
+    r: &mut Reader<'_, '_>,
+    root: Tbl<'_>,
+    defaults: Timing,
+    optional: bool,
+) -> Vec<View> {
     let Some(views) = r.tables(root, "views") else {
-        if root.t.get("views").is_none() {
-            r.missing(root, "views", "at least one [[views]] entry");
+        if root.t.get("views").is_none() && !optional {
+            r.missing(
+                root,
+                "views",
+                "at least one [[views]] entry (or a [changefeed] or [[sinks]])",
+            );
         }
         return Vec::new();
     };
-    if views.is_empty() {
+    if views.is_empty() && !optional {
         r.missing(root, "views", "at least one [[views]] entry");
     }
     let mut out: Vec<View> = Vec::new();
@@ -626,6 +744,45 @@ fn read_views(r: &mut Reader<'_, '_>, root: Tbl<'_>, defaults: Timing) -> Vec<Vi
                 line,
                 rebuild_line: rebuild.line,
             });
+        }
+    }
+    out
+}
+
+fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
+    let Some(item) = root.t.get("sinks") else {
+        return Vec::new();
+    };
+    let entries: Vec<Item> = match item {
+        Item::ArrayOfTables(a) => a.iter().map(|t| Item::Table(t.clone())).collect(),
+        Item::Value(toml_edit::Value::Array(a)) => {
+            a.iter().map(|v| Item::Value(v.clone())).collect()
+        }
+        other => {
+            r.p.at(other.span(), "`sinks` must be a list of tables ([[sinks]])");
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let path = format!("sinks[{i}]");
+        let Some(t) = r.as_table(entry, &path) else {
+            continue;
+        };
+        let kind = r.choice(t, "kind", &["kafka"]);
+        if kind.is_none() && t.t.get("kind").is_none() {
+            r.missing(t, "kind", "the sink type: \"kafka\"");
+        }
+        let Some(kind) = kind else { continue };
+        let sink: Option<freshen_kafka::KafkaSinkConfig> = r.serde_table(entry, &path, &["kind"]);
+        if let Some(sink) = sink {
+            let problems = sink.problems();
+            for p in &problems {
+                r.p.at_line(kind.line, format!("in `{path}`: {p}"));
+            }
+            if problems.is_empty() {
+                out.push(Sink::Kafka(Box::new(sink)));
+            }
         }
     }
     out

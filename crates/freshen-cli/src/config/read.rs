@@ -3,6 +3,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
+use serde::de::{DeserializeOwned, IntoDeserializer};
 use toml_edit::{Item, TableLike, Value};
 
 use super::problems::{Problems, suggest};
@@ -368,5 +369,59 @@ impl<'s, 'e> Reader<'s, 'e> {
     pub(crate) fn table<'a>(&mut self, t: Tbl<'a>, key: &str, path: &'a str) -> Option<Tbl<'a>> {
         let item = self.get(t, key)?;
         self.as_table(item, path)
+    }
+
+    fn expand_value(&mut self, v: &mut Value, path: &str) {
+        match v {
+            Value::String(f) => {
+                let span = f.span();
+                let expanded = self.expand(f.value(), span, path);
+                *f = toml_edit::Formatted::new(expanded);
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter_mut().enumerate() {
+                    self.expand_value(x, &format!("{path}[{i}]"));
+                }
+            }
+            Value::InlineTable(t) => {
+                for (k, x) in t.iter_mut() {
+                    let p = join(path, &k);
+                    self.expand_value(x, &p);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A table owned by another crate's configuration type: everything but `skip` is
+    /// deserialized into `T` (which rejects unknown fields itself) after `${VAR}`
+    /// expansion; its problem is reported with its line.
+    pub(crate) fn serde_table<T: DeserializeOwned>(
+        &mut self,
+        item: &Item,
+        path: &str,
+        skip: &[&str],
+    ) -> Option<T> {
+        let mut value = item.clone().into_value().ok()?;
+        let Value::InlineTable(t) = &mut value else {
+            self.p.at(item.span(), format!("`{path}` must be a table"));
+            return None;
+        };
+        for k in skip {
+            t.remove(k);
+        }
+        let before = self.p.list.len();
+        self.expand_value(&mut value, path);
+        if self.p.list.len() > before {
+            return None;
+        }
+        match T::deserialize(value.into_deserializer()) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                let span = e.span().or_else(|| item.span());
+                self.p.at(span, format!("in `{path}`: {}", e.message()));
+                None
+            }
+        }
     }
 }

@@ -57,7 +57,9 @@ fn problems(src: &str) -> Vec<String> {
 #[test]
 fn a_good_file_resolves_with_defaults_and_overrides() {
     let c = parse(GOOD, "f.toml", &env).unwrap();
-    let Source::Postgres(pg) = &c.source;
+    let Source::Postgres(pg) = &c.source else {
+        panic!("postgres source")
+    };
     assert_eq!(pg.url.expose(), "postgres://app:s3cret@db/app");
     assert_eq!(pg.slot_mode, SlotMode::Create);
     assert_eq!(c.target.pool_size, 8);
@@ -190,7 +192,7 @@ watch = "readings"
 rebuild = ["x"]
 "#;
     let p = problems(src);
-    assert!(p.iter().any(|l| l.contains("f.toml:3: `source.kind` must be one of `postgres`, not `postgress` (did you mean `postgres`?)")), "{p:?}");
+    assert!(p.iter().any(|l| l.contains("f.toml:3: `source.kind` must be one of `postgres`, `kafka`, not `postgress` (did you mean `postgres`?)")), "{p:?}");
     assert!(
         p.iter()
             .any(|l| l.contains("f.toml:4: `source.ack` must be one of")),
@@ -231,4 +233,89 @@ fn dollar_escapes_and_literal_text_survive_expansion() {
     let src = GOOD.replace("${TARGET_URL}", "postgres://u:pa$$word@h/db?x=$y");
     let c = parse(&src, "f.toml", &env).unwrap();
     assert_eq!(c.target.url.expose(), "postgres://u:pa$word@h/db?x=$y");
+}
+
+#[test]
+fn kafka_source_sinks_and_changefeed_are_read_by_their_crates() {
+    let src = r#"
+[source]
+kind = "kafka"
+brokers = ["127.0.0.1:9092", "127.0.0.1:9093"]
+topics = ["tidb-changes"]
+group = "freshen"
+format = "canal-json"
+ack = "on-enqueue"
+
+[target]
+url = "${TARGET_URL}"
+
+[[views]]
+name = "v"
+watch = [{ table = "demo.readings", key = ["device"] }]
+rebuild = ["SELECT $1"]
+
+[[sinks]]
+kind = "kafka"
+brokers = "127.0.0.1:9092"
+topic = "changes"
+
+[changefeed]
+path = "/tmp/feed.redb"
+"#;
+    let c = parse(src, "f.toml", &env).unwrap();
+    let Source::Kafka(k) = &c.source else {
+        panic!("kafka source")
+    };
+    assert_eq!(k.topics, ["tidb-changes"]);
+    assert_eq!(k.brokers, "127.0.0.1:9092,127.0.0.1:9093");
+    assert_eq!(c.ack, AckPolicy::OnEnqueue);
+    assert_eq!(c.sinks.len(), 1);
+    assert!(c.changefeed.is_some());
+    assert_eq!(c.consumers(), 3);
+    assert_eq!(c.watched_tables(), [("demo".into(), "readings".into())]);
+}
+
+#[test]
+fn problems_inside_delegated_tables_have_lines_too() {
+    let src = r#"
+[source]
+kind = "kafka"
+brokers = "${MISSING_BROKERS}"
+topics = ["t"]
+group = "g"
+format = "canal-json"
+
+[[views]]
+name = "v"
+watch = [{ table = "readings", key = ["device"] }]
+rebuild = ["SELECT $1"]
+
+[changefeed]
+path = "/tmp/feed.redb"
+durabilty = "fsync"
+"#;
+    let p = problems(src);
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("f.toml:4: environment variable `MISSING_BROKERS` is not set")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("f.toml:16: in `changefeed`") && l.contains("durabilty")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter().any(|l| l.contains("needs `target`")),
+        "a kafka source needs a target: {p:?}"
+    );
+}
+
+#[test]
+fn a_changefeed_alone_needs_no_views() {
+    let src = "[source]\nkind = \"postgres\"\nurl = \"${DATABASE_URL}\"\ntables = [\"public.orders\"]\n[changefeed]\npath = \"/tmp/f.redb\"\n";
+    let c = parse(src, "f.toml", &env).unwrap();
+    assert!(c.views.is_empty());
+    assert_eq!(c.watched_tables(), [("public".into(), "orders".into())]);
+    assert_eq!(c.consumers(), 1);
 }

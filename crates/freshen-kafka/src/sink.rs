@@ -4,13 +4,15 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use freshen::{RowEvent, Source};
+use freshen::{Ack, Batch, RowEvent, Source, SourceError};
 use freshen_codec::DebeziumEncoder;
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::config::{KafkaSinkConfig, TopicMode, valid_topic_char};
@@ -120,11 +122,16 @@ impl KafkaSink {
 
     /// Publishes `events` in order and waits until every one is delivered.
     pub async fn publish(&self, events: &[RowEvent]) -> Result<(), Error> {
+        self.enqueue(events).await?.settle().await
+    }
+
+    /// Hands every record of `events` to the producer, in order; the deliveries are
+    /// awaited by [`InFlight::settle`].
+    async fn enqueue(&self, events: &[RowEvent]) -> Result<InFlight, Error> {
         let ts_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let mut in_flight: VecDeque<(String, DeliveryFuture)> = VecDeque::new();
-        let mut first_error = None;
+        let mut deliveries = Vec::with_capacity(events.len());
         let mut value = Vec::with_capacity(512);
         for event in events {
             let topic = self.topic_for(event);
@@ -139,77 +146,156 @@ impl KafkaSink {
                 }
                 match self.producer.send_result(record) {
                     Ok(fut) => {
-                        in_flight.push_back((topic.clone(), fut));
+                        deliveries.push((topic.clone(), fut));
                         break;
                     }
-                    // The local queue is full: wait for the oldest delivery, then retry.
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
-                        if !in_flight.is_empty() =>
-                    {
-                        let (t, fut) = in_flight.pop_front().expect("not empty");
-                        self.settle(t, fut, &mut first_error).await;
+                    // The producer's queue is full of earlier deliveries: let some finish.
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                        tokio::time::sleep(QUEUE_FULL_PAUSE).await;
                     }
                     Err((error, _)) => {
                         add(&self.counters.failed, 1);
-                        first_error.get_or_insert(Error::Delivery {
-                            topic: topic.clone(),
-                            error,
-                        });
-                        break;
+                        return Err(Error::Delivery { topic, error });
                     }
                 }
             }
         }
-        for (t, fut) in in_flight {
-            self.settle(t, fut, &mut first_error).await;
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    async fn settle(&self, topic: String, fut: DeliveryFuture, first_error: &mut Option<Error>) {
-        let error = match fut.await {
-            Ok(Ok(_)) => {
-                add(&self.counters.delivered, 1);
-                return;
-            }
-            Ok(Err((e, _))) => e,
-            Err(_) => KafkaError::Canceled,
-        };
-        add(&self.counters.failed, 1);
-        first_error.get_or_insert(Error::Delivery { topic, error });
+        Ok(InFlight {
+            deliveries,
+            counters: self.counters.clone(),
+        })
     }
 
     /// Publishes every batch of `source` and acknowledges it once delivered, until the
     /// source ends, `shutdown` completes, the source fails ([`Error::Source`]) or a
-    /// delivery fails (its batch stays unacknowledged). Closes the source at the end.
-    pub async fn run<S, F>(&self, mut source: S, shutdown: F) -> Result<(), Error>
+    /// delivery fails (its batch and every later one stay unacknowledged). Up to
+    /// 64 batches are in flight at once; acknowledgements leave in batch order. On
+    /// shutdown or the end of the source, batches in flight are settled first. Closes
+    /// the source at the end.
+    pub async fn run<S, F>(&self, source: S, shutdown: F) -> Result<(), Error>
     where
         S: Source,
         F: Future<Output = ()> + Send,
     {
+        let (tx, mut rx) = mpsc::channel(2);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        // The source is read on its own task: a `next_batch` is never dropped half-way
+        // (a Kafka source would lose what it had gathered).
+        let pump = tokio::spawn(pump(source, tx, stop_rx));
         tokio::pin!(shutdown);
-        let result = loop {
-            let item = tokio::select! {
+        let mut in_flight: VecDeque<(JoinHandle<Result<(), Error>>, Ack)> = VecDeque::new();
+        let mut source_done = false;
+        let mut result = loop {
+            if source_done && in_flight.is_empty() {
+                break Ok(());
+            }
+            tokio::select! {
                 biased;
                 _ = &mut shutdown => break Ok(()),
-                item = source.next_batch() => item,
-            };
-            let batch = match item {
-                None => break Ok(()),
-                Some(Err(e)) => break Err(Error::Source(e)),
-                Some(Ok(batch)) => batch,
-            };
-            let (events, _skipped, ack) = batch.into_parts();
-            if let Err(e) = self.publish(&events).await {
-                break Err(e);
+                done = async { (&mut in_flight.front_mut().expect("not empty").0).await }, if !in_flight.is_empty() => {
+                    let (_, ack) = in_flight.pop_front().expect("not empty");
+                    match flatten(done) {
+                        Ok(()) => {
+                            ack.ack();
+                            add(&self.counters.batches, 1);
+                        }
+                        Err(e) => break Err(e),
+                    }
+                }
+                item = rx.recv(), if !source_done && in_flight.len() < MAX_IN_FLIGHT => match item.flatten() {
+                    None => source_done = true,
+                    Some(Err(e)) => break Err(Error::Source(e)),
+                    Some(Ok(batch)) => {
+                        let (events, _skipped, ack) = batch.into_parts();
+                        match self.enqueue(&events).await {
+                            Ok(pending) => in_flight.push_back((tokio::spawn(pending.settle()), ack)),
+                            Err(e) => break Err(e),
+                        }
+                    }
+                },
             }
-            ack.ack();
-            add(&self.counters.batches, 1);
         };
-        source.close().await;
+        // Batches already handed to the producer: settle and acknowledge them in order
+        // (on a failure, nothing after it is acknowledged).
+        while let Some((task, ack)) = in_flight.pop_front() {
+            if result.is_err() {
+                task.abort();
+                continue;
+            }
+            match flatten(task.await) {
+                Ok(()) => {
+                    ack.ack();
+                    add(&self.counters.batches, 1);
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        let _ = stop_tx.send(());
+        if let Ok(mut source) = pump.await {
+            source.close().await;
+        }
         result
     }
+}
+
+/// Batches a sink keeps in flight before it waits for the oldest.
+const MAX_IN_FLIGHT: usize = 64;
+/// Pause before retrying a record the producer's full queue refused.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(1);
+
+/// The deliveries of one batch.
+struct InFlight {
+    deliveries: Vec<(String, DeliveryFuture)>,
+    counters: Arc<SinkCounters>,
+}
+
+impl InFlight {
+    /// Waits for every delivery; the first failure, if any.
+    async fn settle(self) -> Result<(), Error> {
+        let mut first = None;
+        for (topic, fut) in self.deliveries {
+            let error = match fut.await {
+                Ok(Ok(_)) => {
+                    add(&self.counters.delivered, 1);
+                    continue;
+                }
+                Ok(Err((e, _))) => e,
+                Err(_) => KafkaError::Canceled,
+            };
+            add(&self.counters.failed, 1);
+            first.get_or_insert(Error::Delivery { topic, error });
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// A settled batch: a settling task that panicked counts as a failed delivery.
+fn flatten(done: Result<Result<(), Error>, tokio::task::JoinError>) -> Result<(), Error> {
+    done.unwrap_or(Err(Error::Client(KafkaError::Canceled)))
+}
+
+/// Reads `source` into `tx` until told to stop, then hands the source back.
+async fn pump<S: Source>(
+    mut source: S,
+    tx: mpsc::Sender<Option<Result<Batch, SourceError>>>,
+    mut stop: oneshot::Receiver<()>,
+) -> S {
+    loop {
+        let item = tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            item = source.next_batch() => item,
+        };
+        let end = !matches!(item, Some(Ok(_)));
+        tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            sent = tx.send(item) => if sent.is_err() { break },
+        }
+        if end {
+            let _ = stop.await;
+            break;
+        }
+    }
+    source
 }

@@ -176,3 +176,41 @@ async fn an_undeliverable_batch_is_not_acknowledged() {
     assert_eq!(acked.load(Ordering::SeqCst), 0);
     assert_eq!(sink.stats().failed, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_batches_in_flight_are_acknowledged_in_order() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "many", 4).await;
+    let sink = Arc::new(
+        KafkaSink::new(&KafkaSinkConfig::new(&bootstrap, "many", TopicMode::Single)).unwrap(),
+    );
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (feed, source) = channel(8);
+    let runner = {
+        let sink = sink.clone();
+        tokio::spawn(async move { sink.run(source, std::future::pending()).await })
+    };
+    for b in 0..200 {
+        let order = order.clone();
+        let events = (0..3).map(|i| order_event(b * 3 + i)).collect();
+        feed.send(Batch::new(
+            events,
+            Ack::new(move || order.lock().unwrap().push(b)),
+        ))
+        .await
+        .unwrap();
+    }
+    drop(feed);
+    tokio::time::timeout(DEADLINE, runner)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(*order.lock().unwrap(), (0..200).collect::<Vec<_>>());
+    assert_eq!(sink.stats().delivered, 600);
+}
+
+fn order_event(id: i64) -> RowEvent {
+    order(id, Op::Insert, "new", 1)
+}

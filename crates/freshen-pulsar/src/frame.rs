@@ -300,6 +300,31 @@ mod tests {
         assert!(messages(&short).is_err(), "claims more than it holds");
     }
 
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            while let Ok(Some(f)) = decode(&mut buf) {
+                if let Some(p) = &f.payload {
+                    let _ = messages(p);
+                }
+            }
+        }
+
+        #[test]
+        fn mutated_batches_never_panic(at in 0usize..200, byte in proptest::prelude::any::<u8>()) {
+            let mut m = meta();
+            m.num_messages_in_batch = Some(2);
+            let payload = encode_batch(&[b"first message", b"second"]);
+            let mut wire = BytesMut::from(&encode_payload(&message_cmd(), &m, &payload)[..]);
+            let at = at % wire.len();
+            wire[at] = byte;
+            if let Ok(Some(f)) = decode(&mut wire) && let Some(p) = &f.payload {
+                let _ = messages(p);
+            }
+        }
+    }
+
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         for wire in [

@@ -423,3 +423,48 @@ mod tests {
         assert!(bad_topic(&"x".repeat(250)).is_some());
     }
 }
+
+#[cfg(test)]
+mod embedding {
+    use super::*;
+
+    /// How the binary embeds the configs: an internally tagged enum (`kind = "kafka"`).
+    #[derive(Debug, Deserialize)]
+    #[serde(tag = "kind", rename_all = "kebab-case")]
+    enum SourceKind {
+        Kafka(KafkaSourceConfig),
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(tag = "kind", rename_all = "kebab-case")]
+    enum SinkKind {
+        Kafka(KafkaSinkConfig),
+    }
+
+    #[test]
+    fn embeds_with_a_kind_tag_and_rejects_unknown_fields() {
+        let SourceKind::Kafka(c) = serde_json::from_str(
+            r#"{"kind":"kafka","brokers":["a:9092","b:9092"],"topics":["t"],"group":"g","format":"canal-json","dead_letter_topic":"dlq"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.brokers, "a:9092,b:9092");
+        assert_eq!(c.format, Format::CanalJson);
+        assert_eq!(c.max_batch, 1000);
+        assert!(c.problems().is_empty());
+        let typo = serde_json::from_str::<SourceKind>(
+            r#"{"kind":"kafka","brokers":"a:9092","topics":["t"],"group":"g","format":"debezium","grup":"x"}"#,
+        );
+        assert!(typo.unwrap_err().to_string().contains("grup"));
+        let SinkKind::Kafka(s) = serde_json::from_str(
+            r#"{"kind":"kafka","brokers":"a:9092","topic":"shop","topic_mode":"single"}"#,
+        )
+        .unwrap();
+        assert_eq!(s.topic_mode, TopicMode::Single);
+        assert!(
+            serde_json::from_str::<SinkKind>(
+                r#"{"kind":"kafka","brokers":"a","topic":"t","topic_mode":"weird"}"#
+            )
+            .is_err()
+        );
+    }
+}

@@ -185,3 +185,28 @@ mod tests {
         assert!(!format!("{c:?}").contains("eyJsecret"));
     }
 }
+
+#[cfg(test)]
+mod embedding {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(tag = "kind", rename_all = "kebab-case")]
+    enum SourceKind {
+        Pulsar(PulsarSourceConfig),
+    }
+
+    #[test]
+    fn embeds_with_a_kind_tag_and_rejects_unknown_fields() {
+        let SourceKind::Pulsar(c) = serde_json::from_str(
+            r#"{"kind":"pulsar","url":"pulsar://h:6650","topic":"cdc","subscription":"s"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.format, Format::CanalJson);
+        assert!(c.problems().is_empty());
+        let typo = serde_json::from_str::<SourceKind>(
+            r#"{"kind":"pulsar","url":"pulsar://h:6650","topic":"cdc","subscripton":"s"}"#,
+        );
+        assert!(typo.is_err());
+    }
+}

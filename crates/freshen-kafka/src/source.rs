@@ -103,6 +103,10 @@ struct Taken {
 ///   [`Undecodable`] so its offset is acknowledged with the rest — counted, and,
 ///   when a dead-letter topic is configured, copied there first (with headers
 ///   `freshen.error`, `freshen.topic`, `freshen.partition`, `freshen.offset`).
+/// - A `next_batch` future dropped half-way loses what it had gathered until the next
+///   restart (nothing of it is committed, so a new consumer reads it again): poll it to
+///   completion, as the refresher, `fanout` and [`KafkaSink::run`](crate::KafkaSink::run)
+///   do.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), freshen_kafka::Error> {

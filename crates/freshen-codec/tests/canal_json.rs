@@ -253,3 +253,18 @@ fn extreme_times_do_not_panic() {
     let e = CanalJson::new().decode(negative).unwrap().into_events();
     assert_eq!(e[0].commit_ts, None);
 }
+
+#[test]
+fn an_old_column_missing_from_data_is_kept_in_the_old_image() {
+    let msg =
+        br#"{"database":"d","table":"t","type":"UPDATE","mysqlType":{"id":"int","gone":"int"},
+        "data":[{"id":"1"}],"old":[{"gone":"7"}]}"#;
+    let e = CanalJson::new().decode(msg).unwrap().into_events();
+    let old = e[0].old.as_ref().unwrap();
+    assert_eq!(
+        old.iter().map(|(c, _)| c).collect::<Vec<_>>(),
+        ["id", "gone"]
+    );
+    assert_eq!(old.get("gone"), Some(&Value::Int(7)));
+    assert_eq!(e[0].new.as_ref().unwrap().len(), 1);
+}

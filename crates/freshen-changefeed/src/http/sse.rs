@@ -4,7 +4,6 @@
 //! a time, and only when the connection has taken the previous frame: a slow client
 //! reads at its own pace and never loses events, and the server keeps no queue for it.
 
-use std::io::Write as _;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use super::{AppState, FilterParams, MAX_SCAN};
 use crate::Filter;
 use crate::log::Core;
 use crate::metrics;
+use crate::record;
 
 /// ThemisDB's one-shot mode (`keep_alive=false`) sends at most this many events.
 const ONE_SHOT_LIMIT: usize = 1000;
@@ -201,6 +201,7 @@ impl Sse {
             } else {
                 self.settings.max_events.min(ONE_SHOT_LIMIT - self.sent)
             };
+            // Allocated at the first event: an idle stream holds no buffer.
             let mut buf = Vec::new();
             let mut n = 0;
             let read = self.core.read_json(
@@ -209,7 +210,12 @@ impl Sse {
                 MAX_SCAN,
                 &self.settings.filter,
                 |seq, r| {
-                    let _ = write!(buf, "id: {seq}\ndata: ");
+                    if buf.is_empty() {
+                        buf.reserve(16 * 1024);
+                    }
+                    buf.extend_from_slice(b"id: ");
+                    record::push_u64(&mut buf, seq);
+                    buf.extend_from_slice(b"\ndata: ");
                     r.write_json(seq, &mut buf);
                     buf.extend_from_slice(b"\n\n");
                     n += 1;

@@ -515,6 +515,34 @@ impl Groups {
         Ok(())
     }
 
+    /// Applies `change` to group `name` under the lock, queues the group record when its
+    /// cursor or offset moved, submits the writes in lock order, and returns once they
+    /// are durable, with the committed offset after the change.
+    async fn mutate<T>(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut Group, &mut Vec<WriteOp>) -> Result<T, Error>,
+    ) -> Result<(T, u64), Error> {
+        let (out, offset, rx) = {
+            let mut groups = self.lock();
+            let g = groups
+                .get_mut(name)
+                .ok_or_else(|| Error::UnknownGroup(name.to_owned()))?;
+            let before = (g.record.cursor, g.record.offset);
+            let mut ops = Vec::new();
+            let out = change(g, &mut ops)?;
+            g.settle(before, &mut ops, name);
+            let rx = (!ops.is_empty())
+                .then(|| self.core.write_submit(ops))
+                .transpose()?;
+            (out, g.record.offset, rx)
+        };
+        if let Some(rx) = rx {
+            self.core.wait(rx).await?;
+        }
+        Ok((out, offset))
+    }
+
     /// Leases up to `max` events to `consumer`: first those due for redelivery, then new
     /// ones from the log. Returns once the leases are durable.
     pub(crate) async fn receive(
@@ -524,96 +552,78 @@ impl Groups {
         max: usize,
         visibility_ms: Option<u64>,
     ) -> Result<Received, Error> {
-        let (received, rx) = {
-            let mut groups = self.lock();
-            let g = groups
-                .get_mut(name)
-                .ok_or_else(|| Error::UnknownGroup(name.to_owned()))?;
-            let before = (g.record.cursor, g.record.offset);
-            let now = now_ms();
-            let visibility = visibility_ms
-                .unwrap_or(g.record.spec.visibility_timeout_ms)
-                .max(1);
-            let deadline = now.saturating_add(visibility);
-            let mut ops = Vec::new();
-            let mut out = Vec::new();
-            let due: Vec<u64> = g
-                .by_deadline
-                .range(..=(now, u64::MAX))
-                .map(|&(_, s)| s)
-                .collect();
-            for seq in due {
-                if out.len() >= max {
-                    break;
-                }
-                let Some(lease) = g.inflight.get(&seq).cloned() else {
-                    continue;
-                };
-                if lease.deliveries >= g.record.spec.max_deliveries {
-                    self.dead_letter(g, name, seq, &mut ops, now)?;
-                    continue;
-                }
-                let Some(record) = self.record_of(g, seq)? else {
-                    g.remove_lease(seq, &mut ops, name);
-                    metrics::inc(&self.core.metrics().group_lost_to_retention);
-                    continue;
-                };
-                let lease = Lease {
+        let metrics = self.core.metrics();
+        let (received, _) = self
+            .mutate(name, |g, ops| {
+                let now = now_ms();
+                let visibility = visibility_ms
+                    .unwrap_or(g.record.spec.visibility_timeout_ms)
+                    .max(1);
+                let deadline = now.saturating_add(visibility);
+                let lease = |deliveries| Lease {
                     consumer: Some(consumer.to_owned()),
                     deadline_ms: deadline,
-                    deliveries: lease.deliveries + 1,
-                    ..lease
+                    deliveries,
+                    replayed: false,
+                    reason: None,
                 };
-                metrics::inc(if lease.deliveries > 1 {
-                    &self.core.metrics().group_redelivered
-                } else {
-                    &self.core.metrics().group_received
-                });
-                out.push(delivery(seq, lease.deliveries, &record));
-                g.set_lease(seq, lease, &mut ops, name);
-            }
-            if out.len() < max {
-                let mut fresh = Vec::new();
-                let filter = g.filter.clone();
-                g.record.cursor = self.core.read_json(
-                    g.record.cursor,
-                    max - out.len(),
-                    MAX_SCAN,
-                    &filter,
-                    |seq, r| {
-                        fresh.push((seq, delivery_ref(seq, 1, r)));
-                    },
-                )?;
-                metrics::add(&self.core.metrics().group_received, fresh.len() as u64);
-                for (seq, d) in fresh {
-                    let lease = Lease {
-                        consumer: Some(consumer.to_owned()),
-                        deadline_ms: deadline,
-                        deliveries: 1,
-                        replayed: false,
-                        reason: None,
+                let mut out = Vec::new();
+                let due: Vec<u64> = g
+                    .by_deadline
+                    .range(..=(now, u64::MAX))
+                    .map(|&(_, s)| s)
+                    .collect();
+                for seq in due {
+                    if out.len() >= max {
+                        break;
+                    }
+                    let Some(old) = g.inflight.get(&seq).cloned() else {
+                        continue;
                     };
-                    g.set_lease(seq, lease, &mut ops, name);
-                    out.push(d);
+                    if old.deliveries >= g.record.spec.max_deliveries {
+                        self.dead_letter(g, name, seq, ops, now)?;
+                        continue;
+                    }
+                    let Some(record) = self.record_of(g, seq)? else {
+                        g.remove_lease(seq, ops, name);
+                        metrics::inc(&metrics.group_lost_to_retention);
+                        continue;
+                    };
+                    let new = Lease {
+                        replayed: old.replayed,
+                        reason: old.reason,
+                        ..lease(old.deliveries + 1)
+                    };
+                    metrics::inc(if new.deliveries > 1 {
+                        &metrics.group_redelivered
+                    } else {
+                        &metrics.group_received
+                    });
+                    out.push(delivery(seq, new.deliveries, &record));
+                    g.set_lease(seq, new, ops, name);
                 }
-            }
-            g.settle(before, &mut ops, name);
-            let rx = if ops.is_empty() {
-                None
-            } else {
-                Some(self.core.write_submit(ops)?)
-            };
-            (
-                Received {
+                if out.len() < max {
+                    let mut fresh = Vec::new();
+                    let filter = g.filter.clone();
+                    g.record.cursor = self.core.read_json(
+                        g.record.cursor,
+                        max - out.len(),
+                        MAX_SCAN,
+                        &filter,
+                        |seq, r| fresh.push(delivery_ref(seq, 1, r)),
+                    )?;
+                    metrics::add(&metrics.group_received, fresh.len() as u64);
+                    for d in fresh {
+                        g.set_lease(d.sequence, lease(1), ops, name);
+                        out.push(d);
+                    }
+                }
+                Ok(Received {
                     deliveries: out,
                     lease_expires_ms: deadline,
-                },
-                rx,
-            )
-        };
-        if let Some(rx) = rx {
-            self.core.wait(rx).await?;
-        }
+                })
+            })
+            .await?;
         Ok(received)
     }
 
@@ -629,42 +639,31 @@ impl Groups {
         seqs: &[u64],
         up_to: Option<(&str, u64)>,
     ) -> Result<Settled, Error> {
-        let (settled, rx) = {
-            let mut groups = self.lock();
-            let g = groups
-                .get_mut(name)
-                .ok_or_else(|| Error::UnknownGroup(name.to_owned()))?;
-            let before = (g.record.cursor, g.record.offset);
-            let mut ops = Vec::new();
-            let mut s = Settled::default();
-            let mut targets: Vec<u64> = seqs.to_vec();
-            if let Some((consumer, last)) = up_to {
-                targets.extend(
-                    g.inflight
-                        .range(..=last)
-                        .filter(|(_, l)| l.consumer.as_deref() == Some(consumer))
-                        .map(|(s, _)| *s),
-                );
-            }
-            for seq in targets {
-                if g.remove_lease(seq, &mut ops, name).is_some() {
-                    s.acked += 1;
-                } else {
-                    s.unknown += 1;
+        let (mut s, offset) = self
+            .mutate(name, |g, ops| {
+                let mut s = Settled::default();
+                let mut targets = seqs.to_vec();
+                if let Some((consumer, last)) = up_to {
+                    targets.extend(
+                        g.inflight
+                            .range(..=last)
+                            .filter(|(_, l)| l.consumer.as_deref() == Some(consumer))
+                            .map(|(s, _)| *s),
+                    );
                 }
-            }
-            metrics::add(&self.core.metrics().group_acked, s.acked);
-            g.settle(before, &mut ops, name);
-            s.committed_offset = g.record.offset;
-            let rx = (!ops.is_empty())
-                .then(|| self.core.write_submit(ops))
-                .transpose()?;
-            (s, rx)
-        };
-        if let Some(rx) = rx {
-            self.core.wait(rx).await?;
-        }
-        Ok(settled)
+                for seq in targets {
+                    if g.remove_lease(seq, ops, name).is_some() {
+                        s.acked += 1;
+                    } else {
+                        s.unknown += 1;
+                    }
+                }
+                Ok(s)
+            })
+            .await?;
+        metrics::add(&self.core.metrics().group_acked, s.acked);
+        s.committed_offset = offset;
+        Ok(s)
     }
 
     /// Negatively acknowledges `seqs`: each is delivered again after `delay_ms`, or
@@ -676,54 +675,40 @@ impl Groups {
         reason: Option<String>,
         delay_ms: u64,
     ) -> Result<Settled, Error> {
-        let (settled, rx) = {
-            let mut groups = self.lock();
-            let g = groups
-                .get_mut(name)
-                .ok_or_else(|| Error::UnknownGroup(name.to_owned()))?;
-            let before = (g.record.cursor, g.record.offset);
-            let now = now_ms();
-            let mut ops = Vec::new();
-            let mut s = Settled::default();
-            for &seq in seqs {
-                let Some(lease) = g.inflight.get(&seq).cloned() else {
-                    s.unknown += 1;
-                    continue;
-                };
-                let lease = Lease {
-                    consumer: None,
-                    deadline_ms: now.saturating_add(delay_ms),
-                    reason: Some(
-                        reason
-                            .clone()
-                            .unwrap_or_else(|| "negatively acknowledged".to_owned()),
-                    ),
-                    ..lease
-                };
-                let exhausted = lease.deliveries >= g.record.spec.max_deliveries;
-                g.set_lease(seq, lease, &mut ops, name);
-                if exhausted {
-                    self.dead_letter(g, name, seq, &mut ops, now)?;
-                    s.dead_lettered += 1;
-                } else {
-                    s.requeued += 1;
+        let reason = reason.unwrap_or_else(|| "negatively acknowledged".to_owned());
+        let (mut s, offset) = self
+            .mutate(name, |g, ops| {
+                let now = now_ms();
+                let mut s = Settled::default();
+                for &seq in seqs {
+                    let Some(lease) = g.inflight.get(&seq).cloned() else {
+                        s.unknown += 1;
+                        continue;
+                    };
+                    let lease = Lease {
+                        consumer: None,
+                        deadline_ms: now.saturating_add(delay_ms),
+                        reason: Some(reason.clone()),
+                        ..lease
+                    };
+                    if lease.deliveries >= g.record.spec.max_deliveries {
+                        g.set_lease(seq, lease, ops, name);
+                        self.dead_letter(g, name, seq, ops, now)?;
+                        s.dead_lettered += 1;
+                    } else {
+                        g.set_lease(seq, lease, ops, name);
+                        s.requeued += 1;
+                    }
                 }
-            }
-            metrics::add(
-                &self.core.metrics().group_nacked,
-                s.requeued + s.dead_lettered,
-            );
-            g.settle(before, &mut ops, name);
-            s.committed_offset = g.record.offset;
-            let rx = (!ops.is_empty())
-                .then(|| self.core.write_submit(ops))
-                .transpose()?;
-            (s, rx)
-        };
-        if let Some(rx) = rx {
-            self.core.wait(rx).await?;
-        }
-        Ok(settled)
+                Ok(s)
+            })
+            .await?;
+        metrics::add(
+            &self.core.metrics().group_nacked,
+            s.requeued + s.dead_lettered,
+        );
+        s.committed_offset = offset;
+        Ok(s)
     }
 
     /// Dead-letters expired leases that used up their deliveries, in every group.
@@ -799,36 +784,28 @@ impl Groups {
     /// Moves a dead letter back into the group: it is delivered again (with a fresh
     /// delivery count) on the next receive.
     pub(crate) async fn replay(&self, name: &str, seq: u64) -> Result<(), Error> {
-        let rx = {
-            let mut groups = self.lock();
-            let g = groups
-                .get_mut(name)
-                .ok_or_else(|| Error::UnknownGroup(name.to_owned()))?;
+        let unknown = || Error::UnknownDeadLetter {
+            group: name.to_owned(),
+            sequence: seq,
+        };
+        self.mutate(name, |g, ops| {
             if !g.dead.contains(&seq) {
-                return Err(Error::UnknownDeadLetter {
-                    group: name.to_owned(),
-                    sequence: seq,
-                });
+                return Err(unknown());
             }
             let record = {
                 let tx = self.core.db.begin_read()?;
                 let table = tx.open_table(DEAD)?;
-                let v = table
-                    .get((name, seq))?
-                    .ok_or_else(|| Error::UnknownDeadLetter {
-                        group: name.to_owned(),
-                        sequence: seq,
-                    })?;
+                let v = table.get((name, seq))?.ok_or_else(unknown)?;
                 unpack::<DeadHeader>(v.value())
                     .map(|(_, tail)| tail.to_vec())
                     .ok_or_else(|| {
                         Error::Format(format!("dead letter {seq} of group {name:?} is unreadable"))
                     })?
             };
-            let mut ops = vec![WriteOp::DeleteDead {
+            ops.push(WriteOp::DeleteDead {
                 group: name.to_owned(),
                 seq,
-            }];
+            });
             g.dead.remove(&seq);
             g.carried.insert(seq, record);
             let lease = Lease {
@@ -838,49 +815,42 @@ impl Groups {
                 replayed: true,
                 reason: None,
             };
-            g.set_lease(seq, lease, &mut ops, name);
-            self.core.write_submit(ops)?
-        };
-        self.core.wait(rx).await
+            g.set_lease(seq, lease, ops, name);
+            Ok(())
+        })
+        .await?;
+        Ok(())
     }
 
     /// Deletes one dead letter.
     pub(crate) async fn delete_dead(&self, name: &str, seq: u64) -> Result<(), Error> {
-        let rx = {
-            let mut groups = self.lock();
-            let g = groups
-                .get_mut(name)
-                .ok_or_else(|| Error::UnknownGroup(name.to_owned()))?;
+        self.mutate(name, |g, ops| {
             if !g.dead.remove(&seq) {
                 return Err(Error::UnknownDeadLetter {
                     group: name.to_owned(),
                     sequence: seq,
                 });
             }
-            self.core.write_submit(vec![WriteOp::DeleteDead {
+            ops.push(WriteOp::DeleteDead {
                 group: name.to_owned(),
                 seq,
-            }])?
-        };
-        self.core.wait(rx).await
+            });
+            Ok(())
+        })
+        .await?;
+        Ok(())
     }
 
     /// Deletes every dead letter of the group; returns how many there were.
     pub(crate) async fn drain(&self, name: &str) -> Result<u64, Error> {
-        let (n, rx) = {
-            let mut groups = self.lock();
-            let g = groups
-                .get_mut(name)
-                .ok_or_else(|| Error::UnknownGroup(name.to_owned()))?;
-            let n = std::mem::take(&mut g.dead).len() as u64;
-            (
-                n,
-                self.core.write_submit(vec![WriteOp::DeleteAllDead {
+        let (n, _) = self
+            .mutate(name, |g, ops| {
+                ops.push(WriteOp::DeleteAllDead {
                     group: name.to_owned(),
-                }])?,
-            )
-        };
-        self.core.wait(rx).await?;
+                });
+                Ok(std::mem::take(&mut g.dead).len() as u64)
+            })
+            .await?;
         Ok(n)
     }
 }

@@ -14,7 +14,7 @@ use crate::{Changefeed, Error, RetentionConfig};
 const STEP: usize = 10_000;
 
 /// The first sequence to keep under `policy` (everything before it goes).
-fn cut(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
+async fn cut(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
     let s = core.stats();
     let mut before = s.oldest_sequence;
     if let Some(max) = policy.max_events
@@ -46,7 +46,11 @@ fn cut(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
                     before = before.max(last + 1);
                     break;
                 }
-                None => at = last,
+                None => {
+                    at = last;
+                    // A long scan: let other tasks run between steps.
+                    tokio::task::yield_now().await;
+                }
             }
         }
     }
@@ -63,6 +67,7 @@ fn cut(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
                 break;
             }
             at = last;
+            tokio::task::yield_now().await;
         }
         before = before.max(at + 1);
     }
@@ -71,7 +76,7 @@ fn cut(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
 
 /// Applies `policy` once; returns how many events were deleted.
 pub(crate) async fn enforce(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
-    let before = cut(core, policy)?;
+    let before = cut(core, policy).await?;
     metrics::inc(&core.metrics().retention_runs);
     if before <= core.stats().oldest_sequence {
         return Ok(0);

@@ -71,7 +71,9 @@ pub(crate) async fn poll(
             return Ok(page(&events, n, core.latest(), after));
         }
         if after < core.latest() {
-            // Filtered-out events remain to be examined: no need to wait.
+            // Filtered-out events remain to be examined: no need to wait, but let other
+            // tasks run between steps of a long scan.
+            tokio::task::yield_now().await;
             continue;
         }
         tokio::select! {

@@ -235,6 +235,8 @@ impl Sse {
                 return Some(Bytes::from(buf));
             }
             if self.after < self.core.latest() {
+                // Events the filter skipped remain: scan on, letting other tasks run.
+                tokio::task::yield_now().await;
                 continue;
             }
             if !self.settings.keep_alive {

@@ -52,6 +52,15 @@ pub struct PulsarSourceConfig {
     pub token: Option<String>,
 }
 
+/// A topic's full name: a short name means `persistent://public/default/<name>`.
+pub fn full_topic(topic: &str) -> String {
+    if topic.contains("://") {
+        topic.to_owned()
+    } else {
+        format!("persistent://public/default/{topic}")
+    }
+}
+
 fn default_format() -> Format {
     Format::CanalJson
 }
@@ -108,11 +117,7 @@ impl PulsarSourceConfig {
 
     /// The topic's full name.
     pub fn full_topic(&self) -> String {
-        if self.topic.contains("://") {
-            self.topic.clone()
-        } else {
-            format!("persistent://public/default/{}", self.topic)
-        }
+        full_topic(&self.topic)
     }
 
     /// Every problem with this configuration, one sentence each (empty: valid).

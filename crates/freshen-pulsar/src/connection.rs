@@ -248,7 +248,7 @@ async fn read_loop(
         }
         let event = match cmd.r#type {
             kind::PING => {
-                sender.send(&BaseCommand::of(kind::PONG));
+                sender.send(&pong());
                 continue;
             }
             kind::MESSAGE => Inbound::Message(Box::new(frame)),
@@ -272,6 +272,15 @@ async fn read_loop(
     let _ = inbound.send(Inbound::Closed(reason));
 }
 
+/// The answer to a broker's PING. The (empty) pong body must be present on the wire:
+/// brokers drop a connection whose PONG lacks it.
+fn pong() -> BaseCommand {
+    BaseCommand {
+        pong: Some(crate::proto::CommandPong {}),
+        ..BaseCommand::of(kind::PONG)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,5 +298,20 @@ mod tests {
         assert!(addresses("pulsar+ssl://a:6651").is_err());
         assert!(addresses("http://a").is_err());
         assert!(addresses("pulsar://").is_err());
+    }
+
+    #[test]
+    fn a_pong_keeps_its_empty_body_on_the_wire() {
+        use prost::Message as _;
+        let bytes = pong().encode_to_vec();
+        let back = BaseCommand::decode(bytes.as_slice()).unwrap();
+        assert_eq!(back.r#type, kind::PONG);
+        assert!(back.pong.is_some(), "the pong field must survive encoding");
+        let bare =
+            BaseCommand::decode(BaseCommand::of(kind::PONG).encode_to_vec().as_slice()).unwrap();
+        assert!(
+            bare.pong.is_none(),
+            "without it the broker sees no pong body"
+        );
     }
 }

@@ -37,7 +37,7 @@ mod proto;
 mod source;
 mod stats;
 
-pub use config::PulsarSourceConfig;
+pub use config::{PulsarSourceConfig, full_topic};
 pub use error::Error;
 pub use producer::PulsarProducer;
 pub use source::{MessageId, PulsarSource, SourceStatsHandle, Undecodable};

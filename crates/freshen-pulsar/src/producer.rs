@@ -32,9 +32,10 @@ impl fmt::Debug for PulsarProducer {
 }
 
 impl PulsarProducer {
-    /// Connects to the broker serving `topic` (a full `persistent://…` name) and
-    /// registers a producer.
+    /// Connects to the broker serving `topic` (a full `persistent://…` name, or a short
+    /// name as in [`PulsarSourceConfig`](crate::PulsarSourceConfig)) and registers a producer.
     pub async fn connect(url: &str, topic: &str) -> Result<PulsarProducer, Error> {
+        let topic = &crate::config::full_topic(topic);
         let conn = connect_for(url, topic, None).await?;
         let producer_id = 1;
         let answer = conn

@@ -139,6 +139,15 @@ fn table_names(cfg: &Config) -> Vec<TableName> {
 async fn check_database(cfg: &Config, report: &mut CheckReport) {
     match &cfg.source {
         Source::Postgres(pg) => check_postgres_source(cfg, pg, report).await,
+        Source::Pulsar(p) => report.push(
+            Level::Ok,
+            "source",
+            format!("pulsar {}", p.url),
+            format!(
+                "subscription {} reads {} as {:?} (the broker is not contacted by check)",
+                p.subscription, p.topic, p.format
+            ),
+        ),
         Source::Kafka(k) => report.push(
             Level::Ok,
             "source",

@@ -38,6 +38,7 @@ struct ViewRun {
 enum Probe {
     Postgres(PgHandle),
     Kafka(SourceStatsHandle),
+    Pulsar(freshen_pulsar::SourceStatsHandle),
 }
 
 /// A started pipeline: the source is connected (slot and publication exist), statements
@@ -81,7 +82,7 @@ impl Observer {
     pub fn postgres(&self) -> Option<&PgHandle> {
         match &self.source {
             Probe::Postgres(h) => Some(h),
-            Probe::Kafka(_) => None,
+            Probe::Kafka(_) | Probe::Pulsar(_) => None,
         }
     }
 
@@ -135,6 +136,18 @@ impl Observe for Observer {
                     streaming: self.running.load(Ordering::Relaxed),
                     events: s.events,
                     reconnects: s.rebalances,
+                    last_error: s.last_error,
+                    ..SourceStatus::default()
+                }
+            }
+            Probe::Pulsar(handle) => {
+                let s = handle.stats();
+                SourceStatus {
+                    kind: "pulsar".into(),
+                    // A failover standby is healthy but not streaming.
+                    streaming: self.running.load(Ordering::Relaxed) && s.active != Some(false),
+                    events: s.events,
+                    reconnects: s.reconnects,
                     last_error: s.last_error,
                     ..SourceStatus::default()
                 }
@@ -308,6 +321,12 @@ impl Pipeline {
                 let s = KafkaSource::new(k).context("cannot start the Kafka source")?;
                 let h = s.stats_handle();
                 (Box::new(s), Probe::Kafka(h))
+            }
+            Source::Pulsar(p) => {
+                let s = freshen_pulsar::PulsarSource::new((**p).clone())
+                    .context("cannot start the Pulsar source")?;
+                let h = s.stats_handle();
+                (Box::new(s), Probe::Pulsar(h))
             }
         };
         let mut branches = fanout(source, cfg.consumers()).into_iter();

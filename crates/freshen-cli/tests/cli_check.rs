@@ -107,7 +107,7 @@ fn run_rejects_a_bad_file_with_exit_code_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("`source.kind` must be one of `postgres`, `kafka`"),
+        err.contains("`source.kind` must be one of `postgres`, `kafka`, `pulsar`"),
         "{err}"
     );
     assert!(err.contains("needs `views`"), "{err}");

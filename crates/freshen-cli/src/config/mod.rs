@@ -103,6 +103,8 @@ pub enum Source {
     Postgres(PgSource),
     /// A Kafka consumer group reading canal-json or Debezium JSON.
     Kafka(Box<freshen_kafka::KafkaSourceConfig>),
+    /// A Pulsar failover subscription reading TiCDC canal-json.
+    Pulsar(Box<freshen_pulsar::PulsarSourceConfig>),
 }
 
 impl Source {
@@ -111,6 +113,7 @@ impl Source {
         match self {
             Source::Postgres(_) => "postgres",
             Source::Kafka(_) => "kafka",
+            Source::Pulsar(_) => "pulsar",
         }
     }
 }
@@ -257,7 +260,7 @@ impl Config {
     pub fn watched_tables(&self) -> Vec<(String, String)> {
         let extra = match &self.source {
             Source::Postgres(pg) => pg.tables.clone(),
-            Source::Kafka(_) => Vec::new(),
+            Source::Kafka(_) | Source::Pulsar(_) => Vec::new(),
         };
         let mut out: Vec<(String, String)> = Vec::new();
         let views = self
@@ -431,9 +434,13 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             "on-enqueue" => AckPolicy::OnEnqueue,
             _ => AckPolicy::AfterRebuild,
         });
-    let kind = r.choice(t, "kind", &["postgres", "kafka"]);
+    let kind = r.choice(t, "kind", &["postgres", "kafka", "pulsar"]);
     if kind.is_none() && t.t.get("kind").is_none() {
-        r.missing(t, "kind", "the source type: \"postgres\" or \"kafka\"");
+        r.missing(
+            t,
+            "kind",
+            "the source type: \"postgres\", \"kafka\" or \"pulsar\"",
+        );
     }
     let Some(kind) = kind else {
         return (None, ack);
@@ -450,6 +457,19 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             problems.is_empty()
         });
         return (kafka.map(|k| Source::Kafka(Box::new(k))), ack);
+    }
+    if kind.value == "pulsar" {
+        let item = root.t.get("source").expect("read above");
+        let pulsar: Option<freshen_pulsar::PulsarSourceConfig> =
+            r.serde_table(item, "source", &["kind", "ack"]);
+        let pulsar = pulsar.filter(|p| {
+            let problems = p.problems();
+            for problem in &problems {
+                r.p.at_line(kind.line, format!("in `source`: {problem}"));
+            }
+            problems.is_empty()
+        });
+        return (pulsar.map(|p| Source::Pulsar(Box::new(p))), ack);
     }
     r.known_keys(t, SOURCE_PG);
     let url = r.string(t, "url");

@@ -192,7 +192,7 @@ watch = "readings"
 rebuild = ["x"]
 "#;
     let p = problems(src);
-    assert!(p.iter().any(|l| l.contains("f.toml:3: `source.kind` must be one of `postgres`, `kafka`, not `postgress` (did you mean `postgres`?)")), "{p:?}");
+    assert!(p.iter().any(|l| l.contains("f.toml:3: `source.kind` must be one of `postgres`, `kafka`, `pulsar`, not `postgress` (did you mean `postgres`?)")), "{p:?}");
     assert!(
         p.iter()
             .any(|l| l.contains("f.toml:4: `source.ack` must be one of")),
@@ -318,4 +318,29 @@ fn a_changefeed_alone_needs_no_views() {
     assert!(c.views.is_empty());
     assert_eq!(c.watched_tables(), [("public".into(), "orders".into())]);
     assert_eq!(c.consumers(), 1);
+}
+
+#[test]
+fn a_pulsar_source_is_read_by_its_crate() {
+    let src = r#"
+[source]
+kind = "pulsar"
+url = "pulsar://127.0.0.1:6650"
+topic = "ticdc"
+subscription = "freshen"
+
+[target]
+url = "${TARGET_URL}"
+
+[[views]]
+name = "v"
+watch = [{ table = "demo.readings", key = ["device"] }]
+rebuild = ["SELECT $1"]
+"#;
+    let c = parse(src, "f.toml", &env).unwrap();
+    let Source::Pulsar(p) = &c.source else {
+        panic!("pulsar source")
+    };
+    assert_eq!(p.subscription, "freshen");
+    assert_eq!(c.source.kind(), "pulsar");
 }

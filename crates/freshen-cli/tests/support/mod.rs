@@ -211,3 +211,68 @@ pub async fn workload(c: &mut Client, r: &mut Rng, n: usize) {
         tx.commit().await.expect("commit");
     }
 }
+
+/// A TiCDC canal-json message for one row of `demo.readings`.
+pub fn canal(kind: &str, id: i64, device: &str, value: i64) -> Vec<u8> {
+    serde_json::json!({
+        "id": 0, "database": "demo", "table": "readings", "pkNames": ["id"], "isDdl": false,
+        "type": kind, "es": 1786358942713u64, "ts": 1786358944991u64, "sql": "",
+        "sqlType": {"id": 4, "device": 12, "value": 4},
+        "mysqlType": {"id": "int", "device": "varchar", "value": "int"},
+        "old": null,
+        "data": [{"id": id.to_string(), "device": device, "value": value.to_string()}],
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The derived `demo.device_totals` and its truth in `demo.readings` (the TiDB-shaped
+/// schema of the broker tests).
+pub const DEMO_SCHEMA: &str = "
+CREATE SCHEMA demo;
+CREATE TABLE demo.readings (id bigint PRIMARY KEY, device text NOT NULL, value bigint NOT NULL);
+CREATE TABLE demo.device_totals (device text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
+";
+
+/// A view over `demo.readings` for configs whose source is a broker.
+pub const DEMO_VIEW: &str = r#"
+[defaults]
+coalesce = "20ms"
+
+[[views]]
+name = "device_totals"
+watch = [{ table = "demo.readings", key = ["device"] }]
+rebuild = [
+  "DELETE FROM demo.device_totals WHERE device = $1",
+  "INSERT INTO demo.device_totals SELECT device, sum(value), count(*) FROM demo.readings WHERE device = $1 GROUP BY device",
+]
+"#;
+
+/// Polls until `demo.device_totals` equals its truth with `devices` rows.
+pub async fn wait_demo_equal(c: &Client, devices: i64, within: Duration) -> bool {
+    let truth = "SELECT device, sum(value)::bigint, count(*) FROM demo.readings GROUP BY device";
+    let derived = "SELECT device, total, n FROM demo.device_totals";
+    let deadline = Instant::now() + within;
+    loop {
+        let diff: i64 = c
+            .query_one(
+                &format!("SELECT count(*) FROM (({derived} EXCEPT {truth}) UNION ALL ({truth} EXCEPT {derived})) d"),
+                &[],
+            )
+            .await
+            .expect("compare")
+            .get(0);
+        let rows: i64 = c
+            .query_one("SELECT count(*) FROM demo.device_totals", &[])
+            .await
+            .expect("count")
+            .get(0);
+        if diff == 0 && rows == devices {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

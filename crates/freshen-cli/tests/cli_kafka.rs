@@ -1,0 +1,222 @@
+//! The binary with Kafka: TiCDC canal-json in, a view kept fresh; PostgreSQL changes out
+//! to a Kafka sink in Debezium's envelope. Real brokers (noida-db), started by the tests.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use freshen_testenv::KafkaServer;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::{Value, json};
+use support::*;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn broker() -> KafkaServer {
+    KafkaServer::start().expect("a Kafka-protocol broker (run scripts/test-deps-brokers)")
+}
+
+async fn create_topic(bootstrap: &str, topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let new = NewTopic::new(topic, 2, TopicReplication::Fixed(1));
+    for r in admin
+        .create_topics(
+            [&new],
+            &AdminOptions::new().operation_timeout(Some(DEADLINE)),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+}
+
+async fn send(p: &FutureProducer, topic: &str, key: &str, value: &[u8]) {
+    p.send(FutureRecord::to(topic).key(key).payload(value), DEADLINE)
+        .await
+        .unwrap_or_else(|(e, _)| panic!("producing: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canal_json_from_kafka_keeps_a_view_fresh_and_skips_poison() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    // The target holds the source tables (as TiDB would) and the derived table.
+    c.batch_execute(DEMO_SCHEMA).await.unwrap();
+    create_topic(&kafka.bootstrap(), "ticdc").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "kafka"
+brokers = "{}"
+topics = ["ticdc"]
+group = "freshen-cli-test"
+format = "canal-json"
+session_timeout_ms = 6000
+
+[target]
+url = "{}"
+
+[http]
+listen = "127.0.0.1:{port}"
+
+{DEMO_VIEW}
+"#,
+            kafka.bootstrap(),
+            pg.url()
+        ),
+    );
+    let mut child = spawn_run(dir.path(), &cfg, 1);
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .create()
+        .unwrap();
+    // Each change is applied upstream, then announced on the topic, as TiCDC would.
+    for id in 0..40i64 {
+        let device = format!("d{}", id % 4);
+        c.execute(
+            "INSERT INTO demo.readings VALUES ($1, $2, $3)",
+            &[&id, &device, &id],
+        )
+        .await
+        .unwrap();
+        send(
+            &producer,
+            "ticdc",
+            &device,
+            &canal("INSERT", id, &device, id),
+        )
+        .await;
+        if id == 20 {
+            send(&producer, "ticdc", "poison", b"{not json").await;
+        }
+    }
+    c.execute("DELETE FROM demo.readings WHERE id = 3", &[])
+        .await
+        .unwrap();
+    send(&producer, "ticdc", "d3", &canal("DELETE", 3, "d3", 3)).await;
+
+    assert!(
+        wait_demo_equal(&c, 4, Duration::from_secs(60)).await,
+        "the view never matched: {}",
+        log_of(dir.path(), 1)
+    );
+    let metrics = wait_http(&base, "/metrics", 200, DEADLINE).await;
+    assert!(
+        metrics.contains("freshen_events_skipped_total{view=\"device_totals\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("freshen_source_streaming{kind=\"kafka\"} 1"),
+        "{metrics}"
+    );
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_changes_reach_a_kafka_sink_in_debezium_form() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, amount int NOT NULL)")
+        .await
+        .unwrap();
+    create_topic(&kafka.bootstrap(), "changes").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "postgres"
+url = "{}"
+slot = "freshen_sink"
+publication = "freshen_sink"
+tables = ["public.orders"]
+
+[http]
+listen = "127.0.0.1:{port}"
+
+[[sinks]]
+kind = "kafka"
+brokers = "{}"
+topic = "changes"
+topic_mode = "single"
+"#,
+            pg.url(),
+            kafka.bootstrap()
+        ),
+    );
+    let mut child = spawn_run(dir.path(), &cfg, 1);
+    wait_http(
+        &format!("http://127.0.0.1:{port}"),
+        "/healthz",
+        200,
+        DEADLINE,
+    )
+    .await;
+    for id in 0..25i64 {
+        c.execute("INSERT INTO orders VALUES ($1, 1)", &[&id])
+            .await
+            .unwrap();
+    }
+    c.execute("UPDATE orders SET amount = 2 WHERE id = 7", &[])
+        .await
+        .unwrap();
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("group.id", "reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["changes"]).unwrap();
+    let mut got: Vec<(Value, Value)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < 26 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} messages: {}",
+            got.len(),
+            log_of(dir.path(), 1)
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let key: Value = serde_json::from_slice(m.key().unwrap()).unwrap();
+            let value: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            got.push((key, value));
+        }
+    }
+    let creates = got.iter().filter(|(_, v)| v["op"] == "c").count();
+    assert_eq!(creates, 25, "{got:?}");
+    let update = got
+        .iter()
+        .find(|(_, v)| v["op"] == "u")
+        .expect("the update");
+    assert_eq!(update.0, json!({"id": 7}), "key is the primary key as JSON");
+    assert_eq!(update.1["after"]["amount"], json!(2));
+    assert_eq!(update.1["source"]["table"], json!("orders"));
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+}

@@ -8,7 +8,7 @@ use freshen::RowEvent;
 use redb::Database;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::groups::Groups;
+use crate::groups::{GroupInfo, GroupSpec, Groups, Start};
 use crate::metrics::{self, GroupGauges, LogGauges, Metrics};
 use crate::record::{self, Encoder, RecordRef};
 use crate::store::{self, LogState};
@@ -352,6 +352,32 @@ impl Changefeed {
         let n = self.core.truncate(before).await?;
         metrics::add(&self.core.metrics().retention_deleted, n);
         Ok(n)
+    }
+
+    /// Creates a consumer group (the binary can declare groups in its configuration);
+    /// an existing group with the same definition is left as it is.
+    pub async fn create_group(
+        &self,
+        name: &str,
+        spec: GroupSpec,
+        start: Start,
+    ) -> Result<GroupInfo, Error> {
+        Ok(self.groups.create(name, spec, start).await?.0)
+    }
+
+    /// A consumer group's state: committed offset, lag, events in flight, dead letters.
+    pub fn group(&self, name: &str) -> Result<GroupInfo, Error> {
+        self.groups.info(name)
+    }
+
+    /// Every consumer group's state.
+    pub fn groups(&self) -> Vec<GroupInfo> {
+        self.groups.list()
+    }
+
+    /// Deletes a consumer group with its leases and dead letters.
+    pub async fn delete_group(&self, name: &str) -> Result<(), Error> {
+        self.groups.delete(name).await
     }
 
     /// The Prometheus text exposition of the changefeed's metrics.

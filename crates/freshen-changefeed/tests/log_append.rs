@@ -301,3 +301,36 @@ async fn capture_stops_on_shutdown_and_reports_source_failure() {
         Err(freshen_changefeed::Error::Closed { .. })
     ));
 }
+
+#[tokio::test]
+async fn groups_declared_in_code_persist() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let cf = open(&cfg).await;
+    cf.append(&orders(1, 3)).await.unwrap();
+    let mut spec = freshen_changefeed::GroupSpec::new(&cfg.groups);
+    spec.tables = vec!["orders".into()];
+    let g = cf
+        .create_group("search-index", spec.clone(), freshen_changefeed::Start::Latest)
+        .await
+        .unwrap();
+    assert_eq!((g.committed_offset, g.lag), (3, 0));
+    // Declaring it again (a restart of the binary) changes nothing.
+    cf.append(&orders(4, 1)).await.unwrap();
+    let again = cf
+        .create_group("search-index", spec.clone(), freshen_changefeed::Start::Latest)
+        .await
+        .unwrap();
+    assert_eq!((again.committed_offset, again.lag), (3, 1));
+    cf.close().await;
+    drop(cf);
+    let cf = open(&cfg).await;
+    assert_eq!(cf.groups().len(), 1);
+    assert_eq!(cf.group("search-index").unwrap().spec, spec);
+    cf.delete_group("search-index").await.unwrap();
+    assert!(matches!(
+        cf.group("search-index"),
+        Err(freshen_changefeed::Error::UnknownGroup(_))
+    ));
+    cf.close().await;
+}

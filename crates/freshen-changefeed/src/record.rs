@@ -145,7 +145,7 @@ impl Encoder {
         let key = key_of(event);
         let schema = clip(&event.schema, u16::MAX as usize);
         let table = clip(&event.table, u16::MAX as usize);
-        let mut out = Vec::with_capacity(FIXED + key.len() + schema.len() + table.len() + 256);
+        let mut out = Vec::with_capacity(FIXED + key.len() + schema.len() + table.len() + 512);
         out.push(VERSION);
         out.push(op_code(event.op));
         out.extend_from_slice(&appended_ms.to_le_bytes());
@@ -173,12 +173,16 @@ impl Encoder {
             Op::Update | Op::Delete => e.old.as_ref(),
             Op::Insert | Op::Truncate => None,
         };
+        // The new row's text is both `value` and `after_snapshot`: escape it once.
+        let value_at = out.len();
         match after {
             Some(row) => self.row_text(row, out),
             None => out.extend_from_slice(b"null"),
         }
-        let ts = e.commit_ts.map_or(appended_ms, unix_ms);
-        let _ = write!(out, ",\"timestamp_ms\":{ts},\"metadata\":{{\"table\":");
+        let value = value_at..out.len();
+        out.extend_from_slice(b",\"timestamp_ms\":");
+        push_u64(out, e.commit_ts.map_or(appended_ms, unix_ms));
+        out.extend_from_slice(b",\"metadata\":{\"table\":");
         json_str(&e.table, out);
         out.extend_from_slice(b",\"pk\":");
         json_str(key.pk(), out);
@@ -187,9 +191,9 @@ impl Encoder {
             out.extend_from_slice(b",\"before_snapshot\":");
             self.row_text(row, out);
         }
-        if let Some(row) = after {
+        if after.is_some() {
             out.extend_from_slice(b",\"after_snapshot\":");
-            self.row_text(row, out);
+            out.extend_from_within(value);
         }
         out.extend_from_slice(b",\"op\":");
         json_str(e.op.as_str(), out);
@@ -261,7 +265,10 @@ fn json_value(value: &Value, out: &mut Vec<u8>) {
         Value::Null | Value::Unchanged => out.extend_from_slice(b"null"),
         Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Int(i) => {
-            let _ = write!(out, "{i}");
+            if *i < 0 {
+                out.push(b'-');
+            }
+            push_u64(out, i.unsigned_abs());
         }
         Value::Float(x) if x.is_finite() => {
             let _ = write!(out, "{x:?}");
@@ -473,6 +480,8 @@ mod tests {
             ("inf", Value::Float(f64::NEG_INFINITY)),
             ("bad", Value::Json("{not json".into())),
             ("ctl", Value::text("\u{0}\u{1f}\u{2028}")),
+            ("min", Value::Int(i64::MIN)),
+            ("neg", Value::Int(-7)),
         ]));
         let j = parse(&Encoder::default().encode(&e, 1), 1);
         let v: serde_json::Value = serde_json::from_str(j["value"].as_str().unwrap()).unwrap();
@@ -480,6 +489,10 @@ mod tests {
         assert_eq!(v["inf"], "-Infinity");
         assert_eq!(v["bad"], "{not json");
         assert_eq!(v["ctl"], "\u{0}\u{1f}\u{2028}");
+        assert_eq!(
+            (v["min"].as_i64(), v["neg"].as_i64()),
+            (Some(i64::MIN), Some(-7))
+        );
         assert_eq!(j["key"], "t:");
     }
 

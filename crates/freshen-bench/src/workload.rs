@@ -1,0 +1,369 @@
+//! What the PostgreSQL scenarios share: throwaway servers, the `readings` schema and its
+//! per-device rollup, `pgbench` as the load generator, freshen run in-process exactly as
+//! `freshen run` runs it (a TOML configuration through `Pipeline`), and the check of a
+//! derived table against truth.
+//!
+//! Why `pgbench`: it is PostgreSQL's own load generator, written in C, so the client side
+//! costs the same (and little) under every variant; `--rate` gives a Poisson-paced steady
+//! load, `random_zipfian` hot keys, `--max-tries` retries deadlocks the way an application
+//! would. Our own tokio-postgres clients would share the process (and the counting
+//! allocator) with freshen and tax it unevenly.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use freshen::Stats;
+use freshen_cli::http::Observe;
+use freshen_cli::pipeline::{Observer, Pipeline};
+use freshen_testenv::PgServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls};
+
+/// Scope keys of the rollup: `readings.device` takes values 1..=DEVICES.
+pub(crate) const DEVICES: u32 = 1000;
+
+/// The source table every scenario writes.
+pub(crate) const READINGS: &str = "
+CREATE TABLE readings (
+    id bigserial PRIMARY KEY,
+    device int NOT NULL,
+    value bigint NOT NULL
+);";
+
+/// The rollup, computed from scratch: what every derived table must equal.
+pub(crate) const TRUTH: &str =
+    "SELECT device, sum(value)::bigint AS total, count(*) AS n FROM readings GROUP BY device";
+
+/// freshen's rebuild of one device: the README's example, unchanged.
+pub(crate) const REBUILD: [&str; 2] = [
+    "DELETE FROM device_totals WHERE device = $1",
+    "INSERT INTO device_totals (device, total, n) SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
+];
+
+/// A throwaway server with the test environment's settings (durability off: the workload
+/// is CPU-bound, the harshest case for anything that costs CPU) plus autovacuum on, as in
+/// production, and `extra`.
+pub(crate) fn server(extra: &[(&str, &str)]) -> anyhow::Result<PgServer> {
+    let mut b = PgServer::builder().setting("autovacuum", "on");
+    for (k, v) in extra {
+        b = b.setting(*k, *v);
+    }
+    b.start()
+        .context("cannot start a throwaway PostgreSQL (needs the server binaries and pgbench: apt-get install postgresql-15)")
+}
+
+/// A runtime like the `freshen` binary's (multi-thread, one worker per core).
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+pub(crate) async fn connect(url: &str) -> anyhow::Result<Client> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .context("cannot connect to the benchmark database")?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// Rows of `device_totals` that differ from [`TRUTH`], counted both ways.
+pub(crate) async fn diff(c: &Client) -> anyhow::Result<i64> {
+    let derived = "SELECT device, total, n FROM device_totals";
+    let sql = format!(
+        "SELECT count(*) FROM (({derived} EXCEPT {TRUTH}) UNION ALL ({TRUTH} EXCEPT {derived})) d"
+    );
+    Ok(c.query_one(&sql, &[]).await?.get(0))
+}
+
+/// Polls [`diff`] until the derived table equals truth; returns how long after `since`
+/// the first matching check *started* (its snapshot is at most that old), or `None`
+/// after `deadline`.
+pub(crate) async fn converge(
+    c: &Client,
+    since: Instant,
+    deadline: Duration,
+) -> anyhow::Result<Option<Duration>> {
+    loop {
+        let at = Instant::now();
+        if diff(c).await? == 0 {
+            return Ok(Some(at.saturating_duration_since(since)));
+        }
+        if since.elapsed() > deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One pgbench script and its weight in the mix.
+pub(crate) struct Script {
+    pub(crate) name: &'static str,
+    pub(crate) body: String,
+    pub(crate) weight: u32,
+}
+
+/// How pgbench drives the server.
+#[derive(Clone)]
+pub(crate) struct Load {
+    pub(crate) clients: u32,
+    pub(crate) duration: Duration,
+    /// Target transactions per second (Poisson-paced), or as fast as possible.
+    pub(crate) rate: Option<u32>,
+    /// `-D name=value` variables.
+    pub(crate) vars: Vec<(String, String)>,
+}
+
+/// What pgbench reported.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadResult {
+    pub(crate) transactions: u64,
+    pub(crate) failed: u64,
+    pub(crate) retries: u64,
+    /// Transactions per second, connection set-up excluded.
+    pub(crate) tps: f64,
+    /// When pgbench exited: every one of its transactions had committed by then.
+    pub(crate) ended: Instant,
+}
+
+/// Where pgbench runs: the binary and the server's URL.
+#[derive(Clone)]
+pub(crate) struct Bench {
+    bin: PathBuf,
+    url: String,
+}
+
+impl Bench {
+    pub(crate) fn of(pg: &PgServer) -> Bench {
+        Bench {
+            bin: pg.bin_dir().join("pgbench"),
+            url: pg.url(),
+        }
+    }
+
+    /// Runs the scripts for `load.duration` (blocking) and parses pgbench's summary.
+    pub(crate) fn run(&self, scripts: &[Script], load: &Load) -> anyhow::Result<LoadResult> {
+        let dir = tempfile::tempdir().context("a directory for the pgbench scripts")?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(["-n", "-M", "prepared", "--random-seed", "20240601"])
+            .args(["-c", &load.clients.to_string()])
+            .args(["-j", &load.clients.min(2).to_string()])
+            .args(["-T", &load.duration.as_secs().max(1).to_string()])
+            // Deadlocks between concurrent row triggers are retried as an application
+            // would; what still fails after ten tries is reported.
+            .args(["--max-tries", "10"]);
+        if let Some(r) = load.rate {
+            cmd.args(["--rate", &r.to_string()]);
+        }
+        for (k, v) in &load.vars {
+            cmd.args(["-D", &format!("{k}={v}")]);
+        }
+        for s in scripts {
+            let path = dir.path().join(format!("{}.sql", s.name));
+            std::fs::write(&path, &s.body).context("writing a pgbench script")?;
+            cmd.arg("-f")
+                .arg(format!("{}@{}", path.display(), s.weight));
+        }
+        cmd.arg(&self.url);
+        let out = cmd
+            .output()
+            .with_context(|| format!("running {}", self.bin.display()))?;
+        let ended = Instant::now();
+        let text = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(
+            out.status.success(),
+            "pgbench failed ({}):\n{}\n{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let field = |prefix: &str| -> Option<f64> {
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix(prefix))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.split('/').next()?.parse().ok())
+        };
+        Ok(LoadResult {
+            transactions: field("number of transactions actually processed:")
+                .context("pgbench printed no transaction count")? as u64,
+            failed: field("number of failed transactions:").unwrap_or(0.0) as u64,
+            retries: field("total number of retries:").unwrap_or(0.0) as u64,
+            tps: field("tps =").context("pgbench printed no tps")?,
+            ended,
+        })
+    }
+}
+
+/// A configuration for one view `device_totals` over `readings`, as a user would write it;
+/// `batch` sets `rebuild_batch` (the statements then take arrays).
+pub(crate) fn config(
+    url: &str,
+    rebuild: &[&str],
+    batch: Option<usize>,
+    coalesce: &str,
+    max_wait: &str,
+    reconcile: bool,
+) -> String {
+    let rebuild: Vec<String> = rebuild.iter().map(|s| format!("  {s:?},")).collect();
+    let batch = batch.map_or(String::new(), |n| format!("rebuild_batch = {n}"));
+    let reconcile = if reconcile {
+        "reconcile = { every = \"1h\", keys = \"SELECT device FROM readings UNION SELECT device FROM device_totals\" }"
+    } else {
+        ""
+    };
+    format!(
+        r#"
+[source]
+kind = "postgres"
+url = "{url}"
+
+[http]
+listen = "off"
+
+[defaults]
+coalesce = "{coalesce}"
+max_wait = "{max_wait}"
+
+[[views]]
+name = "device_totals"
+watch = [{{ table = "readings", key = ["device"] }}]
+{batch}
+rebuild = [
+{}
+]
+{reconcile}
+"#,
+        rebuild.join("\n")
+    )
+}
+
+/// freshen running in this process, as `freshen run` runs a configuration.
+pub(crate) struct Freshen {
+    observer: Arc<Observer>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Freshen {
+    /// Starts the pipeline (creates slot and publication) and waits until it streams and
+    /// any start-up reconcile sweep has been rebuilt.
+    pub(crate) async fn start(toml: &str) -> anyhow::Result<Freshen> {
+        let cfg = freshen_cli::config::parse(toml, "bench.toml", &|_| None)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let sweep = cfg.views.iter().any(|v| v.reconcile.is_some());
+        let pipeline = Pipeline::start(&cfg).await?;
+        let observer = pipeline.observer();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(pipeline.run(async {
+            let _ = stopped.await;
+        }));
+        let f = Freshen {
+            observer,
+            stop: Some(stop),
+            task: Some(task),
+        };
+        f.wait(
+            "the pipeline to stream and finish its start-up sweep",
+            |f| {
+                let s = f.stats();
+                f.observer.source().streaming
+                    && (!sweep || s.reconciles > 0)
+                    && s.dirty == 0
+                    && s.in_flight == 0
+            },
+        )
+        .await?;
+        Ok(f)
+    }
+
+    /// The (single) view's stats.
+    pub(crate) fn stats(&self) -> Stats {
+        self.observer
+            .views()
+            .into_iter()
+            .next()
+            .map(|v| v.stats)
+            .unwrap_or_default()
+    }
+
+    /// Waits until `done` holds (checked every millisecond, two minutes at most).
+    pub(crate) async fn wait(
+        &self,
+        what: &str,
+        done: impl Fn(&Freshen) -> bool,
+    ) -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        loop {
+            if done(self) {
+                return Ok(t0.elapsed());
+            }
+            if let Some(t) = &self.task
+                && t.is_finished()
+            {
+                anyhow::bail!(
+                    "freshen stopped while waiting for {what}: {:?}",
+                    self.observer.source().last_error
+                );
+            }
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(120),
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Waits until the view has received `events` row events and rebuilt every key.
+    pub(crate) async fn drain(&self, events: u64) -> anyhow::Result<Duration> {
+        self.wait("every event to be received and rebuilt", |f| {
+            let s = f.stats();
+            s.events_received >= events && s.dirty == 0 && s.in_flight == 0
+        })
+        .await
+    }
+
+    /// Stops the pipeline gracefully and lets the replication connection go before the
+    /// server does.
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.context("the pipeline task panicked")??;
+        }
+        if let Some(source) = self.observer.postgres() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while source.health().running && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Some(d)` as milliseconds, `None` as a dash.
+pub(crate) fn ms(d: Option<Duration>) -> String {
+    d.map_or_else(
+        || "–".into(),
+        |d| {
+            let ms = d.as_secs_f64() * 1e3;
+            if ms >= 100.0 {
+                format!("{ms:.0} ms")
+            } else {
+                format!("{ms:.1} ms")
+            }
+        },
+    )
+}
+
+/// The median of `v` (the middle one, or the lower of the two middle ones).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
+}

@@ -1,0 +1,419 @@
+//! Write tax: what keeping a per-device rollup costs the writers.
+//!
+//! Eight pgbench clients run an OLTP mix on `readings` as fast as they can for a fixed
+//! time — 40 % inserts, 30 % value updates, 20 % updates that move a reading to another
+//! device (a scope move: two rollup rows change), 10 % deletes — under each variant, each
+//! on a fresh server so that none inherits another's bloat, WAL or slot:
+//!
+//! - (a) no derived table: the baseline;
+//! - (a′) a reference, not a contender: what (d) asks of the database (`REPLICA IDENTITY
+//!   FULL`, the index on `readings(device)`, a publication and a slot) with the slot read
+//!   by `pg_recvlogical` to /dev/null — the cost of logical decoding itself, which any
+//!   CDC consumer pays, so that (d) − (a′) is what freshen adds;
+//! - (b) row triggers keeping `device_totals` by upsert-deltas (the usual hand-written
+//!   kind, correct for INSERT, UPDATE within and across devices, DELETE, and removing a
+//!   device whose last reading went); deadlocks between them are retried (pgbench
+//!   `--max-tries`) and counted;
+//! - (c) a materialized view refreshed every second with `REFRESH MATERIALIZED VIEW
+//!   CONCURRENTLY` (start to start; back to back when a refresh takes longer);
+//! - (d) freshen keeping the same `device_totals`, in this process, from a TOML
+//!   configuration with the defaults (coalesce 100 ms, 4 workers, after-rebuild acks).
+//!
+//! What each variant needs is charged to it: only (a′) and (d) get the replica identity,
+//! the index, the publication and the slot; `wal_level = logical` is the same for all.
+//! Rounds alternate the variants; the median TPS counts.
+//!
+//! Two settings of the server, each its own table: durable commits (PostgreSQL's
+//! defaults: each commit waits for its WAL flush, as in production) and CPU-bound (fsync
+//! off: the 2 cores are the only limit, so every cycle the walsender, freshen or a
+//! trigger spends is taken from the writers — the harshest case for anything that is
+//! not free).
+//!
+//! Staleness at the end: how long after the last write committed (pgbench exited) the
+//! derived table first equals a fresh `GROUP BY` of `readings` — polled, the time taken
+//! where the matching check started. "equals truth" says whether it got there at all.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use freshen_testenv::PgServer;
+use tokio::sync::watch;
+
+use crate::Opts;
+use crate::report::Table;
+use crate::workload::{
+    Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, Script, config, connect,
+    converge, median, ms, runtime, server,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Bare,
+    Decode,
+    Triggers,
+    MatView,
+    Freshen,
+}
+
+impl Variant {
+    const ALL: [Variant; 5] = [
+        Variant::Bare,
+        Variant::Decode,
+        Variant::Triggers,
+        Variant::MatView,
+        Variant::Freshen,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Variant::Bare => "(a) no derived table",
+            Variant::Decode => "(a′) reference: what (d) needs, slot read by pg_recvlogical",
+            Variant::Triggers => "(b) row triggers (upsert deltas)",
+            Variant::MatView => "(c) matview, REFRESH CONCURRENTLY every 1 s",
+            Variant::Freshen => "(d) freshen (coalesce 100 ms)",
+        }
+    }
+}
+
+const TRIGGERS: &str = "
+CREATE TABLE device_totals (device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
+CREATE FUNCTION readings_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    left_n bigint;
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.device = OLD.device THEN
+        UPDATE device_totals SET total = total + NEW.value - OLD.value WHERE device = NEW.device;
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        UPDATE device_totals SET total = total - OLD.value, n = n - 1
+            WHERE device = OLD.device RETURNING n INTO left_n;
+        IF left_n = 0 THEN
+            DELETE FROM device_totals WHERE device = OLD.device AND n = 0;
+        END IF;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO device_totals (device, total, n) VALUES (NEW.device, NEW.value, 1)
+        ON CONFLICT (device) DO UPDATE
+            SET total = device_totals.total + EXCLUDED.total, n = device_totals.n + 1;
+    END IF;
+    RETURN NULL;
+END $$;
+INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings GROUP BY device;
+CREATE TRIGGER readings_rollup AFTER INSERT OR UPDATE OF device, value OR DELETE ON readings
+    FOR EACH ROW EXECUTE FUNCTION readings_rollup();
+";
+
+const MATVIEW: &str = "
+CREATE MATERIALIZED VIEW device_totals AS
+    SELECT device, sum(value)::bigint AS total, count(*) AS n FROM readings GROUP BY device;
+CREATE UNIQUE INDEX ON device_totals (device);
+";
+
+const FRESHEN: &str = "
+ALTER TABLE readings REPLICA IDENTITY FULL;
+CREATE INDEX ON readings (device);
+CREATE TABLE device_totals (device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
+INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings GROUP BY device;
+";
+
+fn scripts() -> Vec<Script> {
+    let s = |name, weight, body: &str| Script {
+        name,
+        weight,
+        body: body.to_string(),
+    };
+    vec![
+        s(
+            "insert",
+            4,
+            &format!(
+                "\\set dev random(1, {DEVICES})\n\\set v random(0, 999)\n\
+                 INSERT INTO readings (device, value) VALUES (:dev, :v);\n"
+            ),
+        ),
+        s(
+            "update",
+            3,
+            "\\set id random(1, :rows)\n\\set v random(0, 999)\n\
+             UPDATE readings SET value = :v WHERE id = :id;\n",
+        ),
+        s(
+            "move",
+            2,
+            &format!(
+                "\\set id random(1, :rows)\n\\set dev random(1, {DEVICES})\n\
+                 UPDATE readings SET device = :dev WHERE id = :id;\n"
+            ),
+        ),
+        s(
+            "delete",
+            1,
+            "\\set id random(1, :rows)\nDELETE FROM readings WHERE id = :id;\n",
+        ),
+    ]
+}
+
+struct Outcome {
+    load: LoadResult,
+    /// Time from the end of the writes until the derived table equalled truth.
+    stale: Option<Duration>,
+    note: String,
+}
+
+/// Refreshes the materialized view every `every` (start to start) until told to stop.
+async fn refresher(
+    url: String,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+    done: Arc<AtomicU64>,
+    busy_us: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    let c = connect(&url).await?;
+    loop {
+        let t0 = tokio::time::Instant::now();
+        c.batch_execute("REFRESH MATERIALIZED VIEW CONCURRENTLY device_totals")
+            .await?;
+        done.fetch_add(1, Relaxed);
+        busy_us.fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
+        tokio::select! {
+            _ = tokio::time::sleep_until(t0 + every) => {}
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+    }
+}
+
+/// How commits reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// PostgreSQL's defaults: every commit waits for its WAL flush.
+    Durable,
+    /// The test environment's settings (fsync off): the workload is bound by CPU alone.
+    CpuBound,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Durable => {
+                "durable commits (fsync = on, synchronous_commit = on: PostgreSQL's defaults)"
+            }
+            Mode::CpuBound => {
+                "CPU-bound (fsync = off: every cycle anything else spends is a cycle the writers lose)"
+            }
+        }
+    }
+
+    fn settings(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Mode::Durable => &[("fsync", "on"), ("full_page_writes", "on")],
+            Mode::CpuBound => &[],
+        }
+    }
+}
+
+/// `pg_recvlogical` draining the slot to /dev/null until killed.
+struct Drain(std::process::Child);
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result<Outcome> {
+    let pg: PgServer = server(mode.settings())?;
+    pg.psql(READINGS)?;
+    pg.psql(&format!(
+        "INSERT INTO readings (device, value) SELECT 1 + g % {DEVICES}, g % 1000 FROM generate_series(1, {rows}) g"
+    ))?;
+    match v {
+        Variant::Bare => {}
+        Variant::Triggers => {
+            pg.psql(TRIGGERS)?;
+        }
+        Variant::MatView => {
+            pg.psql(MATVIEW)?;
+        }
+        Variant::Freshen => {
+            pg.psql(FRESHEN)?;
+        }
+        Variant::Decode => {
+            pg.psql(FRESHEN)?;
+            pg.psql("CREATE PUBLICATION decode FOR TABLE readings")?;
+            pg.psql("SELECT pg_create_logical_replication_slot('decode', 'pgoutput')")?;
+        }
+    }
+    pg.psql("VACUUM ANALYZE")?;
+    let _drain = match v {
+        Variant::Decode => Some(Drain(
+            Command::new(pg.bin_dir().join("pg_recvlogical"))
+                .args([
+                    "-d",
+                    &pg.url(),
+                    "--slot",
+                    "decode",
+                    "--start",
+                    "-f",
+                    "/dev/null",
+                ])
+                .args(["-o", "proto_version=1", "-o", "publication_names=decode"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting pg_recvlogical")?,
+        )),
+        _ => None,
+    };
+    let bench = Bench::of(&pg);
+    let url = pg.url();
+    let rt = runtime()?;
+    let out = rt.block_on(async {
+        let admin = connect(&url).await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let refreshes = Arc::new(AtomicU64::new(0));
+        let busy = Arc::new(AtomicU64::new(0));
+        let mv = (v == Variant::MatView).then(|| {
+            tokio::spawn(refresher(
+                url.clone(),
+                Duration::from_secs(1),
+                stop_rx,
+                refreshes.clone(),
+                busy.clone(),
+            ))
+        });
+        let freshen = if v == Variant::Freshen {
+            Some(Freshen::start(&config(&url, &REBUILD, None, "100ms", "5s", true)).await?)
+        } else {
+            None
+        };
+        let before = freshen.as_ref().map(|f| f.stats());
+        let (b, l) = (bench.clone(), load.clone());
+        let result = tokio::task::spawn_blocking(move || b.run(&scripts(), &l)).await??;
+        let stale = match v {
+            Variant::Bare | Variant::Decode => None,
+            _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
+        };
+        let _ = stop_tx.send(true);
+        if let Some(t) = mv {
+            t.await??;
+        }
+        let note = match (v, freshen) {
+            (Variant::MatView, _) => {
+                let n = refreshes.load(Relaxed).max(1);
+                format!(
+                    "{} refreshes, {:.0} ms each",
+                    refreshes.load(Relaxed),
+                    busy.load(Relaxed) as f64 / n as f64 / 1e3
+                )
+            }
+            (Variant::Freshen, Some(f)) => {
+                let s = f.stats();
+                let b = before.unwrap_or_default();
+                let ev = s.events_received - b.events_received;
+                let rb = s.rebuilds_ok - b.rebuilds_ok;
+                f.stop().await?;
+                format!(
+                    "{ev} events, {rb} rebuilds ({:.2}/event)",
+                    rb as f64 / ev.max(1) as f64
+                )
+            }
+            _ => String::new(),
+        };
+        anyhow::Ok(Outcome {
+            load: result,
+            stale,
+            note,
+        })
+    })?;
+    drop(rt);
+    Ok(out)
+}
+
+pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
+    let (rows, secs, rounds) = if opts.quick {
+        (10_000u64, 1, 1)
+    } else {
+        (100_000, 10, 3)
+    };
+    let load = Load {
+        clients: 8,
+        duration: Duration::from_secs(secs),
+        rate: None,
+        vars: vec![("rows".into(), rows.to_string())],
+    };
+    for mode in [Mode::Durable, Mode::CpuBound] {
+        let t0 = Instant::now();
+        let mut results: Vec<(Variant, Vec<Outcome>)> =
+            Variant::ALL.iter().map(|v| (*v, Vec::new())).collect();
+        for round in 0..rounds {
+            for (v, outs) in &mut results {
+                let o = run_variant(mode, *v, rows, &load)?;
+                eprintln!(
+                    "  write-tax {mode:?} round {}/{rounds}: {:<62} {:>7.0} tps",
+                    round + 1,
+                    v.label(),
+                    o.load.tps
+                );
+                outs.push(o);
+            }
+        }
+        println!("### {}\n", mode.label());
+        table(&results);
+        println!(
+            "\n{} clients, {secs} s per run, {rows} readings over {DEVICES} devices to start; mix: 40% insert, \
+             30% update, 20% move to another device, 10% delete. Median TPS of {rounds} alternating rounds, \
+             a fresh server per run ({:.0} s in all). Staleness: worst round, from the last commit to the \
+             first check that found the derived table equal to a fresh GROUP BY. \
+             Goal: (d) ≥ 0.95× of (a), ahead of (b) and (c).\n",
+            load.clients,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn table(results: &[(Variant, Vec<Outcome>)]) {
+    let base = median(results[0].1.iter().map(|o| o.load.tps).collect());
+    let mut t = Table::new(&[
+        "variant",
+        "TPS (median)",
+        "vs (a)",
+        "retried / failed tx",
+        "staleness at end",
+        "equals truth",
+        "notes (last round)",
+    ]);
+    for (v, outs) in results {
+        let tps = median(outs.iter().map(|o| o.load.tps).collect());
+        let retries: u64 = outs.iter().map(|o| o.load.retries).sum();
+        let failed: u64 = outs.iter().map(|o| o.load.failed).sum();
+        let (stale, equal) = if matches!(v, Variant::Bare | Variant::Decode) {
+            ("–".to_string(), "–".to_string())
+        } else {
+            let worst = outs
+                .iter()
+                .map(|o| o.stale)
+                .max_by_key(|s| s.unwrap_or(Duration::MAX));
+            let all_equal = outs.iter().all(|o| o.stale.is_some());
+            (
+                ms(worst.flatten()),
+                if all_equal { "yes" } else { "NO" }.to_string(),
+            )
+        };
+        t.row(vec![
+            v.label().into(),
+            format!("{tps:.0}"),
+            format!("{:.2}×", tps / base.max(1e-9)),
+            format!("{retries} / {failed}"),
+            stale,
+            equal,
+            outs.last().map(|o| o.note.clone()).unwrap_or_default(),
+        ]);
+    }
+    t.print();
+}

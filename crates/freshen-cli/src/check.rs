@@ -278,25 +278,6 @@ async fn check_postgres_source(
     for view in &cfg.views {
         check_identity(&admin, view, report).await;
     }
-    let target = match ConnectionConfig::from_url(cfg.target.url.expose())
-        .and_then(|c| freshen_postgres::connect_pool(&c, 2))
-    {
-        Ok(pool) => pool,
-        Err(e) => {
-            report.push(
-                Level::Error,
-                "target",
-                cfg.target.url.redacted(),
-                e.to_string(),
-            );
-            return;
-        }
-    };
-    for view in &cfg.views {
-        for f in check_statements(&target, view).await {
-            report.findings.push(f);
-        }
-    }
 }
 
 async fn check_slot(admin: &PgAdmin, slot: &str, mode: SlotMode, report: &mut CheckReport) {

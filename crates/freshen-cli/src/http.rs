@@ -28,51 +28,9 @@ pub struct Status {
     /// freshen's version.
     pub version: String,
     /// The source.
-    pub source: SourceStatusJson,
+    pub source: SourceStatus,
     /// Each view.
     pub views: Vec<ViewStatus>,
-}
-
-/// The source part of `/status` (a copy of [`SourceStatus`] that can be read back).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
-pub struct SourceStatusJson {
-    /// Source kind.
-    pub kind: String,
-    /// Streaming now.
-    pub streaming: bool,
-    /// Highest received position.
-    pub received_lsn: Option<u64>,
-    /// Highest confirmed position.
-    pub confirmed_lsn: Option<u64>,
-    /// Server position.
-    pub server_lsn: Option<u64>,
-    /// Retained bytes.
-    pub lag_bytes: Option<u64>,
-    /// Slot state.
-    pub slot_status: Option<String>,
-    /// Reconnects.
-    pub reconnects: u64,
-    /// Events delivered.
-    pub events: u64,
-    /// Last error.
-    pub last_error: Option<String>,
-}
-
-impl From<SourceStatus> for SourceStatusJson {
-    fn from(s: SourceStatus) -> Self {
-        SourceStatusJson {
-            kind: s.kind,
-            streaming: s.streaming,
-            received_lsn: s.received_lsn,
-            confirmed_lsn: s.confirmed_lsn,
-            server_lsn: s.server_lsn,
-            lag_bytes: s.lag_bytes,
-            slot_status: s.slot_status,
-            reconnects: s.reconnects,
-            events: s.events,
-            last_error: s.last_error,
-        }
-    }
 }
 
 /// One view in `/status`.
@@ -144,7 +102,7 @@ impl From<&ViewStats> for ViewStatus {
 pub fn status(o: &dyn Observe) -> Status {
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        source: o.source().into(),
+        source: o.source(),
         views: o.views().iter().map(ViewStatus::from).collect(),
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use freshen::Stats;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Names of every exported metric.
 pub mod names {
@@ -62,7 +62,7 @@ const BUCKETS: &[f64] = &[
 ];
 
 /// What a source says about itself, for `/metrics`, `/healthz` and `/status`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceStatus {
     /// Source kind (`postgres`).
     pub kind: String,
@@ -125,113 +125,112 @@ impl Out {
     }
 }
 
-/// The Prometheus text exposition of every view and the source.
-pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
-    let mut o = Out(String::new());
-    type Counter = (&'static str, &'static str, fn(&Stats) -> u64);
-    let counters: &[Counter] = &[
-        (names::EVENTS, "Row events received.", |s| s.events_received),
-        (names::SKIPPED, "Undecodable messages skipped.", |s| {
-            s.events_skipped
-        }),
-        (names::KEYS_MARKED, "Keys marked dirty.", |s| s.keys_marked),
-        (
-            names::KEYS_IGNORED,
-            "Marks ignored for quarantined keys.",
-            |s| s.keys_ignored,
-        ),
-        (names::REBUILD_CALLS, "Rebuild round trips.", |s| {
-            s.rebuild_calls
-        }),
-        (
-            names::POISONINGS,
-            "Keys quarantined after repeated failures.",
-            |s| s.keys_poisoned,
-        ),
-    ];
-    for (name, help, get) in counters {
-        o.header(name, "counter", help);
-        for v in views {
-            o.sample(
-                name,
-                &format!("view=\"{}\"", escape(&v.name)),
-                get(&v.stats),
-            );
-        }
-    }
-    o.header(
+/// A per-view sample: how to read it from a view's stats.
+type Get = fn(&ViewStats) -> f64;
+
+/// Per-view metrics with one sample each: name, type, help, value.
+const PER_VIEW: &[(&str, &str, &str, Get)] = &[
+    (names::EVENTS, "counter", "Row events received.", |v| {
+        v.stats.events_received as f64
+    }),
+    (
+        names::SKIPPED,
+        "counter",
+        "Undecodable messages skipped.",
+        |v| v.stats.events_skipped as f64,
+    ),
+    (names::KEYS_MARKED, "counter", "Keys marked dirty.", |v| {
+        v.stats.keys_marked as f64
+    }),
+    (
+        names::KEYS_IGNORED,
+        "counter",
+        "Marks ignored for quarantined keys.",
+        |v| v.stats.keys_ignored as f64,
+    ),
+    (
+        names::REBUILD_CALLS,
+        "counter",
+        "Rebuild round trips.",
+        |v| v.stats.rebuild_calls as f64,
+    ),
+    (
+        names::POISONINGS,
+        "counter",
+        "Keys quarantined after repeated failures.",
+        |v| v.stats.keys_poisoned as f64,
+    ),
+    (
         names::UNSCOPED,
         "counter",
         "Changes of a watched table that carried no value for the key columns.",
-    );
-    for v in views {
-        o.sample(
-            names::UNSCOPED,
-            &format!("view=\"{}\"", escape(&v.name)),
-            v.unscoped,
-        );
-    }
-    o.header(names::REBUILDS, "counter", "Key rebuilds by outcome.");
-    for v in views {
-        let l = escape(&v.name);
-        o.sample(
-            names::REBUILDS,
-            &format!("view=\"{l}\",outcome=\"ok\""),
-            v.stats.rebuilds_ok,
-        );
-        o.sample(
-            names::REBUILDS,
-            &format!("view=\"{l}\",outcome=\"failed\""),
-            v.stats.rebuilds_failed,
-        );
-    }
-    o.header(names::RECONCILES, "counter", "Reconcile sweeps by outcome.");
-    for v in views {
-        let l = escape(&v.name);
-        o.sample(
-            names::RECONCILES,
-            &format!("view=\"{l}\",outcome=\"ok\""),
-            v.stats.reconciles,
-        );
-        o.sample(
-            names::RECONCILES,
-            &format!("view=\"{l}\",outcome=\"failed\""),
-            v.stats.reconcile_failures,
-        );
-    }
-    type Gauge = (&'static str, &'static str, fn(&Stats) -> f64);
-    let gauges: &[Gauge] = &[
-        (names::DIRTY, "Keys waiting for a rebuild.", |s| {
-            s.dirty as f64
-        }),
-        (names::POISONED, "Keys quarantined now.", |s| {
-            s.poisoned as f64
-        }),
-        (names::IN_FLIGHT, "Rebuilds running now.", |s| {
-            s.in_flight as f64
-        }),
-        (
-            names::UNACKED,
-            "Batches not yet acknowledged to the source.",
-            |s| s.unacked_batches as f64,
-        ),
-        (names::LAST_EVENT, "Unix time of the last batch.", |s| {
-            unix(s.last_event)
-        }),
-        (
-            names::LAST_REBUILD,
-            "Unix time of the last successful rebuild.",
-            |s| unix(s.last_rebuild),
-        ),
-    ];
-    for (name, help, get) in gauges {
-        o.header(name, "gauge", help);
+        |v| v.unscoped as f64,
+    ),
+    (names::DIRTY, "gauge", "Keys waiting for a rebuild.", |v| {
+        v.stats.dirty as f64
+    }),
+    (names::POISONED, "gauge", "Keys quarantined now.", |v| {
+        v.stats.poisoned as f64
+    }),
+    (names::IN_FLIGHT, "gauge", "Rebuilds running now.", |v| {
+        v.stats.in_flight as f64
+    }),
+    (
+        names::UNACKED,
+        "gauge",
+        "Batches not yet acknowledged to the source.",
+        |v| v.stats.unacked_batches as f64,
+    ),
+    (
+        names::LAST_EVENT,
+        "gauge",
+        "Unix time of the last batch.",
+        |v| unix(v.stats.last_event),
+    ),
+    (
+        names::LAST_REBUILD,
+        "gauge",
+        "Unix time of the last successful rebuild.",
+        |v| unix(v.stats.last_rebuild),
+    ),
+];
+
+/// Per-view counters split by an `outcome` label.
+const BY_OUTCOME: &[(&str, &str, [(&str, Get); 2])] = &[
+    (
+        names::REBUILDS,
+        "Key rebuilds by outcome.",
+        [
+            ("ok", |v| v.stats.rebuilds_ok as f64),
+            ("failed", |v| v.stats.rebuilds_failed as f64),
+        ],
+    ),
+    (
+        names::RECONCILES,
+        "Reconcile sweeps by outcome.",
+        [
+            ("ok", |v| v.stats.reconciles as f64),
+            ("failed", |v| v.stats.reconcile_failures as f64),
+        ],
+    ),
+];
+
+/// The Prometheus text exposition of every view and the source.
+pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
+    let mut o = Out(String::new());
+    let label = |v: &ViewStats| format!("view=\"{}\"", escape(&v.name));
+    for (name, kind, help, get) in PER_VIEW {
+        o.header(name, kind, help);
         for v in views {
-            o.sample(
-                name,
-                &format!("view=\"{}\"", escape(&v.name)),
-                get(&v.stats),
-            );
+            o.sample(name, &label(v), get(v));
+        }
+    }
+    for (name, help, outcomes) in BY_OUTCOME {
+        o.header(name, "counter", help);
+        for v in views {
+            for (outcome, get) in outcomes {
+                o.sample(name, &format!("{},outcome=\"{outcome}\"", label(v)), get(v));
+            }
         }
     }
     o.header(

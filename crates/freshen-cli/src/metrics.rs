@@ -196,7 +196,10 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
 ];
 
 /// Per-view counters split by an `outcome` label.
-const BY_OUTCOME: &[(&str, &str, [(&str, Get); 2])] = &[
+/// An `outcome` label value and how to read its sample.
+type Outcomes = [(&'static str, Get); 2];
+
+const BY_OUTCOME: &[(&str, &str, Outcomes)] = &[
     (
         names::REBUILDS,
         "Key rebuilds by outcome.",

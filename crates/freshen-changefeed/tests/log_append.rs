@@ -311,14 +311,22 @@ async fn groups_declared_in_code_persist() {
     let mut spec = freshen_changefeed::GroupSpec::new(&cfg.groups);
     spec.tables = vec!["orders".into()];
     let g = cf
-        .create_group("search-index", spec.clone(), freshen_changefeed::Start::Latest)
+        .create_group(
+            "search-index",
+            spec.clone(),
+            freshen_changefeed::Start::Latest,
+        )
         .await
         .unwrap();
     assert_eq!((g.committed_offset, g.lag), (3, 0));
     // Declaring it again (a restart of the binary) changes nothing.
     cf.append(&orders(4, 1)).await.unwrap();
     let again = cf
-        .create_group("search-index", spec.clone(), freshen_changefeed::Start::Latest)
+        .create_group(
+            "search-index",
+            spec.clone(),
+            freshen_changefeed::Start::Latest,
+        )
         .await
         .unwrap();
     assert_eq!((again.committed_offset, again.lag), (3, 1));

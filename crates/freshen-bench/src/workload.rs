@@ -367,3 +367,61 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
 }
+
+/// /proc reports times in USER_HZ, 100 on every mainstream Linux ABI.
+const USER_HZ: u64 = 100;
+
+/// `(ppid, own user + system ticks, reaped children's ticks)` of a process, from
+/// `/proc/PID/stat`.
+fn stat_of(pid: u32) -> Option<(u32, u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    // Then: state(3) ppid(4) … utime(14) stime(15) cutime(16) cstime(17).
+    let (_, rest) = stat.rsplit_once(')')?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Some((num(4) as u32, num(14) + num(15), num(16) + num(17)))
+}
+
+fn ticks(n: u64) -> Duration {
+    Duration::from_millis(n * 1000 / USER_HZ)
+}
+
+/// CPU time (user + system) a live process has spent itself.
+pub(crate) fn process_cpu(pid: u32) -> Duration {
+    ticks(stat_of(pid).map_or(0, |(_, own, _)| own))
+}
+
+/// CPU time (user + system) spent so far by this process and every process below it:
+/// the PostgreSQL server and its backends, pgbench, pg_recvlogical, freshen's threads.
+///
+/// Each live process counts its own time plus that of the children it has reaped
+/// (`cutime`, `cstime`), so every process, live or gone, counts exactly once. Unlike a
+/// throughput, this barely moves when other work shares the machine.
+pub(crate) fn tree_cpu() -> Duration {
+    let procs: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| stat_of(pid).map(|(ppid, own, reaped)| (pid, ppid, own + reaped)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tree = vec![std::process::id()];
+    let mut total = 0;
+    while let Some(p) = tree.pop() {
+        for &(pid, ppid, t) in &procs {
+            if pid == p {
+                total += t;
+            }
+            if ppid == p {
+                tree.push(pid);
+            }
+        }
+    }
+    ticks(total)
+}

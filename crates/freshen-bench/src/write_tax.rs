@@ -21,7 +21,10 @@
 //!
 //! What each variant needs is charged to it: only (a′) and (d) get the replica identity,
 //! the index, the publication and the slot; `wal_level = logical` is the same for all.
-//! Rounds alternate the variants; the median TPS counts.
+//! Rounds alternate the variants; the median TPS counts. Next to TPS: the CPU time of
+//! every process of the run (server, pgbench, freshen, pg_recvlogical, the refresher) per
+//! committed transaction, until the derived table caught up — the tax itself, and a
+//! figure that barely moves when other work shares the machine, where TPS does.
 //!
 //! Two settings of the server, each its own table: durable commits (PostgreSQL's
 //! defaults: each commit waits for its WAL flush, as in production) and CPU-bound (fsync
@@ -46,7 +49,7 @@ use crate::Opts;
 use crate::report::Table;
 use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, Script, config, connect,
-    converge, median, ms, runtime, server,
+    converge, median, ms, process_cpu, runtime, server, tree_cpu,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,6 +162,9 @@ fn scripts() -> Vec<Script> {
 
 struct Outcome {
     load: LoadResult,
+    /// CPU of every process of the run (server, pgbench, freshen, …) per committed
+    /// transaction, until the derived table had caught up.
+    cpu_per_tx: Duration,
     /// Time from the end of the writes until the derived table equalled truth.
     stale: Option<Duration>,
     note: String,
@@ -292,12 +298,23 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
             None
         };
         let before = freshen.as_ref().map(|f| f.stats());
+        // The truth checks below run in the admin connection's backend: measurement, not
+        // tax, so its CPU is taken out.
+        let checker: i32 = admin
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let checker = checker as u32;
+        let (cpu0, check0) = (tree_cpu(), process_cpu(checker));
         let (b, l) = (bench.clone(), load.clone());
         let result = tokio::task::spawn_blocking(move || b.run(&scripts(), &l)).await??;
         let stale = match v {
             Variant::Bare | Variant::Decode => None,
             _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
         };
+        let cpu = tree_cpu()
+            .saturating_sub(cpu0)
+            .saturating_sub(process_cpu(checker).saturating_sub(check0));
         let _ = stop_tx.send(true);
         if let Some(t) = mv {
             t.await??;
@@ -325,6 +342,7 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
             _ => String::new(),
         };
         anyhow::Ok(Outcome {
+            cpu_per_tx: cpu / u32::try_from(result.transactions.max(1)).unwrap_or(u32::MAX),
             load: result,
             stale,
             note,
@@ -367,7 +385,10 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         println!(
             "\n{} clients, {secs} s per run, {rows} readings over {DEVICES} devices to start; mix: 40% insert, \
              30% update, 20% move to another device, 10% delete. Median TPS of {rounds} alternating rounds, \
-             a fresh server per run ({:.0} s in all). Staleness: worst round, from the last commit to the \
+             a fresh server per run ({:.0} s in all). CPU per tx: user + system time of every process of \
+             the run (server, pgbench, freshen, pg_recvlogical, the matview refresher; not the truth \
+             checks) from the start of the load until the derived table had caught up, per committed \
+             transaction — steadier than TPS when other work shares the machine. Staleness: worst round, from the last commit to the \
              first check that found the derived table equal to a fresh GROUP BY. \
              Goal: (d) ≥ 0.95× of (a), ahead of (b) and (c).\n",
             load.clients,
@@ -379,9 +400,14 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
 
 fn table(results: &[(Variant, Vec<Outcome>)]) {
     let base = median(results[0].1.iter().map(|o| o.load.tps).collect());
+    let cpu_of =
+        |outs: &[Outcome]| median(outs.iter().map(|o| o.cpu_per_tx.as_secs_f64()).collect());
+    let base_cpu = cpu_of(&results[0].1);
     let mut t = Table::new(&[
         "variant",
         "TPS (median)",
+        "vs (a)",
+        "CPU per tx (median)",
         "vs (a)",
         "retried / failed tx",
         "staleness at end",
@@ -409,6 +435,8 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
             v.label().into(),
             format!("{tps:.0}"),
             format!("{:.2}×", tps / base.max(1e-9)),
+            format!("{:.0} µs", cpu_of(outs) * 1e6),
+            format!("{:.2}×", cpu_of(outs) / base_cpu.max(1e-12)),
             format!("{retries} / {failed}"),
             stale,
             equal,

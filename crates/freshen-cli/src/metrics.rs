@@ -42,6 +42,8 @@ pub mod names {
     pub const LAST_EVENT: &str = "freshen_last_event_timestamp_seconds";
     /// Unix time of the last successful rebuild, per view.
     pub const LAST_REBUILD: &str = "freshen_last_rebuild_timestamp_seconds";
+    /// Times a view's run loop woke up, per view.
+    pub const WAKEUPS: &str = "freshen_loop_wakeups_total";
     /// 1 while the source streams changes.
     pub const SOURCE_UP: &str = "freshen_source_streaming";
     /// Highest position received from the source (PostgreSQL LSN as a number).
@@ -159,6 +161,12 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         "counter",
         "Keys quarantined after repeated failures.",
         |v| v.stats.keys_poisoned as f64,
+    ),
+    (
+        names::WAKEUPS,
+        "counter",
+        "Times the run loop woke up.",
+        |v| v.stats.wakeups as f64,
     ),
     (
         names::UNSCOPED,

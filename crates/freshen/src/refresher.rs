@@ -664,8 +664,10 @@ impl Runner {
         tokio::pin!(sleep);
         let mut keybuf = Vec::with_capacity(1024);
         let mut failure = None;
+        let mut armed: Option<Instant> = None;
 
         loop {
+            Recorder::add(&self.shared.stats.wakeups, 1);
             let now = Instant::now();
             self.maybe_start_sweep(now);
             self.dispatch(now);
@@ -675,8 +677,11 @@ impl Runner {
                 break;
             }
             let wake = self.next_wake();
-            if let Some(w) = wake {
+            if let Some(w) = wake
+                && armed != Some(w)
+            {
                 sleep.as_mut().reset(w);
+                armed = Some(w);
             }
             tokio::select! {
                 biased;
@@ -697,7 +702,7 @@ impl Runner {
                     }
                     None => self.source_ended(),
                 },
-                _ = &mut sleep, if wake.is_some() => {}
+                _ = &mut sleep, if wake.is_some() => armed = None,
                 _ = self.shared.reconcile.notified() => self.request_sweep(),
             }
         }
@@ -733,7 +738,14 @@ impl Runner {
     }
 
     fn next_wake(&mut self) -> Option<Instant> {
-        let due = self.dirty.next_deadline().map(Instant::from_std);
+        // With every worker busy a due key cannot start: a finishing rebuild wakes the
+        // loop instead. Arming the timer for a deadline already past would spin.
+        let workers_free = self.jobs.len() < self.workers && self.solo.is_none();
+        let due = if workers_free {
+            self.dirty.next_deadline().map(Instant::from_std)
+        } else {
+            None
+        };
         let sweep = if self.sweep.is_none() {
             self.next_sweep
         } else {

@@ -52,6 +52,9 @@ pub struct Stats {
     pub last_event: Option<SystemTime>,
     /// When the last rebuild succeeded.
     pub last_rebuild: Option<SystemTime>,
+    /// Times the run loop woke up (batches, finished rebuilds, timers): an idle or
+    /// saturated refresher should not wake much more often than it has work.
+    pub wakeups: u64,
     /// Freshness lag: from the first change that dirtied a key to the end of the rebuild
     /// that covered it.
     pub freshness: HistogramSnapshot,
@@ -81,6 +84,7 @@ pub(crate) struct Recorder {
     /// Milliseconds since the Unix epoch; 0 = never.
     pub(crate) last_event_ms: AtomicU64,
     pub(crate) last_rebuild_ms: AtomicU64,
+    pub(crate) wakeups: AtomicU64,
     pub(crate) freshness: Histogram,
 }
 
@@ -118,6 +122,7 @@ impl Recorder {
             unacked_batches: z(),
             last_event_ms: z(),
             last_rebuild_ms: z(),
+            wakeups: z(),
             freshness: Histogram::new(),
         }
     }
@@ -161,6 +166,7 @@ impl Recorder {
             unacked_batches: g(&self.unacked_batches),
             last_event: time_of(g(&self.last_event_ms)),
             last_rebuild: time_of(g(&self.last_rebuild_ms)),
+            wakeups: g(&self.wakeups),
             freshness: self.freshness.snapshot(),
         }
     }

@@ -629,3 +629,51 @@ async fn the_source_is_closed_once_on_shutdown_and_at_the_end_of_the_stream() {
         assert_eq!(acks.list(), [1]);
     }
 }
+
+/// Real time on purpose: a loop that spins never lets a paused clock advance.
+#[tokio::test]
+async fn a_saturated_refresher_waits_for_a_worker_instead_of_spinning() {
+    let (feed, source) = channel(8);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |_k: Key| {
+            let g = g.clone();
+            async move {
+                let _p = g.acquire().await.unwrap();
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .workers(1)
+        .coalesce(Duration::ZERO)
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let events = (0..50).map(|i| reading(&format!("k{i}"), 1)).collect();
+    feed.send(Batch::new(events, Ack::none())).await.unwrap();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = eventually("one rebuild running, 49 keys due", Duration::from_secs(5), || {
+            let s = h.stats();
+            s.in_flight == 1 && s.dirty == 49
+        }) => {}
+    }
+    let before = h.stats().wakeups;
+    tokio::select! {
+        _ = &mut run => panic!("ended"),
+        _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+    }
+    let spent = h.stats().wakeups - before;
+    assert!(
+        spent < 20,
+        "the loop woke {spent} times with nothing it could do"
+    );
+    gate.add_permits(50);
+    drop(feed);
+    within("drain", Duration::from_secs(10), run).await.unwrap();
+    assert_eq!(h.stats().rebuilds_ok, 50);
+}

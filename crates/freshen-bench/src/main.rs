@@ -6,11 +6,18 @@
 //! prints a table: ratios hold on a noisy machine, absolute times don't.
 
 mod alloc;
+mod amplification;
 mod capture;
 mod changefeed;
+mod codec;
+mod freshness;
+mod huge_tx;
+mod kafka;
 mod report;
 mod scan;
 mod scheduler;
+mod workload;
+mod write_tax;
 
 use clap::Parser;
 
@@ -45,6 +52,36 @@ const SCENARIOS: &[Scenario] = &[
         name: "changefeed",
         about: "changefeed: durable append (group commit vs one commit per event); long-poll and SSE delivery to 1 and 100 clients; memory per connection",
         run: changefeed::run,
+    },
+    Scenario {
+        name: "codec",
+        about: "decode messages/s: canal-json and Debezium JSON (freshen-codec) vs a serde_json::Value tree walked into row events",
+        run: codec::run,
+    },
+    Scenario {
+        name: "kafka",
+        about: "Kafka: TiCDC canal-json consumed into a refresher vs a bare librdkafka consumer; PostgreSQL -> Kafka sink vs capture alone",
+        run: kafka::run,
+    },
+    Scenario {
+        name: "write-tax",
+        about: "OLTP TPS with no derived table, row triggers, a matview refreshed every second, freshen; staleness and truth at the end",
+        run: write_tax::run,
+    },
+    Scenario {
+        name: "freshness",
+        about: "commit → rebuilt latency p50/p99/max at 1k and 5k tx/s, from the derived table itself: freshen vs a matview refreshed every second",
+        run: freshness::run,
+    },
+    Scenario {
+        name: "amplification",
+        about: "rebuilds per event on Zipf hot keys for coalesce 0, 10 ms, 100 ms, 1 s vs one per event (triggers)",
+        run: amplification::run,
+    },
+    Scenario {
+        name: "huge-tx",
+        about: "freshen's peak RSS and heap against idle while one 1M-row transaction streams through the pipeline",
+        run: huge_tx::run,
     },
 ];
 

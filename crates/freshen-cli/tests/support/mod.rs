@@ -133,17 +133,45 @@ pub fn freshen() -> Command {
     Command::new(env!("CARGO_BIN_EXE_freshen"))
 }
 
+/// A `freshen run` process that is killed when dropped, so a failing test never leaves
+/// one behind.
+pub struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// `freshen run -c path`, logging to a file in `dir`.
-pub fn spawn_run(dir: &Path, config: &Path, n: u32) -> Child {
+pub fn spawn_run(dir: &Path, config: &Path, n: u32) -> Running {
     let log = std::fs::File::create(dir.join(format!("run-{n}.log"))).expect("log file");
-    freshen()
-        .args(["run", "-c"])
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn freshen run")
+    Running(
+        freshen()
+            .args(["run", "-c"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn freshen run"),
+    )
 }
 
 pub fn log_of(dir: &Path, n: u32) -> String {

@@ -162,7 +162,9 @@ fn connection(url: &str, what: &str) -> anyhow::Result<ConnectionConfig> {
 
 /// Prepares a view's rebuild statements (before anything starts streaming).
 async fn prepare(view: &View, pool: &Pool) -> anyhow::Result<SqlRebuild> {
-    let mut rebuild = SqlRebuild::builder(pool.clone()).statements(view.rebuild.iter().cloned());
+    let mut rebuild = SqlRebuild::builder(pool.clone())
+        .statements(view.rebuild.iter().cloned())
+        .keys_per_transaction(view.keys_per_transaction);
     if let Some(n) = view.rebuild_batch {
         rebuild = rebuild.batch(n);
     }

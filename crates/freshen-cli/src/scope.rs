@@ -98,6 +98,7 @@ mod tests {
             ],
             rebuild: vec!["SELECT $1".into()],
             rebuild_batch: None,
+            keys_per_transaction: 16,
             reconcile: None,
             timing: Timing::default(),
             line: None,

@@ -29,7 +29,9 @@ const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
 /// Rebuilds keys with SQL: the statements run in order in one REPEATABLE READ
 /// transaction per call, `$1`, `$2`, … bound to the key's parts.
 ///
-/// Per key (the default), each parameter has the column's type (`WHERE device = $1`).
+/// Per key (the default), each parameter has the column's type (`WHERE device = $1`);
+/// one call takes up to [`keys_per_transaction`](SqlRebuildBuilder::keys_per_transaction)
+/// keys and runs every statement for each of them, pipelined.
 /// In batch mode ([`SqlRebuildBuilder::batch`]) one call rebuilds up to N keys and the
 /// statements are written over arrays, one array per key part
 /// (`WHERE device = ANY($1)`, or `WHERE (a, b) IN (SELECT * FROM unnest($1::int[], $2::text[]))`).
@@ -38,7 +40,10 @@ const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
 pub struct SqlRebuild {
     pool: Pool,
     statements: Arc<[String]>,
+    /// Parameter types of each statement, read when it was prepared.
+    param_types: Arc<[Vec<Type>]>,
     batch: usize,
+    keys_per_transaction: usize,
     check_visibility: bool,
     visibility_wait: Duration,
 }
@@ -48,6 +53,7 @@ impl fmt::Debug for SqlRebuild {
         f.debug_struct("SqlRebuild")
             .field("statements", &self.statements)
             .field("batch", &self.batch)
+            .field("keys_per_transaction", &self.keys_per_transaction)
             .field("check_visibility", &self.check_visibility)
             .field("visibility_wait", &self.visibility_wait)
             .finish_non_exhaustive()
@@ -60,6 +66,7 @@ pub struct SqlRebuildBuilder {
     pool: Pool,
     statements: Vec<String>,
     batch: usize,
+    keys_per_transaction: usize,
     check_visibility: bool,
     visibility_wait: Duration,
 }
@@ -88,6 +95,14 @@ impl SqlRebuildBuilder {
         self
     }
 
+    /// Per-key mode: rebuild up to `n` keys in one transaction (default 16), each key
+    /// running the statements with its own scalar parameters, all pipelined in one round
+    /// trip. A failure fails them all; the refresher then retries each key on its own.
+    pub fn keys_per_transaction(mut self, n: usize) -> Self {
+        self.keys_per_transaction = n;
+        self
+    }
+
     /// Whether to check that the snapshot sees the dirtying transactions (default on).
     pub fn check_visibility(mut self, on: bool) -> Self {
         self.check_visibility = on;
@@ -110,14 +125,19 @@ impl SqlRebuildBuilder {
         if self.batch == 0 {
             problems.push("batch size must be at least 1".to_string());
         }
+        if self.keys_per_transaction == 0 {
+            problems.push("keys per transaction must be at least 1".to_string());
+        }
         if !problems.is_empty() {
             return Err(PgError::config(&problems));
         }
         let c = client(&self.pool).await?;
+        let mut param_types = Vec::with_capacity(self.statements.len());
         for (i, sql) in self.statements.iter().enumerate() {
             let stmt = c.prepare(sql).await.map_err(|e| {
                 PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
             })?;
+            param_types.push(stmt.params().to_vec());
             for (j, ty) in stmt.params().iter().enumerate() {
                 let array = element(ty).is_some();
                 if self.batch > 1 && !array {
@@ -140,7 +160,9 @@ impl SqlRebuildBuilder {
         Ok(SqlRebuild {
             pool: self.pool,
             statements: self.statements.into(),
+            param_types: param_types.into(),
             batch: self.batch,
+            keys_per_transaction: self.keys_per_transaction,
             check_visibility: self.check_visibility,
             visibility_wait: self.visibility_wait,
         })
@@ -154,6 +176,7 @@ impl SqlRebuild {
             pool,
             statements: Vec::new(),
             batch: 1,
+            keys_per_transaction: 16,
             check_visibility: true,
             visibility_wait: Duration::from_secs(2),
         }
@@ -174,7 +197,56 @@ impl SqlRebuild {
         }
     }
 
+    /// What one transaction executes: for each statement execution, its statement's
+    /// index, its parameters and what to say if it fails.
+    fn plan(&self, due: &[Due]) -> Result<Vec<(usize, Vec<TextParam>, String)>, PgError> {
+        let mut out = Vec::new();
+        if self.batch > 1 {
+            let keys: Vec<Vec<Option<&str>>> =
+                due.iter().map(|d| d.key.parts().collect()).collect();
+            for (i, types) in self.param_types.iter().enumerate() {
+                let mut params = Vec::with_capacity(types.len());
+                for (j, ty) in types.iter().enumerate() {
+                    let elem = element(ty).unwrap_or(ty);
+                    let mut column = Vec::with_capacity(keys.len());
+                    for (k, parts) in keys.iter().enumerate() {
+                        let part = bound_part(parts, i, j, &due[k])?;
+                        if let Some(text) = part {
+                            check_part(elem, text, i, j, &due[k])?;
+                        }
+                        column.push(part);
+                    }
+                    params.push(TextParam(Some(array_literal(column))));
+                }
+                let what = format!(
+                    "rebuild statement {} failed for a batch of {} keys",
+                    i + 1,
+                    due.len()
+                );
+                out.push((i, params, what));
+            }
+        } else {
+            for d in due {
+                let parts: Vec<Option<&str>> = d.key.parts().collect();
+                for (i, types) in self.param_types.iter().enumerate() {
+                    let mut params = Vec::with_capacity(types.len());
+                    for (j, ty) in types.iter().enumerate() {
+                        let part = bound_part(&parts, i, j, d)?;
+                        if let Some(text) = part {
+                            check_part(ty, text, i, j, d)?;
+                        }
+                        params.push(TextParam(part.map(str::to_owned)));
+                    }
+                    let what = format!("rebuild statement {} failed for key {}", i + 1, d.key);
+                    out.push((i, params, what));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn attempt(&self, due: &[Due]) -> Result<(), PgError> {
+        let plan = self.plan(due)?;
         let mut c = client(&self.pool).await?;
         let mut txids: Vec<String> = Vec::new();
         if self.check_visibility {
@@ -183,6 +255,16 @@ impl SqlRebuild {
             ids.dedup();
             txids = ids.iter().map(u64::to_string).collect();
         }
+        let mut statements = Vec::with_capacity(self.statements.len());
+        for (i, sql) in self.statements.iter().enumerate() {
+            statements.push(c.prepare_cached(sql).await.map_err(|e| {
+                PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
+            })?);
+        }
+        let check = c
+            .prepare_cached(NOT_VISIBLE)
+            .await
+            .map_err(|e| PgError::sql("the visibility check does not prepare", e))?;
         let deadline = tokio::time::Instant::now() + self.visibility_wait;
         let mut pause = Duration::from_millis(2);
         loop {
@@ -192,158 +274,102 @@ impl SqlRebuild {
                 .start()
                 .await
                 .map_err(|e| PgError::sql("cannot begin the rebuild transaction", e))?;
-            if !txids.is_empty() {
-                // First statement: it fixes the snapshot every later statement uses.
-                let unseen = tx
-                    .query(NOT_VISIBLE, &[&txids])
-                    .await
-                    .map_err(|e| PgError::sql("visibility check failed", e))?;
-                if !unseen.is_empty() {
-                    let _ = tx.rollback().await;
-                    if tokio::time::Instant::now() >= deadline {
-                        let ids: Vec<String> = unseen.iter().map(|r| r.get(0)).collect();
-                        return Err(PgError::new(
-                            ErrorKind::NotVisible,
-                            format!(
-                                "transaction(s) {} committed in the WAL but are still not visible \
-                                 to new snapshots after {:?} (a synchronous standby or a stalled \
-                                 backend?); the rebuild will be retried",
-                                ids.join(", "),
-                                self.visibility_wait
-                            ),
-                        ));
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                    continue;
+            // The check and every statement go out pipelined, in this order: one round
+            // trip for all of them. REPEATABLE READ gives them all the snapshot the check
+            // examines; if it misses a dirtying transaction the work is rolled back.
+            let tx_ref = &tx;
+            let unseen = async {
+                if txids.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    tx_ref.query(&check, &[&txids]).await
                 }
-            }
-            if self.batch > 1 {
-                self.run_batch(&tx, due).await?;
-            } else {
-                for d in due {
-                    self.run_key(&tx, d).await?;
+            };
+            let runs = plan.iter().map(|(i, params, what)| {
+                let stmt = &statements[*i];
+                async move {
+                    let refs: Vec<&(dyn ToSql + Sync)> =
+                        params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+                    tx_ref
+                        .execute(stmt, &refs)
+                        .await
+                        .map_err(|e| PgError::sql(what.clone(), e))
                 }
+            });
+            let (unseen, done) = futures_util::future::join(unseen, try_join_all(runs)).await;
+            let unseen = unseen.map_err(|e| PgError::sql("visibility check failed", e))?;
+            if !unseen.is_empty() {
+                let _ = tx.rollback().await;
+                if tokio::time::Instant::now() >= deadline {
+                    let ids: Vec<String> = unseen.iter().map(|r| r.get(0)).collect();
+                    return Err(PgError::new(
+                        ErrorKind::NotVisible,
+                        format!(
+                            "transaction(s) {} committed in the WAL but are still not visible \
+                             to new snapshots after {:?} (a synchronous standby or a stalled \
+                             backend?); the rebuild will be retried",
+                            ids.join(", "),
+                            self.visibility_wait
+                        ),
+                    ));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+                continue;
             }
+            done?;
             return tx
                 .commit()
                 .await
                 .map_err(|e| PgError::sql("cannot commit the rebuild", e));
         }
     }
+}
 
-    async fn run_key(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        due: &Due,
-    ) -> Result<(), PgError> {
-        let parts: Vec<Option<&str>> = due.key.parts().collect();
-        for (i, sql) in self.statements.iter().enumerate() {
-            let stmt = tx.prepare_cached(sql).await.map_err(|e| {
-                PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
-            })?;
-            let mut params = Vec::with_capacity(stmt.params().len());
-            for (j, ty) in stmt.params().iter().enumerate() {
-                let part = parts.get(j).ok_or_else(|| {
-                    PgError::new(
-                        ErrorKind::Config,
-                        format!(
-                            "statement {} uses ${} but key {} has {} part(s)",
-                            i + 1,
-                            j + 1,
-                            due.key,
-                            parts.len()
-                        ),
-                    )
-                })?;
-                if let Some(text) = part {
-                    check_scalar(ty, text).map_err(|why| {
-                        PgError::new(
-                            ErrorKind::Config,
-                            format!(
-                                "key {}: part {} for ${} of statement {}: {why}",
-                                due.key,
-                                j + 1,
-                                j + 1,
-                                i + 1
-                            ),
-                        )
-                    })?;
-                }
-                params.push(TextParam(part.map(str::to_owned)));
-            }
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            tx.execute(&stmt, &refs).await.map_err(|e| {
-                PgError::sql(
-                    format!("rebuild statement {} failed for key {}", i + 1, due.key),
-                    e,
-                )
-            })?;
-        }
-        Ok(())
-    }
+/// Part `j` of `due`'s key, for `$j+1` of statement `i`.
+fn bound_part<'k>(
+    parts: &[Option<&'k str>],
+    i: usize,
+    j: usize,
+    due: &Due,
+) -> Result<Option<&'k str>, PgError> {
+    parts.get(j).copied().ok_or_else(|| {
+        PgError::new(
+            ErrorKind::Config,
+            format!(
+                "statement {} uses ${} but key {} has {} part(s)",
+                i + 1,
+                j + 1,
+                due.key,
+                parts.len()
+            ),
+        )
+    })
+}
 
-    async fn run_batch(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        due: &[Due],
-    ) -> Result<(), PgError> {
-        let keys: Vec<Vec<Option<&str>>> = due.iter().map(|d| d.key.parts().collect()).collect();
-        for (i, sql) in self.statements.iter().enumerate() {
-            let stmt = tx.prepare_cached(sql).await.map_err(|e| {
-                PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
-            })?;
-            let mut params = Vec::with_capacity(stmt.params().len());
-            for (j, ty) in stmt.params().iter().enumerate() {
-                let elem = element(ty).unwrap_or(ty);
-                let mut column = Vec::with_capacity(keys.len());
-                for (k, parts) in keys.iter().enumerate() {
-                    let part = *parts.get(j).ok_or_else(|| {
-                        PgError::new(
-                            ErrorKind::Config,
-                            format!(
-                                "statement {} uses ${} but key {} has {} part(s)",
-                                i + 1,
-                                j + 1,
-                                due[k].key,
-                                parts.len()
-                            ),
-                        )
-                    })?;
-                    if let Some(text) = part {
-                        check_scalar(elem, text).map_err(|why| {
-                            PgError::new(
-                                ErrorKind::Config,
-                                format!(
-                                    "key {}: part {} for ${} of statement {}: {why}",
-                                    due[k].key,
-                                    j + 1,
-                                    j + 1,
-                                    i + 1
-                                ),
-                            )
-                        })?;
-                    }
-                    column.push(part);
-                }
-                params.push(TextParam(Some(array_literal(column))));
-            }
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            tx.execute(&stmt, &refs).await.map_err(|e| {
-                PgError::sql(
-                    format!(
-                        "rebuild statement {} failed for a batch of {} keys",
-                        i + 1,
-                        due.len()
-                    ),
-                    e,
-                )
-            })?;
-        }
-        Ok(())
-    }
+/// A clear error for a key part that cannot be the parameter's type.
+fn check_part(ty: &Type, text: &str, i: usize, j: usize, due: &Due) -> Result<(), PgError> {
+    check_scalar(ty, text).map_err(|why| {
+        PgError::new(
+            ErrorKind::Config,
+            format!(
+                "key {}: part {} for ${} of statement {}: {why}",
+                due.key,
+                j + 1,
+                j + 1,
+                i + 1
+            ),
+        )
+    })
+}
+
+/// `try_join_all` over the pipelined executions: the first error wins (the rest of an
+/// aborted transaction fails after it anyway).
+async fn try_join_all<F, T>(futures: impl Iterator<Item = F>) -> Result<Vec<T>, PgError>
+where
+    F: std::future::Future<Output = Result<T, PgError>>,
+{
+    futures_util::future::try_join_all(futures).await
 }
 
 impl Rebuild for SqlRebuild {
@@ -352,6 +378,10 @@ impl Rebuild for SqlRebuild {
     }
 
     fn max_batch(&self) -> usize {
-        self.batch
+        if self.batch > 1 {
+            self.batch
+        } else {
+            self.keys_per_transaction
+        }
     }
 }

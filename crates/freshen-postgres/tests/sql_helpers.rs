@@ -303,3 +303,49 @@ async fn a_rebuild_waits_until_the_dirtying_commit_is_visible() {
     assert_eq!(total, 42);
     let _ = stuck.await;
 }
+
+#[tokio::test]
+async fn several_keys_share_one_pipelined_transaction_and_fail_together() {
+    let pg = server();
+    let c = sql(&pg).await;
+    c.batch_execute(
+        "CREATE TABLE r (device text, value int);
+         CREATE TABLE totals (device text PRIMARY KEY, total bigint NOT NULL);
+         INSERT INTO r VALUES ('a', 1), ('a', 2), ('b', 5), ('c', 7);",
+    )
+    .await
+    .unwrap();
+    let rebuild = SqlRebuild::builder(pool(&pg))
+        .statement("DELETE FROM totals WHERE device = $1")
+        .statement(
+            "INSERT INTO totals SELECT device, sum(value) FROM r WHERE device = $1 GROUP BY device",
+        )
+        .keys_per_transaction(8)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(freshen::Rebuild::max_batch(&rebuild), 8);
+    let keys: Vec<Due> = ["a", "b", "c"].map(|k| due(Key::from(k))).into();
+    rebuild.run(&keys).await.unwrap();
+    let rows: Vec<(String, i64)> = c
+        .query("SELECT device, total FROM totals ORDER BY device", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows, [("a".into(), 3), ("b".into(), 5), ("c".into(), 7)]);
+
+    // One key whose statement fails undoes the whole transaction: nothing half-done.
+    c.batch_execute("INSERT INTO r VALUES ('a', 10); ALTER TABLE totals ADD CHECK (total < 100); INSERT INTO r VALUES ('c', 500)")
+        .await
+        .unwrap();
+    let err = rebuild.run(&keys).await.unwrap_err();
+    assert!(err.to_string().contains("for key c"), "{err}");
+    let a: i64 = c
+        .query_one("SELECT total FROM totals WHERE device = 'a'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(a, 3, "key a's rebuild was rolled back with c's failure");
+}

@@ -197,6 +197,9 @@ pub struct View {
     pub rebuild: Vec<String>,
     /// Keys per rebuild round trip (statements written over arrays); `None` = one key.
     pub rebuild_batch: Option<usize>,
+    /// Without `rebuild_batch`: keys rebuilt in one transaction, each with its own
+    /// parameters, pipelined (default 16).
+    pub keys_per_transaction: usize,
     /// Optional reconcile sweep.
     pub reconcile: Option<Reconcile>,
     /// Timing for this view.
@@ -309,6 +312,7 @@ const VIEW: &[&str] = &[
     "watch",
     "rebuild",
     "rebuild_batch",
+    "keys_per_transaction",
     "reconcile",
     "coalesce",
     "max_wait",
@@ -731,6 +735,16 @@ fn read_views(
         let rebuild_batch = r
             .int(t, "rebuild_batch", 1..=100_000)
             .map(|n| n.value as usize);
+        let keys_per_transaction = r.int(t, "keys_per_transaction", 1..=10_000);
+        if let (Some(_), Some(k)) = (rebuild_batch, &keys_per_transaction) {
+            r.p.at_line(
+                k.line,
+                format!(
+                    "view `{vname}`: `keys_per_transaction` is for per-key statements; with `rebuild_batch` the batch size is the number of keys"
+                ),
+            );
+        }
+        let keys_per_transaction = keys_per_transaction.map_or(16, |k| k.value as usize);
         let reconcile = r.table(t, "reconcile", "reconcile").and_then(|rt| {
             r.known_keys(rt, &["every", "keys"]);
             let every = r.duration(rt, "every");
@@ -759,6 +773,7 @@ fn read_views(
                 watch,
                 rebuild: rebuild.value,
                 rebuild_batch,
+                keys_per_transaction,
                 reconcile,
                 timing,
                 line,

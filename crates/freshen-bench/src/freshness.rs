@@ -34,7 +34,7 @@
 //! to it: it starts when freshen *receives* the change (so it leaves out capture) and
 //! ends when the rebuild returns.
 //!
-//! freshen runs twice: with the defaults (one key per rebuild transaction) and with
+//! freshen runs twice: with the defaults (up to 16 keys per pipelined transaction) and with
 //! `rebuild_batch = 64` (the statements over arrays, up to 64 keys per transaction), the
 //! documented remedy when rebuild round trips are the limit. A third row, "coalesce
 //! alone", is the floor the debounce itself sets — computed from the default run's own
@@ -112,7 +112,7 @@ enum Keeper {
 impl Keeper {
     fn label(self) -> &'static str {
         match self {
-            Keeper::Freshen => "freshen (defaults: coalesce 100 ms, one key per rebuild)",
+            Keeper::Freshen => "freshen (defaults: coalesce 100 ms, 16 keys per transaction)",
             Keeper::FreshenBatched => "freshen, rebuild_batch = 64",
             Keeper::MatView => "matview, REFRESH CONCURRENTLY every 1 s",
         }

@@ -72,17 +72,23 @@ async fn acks_arrive_in_order_and_only_after_the_rebuilds() {
     let run = r.run(std::future::pending());
     tokio::pin!(run);
     gates.open("fast", 1);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("fast rebuilt", Duration::from_secs(1), || gates.done.list() == ["fast"]) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("fast rebuilt", Duration::from_secs(1), || {
+            gates.done.list() == ["fast"]
+        }),
+    )
+    .await;
     assert!(acks.list().is_empty(), "batch 2 waits for batch 1");
     assert_eq!(h.stats().unacked_batches, 3);
     gates.open("slow", 1);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("all acked", Duration::from_secs(1), || acks.list().len() == 3) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("all acked", Duration::from_secs(1), || {
+            acks.list().len() == 3
+        }),
+    )
+    .await;
     assert_eq!(acks.list(), [1, 2, 3]);
     drop(feed);
     within("drain", Duration::from_secs(5), run).await.unwrap();
@@ -106,35 +112,44 @@ async fn a_batch_arriving_during_a_rebuild_waits_for_the_next_rebuild() {
         .unwrap();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("rebuild started", Duration::from_secs(1), || h.stats().in_flight == 1) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("rebuild started", Duration::from_secs(1), || {
+            h.stats().in_flight == 1
+        }),
+    )
+    .await;
     // Batch 2 arrives while a's first rebuild runs: that rebuild cannot cover it.
     feed.send(acks.batch(2, vec![reading("a", 2)]))
         .await
         .unwrap();
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("batch 2 received", Duration::from_secs(1), || h.stats().batches_received == 2) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("batch 2 received", Duration::from_secs(1), || {
+            h.stats().batches_received == 2
+        }),
+    )
+    .await;
     gates.open("a", 1);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("batch 1 acked", Duration::from_secs(1), || acks.list() == [1]) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("batch 1 acked", Duration::from_secs(1), || {
+            acks.list() == [1]
+        }),
+    )
+    .await;
     // Nothing else will come unless a second rebuild of a runs.
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-    }
+    meanwhile(&mut run, tokio::time::sleep(Duration::from_secs(1))).await;
     assert_eq!(acks.list(), [1]);
     assert_eq!(h.stats().in_flight, 1, "the second rebuild of a is running");
     gates.open("a", 1);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("batch 2 acked", Duration::from_secs(1), || acks.list() == [1, 2]) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("batch 2 acked", Duration::from_secs(1), || {
+            acks.list() == [1, 2]
+        }),
+    )
+    .await;
     drop(feed);
     within("drain", Duration::from_secs(5), run).await.unwrap();
     assert_eq!(gates.done.list(), ["a", "a"]);
@@ -166,12 +181,13 @@ async fn a_crash_mid_rebuild_leaves_unrebuilt_batches_unacked() {
     {
         let run = r.run(std::future::pending());
         tokio::pin!(run);
-        tokio::select! {
-            _ = &mut run => panic!("ended"),
-            _ = eventually("a rebuilt, b stuck", Duration::from_secs(1), || {
+        meanwhile(
+            &mut run,
+            eventually("a rebuilt, b stuck", Duration::from_secs(1), || {
                 gates.done.list() == ["a"] && h.stats().in_flight == 1
-            }) => {}
-        }
+            }),
+        )
+        .await;
         // The run future is dropped here: a crash in the middle of b's rebuild.
     }
     assert_eq!(acks.list(), [1]);
@@ -209,18 +225,24 @@ async fn truncate_sweeps_at_once_and_holds_its_batch_until_the_sweep_is_rebuilt(
     tokio::pin!(run);
     gates.open("t1", 1);
     gates.open("t2", 1);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("start-up sweep rebuilt", Duration::from_secs(1), || h.stats().rebuilds_ok == 2) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("start-up sweep rebuilt", Duration::from_secs(1), || {
+            h.stats().rebuilds_ok == 2
+        }),
+    )
+    .await;
     feed.send(acks.batch(1, vec![truncate("readings")]))
         .await
         .unwrap();
     feed.send(acks.batch(2, vec![])).await.unwrap();
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("second sweep listed", Duration::from_secs(1), || h.stats().reconcile_keys == 4) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("second sweep listed", Duration::from_secs(1), || {
+            h.stats().reconcile_keys == 4
+        }),
+    )
+    .await;
     assert_eq!(h.stats().truncates, 1);
     assert!(
         acks.list().is_empty(),
@@ -228,10 +250,11 @@ async fn truncate_sweeps_at_once_and_holds_its_batch_until_the_sweep_is_rebuilt(
     );
     gates.open("t1", 1);
     gates.open("t2", 1);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("acked", Duration::from_secs(1), || acks.list() == [1, 2]) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("acked", Duration::from_secs(1), || acks.list() == [1, 2]),
+    )
+    .await;
     assert_eq!(sweeps.load(std::sync::atomic::Ordering::SeqCst), 2);
     drop(feed);
     within("drain", Duration::from_secs(5), run).await.unwrap();

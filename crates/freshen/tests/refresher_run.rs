@@ -98,10 +98,13 @@ async fn a_failing_key_is_poisoned_without_blocking_a_healthy_one() {
     let run = r.run(std::future::pending());
     tokio::pin!(run);
     // The healthy key is rebuilt while the bad one is still backing off.
-    tokio::select! {
-        _ = &mut run => panic!("run ended early"),
-        _ = eventually("good rebuilt", Duration::from_secs(1), || log.count("good") == 1) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("good rebuilt", Duration::from_secs(1), || {
+            log.count("good") == 1
+        }),
+    )
+    .await;
     assert_eq!(handle.stats().keys_poisoned, 0, "bad key is still retrying");
     drop(feed);
     within("run drains", Duration::from_secs(10), &mut run)
@@ -146,17 +149,23 @@ async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
     let run = r.run(std::future::pending());
     tokio::pin!(run);
     // The start-up sweep lists k; its rebuild fails once and poisons it.
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("poisoned", Duration::from_secs(1), || h.stats().poisoned == 1) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("poisoned", Duration::from_secs(1), || {
+            h.stats().poisoned == 1
+        }),
+    )
+    .await;
     feed.send(Batch::new(vec![reading("k", 1)], Ack::none()))
         .await
         .unwrap();
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("ignored", Duration::from_secs(1), || h.stats().keys_ignored == 1) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("ignored", Duration::from_secs(1), || {
+            h.stats().keys_ignored == 1
+        }),
+    )
+    .await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,
@@ -164,10 +173,13 @@ async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
     );
     fail.store(0, Ordering::SeqCst);
     assert!(h.reconcile_now());
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("revived and rebuilt", Duration::from_secs(1), || h.stats().rebuilds_ok == 1) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("revived and rebuilt", Duration::from_secs(1), || {
+            h.stats().rebuilds_ok == 1
+        }),
+    )
+    .await;
     assert_eq!(h.stats().poisoned, 0);
 }
 
@@ -259,18 +271,24 @@ async fn reconcile_sweeps_at_start_and_on_the_interval() {
     let start = tokio::time::Instant::now();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("first sweep rebuilt", Duration::from_secs(1), || h.stats().rebuilds_ok == 2) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("first sweep rebuilt", Duration::from_secs(1), || {
+            h.stats().rebuilds_ok == 2
+        }),
+    )
+    .await;
     assert!(
         start.elapsed() < Duration::from_secs(1),
         "the first sweep runs at start"
     );
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("second sweep", Duration::from_secs(120), || h.stats().rebuilds_ok == 4) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("second sweep", Duration::from_secs(120), || {
+            h.stats().rebuilds_ok == 4
+        }),
+    )
+    .await;
     let elapsed = start.elapsed();
     assert!(
         elapsed >= Duration::from_secs(60) && elapsed < Duration::from_secs(62),
@@ -316,10 +334,13 @@ async fn a_failed_sweep_is_retried_with_backoff() {
     let start = tokio::time::Instant::now();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("retried sweep", Duration::from_secs(5), || h.stats().reconciles == 1) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually("retried sweep", Duration::from_secs(5), || {
+            h.stats().reconciles == 1
+        }),
+    )
+    .await;
     assert!(
         start.elapsed() < Duration::from_secs(2),
         "retried long before the hourly sweep"
@@ -401,10 +422,15 @@ async fn on_enqueue_acks_before_rebuilding() {
         .unwrap();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("acked while the rebuild is blocked", Duration::from_secs(1), || acks.list() == [1]) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually(
+            "acked while the rebuild is blocked",
+            Duration::from_secs(1),
+            || acks.list() == [1],
+        ),
+    )
+    .await;
     assert_eq!(h.stats().rebuilds_ok, 0);
     gate.add_permits(1);
     drop(feed);
@@ -655,18 +681,20 @@ async fn a_saturated_refresher_waits_for_a_worker_instead_of_spinning() {
     feed.send(Batch::new(events, Ack::none())).await.unwrap();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = eventually("one rebuild running, 49 keys due", Duration::from_secs(5), || {
-            let s = h.stats();
-            s.in_flight == 1 && s.dirty == 49
-        }) => {}
-    }
+    meanwhile(
+        &mut run,
+        eventually(
+            "one rebuild running, 49 keys due",
+            Duration::from_secs(5),
+            || {
+                let s = h.stats();
+                s.in_flight == 1 && s.dirty == 49
+            },
+        ),
+    )
+    .await;
     let before = h.stats().wakeups;
-    tokio::select! {
-        _ = &mut run => panic!("ended"),
-        _ = tokio::time::sleep(Duration::from_millis(300)) => {}
-    }
+    meanwhile(&mut run, tokio::time::sleep(Duration::from_millis(300))).await;
     let spent = h.stats().wakeups - before;
     assert!(
         spent < 20,

@@ -83,6 +83,18 @@ pub async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> 
     }
 }
 
+/// Waits for `fut` while the refresher's `run` future keeps running; fails the test if
+/// `run` ends first.
+pub async fn meanwhile<R, T>(run: &mut R, fut: impl Future<Output = T>) -> T
+where
+    R: Future + Unpin,
+{
+    tokio::select! {
+        _ = run => panic!("the refresher stopped early"),
+        v = fut => v,
+    }
+}
+
 /// Runs `fut` to completion or fails the test after `within`.
 pub async fn within<T>(what: &str, within: Duration, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(within, fut).await {

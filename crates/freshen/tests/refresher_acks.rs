@@ -72,22 +72,16 @@ async fn acks_arrive_in_order_and_only_after_the_rebuilds() {
     let run = r.run(std::future::pending());
     tokio::pin!(run);
     gates.open("fast", 1);
-    meanwhile(
-        &mut run,
-        eventually("fast rebuilt", Duration::from_secs(1), || {
-            gates.done.list() == ["fast"]
-        }),
-    )
+    waiting(&mut run, "fast rebuilt", Duration::from_secs(1), || {
+        gates.done.list() == ["fast"]
+    })
     .await;
     assert!(acks.list().is_empty(), "batch 2 waits for batch 1");
     assert_eq!(h.stats().unacked_batches, 3);
     gates.open("slow", 1);
-    meanwhile(
-        &mut run,
-        eventually("all acked", Duration::from_secs(1), || {
-            acks.list().len() == 3
-        }),
-    )
+    waiting(&mut run, "all acked", Duration::from_secs(1), || {
+        acks.list().len() == 3
+    })
     .await;
     assert_eq!(acks.list(), [1, 2, 3]);
     drop(feed);
@@ -112,43 +106,31 @@ async fn a_batch_arriving_during_a_rebuild_waits_for_the_next_rebuild() {
         .unwrap();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    meanwhile(
-        &mut run,
-        eventually("rebuild started", Duration::from_secs(1), || {
-            h.stats().in_flight == 1
-        }),
-    )
+    waiting(&mut run, "rebuild started", Duration::from_secs(1), || {
+        h.stats().in_flight == 1
+    })
     .await;
     // Batch 2 arrives while a's first rebuild runs: that rebuild cannot cover it.
     feed.send(acks.batch(2, vec![reading("a", 2)]))
         .await
         .unwrap();
-    meanwhile(
-        &mut run,
-        eventually("batch 2 received", Duration::from_secs(1), || {
-            h.stats().batches_received == 2
-        }),
-    )
+    waiting(&mut run, "batch 2 received", Duration::from_secs(1), || {
+        h.stats().batches_received == 2
+    })
     .await;
     gates.open("a", 1);
-    meanwhile(
-        &mut run,
-        eventually("batch 1 acked", Duration::from_secs(1), || {
-            acks.list() == [1]
-        }),
-    )
+    waiting(&mut run, "batch 1 acked", Duration::from_secs(1), || {
+        acks.list() == [1]
+    })
     .await;
     // Nothing else will come unless a second rebuild of a runs.
     meanwhile(&mut run, tokio::time::sleep(Duration::from_secs(1))).await;
     assert_eq!(acks.list(), [1]);
     assert_eq!(h.stats().in_flight, 1, "the second rebuild of a is running");
     gates.open("a", 1);
-    meanwhile(
-        &mut run,
-        eventually("batch 2 acked", Duration::from_secs(1), || {
-            acks.list() == [1, 2]
-        }),
-    )
+    waiting(&mut run, "batch 2 acked", Duration::from_secs(1), || {
+        acks.list() == [1, 2]
+    })
     .await;
     drop(feed);
     within("drain", Duration::from_secs(5), run).await.unwrap();
@@ -181,11 +163,11 @@ async fn a_crash_mid_rebuild_leaves_unrebuilt_batches_unacked() {
     {
         let run = r.run(std::future::pending());
         tokio::pin!(run);
-        meanwhile(
+        waiting(
             &mut run,
-            eventually("a rebuilt, b stuck", Duration::from_secs(1), || {
-                gates.done.list() == ["a"] && h.stats().in_flight == 1
-            }),
+            "a rebuilt, b stuck",
+            Duration::from_secs(1),
+            || gates.done.list() == ["a"] && h.stats().in_flight == 1,
         )
         .await;
         // The run future is dropped here: a crash in the middle of b's rebuild.
@@ -225,22 +207,22 @@ async fn truncate_sweeps_at_once_and_holds_its_batch_until_the_sweep_is_rebuilt(
     tokio::pin!(run);
     gates.open("t1", 1);
     gates.open("t2", 1);
-    meanwhile(
+    waiting(
         &mut run,
-        eventually("start-up sweep rebuilt", Duration::from_secs(1), || {
-            h.stats().rebuilds_ok == 2
-        }),
+        "start-up sweep rebuilt",
+        Duration::from_secs(1),
+        || h.stats().rebuilds_ok == 2,
     )
     .await;
     feed.send(acks.batch(1, vec![truncate("readings")]))
         .await
         .unwrap();
     feed.send(acks.batch(2, vec![])).await.unwrap();
-    meanwhile(
+    waiting(
         &mut run,
-        eventually("second sweep listed", Duration::from_secs(1), || {
-            h.stats().reconcile_keys == 4
-        }),
+        "second sweep listed",
+        Duration::from_secs(1),
+        || h.stats().reconcile_keys == 4,
     )
     .await;
     assert_eq!(h.stats().truncates, 1);
@@ -250,10 +232,9 @@ async fn truncate_sweeps_at_once_and_holds_its_batch_until_the_sweep_is_rebuilt(
     );
     gates.open("t1", 1);
     gates.open("t2", 1);
-    meanwhile(
-        &mut run,
-        eventually("acked", Duration::from_secs(1), || acks.list() == [1, 2]),
-    )
+    waiting(&mut run, "acked", Duration::from_secs(1), || {
+        acks.list() == [1, 2]
+    })
     .await;
     assert_eq!(sweeps.load(std::sync::atomic::Ordering::SeqCst), 2);
     drop(feed);

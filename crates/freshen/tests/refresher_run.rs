@@ -98,12 +98,9 @@ async fn a_failing_key_is_poisoned_without_blocking_a_healthy_one() {
     let run = r.run(std::future::pending());
     tokio::pin!(run);
     // The healthy key is rebuilt while the bad one is still backing off.
-    meanwhile(
-        &mut run,
-        eventually("good rebuilt", Duration::from_secs(1), || {
-            log.count("good") == 1
-        }),
-    )
+    waiting(&mut run, "good rebuilt", Duration::from_secs(1), || {
+        log.count("good") == 1
+    })
     .await;
     assert_eq!(handle.stats().keys_poisoned, 0, "bad key is still retrying");
     drop(feed);
@@ -149,22 +146,16 @@ async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
     let run = r.run(std::future::pending());
     tokio::pin!(run);
     // The start-up sweep lists k; its rebuild fails once and poisons it.
-    meanwhile(
-        &mut run,
-        eventually("poisoned", Duration::from_secs(1), || {
-            h.stats().poisoned == 1
-        }),
-    )
+    waiting(&mut run, "poisoned", Duration::from_secs(1), || {
+        h.stats().poisoned == 1
+    })
     .await;
     feed.send(Batch::new(vec![reading("k", 1)], Ack::none()))
         .await
         .unwrap();
-    meanwhile(
-        &mut run,
-        eventually("ignored", Duration::from_secs(1), || {
-            h.stats().keys_ignored == 1
-        }),
-    )
+    waiting(&mut run, "ignored", Duration::from_secs(1), || {
+        h.stats().keys_ignored == 1
+    })
     .await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -173,11 +164,11 @@ async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
     );
     fail.store(0, Ordering::SeqCst);
     assert!(h.reconcile_now());
-    meanwhile(
+    waiting(
         &mut run,
-        eventually("revived and rebuilt", Duration::from_secs(1), || {
-            h.stats().rebuilds_ok == 1
-        }),
+        "revived and rebuilt",
+        Duration::from_secs(1),
+        || h.stats().rebuilds_ok == 1,
     )
     .await;
     assert_eq!(h.stats().poisoned, 0);
@@ -271,23 +262,20 @@ async fn reconcile_sweeps_at_start_and_on_the_interval() {
     let start = tokio::time::Instant::now();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    meanwhile(
+    waiting(
         &mut run,
-        eventually("first sweep rebuilt", Duration::from_secs(1), || {
-            h.stats().rebuilds_ok == 2
-        }),
+        "first sweep rebuilt",
+        Duration::from_secs(1),
+        || h.stats().rebuilds_ok == 2,
     )
     .await;
     assert!(
         start.elapsed() < Duration::from_secs(1),
         "the first sweep runs at start"
     );
-    meanwhile(
-        &mut run,
-        eventually("second sweep", Duration::from_secs(120), || {
-            h.stats().rebuilds_ok == 4
-        }),
-    )
+    waiting(&mut run, "second sweep", Duration::from_secs(120), || {
+        h.stats().rebuilds_ok == 4
+    })
     .await;
     let elapsed = start.elapsed();
     assert!(
@@ -334,12 +322,9 @@ async fn a_failed_sweep_is_retried_with_backoff() {
     let start = tokio::time::Instant::now();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    meanwhile(
-        &mut run,
-        eventually("retried sweep", Duration::from_secs(5), || {
-            h.stats().reconciles == 1
-        }),
-    )
+    waiting(&mut run, "retried sweep", Duration::from_secs(5), || {
+        h.stats().reconciles == 1
+    })
     .await;
     assert!(
         start.elapsed() < Duration::from_secs(2),
@@ -422,13 +407,11 @@ async fn on_enqueue_acks_before_rebuilding() {
         .unwrap();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    meanwhile(
+    waiting(
         &mut run,
-        eventually(
-            "acked while the rebuild is blocked",
-            Duration::from_secs(1),
-            || acks.list() == [1],
-        ),
+        "acked while the rebuild is blocked",
+        Duration::from_secs(1),
+        || acks.list() == [1],
     )
     .await;
     assert_eq!(h.stats().rebuilds_ok, 0);
@@ -681,16 +664,14 @@ async fn a_saturated_refresher_waits_for_a_worker_instead_of_spinning() {
     feed.send(Batch::new(events, Ack::none())).await.unwrap();
     let run = r.run(std::future::pending());
     tokio::pin!(run);
-    meanwhile(
+    waiting(
         &mut run,
-        eventually(
-            "one rebuild running, 49 keys due",
-            Duration::from_secs(5),
-            || {
-                let s = h.stats();
-                s.in_flight == 1 && s.dirty == 49
-            },
-        ),
+        "one rebuild running, 49 keys due",
+        Duration::from_secs(5),
+        || {
+            let s = h.stats();
+            s.in_flight == 1 && s.dirty == 49
+        },
     )
     .await;
     let before = h.stats().wakeups;

@@ -95,6 +95,14 @@ where
     }
 }
 
+/// Polls `cond` (as [`eventually`]) while the refresher's `run` future keeps running.
+pub async fn waiting<R>(run: &mut R, what: &str, within: Duration, cond: impl FnMut() -> bool)
+where
+    R: Future + Unpin,
+{
+    meanwhile(run, eventually(what, within, cond)).await
+}
+
 /// Runs `fut` to completion or fails the test after `within`.
 pub async fn within<T>(what: &str, within: Duration, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(within, fut).await {

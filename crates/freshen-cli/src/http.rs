@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -158,11 +158,4 @@ pub async fn serve(
     axum::serve(listener, app(o))
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-/// Seconds since the Unix epoch (for log fields).
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }

@@ -2,7 +2,8 @@
 //!
 //! Tests that claim a database's behaviour run against the real thing, started by the
 //! test and stopped when it ends. This crate starts them quickly and cleans up after
-//! them; it is a dev-dependency (and a benchmark dependency) only.
+//! them. Tests and benchmarks use it as a dev-dependency; the `freshen` binary uses
+//! [`PgServer`] for `freshen demo`, whose throwaway database is exactly this one.
 //!
 //! - [`PgServer`]: a PostgreSQL cluster in a temporary directory, `wal_level=logical`,
 //!   on a free loopback port with its own socket directory, tuned for speed (no fsync).

@@ -15,8 +15,17 @@ pub mod names {
     pub const SKIPPED: &str = "freshen_events_skipped_total";
     /// Keys marked dirty, per view.
     pub const KEYS_MARKED: &str = "freshen_keys_marked_total";
-    /// Marks ignored because the key is quarantined, per view.
-    pub const KEYS_IGNORED: &str = "freshen_keys_ignored_total";
+    /// Quarantined keys whose held transactions were confirmed without a successful
+    /// rebuild (the one exception to after-rebuild acks), per view.
+    pub const QUARANTINE_RELEASES: &str = "freshen_quarantine_releases_total";
+    /// Failed rebuilds that were not the key's fault (an outage, a timeout), per view.
+    pub const PATH_FAILURES: &str = "freshen_rebuild_path_failures_total";
+    /// Rebuilds abandoned (cancelled) at shutdown, per view.
+    pub const ABANDONED: &str = "freshen_rebuilds_abandoned_total";
+    /// 1 while a view's rebuilds fail for a reason that is not the key's, per view.
+    pub const STALLED: &str = "freshen_view_stalled";
+    /// Quarantined keys holding their transactions unconfirmed, per view.
+    pub const POISONED_HOLDING: &str = "freshen_poisoned_keys_holding";
     /// Changes of a watched table that carried no value for the view's key columns
     /// (typically a DELETE under the default replica identity), per view.
     pub const UNSCOPED: &str = "freshen_events_unscoped_total";
@@ -145,10 +154,34 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         v.stats.keys_marked as f64
     }),
     (
-        names::KEYS_IGNORED,
+        names::QUARANTINE_RELEASES,
         "counter",
-        "Marks ignored for quarantined keys.",
-        |v| v.stats.keys_ignored as f64,
+        "Quarantined keys whose transactions were confirmed without a rebuild.",
+        |v| v.stats.quarantine_releases as f64,
+    ),
+    (
+        names::PATH_FAILURES,
+        "counter",
+        "Failed rebuilds that were not the key's fault.",
+        |v| v.stats.path_failures as f64,
+    ),
+    (
+        names::ABANDONED,
+        "counter",
+        "Rebuilds abandoned at shutdown.",
+        |v| v.stats.abandoned as f64,
+    ),
+    (
+        names::STALLED,
+        "gauge",
+        "1 while rebuilds fail for a reason that is not the key's.",
+        |v| f64::from(u8::from(v.stats.stalled_since.is_some())),
+    ),
+    (
+        names::POISONED_HOLDING,
+        "gauge",
+        "Quarantined keys holding their transactions unconfirmed.",
+        |v| v.stats.poisoned_holding as f64,
     ),
     (
         names::REBUILD_CALLS,

@@ -120,14 +120,19 @@ impl<A> AckTracker<A> {
         }
     }
 
-    /// `key` is quarantined: it releases every hold (the reconcile sweep owns it now).
-    pub(crate) fn forget(&mut self, key: &Key, covered: Option<BatchId>) {
+    /// `key` is quarantined and will be healed otherwise (a reconcile sweep): it
+    /// releases every hold. Returns whether it held any.
+    pub(crate) fn forget(&mut self, key: &Key, covered: Option<BatchId>) -> bool {
+        let mut held = false;
         if let Some(id) = self.keys.remove(key) {
             self.remove(id);
+            held = true;
         }
         if let Some(id) = covered {
             self.remove(id);
+            held = true;
         }
+        held
     }
 
     /// Acks that may leave now, oldest first.
@@ -230,7 +235,7 @@ mod tests {
         let job = t.start(&k("bad"));
         let b1 = t.receive("b1");
         t.hold(&k("bad"), b1);
-        t.forget(&k("bad"), job);
+        assert!(t.forget(&k("bad"), job));
         assert_eq!(t.release(), vec!["b0", "b1"]);
         assert!(t.holds.is_empty());
     }

@@ -95,6 +95,10 @@ pub struct SourceStatus {
     pub events: u64,
     /// The last error, if any.
     pub last_error: Option<String>,
+    /// What is wrong with the source's setup now (e.g. a watched table dropped from the
+    /// publication while running); any entry makes `/healthz` unhealthy.
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 /// One view's name and its refresher's stats.
@@ -106,6 +110,48 @@ pub struct ViewStats {
     pub stats: Stats,
     /// Changes that could not be scoped (see [`names::UNSCOPED`]).
     pub unscoped: u64,
+    /// Quarantined keys (at most [`QUARANTINE_SHOWN`]).
+    pub quarantined: Vec<freshen::Quarantined>,
+}
+
+/// How many quarantined keys a view shows in `/status` and `/healthz`.
+pub const QUARANTINE_SHOWN: usize = 20;
+
+impl ViewStats {
+    /// Why this view is unhealthy, if it is: rebuilds stalled by an outage, or keys
+    /// quarantined while holding their transactions unconfirmed.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let (Some(since), Some((retry, error))) = (self.stats.stalled_since, &self.stats.stall) {
+            let age = SystemTime::now().duration_since(since).unwrap_or_default();
+            let what = match retry {
+                freshen::Retry::Fix => "rebuilds fail until something is fixed",
+                _ => "rebuilds cannot reach the database",
+            };
+            out.push(format!(
+                "view {}: {what} (for {:.0}s; no key is quarantined meanwhile): {error}",
+                self.name,
+                age.as_secs_f64()
+            ));
+        }
+        for q in self.quarantined.iter().filter(|q| q.holding) {
+            out.push(format!(
+                "view {}: key {} is quarantined and holds its transactions unconfirmed (WAL is retained until it rebuilds): {}",
+                self.name,
+                q.key.quoted(),
+                q.error
+            ));
+        }
+        let shown = self.quarantined.iter().filter(|q| q.holding).count() as u64;
+        if self.stats.poisoned_holding > shown {
+            out.push(format!(
+                "view {}: {} more quarantined keys hold their transactions unconfirmed",
+                self.name,
+                self.stats.poisoned_holding - shown
+            ));
+        }
+        out
+    }
 }
 
 fn unix(t: Option<SystemTime>) -> f64 {
@@ -369,6 +415,7 @@ mod tests {
                 name: "device\"totals".into(),
                 stats,
                 unscoped: 2,
+                quarantined: Vec::new(),
             }],
             &SourceStatus {
                 kind: "postgres".into(),

@@ -13,7 +13,7 @@ use freshen_changefeed::{AppState, Changefeed};
 use freshen_kafka::{KafkaSink, KafkaSource, SourceStatsHandle};
 use freshen_postgres::{
     ConnectionConfig, PgAdmin, PgHandle, PgSource, Pool, PublicationMode as PgPublicationMode,
-    SlotInfo, SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild,
+    SlotInfo, SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild, Visibility,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -69,6 +69,11 @@ pub struct Observer {
     source: Probe,
     running: AtomicBool,
     lag: Mutex<Option<Result<SlotInfo, String>>>,
+    /// The publication and the tables it must cover (PostgreSQL), checked as lag is
+    /// sampled: a table dropped from it while running would otherwise stop its views
+    /// silently.
+    publication: Option<(String, Vec<freshen_postgres::TableName>)>,
+    problems: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Observer {
@@ -90,6 +95,55 @@ impl Observer {
         if let Probe::Postgres(h) = &self.source {
             let sample = h.lag().await.map_err(|e| e.to_string());
             *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample);
+            if let Some((name, tables)) = &self.publication {
+                self.check_publication(h, name, tables).await;
+            }
+        }
+    }
+
+    /// Reports (once per change) a publication that stopped covering a watched table.
+    async fn check_publication(
+        &self,
+        h: &PgHandle,
+        name: &str,
+        tables: &[freshen_postgres::TableName],
+    ) {
+        let problems = match h.admin().coverage(name, tables).await {
+            // Unreachable: the source reports its own connection problems.
+            Err(_) => return,
+            Ok(None) => vec![format!(
+                "publication {name} was dropped while running: no change reaches the views (recreate it, or restart freshen to create it)"
+            )],
+            Ok(Some(c)) => {
+                let mut out = Vec::new();
+                for t in &c.missing_tables {
+                    let views: Vec<&str> = self
+                        .views
+                        .iter()
+                        .filter(|(_, _, scope)| scope.watches(t))
+                        .map(|(n, _, _)| n.as_str())
+                        .collect();
+                    out.push(format!(
+                        "publication {name} no longer includes {t}: views {} receive none of its changes (ALTER PUBLICATION {} ADD TABLE {t})",
+                        views.join(", "),
+                        freshen_postgres::quote_ident(name)
+                    ));
+                }
+                if !c.missing_operations.is_empty() {
+                    out.push(format!(
+                        "publication {name} no longer publishes {}: those changes do not reach the views",
+                        c.missing_operations.join(", ")
+                    ));
+                }
+                out
+            }
+        };
+        let mut current = self.problems.lock().unwrap_or_else(|p| p.into_inner());
+        if *current != problems {
+            for p in problems.iter().filter(|p| !current.contains(p)) {
+                tracing::error!("{p}");
+            }
+            *current = problems;
         }
     }
 }
@@ -102,6 +156,11 @@ impl Observe for Observer {
                 name: name.clone(),
                 stats: h.stats(),
                 unscoped: scope.unscoped(),
+                quarantined: h
+                    .quarantined()
+                    .into_iter()
+                    .take(crate::metrics::QUARANTINE_SHOWN)
+                    .collect(),
             })
             .collect()
     }
@@ -118,6 +177,11 @@ impl Observe for Observer {
                 };
                 SourceStatus {
                     kind: "postgres".into(),
+                    problems: self
+                        .problems
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone(),
                     streaming: h.streaming,
                     received_lsn: Some(h.received_lsn.0),
                     confirmed_lsn: Some(h.confirmed_lsn.0),
@@ -160,10 +224,42 @@ fn connection(url: &str, what: &str) -> anyhow::Result<ConnectionConfig> {
     ConnectionConfig::from_url(url).with_context(|| format!("the {what} URL is not usable"))
 }
 
+/// How rebuilds prove they see the changes that dirtied their keys: transaction ids
+/// are the source cluster's, so they are checked in the rebuild's snapshot only where
+/// the target is that cluster (or a physical standby of it: same system identifier),
+/// and on the source otherwise. Broker sources carry no ids of the target's.
+async fn visibility(cfg: &Config, target: &Pool) -> anyhow::Result<Visibility> {
+    let Source::Postgres(pg) = &cfg.source else {
+        return Ok(Visibility::Off);
+    };
+    if pg.url.expose() == cfg.target.url.expose() {
+        return Ok(Visibility::InSnapshot);
+    }
+    let source = freshen_postgres::connect_pool(&connection(pg.url.expose(), "source")?, 2)
+        .context("cannot set up the source connection pool")?;
+    let (a, b) = (
+        PgAdmin::from_pool(source.clone()).system_identifier().await,
+        PgAdmin::from_pool(target.clone()).system_identifier().await,
+    );
+    Ok(match (a, b) {
+        (Ok(a), Ok(b)) if a == b => Visibility::InSnapshot,
+        (a, b) => {
+            tracing::info!(
+                same_cluster = false,
+                source = ?a.ok(),
+                target = ?b.ok(),
+                "the target is another cluster: rebuilds check on the source that the changes are visible before they run"
+            );
+            Visibility::OnSource(source)
+        }
+    })
+}
+
 /// Prepares a view's rebuild statements (before anything starts streaming).
-async fn prepare(view: &View, pool: &Pool) -> anyhow::Result<SqlRebuild> {
+async fn prepare(view: &View, pool: &Pool, visibility: &Visibility) -> anyhow::Result<SqlRebuild> {
     let mut rebuild = SqlRebuild::builder(pool.clone())
         .statements(view.rebuild.iter().cloned())
+        .visibility(visibility.clone())
         .keys_per_transaction(view.keys_per_transaction);
     if let Some(n) = view.rebuild_batch {
         rebuild = rebuild.batch(n);
@@ -196,8 +292,14 @@ fn refresher(
         .backoff(t.backoff_base, t.backoff_max)
         .ack(ack)
         .on_error(move |r: &Report<'_>| match r {
-            Report::Poisoned { .. } | Report::TruncateIgnored { .. } => {
+            Report::Poisoned { .. }
+            | Report::TruncateIgnored { .. }
+            | Report::Stalled { .. }
+            | Report::QuarantineReleased { .. } => {
                 tracing::error!(view = %name, "{r}")
+            }
+            Report::Recovered { .. } | Report::Revived { .. } => {
+                tracing::info!(view = %name, "{r}")
             }
             _ => tracing::warn!(view = %name, "{r}"),
         });
@@ -291,8 +393,11 @@ impl Pipeline {
             )
         };
         let mut rebuilds = Vec::new();
-        for view in &cfg.views {
-            rebuilds.push(prepare(view, pool.as_ref().expect("views have a pool")).await?);
+        if let Some(pool) = &pool {
+            let visibility = visibility(cfg, pool).await?;
+            for view in &cfg.views {
+                rebuilds.push(prepare(view, pool, &visibility).await?);
+            }
         }
         let mut sinks = Vec::new();
         for Sink::Kafka(k) in &cfg.sinks {
@@ -312,6 +417,16 @@ impl Pipeline {
                 Some((cf, listener, state))
             }
             None => None,
+        };
+        let publication = match &cfg.source {
+            Source::Postgres(pg) => Some((
+                pg.publication.clone(),
+                cfg.watched_tables()
+                    .into_iter()
+                    .map(|(schema, table)| freshen_postgres::TableName::new(&schema, &table))
+                    .collect(),
+            )),
+            _ => None,
         };
         let (source, probe): (Box<dyn freshen::Source>, Probe) = match &cfg.source {
             Source::Postgres(pg) => {
@@ -359,6 +474,8 @@ impl Pipeline {
             source: probe,
             running: AtomicBool::new(true),
             lag: Mutex::new(None),
+            publication,
+            problems: Mutex::new(Vec::new()),
         });
         Ok(Pipeline {
             views,

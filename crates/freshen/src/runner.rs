@@ -543,11 +543,18 @@ impl Runner {
             st.trouble(|t| t.stall = Some((retry, text.clone())));
         }
         st.trouble(|t| t.last_error = Some(text.clone()));
+        // A call of several keys that failed by data is no evidence against any one of
+        // them: none is counted toward quarantine, and each is retried alone.
+        let counted = if retry.blames_key() && meta.len() > 1 {
+            Retry::Path
+        } else {
+            retry
+        };
         let mut dues = dues.into_iter();
         for m in meta {
             let txids = dues.next().map(|d| d.txids).unwrap_or_default();
             Recorder::add(&st.rebuilds_failed, 1);
-            match self.dirty.complete(&m.key, Outcome::Failed(retry), now) {
+            match self.dirty.complete(&m.key, Outcome::Failed(counted), now) {
                 Completion::Poisoned => self.poisoned(m, txids, error, &text),
                 Completion::Retry { at, failures } => {
                     if let Some(t) = &mut self.tracker {

@@ -290,6 +290,7 @@ fn refresher(
         .workers(t.workers)
         .poison_after(t.poison_after)
         .backoff(t.backoff_base, t.backoff_max)
+        .shutdown_grace(t.shutdown_grace)
         .ack(ack)
         .on_error(move |r: &Report<'_>| match r {
             Report::Poisoned { .. }
@@ -305,6 +306,9 @@ fn refresher(
         });
     if let Some(rec) = &view.reconcile {
         b = b.reconcile_with(rec.every, SqlEnumerate::new(pool.clone(), rec.keys.clone()));
+    }
+    if let Some(d) = t.release_quarantined_after {
+        b = b.release_quarantined_after(d);
     }
     let refresher = b
         .build()

@@ -256,3 +256,92 @@ async fn a_target_on_another_cluster_rebuilds_from_the_source() {
     run.kill().unwrap();
     run.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_dropped_from_the_publication_while_running_is_reported() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(dir.path(), &config(&pg.url(), &format!("127.0.0.1:{port}")));
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    c.batch_execute("ALTER PUBLICATION freshen_test DROP TABLE sites")
+        .await
+        .unwrap();
+    let health = wait_http(&base, "/healthz", 503, Duration::from_secs(30)).await;
+    assert!(
+        health.contains("public.sites") && health.contains("site_totals"),
+        "/healthz names the table and the views that lost it: {health}"
+    );
+    let s = status(&base).await;
+    assert!(
+        s.source.problems.iter().any(|p| p.contains("ADD TABLE")),
+        "{s:?}"
+    );
+    // Put back, the source is healthy again.
+    c.batch_execute("ALTER PUBLICATION freshen_test ADD TABLE sites")
+        .await
+        .unwrap();
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    assert!(log_of(dir.path(), 1).contains("no longer includes public.sites"));
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_abandoned_at_shutdown_is_cancelled_on_the_server() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let text = config(&pg.url(), &format!("127.0.0.1:{port}"))
+        .replace(
+            "max_wait = \"500ms\"",
+            "max_wait = \"500ms\"\nshutdown_grace = \"500ms\"",
+        )
+        .replace(
+            "\"DELETE FROM device_totals WHERE device = $1\",",
+            "\"SELECT pg_sleep(120) WHERE $1::text IS NOT NULL\",",
+        );
+    let cfg = write_config(dir.path(), &text);
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    c.batch_execute("INSERT INTO readings (device, site, value) VALUES ('d1', 's1', 1)")
+        .await
+        .unwrap();
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(120)%'";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.query_one(sleeping, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rebuild never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let code = run.wait().unwrap();
+    assert!(code.success(), "{}", log_of(dir.path(), 1));
+    let log = log_of(dir.path(), 1);
+    assert!(
+        log.contains("cancelled") && !log.contains("stopped cleanly"),
+        "{log}"
+    );
+    // The statement does not go on running on the server after freshen left.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while c.query_one(sleeping, &[]).await.unwrap().get::<_, i64>(0) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned rebuild still runs on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

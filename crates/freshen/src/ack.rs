@@ -18,6 +18,14 @@ pub enum AckPolicy {
     /// Once every key the batch dirtied has been rebuilt by a rebuild that started after
     /// the batch arrived; in batch order. A crash loses nothing: the source replays from
     /// the last acknowledged position. The default.
+    ///
+    /// One exception, counted in [`Stats::quarantine_releases`](crate::Stats): a key
+    /// quarantined (its own rebuilds failed `poison_after` times) in a refresher *with*
+    /// a reconcile sweep releases its holds, so its transactions are confirmed without a
+    /// successful rebuild and the sweep (or its next change) heals it. Without a sweep a
+    /// quarantined key keeps its transactions unconfirmed until it rebuilds, unless
+    /// [`Builder::release_quarantined_after`](crate::Builder::release_quarantined_after)
+    /// bounds that. An outage never quarantines: only failures that blame the key count.
     #[default]
     AfterRebuild,
     /// As soon as the batch's keys are marked dirty. Stateless and quick to release the

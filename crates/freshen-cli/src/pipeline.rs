@@ -3,17 +3,17 @@
 //! endpoints report.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use freshen::{Backoff, Branch, Refresher, Report, fanout};
+use freshen::{Backoff, Branch, Refresher, Report, SourceProbe, fanout};
 use freshen_changefeed::{AppState, Changefeed};
-use freshen_kafka::{KafkaSink, KafkaSource, SourceStatsHandle};
+use freshen_kafka::{KafkaSink, KafkaSource};
 use freshen_postgres::{
     ConnectionConfig, PgAdmin, PgHandle, PgSource, Pool, PublicationMode as PgPublicationMode,
-    SlotInfo, SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild, Visibility,
+    SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild, Visibility,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -32,13 +32,6 @@ struct ViewRun {
     name: String,
     refresher: Refresher,
     scope: Arc<ViewScope>,
-}
-
-/// What the source says about itself.
-enum Probe {
-    Postgres(PgHandle),
-    Kafka(SourceStatsHandle),
-    Pulsar(freshen_pulsar::SourceStatsHandle),
 }
 
 /// A started pipeline: the source is connected (slot and publication exist), statements
@@ -66,14 +59,10 @@ impl std::fmt::Debug for Pipeline {
 /// The views' handles and the source's health, for `/metrics`, `/status` and the demo.
 pub struct Observer {
     views: Vec<(String, freshen::Handle, Arc<ViewScope>)>,
-    source: Probe,
+    source: Arc<dyn SourceProbe>,
+    /// The PostgreSQL source's own handle, for what only it has (the demo's lag).
+    postgres: Option<PgHandle>,
     running: AtomicBool,
-    lag: Mutex<Option<Result<SlotInfo, String>>>,
-    /// The publication and the tables it must cover (PostgreSQL), checked as lag is
-    /// sampled: a table dropped from it while running would otherwise stop its views
-    /// silently.
-    publication: Option<(String, Vec<freshen_postgres::TableName>)>,
-    problems: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for Observer {
@@ -85,66 +74,7 @@ impl std::fmt::Debug for Observer {
 impl Observer {
     /// The PostgreSQL source's handle (health, lag), when the source is PostgreSQL.
     pub fn postgres(&self) -> Option<&PgHandle> {
-        match &self.source {
-            Probe::Postgres(h) => Some(h),
-            Probe::Kafka(_) | Probe::Pulsar(_) => None,
-        }
-    }
-
-    async fn sample_lag(&self) {
-        if let Probe::Postgres(h) = &self.source {
-            let sample = h.lag().await.map_err(|e| e.to_string());
-            *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample);
-            if let Some((name, tables)) = &self.publication {
-                self.check_publication(h, name, tables).await;
-            }
-        }
-    }
-
-    /// Reports (once per change) a publication that stopped covering a watched table.
-    async fn check_publication(
-        &self,
-        h: &PgHandle,
-        name: &str,
-        tables: &[freshen_postgres::TableName],
-    ) {
-        let problems = match h.admin().coverage(name, tables).await {
-            // Unreachable: the source reports its own connection problems.
-            Err(_) => return,
-            Ok(None) => vec![format!(
-                "publication {name} was dropped while running: no change reaches the views (recreate it, or restart freshen to create it)"
-            )],
-            Ok(Some(c)) => {
-                let mut out = Vec::new();
-                for t in &c.missing_tables {
-                    let views: Vec<&str> = self
-                        .views
-                        .iter()
-                        .filter(|(_, _, scope)| scope.watches(t))
-                        .map(|(n, _, _)| n.as_str())
-                        .collect();
-                    out.push(format!(
-                        "publication {name} no longer includes {t}: views {} receive none of its changes (ALTER PUBLICATION {} ADD TABLE {t})",
-                        views.join(", "),
-                        freshen_postgres::quote_ident(name)
-                    ));
-                }
-                if !c.missing_operations.is_empty() {
-                    out.push(format!(
-                        "publication {name} no longer publishes {}: those changes do not reach the views",
-                        c.missing_operations.join(", ")
-                    ));
-                }
-                out
-            }
-        };
-        let mut current = self.problems.lock().unwrap_or_else(|p| p.into_inner());
-        if *current != problems {
-            for p in problems.iter().filter(|p| !current.contains(p)) {
-                tracing::error!("{p}");
-            }
-            *current = problems;
-        }
+        self.postgres.as_ref()
     }
 }
 
@@ -166,56 +96,37 @@ impl Observe for Observer {
     }
 
     fn source(&self) -> SourceStatus {
-        match &self.source {
-            Probe::Postgres(handle) => {
-                let h = handle.health();
-                let lag = self.lag.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let (lag_bytes, slot_status, lag_error) = match lag {
-                    Some(Ok(info)) => (info.lag_bytes, info.wal_status, None),
-                    Some(Err(e)) => (None, None, Some(e)),
-                    None => (None, None, None),
-                };
-                SourceStatus {
-                    kind: "postgres".into(),
-                    problems: self
-                        .problems
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone(),
-                    streaming: h.streaming,
-                    received_lsn: Some(h.received_lsn.0),
-                    confirmed_lsn: Some(h.confirmed_lsn.0),
-                    server_lsn: Some(h.server_lsn.0),
-                    lag_bytes,
-                    slot_status,
-                    reconnects: h.reconnects,
-                    events: h.events,
-                    last_error: h.last_error.or(lag_error),
-                }
-            }
-            Probe::Kafka(handle) => {
-                let s = handle.stats();
-                SourceStatus {
-                    kind: "kafka".into(),
-                    streaming: self.running.load(Ordering::Relaxed),
-                    events: s.events,
-                    reconnects: s.rebalances,
-                    last_error: s.last_error,
-                    ..SourceStatus::default()
-                }
-            }
-            Probe::Pulsar(handle) => {
-                let s = handle.stats();
-                SourceStatus {
-                    kind: "pulsar".into(),
-                    // A failover standby is healthy but not streaming.
-                    streaming: self.running.load(Ordering::Relaxed) && s.active != Some(false),
-                    events: s.events,
-                    reconnects: s.reconnects,
-                    last_error: s.last_error,
-                    ..SourceStatus::default()
-                }
-            }
+        let h = self.source.health();
+        let running = self.running.load(Ordering::Relaxed);
+        SourceStatus {
+            kind: self.source.kind().into(),
+            streaming: h.streaming && running,
+            received_lsn: h.received,
+            confirmed_lsn: h.confirmed,
+            server_lsn: h.head,
+            lag_bytes: h.lag_bytes,
+            slot_status: h.retention,
+            reconnects: h.reconnects,
+            events: h.events,
+            last_error: h.last_error,
+            problems: h
+                .problems
+                .into_iter()
+                .map(|p| match &p.table {
+                    // Name the views that lost the table.
+                    Some((schema, table)) => {
+                        let t = freshen_postgres::TableName::new(schema, table);
+                        let views: Vec<&str> = self
+                            .views
+                            .iter()
+                            .filter(|(_, _, scope)| scope.watches(&t))
+                            .map(|(n, _, _)| n.as_str())
+                            .collect();
+                        format!("{} (views: {})", p.message, views.join(", "))
+                    }
+                    None => p.message,
+                })
+                .collect(),
         }
     }
 }
@@ -422,34 +333,25 @@ impl Pipeline {
             }
             None => None,
         };
-        let publication = match &cfg.source {
-            Source::Postgres(pg) => Some((
-                pg.publication.clone(),
-                cfg.watched_tables()
-                    .into_iter()
-                    .map(|(schema, table)| freshen_postgres::TableName::new(&schema, &table))
-                    .collect(),
-            )),
-            _ => None,
-        };
-        let (source, probe): (Box<dyn freshen::Source>, Probe) = match &cfg.source {
-            Source::Postgres(pg) => {
-                let s = start_postgres(cfg, pg).await?;
-                let h = s.handle();
-                (Box::new(s), Probe::Postgres(h))
-            }
-            Source::Kafka(k) => {
-                let s = KafkaSource::new(k).context("cannot start the Kafka source")?;
-                let h = s.stats_handle();
-                (Box::new(s), Probe::Kafka(h))
-            }
-            Source::Pulsar(p) => {
-                let s = freshen_pulsar::PulsarSource::new((**p).clone())
-                    .context("cannot start the Pulsar source")?;
-                let h = s.stats_handle();
-                (Box::new(s), Probe::Pulsar(h))
-            }
-        };
+        let (source, probe, postgres): (Box<dyn freshen::Source>, Arc<dyn SourceProbe>, _) =
+            match &cfg.source {
+                Source::Postgres(pg) => {
+                    let s = start_postgres(cfg, pg).await?;
+                    let h = s.handle();
+                    (Box::new(s), Arc::new(h.clone()), Some(h))
+                }
+                Source::Kafka(k) => {
+                    let s = KafkaSource::new(k).context("cannot start the Kafka source")?;
+                    let h = s.stats_handle();
+                    (Box::new(s), Arc::new(h), None)
+                }
+                Source::Pulsar(p) => {
+                    let s = freshen_pulsar::PulsarSource::new((**p).clone())
+                        .context("cannot start the Pulsar source")?;
+                    let h = s.stats_handle();
+                    (Box::new(s), Arc::new(h), None)
+                }
+            };
         let mut branches = fanout(source, cfg.consumers()).into_iter();
         let mut views = Vec::new();
         for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
@@ -476,10 +378,8 @@ impl Pipeline {
                 .map(|v| (v.name.clone(), v.refresher.handle(), v.scope.clone()))
                 .collect(),
             source: probe,
+            postgres,
             running: AtomicBool::new(true),
-            lag: Mutex::new(None),
-            publication,
-            problems: Mutex::new(Vec::new()),
         });
         Ok(Pipeline {
             views,
@@ -532,11 +432,11 @@ impl Pipeline {
                 ("changefeed".to_string(), r.map(|_| ()).map_err(Into::into))
             });
         }
-        let observer = self.observer.clone();
+        let probe = self.observer.source.clone();
         let mut lag_rx = stop_rx.clone();
         let sampler = tokio::spawn(async move {
             loop {
-                observer.sample_lag().await;
+                probe.sample().await;
                 tokio::select! {
                     _ = tokio::time::sleep(LAG_SAMPLE) => {}
                     _ = lag_rx.wait_for(|s| *s) => break,

@@ -65,7 +65,7 @@ async fn restarts_under_load_delay_rebuilds_and_quarantine_nothing() {
     );
     let mut run = spawn_run(dir.path(), &cfg, 1);
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
-    let mut r = Rng(0xfa17);
+    let mut r = Rng::new(0xfa17);
     workload(&mut c, &mut r, 50).await;
     wait_equal(&c, Duration::from_secs(30)).await;
 
@@ -241,7 +241,7 @@ async fn a_target_on_another_cluster_rebuilds_from_the_source() {
     let cfg = write_config(dir.path(), &text);
     let mut run = spawn_run(dir.path(), &cfg, 1);
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
-    let mut r = Rng(0xc1c1);
+    let mut r = Rng::new(0xc1c1);
     workload(&mut s, &mut r, 150).await;
     // Truth is computed on the target too (through the foreign tables): equal means the
     // derived tables match the source.

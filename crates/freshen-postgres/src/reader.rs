@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use freshen::{Ack, Batch, BoxFuture, Retry, SourceError};
+use freshen::{Ack, Batch, BoxFuture, Jitter, Retry, SourceError};
 use futures_util::FutureExt;
 use pgwire_replication::{
     Lsn as WireLsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
@@ -174,7 +174,7 @@ impl Reader {
         let mut ready = Some(ready);
         let mut attempt: u32 = 0;
         let mut down_since: Option<Instant> = None;
-        let mut rng = seed();
+        let mut jitter = Jitter::from_clock();
         loop {
             if self.stop_requested() {
                 break;
@@ -219,7 +219,13 @@ impl Reader {
                 break;
             }
             attempt = attempt.saturating_add(1);
-            let delay = self.cfg.reconnect.delay(attempt, next_unit(&mut rng));
+            let delay = self.cfg.reconnect.delay(attempt, jitter.unit());
+            tracing::warn!(
+                slot = %self.cfg.slot,
+                attempt,
+                retry_in = ?delay,
+                "replication session ended, reconnecting: {error}"
+            );
             let mut stop = self.stop.clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
@@ -623,21 +629,6 @@ pub(crate) fn classify(e: PgWireError) -> PgError {
     err
 }
 
-fn seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
-        | 1
-}
-
-/// xorshift draw in `[0, 1)` for reconnect jitter.
-fn next_unit(s: &mut u64) -> f64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    (*s >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// The source-side view of queued events (decremented as batches are taken).
 pub(crate) fn taken(shared: &Shared, events: usize) {
     shared
@@ -679,14 +670,5 @@ mod tests {
         // A message that merely mentions a code is not a code.
         let odd = classify(PgWireError::Protocol("saw (SQLSTATE 28P01)".into()));
         assert_eq!(odd.sqlstate(), None);
-    }
-
-    #[test]
-    fn jitter_draws_stay_in_range() {
-        let mut s = seed();
-        for _ in 0..1000 {
-            let u = next_unit(&mut s);
-            assert!((0.0..1.0).contains(&u));
-        }
     }
 }

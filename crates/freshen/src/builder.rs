@@ -258,9 +258,7 @@ impl Builder {
             return Err(BuildError { problems });
         };
         let shared = Arc::new(Shared::new(self.reconcile.is_some()));
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
+        let seed = crate::Jitter::from_clock().next_u64();
         Ok(Refresher {
             parts: Parts {
                 source,

@@ -33,7 +33,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backoff::{Backoff, Rng};
+use crate::backoff::{Backoff, Jitter};
 use crate::heap::QuadHeap;
 use crate::index::{Hash32, Index, Probe};
 use crate::{Key, Retry};
@@ -198,7 +198,7 @@ pub struct DirtySet {
     index: Index,
     heap: QuadHeap<Entry>,
     seq: u32,
-    rng: Rng,
+    rng: Jitter,
     queued: usize,
     running: usize,
     poisoned: usize,
@@ -215,7 +215,7 @@ impl DirtySet {
         DirtySet {
             coalesce: nanos(cfg.coalesce),
             max_wait: nanos(cfg.max_wait),
-            rng: Rng::new(cfg.seed),
+            rng: Jitter::new(cfg.seed),
             cfg,
             epoch,
             slots: Vec::new(),

@@ -94,7 +94,7 @@ mod stats;
 mod sweep;
 
 pub use ack::AckPolicy;
-pub use backoff::Backoff;
+pub use backoff::{Backoff, Jitter};
 pub use builder::Builder;
 pub use channel::{ChannelSource, Feed, FeedClosed, channel};
 pub use dirty::{Completion, DirtyConfig, DirtySet, Mark, Outcome, Ready};
@@ -106,7 +106,10 @@ pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
 pub use refresher::{Handle, Quarantined, Refresher};
 pub use report::{BuildError, Report, RunError};
 pub use retry::Retry;
-pub use source::{Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError};
+pub use source::{
+    Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
+    SourceProbe, SourceProblem,
+};
 pub use stats::Stats;
 
 /// The README's Rust examples compile and run as doctests.

@@ -2,12 +2,12 @@
 //! abandoned pipeline never retains WAL.
 
 use anyhow::Context;
-use freshen_postgres::{ConnectionConfig, PgAdmin, quote_ident};
+use freshen_postgres::{ConnectionConfig, PgAdmin, PublicationDrop};
 
 use crate::config::{Config, Source};
 
 /// The comment freshen puts on a publication it creates; `drop` removes only those.
-pub const CREATED_BY: &str = "created by freshen";
+pub use freshen_postgres::CREATED_BY;
 
 /// What `drop` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,31 +37,14 @@ pub async fn drop_pipeline(cfg: &Config) -> anyhow::Result<Dropped> {
         .drop_slot(&pg.slot)
         .await
         .with_context(|| format!("cannot drop slot {}", pg.slot))?;
-    let client = admin
-        .pool()
-        .get()
+    let (publication, kept_publication) = match admin
+        .drop_publication(&pg.publication)
         .await
-        .context("cannot connect to the source")?;
-    let row = client
-        .query_opt(
-            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
-            &[&pg.publication],
-        )
-        .await
-        .context("cannot read the publication")?;
-    let (publication, kept_publication) = match row {
-        None => (false, false),
-        Some(r) if r.get::<_, Option<String>>(0).as_deref() == Some(CREATED_BY) => {
-            client
-                .batch_execute(&format!(
-                    "DROP PUBLICATION IF EXISTS {}",
-                    quote_ident(&pg.publication)
-                ))
-                .await
-                .context("cannot drop the publication")?;
-            (true, false)
-        }
-        Some(_) => (false, true),
+        .context("cannot drop the publication")?
+    {
+        PublicationDrop::Dropped => (true, false),
+        PublicationDrop::Kept => (false, true),
+        _ => (false, false),
     };
     Ok(Dropped {
         slot,

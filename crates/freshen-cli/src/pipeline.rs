@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use freshen::{Backoff, Branch, Refresher, Report, SourceProbe, fanout};
+use freshen::{Branch, Refresher, Report, SourceProbe, fanout};
 use freshen_changefeed::{AppState, Changefeed};
 use freshen_kafka::{KafkaSink, KafkaSource};
 use freshen_postgres::{
@@ -260,38 +260,18 @@ async fn start_postgres(cfg: &Config, pg: &PgSourceConfig) -> anyhow::Result<PgS
             }
         }
     }
-    let publication_existed = admin.publication(&pg.publication).await?.is_some();
     let mut builder = PgSource::builder()
         .connection(source_conn)
         .slot(pg.slot.clone(), slot_mode)
         .publication(pg.publication.clone(), publication_mode)
-        .status_interval(pg.status_interval)
-        .reconnect(
-            Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
-            Duration::from_secs(300),
-        );
+        .status_interval(pg.status_interval);
     for (schema, table) in cfg.watched_tables() {
-        builder = builder.table(&format!("{}.{}", quote(&schema), quote(&table)));
+        builder = builder.table_name(freshen_postgres::TableName::new(&schema, &table));
     }
     let source = builder
         .start()
         .await
         .context("cannot start the PostgreSQL source")?;
-    if !publication_existed {
-        // Marks it as ours, so that `freshen drop` removes it and nothing else.
-        let c = admin
-            .pool()
-            .get()
-            .await
-            .context("cannot connect to the source")?;
-        c.batch_execute(&format!(
-            "COMMENT ON PUBLICATION {} IS '{}'",
-            freshen_postgres::quote_ident(&pg.publication),
-            crate::drop::CREATED_BY
-        ))
-        .await
-        .context("cannot mark the publication as freshen's")?;
-    }
     Ok(source)
 }
 
@@ -473,18 +453,5 @@ impl Pipeline {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-}
-
-/// Quotes an identifier for the source's table list when it needs it.
-fn quote(ident: &str) -> String {
-    let plain = ident
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !ident.starts_with(|c: char| c.is_ascii_digit());
-    if plain {
-        ident.to_string()
-    } else {
-        freshen_postgres::quote_ident(ident)
     }
 }

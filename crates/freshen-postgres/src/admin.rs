@@ -5,49 +5,13 @@
 
 use std::fmt;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use freshen::BeforeImage;
 
-use crate::config::quote_ident;
 use crate::error::ErrorKind;
-use crate::{ConnectionConfig, Lsn, PgError, PublicationMode, SlotMode, TableName, tls};
-
-/// A pool of SQL connections (deadpool-postgres over tokio-postgres, TLS by rustls).
-/// Connections are opened lazily; the pool spawns their tasks on the runtime that
-/// first uses them.
-pub fn connect_pool(conn: &ConnectionConfig, max_size: usize) -> Result<Pool, PgError> {
-    let problems = conn.problems();
-    if !problems.is_empty() {
-        return Err(PgError::config(&problems));
-    }
-    let manager = Manager::from_config(
-        conn.to_tokio(),
-        tls::sql_connector(conn)?,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(max_size.max(1))
-        .build()
-        .map_err(|e| {
-            PgError::new(
-                ErrorKind::Config,
-                format!("cannot build the connection pool: {e}"),
-            )
-        })
-}
-
-/// Takes a connection from `pool`, mapping pool errors to [`PgError`].
-pub(crate) async fn client(pool: &Pool) -> Result<deadpool_postgres::Object, PgError> {
-    pool.get().await.map_err(|e| match e {
-        deadpool_postgres::PoolError::Backend(e) => PgError::sql("cannot connect to PostgreSQL", e),
-        other => PgError::new(
-            ErrorKind::Connection,
-            format!("cannot get a connection: {other}"),
-        ),
-    })
-}
+use crate::pool::client;
+use crate::quote::{quote_ident, quote_literal};
+use crate::{ConnectionConfig, Lsn, PgError, PublicationMode, SlotMode, TableName, connect_pool};
 
 /// A replication slot as `pg_replication_slots` shows it, with its lag.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +67,21 @@ pub struct PublicationInfo {
     pub truncate: bool,
     /// Tables it covers.
     pub tables: Vec<TableName>,
+}
+
+/// The comment freshen puts on a publication it creates; only those are dropped by
+/// [`PgAdmin::drop_publication`].
+pub const CREATED_BY: &str = "created by freshen";
+
+/// What [`PgAdmin::drop_publication`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublicationDrop {
+    /// It was freshen's and is gone.
+    Dropped,
+    /// It exists but freshen did not create it: left alone.
+    Kept,
+    /// There was none.
+    Missing,
 }
 
 /// What a publication lacks for a set of tables.
@@ -518,8 +497,31 @@ impl PgAdmin {
         Ok(Some(coverage_of(&p, tables)))
     }
 
+    /// Drops publication `name` if freshen created it (it carries [`CREATED_BY`]).
+    pub async fn drop_publication(&self, name: &str) -> Result<PublicationDrop, PgError> {
+        let c = client(&self.pool).await?;
+        let row = c
+            .query_opt(
+                "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+                &[&name],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the publication", e))?;
+        match row {
+            None => Ok(PublicationDrop::Missing),
+            Some(r) if r.get::<_, Option<String>>(0).as_deref() == Some(CREATED_BY) => {
+                c.batch_execute(&format!("DROP PUBLICATION IF EXISTS {}", quote_ident(name)))
+                    .await
+                    .map_err(|e| PgError::sql("cannot drop the publication", e))?;
+                Ok(PublicationDrop::Dropped)
+            }
+            Some(_) => Ok(PublicationDrop::Kept),
+        }
+    }
+
     /// Makes sure publication `name` exists per `mode` and covers `tables` with every
-    /// operation; the error says what to run when it does not.
+    /// operation; the error says what to run when it does not. One it creates is marked
+    /// as freshen's ([`CREATED_BY`]).
     pub async fn ensure_publication(
         &self,
         name: &str,
@@ -541,13 +543,18 @@ impl PgAdmin {
             }
             None => {
                 let c = client(&self.pool).await?;
+                // Created and marked as freshen's in one transaction: `drop_publication`
+                // removes only publications that carry the mark.
                 let sql = format!(
-                    "CREATE PUBLICATION {} FOR TABLE {}",
-                    quote_ident(name),
-                    list(tables)
+                    "BEGIN; CREATE PUBLICATION {name_q} FOR TABLE {}; COMMENT ON PUBLICATION {name_q} IS {}; COMMIT",
+                    list(tables),
+                    quote_literal(CREATED_BY),
+                    name_q = quote_ident(name),
                 );
                 match c.batch_execute(&sql).await {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        tracing::info!(publication = %name, tables = %list(tables), "created the publication");
+                    }
                     Err(e) if e.code().map(|c| c.code()) == Some("42710") => {}
                     Err(e) => {
                         return Err(PgError::sql(

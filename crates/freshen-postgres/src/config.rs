@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use freshen::Backoff;
 
+use crate::quote::quote_ident;
 use crate::{Lsn, PgError};
 
 /// How the connection uses TLS (libpq's `sslmode`).
@@ -332,17 +333,6 @@ impl FromStr for TableName {
         let schema = parts.pop().unwrap_or_else(|| "public".into());
         Ok(TableName { schema, name })
     }
-}
-
-/// Quotes an identifier for SQL.
-pub fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-/// Quotes a string literal for SQL (used only where the replication protocol cannot take
-/// parameters).
-pub(crate) fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// What the source does about its replication slot.

@@ -7,9 +7,9 @@ use freshen::{BoxError, BoxFuture, Enumerate, Key, KeySink};
 use tokio_postgres::IsolationLevel;
 
 use crate::PgError;
-use crate::admin::client;
-use crate::config::quote_ident;
 use crate::error::ErrorKind;
+use crate::pool::client;
+use crate::quote::quote_ident;
 
 /// Lists keys for a reconcile sweep from a query whose columns are the key parts
 /// (`SELECT DISTINCT device FROM readings UNION SELECT device FROM rollup`).

@@ -72,6 +72,8 @@ mod error;
 mod lsn;
 mod params;
 mod pgoutput;
+mod pool;
+mod quote;
 mod reader;
 mod rebuild;
 mod rows;
@@ -80,17 +82,18 @@ mod tls;
 mod xid;
 
 pub use admin::{
-    Coverage, IdentityCheck, PgAdmin, PublicationInfo, ReplicaIdentity, SlotInfo, TableIdentity,
-    connect_pool,
+    CREATED_BY, Coverage, IdentityCheck, PgAdmin, PublicationDrop, PublicationInfo,
+    ReplicaIdentity, SlotInfo, TableIdentity,
 };
 pub use config::{
     ConnectionConfig, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition, TableName,
-    quote_ident,
 };
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
 pub use lsn::{Lsn, ParseLsnError};
 pub use pgoutput::DecodeError;
+pub use pool::connect_pool;
+pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};

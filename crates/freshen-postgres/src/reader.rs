@@ -23,8 +23,8 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admin::{slot_lost, slot_missing};
 use crate::assemble::{Assembler, Committed, Output};
-use crate::config::quote_literal;
 use crate::error::ErrorKind;
+use crate::quote::quote_literal;
 use crate::rows::Relations;
 use crate::tls::{self, Transport};
 use crate::xid::XidClock;

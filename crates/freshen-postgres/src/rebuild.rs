@@ -30,9 +30,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, IsolationLevel, NoTls};
 
 use crate::PgError;
-use crate::admin::client;
 use crate::error::ErrorKind;
 use crate::params::{TextParam, array_literal, check_scalar, element};
+use crate::pool::client;
 
 const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
                            WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())";

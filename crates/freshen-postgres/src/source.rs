@@ -434,6 +434,12 @@ impl PgSourceBuilder {
         self
     }
 
+    /// A table to capture, already parsed.
+    pub fn table_name(mut self, table: TableName) -> Self {
+        self.config.tables.push(table);
+        self
+    }
+
     /// Where streaming starts.
     pub fn start_at(mut self, start: StartPosition) -> Self {
         self.config.start = start;

@@ -686,14 +686,12 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
     out
 }
 
+/// `schema.table` as PostgreSQL reads it (unquoted names fold to lower case, quoted ones
+/// keep theirs): the one parser, `freshen_postgres::TableName`.
 fn split_table(name: &str) -> Option<(String, String)> {
-    let parts: Vec<&str> = name.split('.').collect();
-    let ok = |s: &str| !s.is_empty() && !s.contains(char::is_whitespace);
-    match parts.as_slice() {
-        [t] if ok(t) => Some(("public".into(), (*t).into())),
-        [s, t] if ok(s) && ok(t) => Some(((*s).into(), (*t).into())),
-        _ => None,
-    }
+    name.parse::<freshen_postgres::TableName>()
+        .ok()
+        .map(|t| (t.schema, t.name))
 }
 
 fn read_views(

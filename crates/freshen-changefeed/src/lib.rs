@@ -92,11 +92,12 @@ mod writer;
 
 pub use capture::{CaptureError, CaptureReport};
 pub use config::{
-    ChangefeedConfig, Durability, GroupDefaults, HttpConfig, RetentionConfig, Scope, TokenConfig,
+    ChangefeedConfig, Durability, GroupDefaults, HttpConfig, Keep, RetentionConfig, Scope,
+    TokenConfig, Unacknowledged,
 };
 pub use error::Error;
 pub use filter::Filter;
-pub use groups::{GroupInfo, GroupSpec, Start};
+pub use groups::{Gap, GroupInfo, GroupSpec, Start};
 pub use http::{AppState, ServeError, app, serve};
 pub use log::{Changefeed, Event, Stats};
 pub use writer::AppendOutcome;

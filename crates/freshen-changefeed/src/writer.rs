@@ -315,8 +315,12 @@ fn apply(
                         }
                         next.high_water = Some(pos);
                     }
+                    // Every record of the item is encoded before any is appended: the PUT
+                    // of a key change fills from the row's image under its old key,
+                    // which its own DELETE is about to end.
+                    let mut records = Vec::with_capacity(item.parts.len());
                     for part in item.parts {
-                        let record = match part {
+                        records.push(match part {
                             Part::Ready(r) => r,
                             Part::Fill {
                                 event,
@@ -341,7 +345,9 @@ fn apply(
                                 }
                                 r
                             }
-                        };
+                        });
+                    }
+                    for record in records {
                         next.last += 1;
                         if next.oldest > next.last {
                             next.oldest = next.last;

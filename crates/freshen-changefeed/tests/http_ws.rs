@@ -266,7 +266,11 @@ async fn a_slow_reader_that_keeps_acknowledging_gets_no_duplicates() {
         let seq = f["sequence"].as_u64().expect("an event");
         got.push(seq);
         tokio::time::sleep(std::time::Duration::from_millis(130)).await;
-        send(&mut ws, json!({"action": "ack", "id": "s", "sequence": seq})).await;
+        send(
+            &mut ws,
+            json!({"action": "ack", "id": "s", "sequence": seq}),
+        )
+        .await;
     }
     assert_eq!(got, (1..=8).collect::<Vec<_>>());
     assert!(drain_until_probe(&mut ws).await.is_empty());

@@ -51,8 +51,8 @@ fn toast_update(id: i64, keys: i64, base: i64) -> RowEvent {
             ("id", Value::Int(id % keys)),
             ("customer", Value::text(format!("c-{}", id % 977))),
             ("amount", Value::text(format!("{}.50", id % 10_000))),
-            ("status", Value::text("paid")),
-            ("note", Value::Unchanged),
+            ("status", Value::Unchanged),
+            ("paid", Value::Bool(true)),
         ]))
         .with_tx(Tx {
             id: 700 + seq as u64 / 100,

@@ -523,6 +523,26 @@ fn key_of(e: &RowEvent) -> Key {
     Key { text, pk_start }
 }
 
+/// Whether `event`'s new image has values the source left out as unchanged.
+pub(crate) fn has_unchanged(event: &RowEvent) -> bool {
+    matches!(event.op, Op::Insert | Op::Update)
+        && event
+            .new
+            .as_ref()
+            .is_some_and(|r| r.values().iter().any(Value::is_unchanged))
+}
+
+/// The event's key, `table:pk`, as its JSON says it.
+pub(crate) fn key_text(event: &RowEvent) -> String {
+    key_of(event).text
+}
+
+/// The event's latest-per-key index key.
+pub(crate) fn index_key_of(event: &RowEvent) -> String {
+    let key = key_of(event);
+    index_key(&event.schema, &event.table, key.pk())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -665,24 +685,4 @@ mod tests {
         r[10] = 0xff; // key length far beyond the record
         assert!(RecordRef::parse(&r).is_none());
     }
-}
-
-/// Whether `event`'s new image has values the source left out as unchanged.
-pub(crate) fn has_unchanged(event: &RowEvent) -> bool {
-    matches!(event.op, Op::Insert | Op::Update)
-        && event
-            .new
-            .as_ref()
-            .is_some_and(|r| r.values().iter().any(Value::is_unchanged))
-}
-
-/// The event's key, `table:pk`, as its JSON says it.
-pub(crate) fn key_text(event: &RowEvent) -> String {
-    key_of(event).text
-}
-
-/// The event's latest-per-key index key.
-pub(crate) fn index_key_of(event: &RowEvent) -> String {
-    let key = key_of(event);
-    index_key(&event.schema, &event.table, key.pk())
 }

@@ -1,4 +1,6 @@
-//! Changefeed: durable append throughput (group commit against one commit per event),
+//! Changefeed: durable append throughput (group commit against one commit per event;
+//! with the latest-per-key index and without; updates whose unchanged values the index
+//! fills in; a compaction pass),
 //! delivery throughput over long-poll and Server-Sent Events to 1 and 100 clients
 //! (beside the library's own read, one `String` per event), and server memory per
 //! idle SSE connection.
@@ -39,9 +41,38 @@ fn events(from: i64, n: i64) -> Vec<RowEvent> {
     (from..from + n).map(event).collect()
 }
 
+/// An UPDATE of one of `keys` rows under PostgreSQL's default replica identity: one
+/// large column left out as unchanged (TOAST), which the changefeed fills in.
+fn toast_update(id: i64, keys: i64, base: i64) -> RowEvent {
+    let seq = base + id;
+    RowEvent::new("public", "orders", Op::Update)
+        .with_pk(["id"])
+        .with_new(Row::from_pairs([
+            ("id", Value::Int(id % keys)),
+            ("customer", Value::text(format!("c-{}", id % 977))),
+            ("amount", Value::text(format!("{}.50", id % 10_000))),
+            ("status", Value::Unchanged),
+            ("paid", Value::Bool(true)),
+        ]))
+        .with_tx(Tx {
+            id: 700 + seq as u64 / 100,
+            commit: 1_000 + seq as u64 / 100,
+            index: (seq % 100) as u32,
+        })
+}
+
 async fn open(dir: &std::path::Path, durability: Durability) -> anyhow::Result<Changefeed> {
+    open_with(dir, durability, true).await
+}
+
+async fn open_with(
+    dir: &std::path::Path,
+    durability: Durability,
+    key_index: bool,
+) -> anyhow::Result<Changefeed> {
     let mut config = ChangefeedConfig::new(dir.join("feed.redb"));
     config.durability = durability;
+    config.key_index = key_index;
     Ok(Changefeed::open(&config).await?)
 }
 
@@ -49,6 +80,14 @@ async fn open(dir: &std::path::Path, durability: Durability) -> anyhow::Result<C
 /// the way the binary runs it.
 async fn capture(cf: &Changefeed, n: i64, batch: i64) -> anyhow::Result<Duration> {
     let batches: Vec<Vec<RowEvent>> = (0..n / batch).map(|b| events(b * batch, batch)).collect();
+    capture_batches(cf, batches, n).await
+}
+
+async fn capture_batches(
+    cf: &Changefeed,
+    batches: Vec<Vec<RowEvent>>,
+    n: i64,
+) -> anyhow::Result<Duration> {
     let (feed, source) = freshen::channel(64);
     let start = Instant::now();
     let producer = tokio::spawn(async move {
@@ -302,6 +341,13 @@ async fn memory_per_connection(addr: SocketAddr, cf: &Changefeed, n: usize) -> a
     Ok(samples[1].saturating_sub(samples[0]) as f64 / n as f64)
 }
 
+fn metric(cf: &Changefeed, name: &str) -> u64 {
+    cf.metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn open_streams(cf: &Changefeed) -> u64 {
     cf.metrics_text()
         .lines()
@@ -366,7 +412,62 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
         ));
         cf.close().await;
     }
+    // The latest-per-key index (on above, by default) against none; then updates whose
+    // unchanged column the writer fills from the row's last image.
+    {
+        let dir = tempfile::tempdir()?;
+        let cf = open_with(dir.path(), Durability::Fsync, false).await?;
+        let d = capture(&cf, n, 1000).await?;
+        rows.push((
+            "capture loop, batches of 1000, key_index = false".into(),
+            n as u64,
+            d,
+        ));
+        cf.close().await;
+    }
+    let compaction = {
+        let dir = tempfile::tempdir()?;
+        let cf = open(dir.path(), Durability::Fsync).await?;
+        let keys = n / 10;
+        capture(&cf, keys, 1000).await?;
+        let batches: Vec<Vec<RowEvent>> = (0..n / 1000)
+            .map(|b| {
+                (b * 1000..(b + 1) * 1000)
+                    .map(|i| toast_update(i, keys, keys))
+                    .collect()
+            })
+            .collect();
+        let d = capture_batches(&cf, batches, n).await?;
+        let filled = metric(&cf, "freshen_changefeed_filled_events_total");
+        anyhow::ensure!(filled == n as u64, "filled {filled} of {n}");
+        rows.push((
+            format!("updates of {keys} rows, 1 unchanged column filled from the index"),
+            n as u64,
+            d,
+        ));
+        let stored = cf.stats().total_events;
+        let policy = freshen_changefeed::RetentionConfig {
+            keep: freshen_changefeed::Keep::LatestPerKey,
+            ..freshen_changefeed::RetentionConfig::default()
+        };
+        let start = Instant::now();
+        let deleted = cf.enforce_retention(&policy).await?;
+        let took = start.elapsed();
+        anyhow::ensure!(
+            cf.stats().total_events == keys as u64,
+            "compacted to one event per row"
+        );
+        cf.close().await;
+        (stored, deleted, took)
+    };
     append_table(rows);
+    let (stored, deleted, took) = compaction;
+    println!(
+        "\nCompaction to the latest event per row (keep = \"latest-per-key\"): {stored} events, \
+         {deleted} deleted in {} ({})",
+        dur(took),
+        rate(stored as f64, took)
+    );
 
     // Delivery from a log of `log_n` events.
     let dir = tempfile::tempdir()?;

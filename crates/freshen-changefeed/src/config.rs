@@ -8,6 +8,9 @@
 //! [changefeed.retention]
 //! max_age_secs = 604800          # 7 days
 //! max_events = 10000000
+//! keep = "latest-per-key"        # compaction: the last event of each row (default "all")
+//! tombstone_secs = 86400         # how long a compacted row's DELETE stays
+//! unacknowledged = "keep"        # or "drop": delete even what groups have not acknowledged
 //!
 //! [changefeed.http]
 //! listen = "127.0.0.1:8089"
@@ -43,6 +46,11 @@ pub struct ChangefeedConfig {
     /// The most events one group commit holds.
     #[serde(default = "defaults::max_commit_events")]
     pub max_commit_events: usize,
+    /// Keep the latest-per-key index (the sequence of each row's latest event): it fills
+    /// in values a source left out as unchanged, and compaction needs it. On by default;
+    /// off saves one index write per appended event.
+    #[serde(default = "defaults::key_index")]
+    pub key_index: bool,
     /// How long events are kept.
     #[serde(default)]
     pub retention: RetentionConfig,
@@ -62,6 +70,7 @@ impl ChangefeedConfig {
             durability: Durability::default(),
             commit_delay_ms: 0,
             max_commit_events: defaults::max_commit_events(),
+            key_index: defaults::key_index(),
             retention: RetentionConfig::default(),
             groups: GroupDefaults::default(),
             http: HttpConfig::default(),
@@ -79,6 +88,11 @@ impl ChangefeedConfig {
         }
         if self.commit_delay_ms > 1000 {
             p.push("changefeed.commit_delay_ms: at most 1000".to_owned());
+        }
+        if self.retention.keep == Keep::LatestPerKey && !self.key_index {
+            p.push(
+                "changefeed.retention.keep: \"latest-per-key\" needs key_index = true".to_owned(),
+            );
         }
         if self.retention.interval_secs == 0 {
             p.push("changefeed.retention.interval_secs: must be at least 1".to_owned());
@@ -106,8 +120,34 @@ pub enum Durability {
     None,
 }
 
+/// Which events retention keeps, beyond its limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Keep {
+    /// Every event (within the limits).
+    #[default]
+    All,
+    /// Compaction: only the last event of each row (by table and primary key); a
+    /// DELETE stays as a tombstone for `tombstone_secs`. Events of tables without a
+    /// primary key are all kept. A consumer that replays the compacted log by key ends
+    /// with the table's state.
+    LatestPerKey,
+}
+
+/// What retention does with events some consumer group has not acknowledged yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unacknowledged {
+    /// Keep them: nothing after a group's committed offset is deleted or compacted.
+    #[default]
+    Keep,
+    /// Delete them anyway; a group that had not received them is told so (a gap).
+    Drop,
+}
+
 /// Retention: events older or beyond these limits are deleted in the background.
 /// Every limit is optional; with none set, events are kept until deleted over HTTP.
+/// By default nothing a consumer group has not acknowledged is deleted.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionConfig {
@@ -120,6 +160,16 @@ pub struct RetentionConfig {
     /// Keep at most this many bytes of events (the newest), as the store counts them.
     #[serde(default)]
     pub max_bytes: Option<u64>,
+    /// Which events to keep: all, or the latest of each row (compaction).
+    #[serde(default)]
+    pub keep: Keep,
+    /// With `keep = "latest-per-key"`: how long a row's DELETE stays as a tombstone, in
+    /// seconds, so that readers behind it learn the row is gone.
+    #[serde(default = "defaults::tombstone_secs")]
+    pub tombstone_secs: u64,
+    /// Events some consumer group has not acknowledged: kept (default) or dropped.
+    #[serde(default)]
+    pub unacknowledged: Unacknowledged,
     /// How often the policy runs, in seconds.
     #[serde(default = "defaults::retention_interval_secs")]
     pub interval_secs: u64,
@@ -131,15 +181,21 @@ impl Default for RetentionConfig {
             max_age_secs: None,
             max_events: None,
             max_bytes: None,
+            keep: Keep::All,
+            tombstone_secs: defaults::tombstone_secs(),
+            unacknowledged: Unacknowledged::Keep,
             interval_secs: defaults::retention_interval_secs(),
         }
     }
 }
 
 impl RetentionConfig {
-    /// Whether any limit is set.
+    /// Whether any limit is set, or compaction.
     pub fn is_enabled(&self) -> bool {
-        self.max_age_secs.is_some() || self.max_events.is_some() || self.max_bytes.is_some()
+        self.max_age_secs.is_some()
+            || self.max_events.is_some()
+            || self.max_bytes.is_some()
+            || self.keep == Keep::LatestPerKey
     }
 }
 
@@ -330,6 +386,12 @@ mod defaults {
     pub(super) fn max_commit_events() -> usize {
         65_536
     }
+    pub(super) fn key_index() -> bool {
+        true
+    }
+    pub(super) fn tombstone_secs() -> u64 {
+        86_400
+    }
     pub(super) fn retention_interval_secs() -> u64 {
         60
     }
@@ -390,6 +452,24 @@ mod tests {
             !format!("{c:?}").contains("s3cret"),
             "secrets are not printed"
         );
+        let c: ChangefeedConfig = serde_json::from_value(serde_json::json!({
+            "path": "/tmp/x",
+            "retention": {"keep": "latest-per-key", "tombstone_secs": 60, "unacknowledged": "drop"}
+        }))
+        .unwrap();
+        assert_eq!(c.retention.keep, Keep::LatestPerKey);
+        assert_eq!(c.retention.unacknowledged, Unacknowledged::Drop);
+        assert!(c.retention.is_enabled() && c.key_index);
+        assert!(c.problems().is_empty());
+    }
+
+    #[test]
+    fn compaction_needs_the_key_index() {
+        let mut c = ChangefeedConfig::new("x");
+        c.retention.keep = Keep::LatestPerKey;
+        c.key_index = false;
+        let p = c.problems();
+        assert!(p.len() == 1 && p[0].contains("key_index"), "{p:?}");
     }
 
     #[test]

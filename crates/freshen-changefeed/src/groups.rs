@@ -6,7 +6,10 @@
 //! restart; every change is durable before the request that made it is answered.
 //!
 //! The committed offset is the sequence up to which everything is done (acknowledged,
-//! filtered out or dead-lettered). Deadlines are wall-clock milliseconds so that leases
+//! filtered out or dead-lettered). Retention keeps everything after the lowest committed
+//! offset unless configured to drop it; when events a group had not received were
+//! deleted all the same (that policy, or an explicit delete), the group's next receive
+//! reports the gap ([`Gap`]) and [`GroupInfo`] counts it — never silence. Deadlines are wall-clock milliseconds so that leases
 //! keep their meaning across a restart.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,6 +95,28 @@ impl GroupSpec {
     }
 }
 
+/// Sequences a consumer group had not received when they were deleted: every
+/// sequence after `after` and before `before` (some may not have matched its filter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// The group's position when it found the gap.
+    pub after: u64,
+    /// The first sequence it can still read.
+    pub before: u64,
+}
+
+impl Gap {
+    /// How many sequences the gap spans.
+    pub fn len(&self) -> u64 {
+        self.before.saturating_sub(self.after + 1)
+    }
+
+    /// Whether the gap spans no sequence.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The stored form of a group.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct GroupRecord {
@@ -99,6 +124,12 @@ struct GroupRecord {
     created_ms: u64,
     cursor: u64,
     offset: u64,
+    /// Sequences deleted before the group received them, in all.
+    #[serde(default)]
+    dropped: u64,
+    /// The last such gap.
+    #[serde(default)]
+    last_gap: Option<Gap>,
 }
 
 /// An event in flight in a group: leased to a consumer, or waiting to be delivered
@@ -225,6 +256,11 @@ pub struct GroupInfo {
     pub pending_redelivery: u64,
     /// Events in the dead-letter queue.
     pub dead_letters: u64,
+    /// Sequences deleted (by retention dropping unacknowledged events, or an explicit
+    /// delete) before the group received them, in all; 0 when it missed nothing.
+    pub dropped_sequences: u64,
+    /// The last gap found, if any.
+    pub last_gap: Option<Gap>,
     /// The definition.
     #[serde(flatten)]
     pub spec: GroupSpec,
@@ -244,6 +280,8 @@ pub(crate) struct Delivery {
 pub(crate) struct Received {
     pub(crate) deliveries: Vec<Delivery>,
     pub(crate) lease_expires_ms: u64,
+    /// Events deleted before this group received them, found by this receive.
+    pub(crate) gap: Option<Gap>,
 }
 
 /// What an ack or nack did.
@@ -363,6 +401,8 @@ impl Groups {
             in_flight,
             pending_redelivery: pending,
             dead_letters: g.dead.len() as u64,
+            dropped_sequences: g.record.dropped,
+            last_gap: g.record.last_gap,
             spec: g.record.spec.clone(),
             created_ms: g.record.created_ms,
         }
@@ -402,6 +442,8 @@ impl Groups {
                 created_ms: now_ms(),
                 cursor,
                 offset: cursor,
+                dropped: 0,
+                last_gap: None,
             };
             let ops = vec![WriteOp::PutGroup {
                 group: name.to_owned(),
@@ -451,6 +493,11 @@ impl Groups {
             .iter()
             .map(|(n, g)| self.info_of(n, g, now))
             .collect()
+    }
+
+    /// The lowest committed offset of any group; `None` without groups.
+    pub(crate) fn min_offset(&self) -> Option<u64> {
+        self.lock().values().map(|g| g.record.offset).min()
     }
 
     pub(crate) fn gauges(&self) -> Vec<GroupGauges> {
@@ -602,6 +649,27 @@ impl Groups {
                     out.push(delivery(seq, new.deliveries, &record));
                     g.set_lease(seq, new, ops, name);
                 }
+                // Events deleted before this group read them: skip to what is left and
+                // say so.
+                let mut gap = None;
+                let front = self.core.truncated();
+                if g.record.cursor + 1 < front {
+                    let found = Gap {
+                        after: g.record.cursor,
+                        before: front,
+                    };
+                    g.record.cursor = front - 1;
+                    g.record.dropped += found.len();
+                    g.record.last_gap = Some(found);
+                    metrics::add(&metrics.group_gap_sequences, found.len());
+                    tracing::warn!(
+                        group = name,
+                        after = found.after,
+                        before = found.before,
+                        "consumer group missed events deleted before it received them"
+                    );
+                    gap = Some(found);
+                }
                 if out.len() < max {
                     let mut fresh = Vec::new();
                     let filter = g.filter.clone();
@@ -621,6 +689,7 @@ impl Groups {
                 Ok(Received {
                     deliveries: out,
                     lease_expires_ms: deadline,
+                    gap,
                 })
             })
             .await?;

@@ -22,7 +22,40 @@
 //!   acknowledge or reject them; unacknowledged events are delivered again, then
 //!   dead-lettered. All of it survives a restart.
 //! - Retention: by age, count or size in the background ([`RetentionConfig`]), or
-//!   `POST /changefeed/retention`.
+//!   `POST /changefeed/retention`. Events some consumer group has not acknowledged are
+//!   kept unless the policy says `unacknowledged = "drop"`; a reader that missed
+//!   deleted events is told so (a gap, below), never left to guess.
+//! - Compaction: `keep = "latest-per-key"` keeps the last event of each row (a DELETE
+//!   stays as a tombstone for `tombstone_secs`), so a new consumer builds a table's
+//!   state from the log alone.
+//!
+//! # What a change means, replayed by key
+//!
+//! A consumer that applies the log by key (a PUT sets the key's row to `value`, a
+//! DELETE removes it, a TRUNCATE removes the table's keys) ends with the source table:
+//!
+//! - **Primary-key changes** (an UPDATE that moves a row to another key) are a DELETE of
+//!   the old key (with `"new_key"`) followed by a PUT of the new one (`op` `insert`,
+//!   with `"old_key"`), at consecutive sequences, both carrying the UPDATE's `lsn` and
+//!   `xid`. They count as one source event for idempotent capture: a replaying source
+//!   appends neither twice. (The Kafka sink does the same in Debezium's way: delete,
+//!   tombstone, create.)
+//! - **Unchanged values** (PostgreSQL's TOASTed columns under the default replica
+//!   identity, which an UPDATE that leaves them alone does not send) are filled in
+//!   from the row's latest event in the log, found through the latest-per-key index
+//!   (the `latest` table: `schema\0table\0pk` → sequence, updated with every append in
+//!   the same commit). Where the log holds no earlier image (the row was not changed
+//!   since the changefeed started, it was deleted, or retention removed its last
+//!   event), the event keeps `"unchanged_columns"` and says `"partial":true`: `value`
+//!   is then not the whole row. Never a `null` for an unknown value.
+//!   [`needs_full_identity`] (with [`TOASTABLE_COLUMNS_SQL`]) tells which tables need
+//!   `REPLICA IDENTITY FULL` to avoid partial events altogether.
+//! - **Gaps**: when events after a reader's position were deleted before it read them
+//!   (retention with `unacknowledged = "drop"`, or an explicit delete), the reader is
+//!   told: `"gap":{"after":a,"before":b}` in a long-poll page or a consumer group's
+//!   receive (and `dropped_sequences`, `last_gap` in the group's info), an
+//!   `event: gap` on Server-Sent Events, an `{"action":"gap"}` frame on WebSocket.
+//!   Compaction's holes are not gaps: each row's latest event is still there.
 //!
 //! # Event JSON
 //!
@@ -32,8 +65,11 @@
 //! `metadata` (`table`, `pk`), `before_snapshot` / `after_snapshot` (row JSON text, when
 //! known) — plus ours: `op` (`insert`, `update`, `delete`, `truncate`), `schema`,
 //! `table`, `lsn` (`X/X`) and `xid` when the source gives them, and `unchanged_columns`
-//! (columns the source did not send because they did not change; they are left out of
-//! the row JSON rather than shown as `null`). A TRUNCATE is a `DELETE` of key `table:`.
+//! (columns the source did not send because they did not change and the log had no
+//! earlier image of; they are left out of the row JSON rather than shown as `null`)
+//! with `partial` (`true`), and `old_key` / `new_key` on the halves of a primary-key
+//! change. A TRUNCATE is a `DELETE` of key `table:`. Clients that ignore fields they do
+//! not know (ThemisDB's do) are unaffected by ours.
 //!
 //! # Store
 //!
@@ -83,6 +119,7 @@ mod error;
 mod filter;
 mod groups;
 mod http;
+mod identity;
 mod log;
 mod metrics;
 mod record;
@@ -92,11 +129,13 @@ mod writer;
 
 pub use capture::{CaptureError, CaptureReport};
 pub use config::{
-    ChangefeedConfig, Durability, GroupDefaults, HttpConfig, RetentionConfig, Scope, TokenConfig,
+    ChangefeedConfig, Durability, GroupDefaults, HttpConfig, Keep, RetentionConfig, Scope,
+    TokenConfig, Unacknowledged,
 };
 pub use error::Error;
 pub use filter::Filter;
-pub use groups::{GroupInfo, GroupSpec, Start};
+pub use groups::{Gap, GroupInfo, GroupSpec, Start};
 pub use http::{AppState, ServeError, app, serve};
+pub use identity::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
 pub use log::{Changefeed, Event, Stats};
 pub use writer::AppendOutcome;

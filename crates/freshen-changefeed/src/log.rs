@@ -10,9 +10,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::groups::{GroupInfo, GroupSpec, Groups, Start};
 use crate::metrics::{self, GroupGauges, LogGauges, Metrics};
-use crate::record::{self, Encoder, RecordRef};
+use crate::record::{self, Encoder, Extra, RecordRef};
 use crate::store::{self, LogState};
-use crate::writer::{self, AppendOutcome, Item, Request};
+use crate::writer::{self, AppendOutcome, Item, Part, Request, Tally};
 use crate::{ChangefeedConfig, Error, Filter};
 
 /// One event as the log serves it.
@@ -45,18 +45,25 @@ pub(crate) struct Published {
     latest: watch::Sender<u64>,
     oldest: AtomicU64,
     size: AtomicU64,
+    count: AtomicU64,
+    truncated: AtomicU64,
     closed: Mutex<Option<String>>,
     pub(crate) metrics: Metrics,
 }
 
 impl writer::Publish for Arc<Published> {
-    fn committed(&self, s: &LogState, commit: Duration, appended: u64, duplicates: u64) {
+    fn committed(&self, s: &LogState, commit: Duration, t: &Tally) {
         self.oldest.store(s.oldest, Ordering::Relaxed);
         self.size.store(s.size, Ordering::Relaxed);
+        self.count.store(s.count, Ordering::Relaxed);
+        self.truncated.store(s.truncated, Ordering::Relaxed);
         metrics::inc(&self.metrics.commits);
         metrics::add(&self.metrics.commit_micros, commit.as_micros() as u64);
-        metrics::add(&self.metrics.appended, appended);
-        metrics::add(&self.metrics.duplicates, duplicates);
+        metrics::add(&self.metrics.appended, t.appended);
+        metrics::add(&self.metrics.duplicates, t.duplicates);
+        metrics::add(&self.metrics.filled, t.filled);
+        metrics::add(&self.metrics.partial, t.partial);
+        metrics::add(&self.metrics.compacted, t.compacted);
         self.latest.send_if_modified(|l| {
             let changed = *l != s.last;
             *l = s.last;
@@ -141,7 +148,7 @@ impl Core {
             .load(Ordering::Relaxed)
             .min(latest + 1);
         Stats {
-            total_events: (latest + 1).saturating_sub(oldest),
+            total_events: self.published.count.load(Ordering::Relaxed),
             latest_sequence: latest,
             oldest_sequence: oldest,
             total_size_bytes: self.published.size.load(Ordering::Relaxed),
@@ -196,6 +203,19 @@ impl Core {
         Ok(if n >= limit { last_match } else { last })
     }
 
+    /// Every sequence below this one was deleted from the front of the log: a reader
+    /// positioned below it has missed events (a gap).
+    pub(crate) fn truncated(&self) -> u64 {
+        self.published.truncated.load(Ordering::Relaxed)
+    }
+
+    /// Compaction: deletes `seqs`; returns how many were deleted.
+    pub(crate) async fn compact(&self, seqs: Vec<u64>) -> Result<u64, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Compact { seqs, reply })?;
+        self.wait(rx).await
+    }
+
     pub(crate) async fn truncate(&self, before: u64) -> Result<u64, Error> {
         let mut total = 0;
         loop {
@@ -227,6 +247,8 @@ pub(crate) async fn newer_than(rx: &mut watch::Receiver<u64>, after: u64) {
 pub struct Changefeed {
     pub(crate) core: Arc<Core>,
     pub(crate) groups: Arc<Groups>,
+    /// The latest-per-key index is kept: unchanged values can be filled in.
+    key_index: bool,
 }
 
 impl std::fmt::Debug for Changefeed {
@@ -247,7 +269,8 @@ impl Changefeed {
             return Err(Error::Invalid(problems.join("; ")));
         }
         let path = config.path.clone();
-        let (db, state) = tokio::task::spawn_blocking(move || store::open(&path))
+        let key_index = config.key_index;
+        let (db, state) = tokio::task::spawn_blocking(move || store::open(&path, key_index))
             .await
             .map_err(|e| Error::Invalid(format!("opening the store panicked: {e}")))??;
         let db = Arc::new(db);
@@ -255,6 +278,8 @@ impl Changefeed {
             latest: watch::Sender::new(state.last),
             oldest: AtomicU64::new(state.oldest),
             size: AtomicU64::new(state.size),
+            count: AtomicU64::new(state.count),
+            truncated: AtomicU64::new(state.truncated),
             closed: Mutex::new(None),
             metrics: Metrics::default(),
         });
@@ -262,6 +287,7 @@ impl Changefeed {
             durability: config.durability,
             commit_delay: Duration::from_millis(config.commit_delay_ms),
             max_commit_events: config.max_commit_events,
+            key_index: config.key_index,
         };
         let (requests, handle) = writer::spawn(db.clone(), state, settings, published.clone())
             .map_err(|e| Error::Store(redb::Error::Io(e)))?;
@@ -273,7 +299,11 @@ impl Changefeed {
             stop: watch::Sender::new(false),
         });
         let groups = Arc::new(Groups::load(core.clone(), config.groups.clone())?);
-        let cf = Changefeed { core, groups };
+        let cf = Changefeed {
+            core,
+            groups,
+            key_index: config.key_index,
+        };
         crate::retention::spawn(&cf, config.retention.clone());
         crate::groups::spawn_sweeper(&cf);
         Ok(cf)
@@ -298,12 +328,59 @@ impl Changefeed {
             .iter()
             .map(|e| Item {
                 position: e.tx.map(|t| (t.commit, t.index)),
-                record: encoder.encode(e, now),
+                parts: self.parts(e, now, &mut encoder),
             })
             .collect();
         let (reply, rx) = oneshot::channel();
         self.core.submit(Request::Append { items, reply })?;
         Ok(rx)
+    }
+
+    /// The records of one event: a primary-key change is a DELETE of the old key and
+    /// a PUT of the new one; an event with unchanged values waits for the writer, which
+    /// fills them from the row's last image.
+    fn parts(&self, e: &RowEvent, now: u64, encoder: &mut Encoder) -> Vec<Part> {
+        let mut one = |e: &RowEvent, extra: Extra<'_>, from: Option<String>| -> Part {
+            if self.key_index && record::has_unchanged(e) {
+                Part::Fill {
+                    event: Box::new(e.clone()),
+                    from: from.unwrap_or_else(|| record::index_key_of(e)),
+                    old_key: extra.old_key.map(str::to_owned),
+                    appended_ms: now,
+                }
+            } else {
+                let r = encoder.encode_with(e, now, extra);
+                if encoder.partial {
+                    metrics::inc(&self.core.metrics().partial);
+                }
+                Part::Ready(r)
+            }
+        };
+        match freshen_codec::split_key_change(e) {
+            None => vec![one(e, Extra::default(), None)],
+            Some(moved) => {
+                let old_key = record::key_text(&moved.delete);
+                let new_key = record::key_text(&moved.insert);
+                let delete = one(
+                    &moved.delete,
+                    Extra {
+                        new_key: Some(&new_key),
+                        ..Extra::default()
+                    },
+                    None,
+                );
+                let insert = one(
+                    &moved.insert,
+                    Extra {
+                        old_key: Some(&old_key),
+                        ..Extra::default()
+                    },
+                    // The row's last image is under its old key.
+                    Some(record::index_key_of(&moved.delete)),
+                );
+                vec![delete, insert]
+            }
+        }
     }
 
     /// Up to `limit` events after sequence `after` that match `filter`, in order.

@@ -9,6 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct Metrics {
     pub(crate) appended: AtomicU64,
     pub(crate) duplicates: AtomicU64,
+    pub(crate) filled: AtomicU64,
+    pub(crate) partial: AtomicU64,
+    pub(crate) compacted: AtomicU64,
+    pub(crate) group_gap_sequences: AtomicU64,
     pub(crate) commits: AtomicU64,
     pub(crate) commit_micros: AtomicU64,
     pub(crate) source_skipped: AtomicU64,
@@ -134,6 +138,21 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
         "duplicate_events_total",
         "Replayed events skipped because the log already held their source position.",
         &m.duplicates,
+    );
+    o.counter(
+        "filled_events_total",
+        "Events whose unchanged values were filled in from the row's last image.",
+        &m.filled,
+    );
+    o.counter(
+        "partial_events_total",
+        "Events appended with values still unknown (\"partial\":true): set REPLICA IDENTITY FULL on their tables.",
+        &m.partial,
+    );
+    o.counter(
+        "compacted_events_total",
+        "Events deleted by compaction (superseded by a later event of their row, or expired tombstones).",
+        &m.compacted,
     );
     o.counter("commits_total", "Group commits.", &m.commits);
     o.counter(
@@ -262,6 +281,11 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
         "group_lost_to_retention_total",
         "In-flight consumer-group events deleted by retention before they were acknowledged.",
         &m.group_lost_to_retention,
+    );
+    o.counter(
+        "group_gap_sequences_total",
+        "Sequences consumer groups had not received when they were deleted (reported to the group as a gap).",
+        &m.group_gap_sequences,
     );
     o.group_family(
         "group_committed_offset",

@@ -5,16 +5,81 @@
 //! store; serving an event is `{"sequence":N,` + body — no JSON is parsed or re-encoded
 //! on the read path, however many clients read it.
 //!
-//! Header, little-endian: `version: u8`, `op: u8`, `appended_ms: u64`,
-//! `key_len: u32`, `key`, `schema_len: u16`, `schema`, `table_len: u16`, `table`.
+//! Header, little-endian: `version: u8` (2), `op: u8`, `appended_ms: u64`,
+//! `key_len: u32`, `key`, `schema_len: u16`, `schema`, `table_len: u16`, `table`,
+//! `flags: u8`. Version 1 (written before the latest-per-key index) has no `flags`; it
+//! is still read.
+//!
+//! The only flag, [`FLAG_KEYED`], says the record belongs to one row (its table has a
+//! primary key and the operation is not a TRUNCATE): the latest-per-key index and
+//! compaction apply to it.
 
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use freshen::{Op, Row, RowEvent, Value};
+use serde_json::value::RawValue;
 
-const VERSION: u8 = 1;
-const FIXED: usize = 1 + 1 + 8 + 4;
+const VERSION: u8 = 2;
+const FIXED_V1: usize = 1 + 1 + 8 + 4;
+const FIXED: usize = FIXED_V1 + 1;
+
+/// The record belongs to one row: see the module docs.
+const FLAG_KEYED: u8 = 1;
+
+/// Column values of a row's last known image, as JSON text, by column name: what
+/// fills the values a source left out as unchanged.
+pub(crate) type Fill = HashMap<String, Box<RawValue>>;
+
+/// What an event's JSON says beyond the event itself.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Extra<'a> {
+    /// The DELETE half of a primary-key change: the key the row moved to.
+    pub(crate) new_key: Option<&'a str>,
+    /// The PUT half of a primary-key change: the key the row moved from.
+    pub(crate) old_key: Option<&'a str>,
+    /// The row's last image, for values the source left out as unchanged.
+    pub(crate) fill: Option<&'a Fill>,
+}
+
+/// The latest-per-key index's key for a row: `schema \0 table \0 pk`. PostgreSQL and
+/// MySQL names cannot hold NUL, so one table's keys form one contiguous range.
+pub(crate) fn index_key(schema: &str, table: &str, pk: &str) -> String {
+    let mut k = String::with_capacity(schema.len() + table.len() + pk.len() + 2);
+    k.push_str(schema);
+    k.push('\0');
+    k.push_str(table);
+    k.push('\0');
+    k.push_str(pk);
+    k
+}
+
+/// The range of index keys of one table: `[start, end)`.
+pub(crate) fn table_range(schema: &str, table: &str) -> (String, String) {
+    let start = index_key(schema, table, "");
+    let mut end = start.clone();
+    end.pop();
+    end.push('\u{1}');
+    (start, end)
+}
+
+/// The last image a stored PUT holds (its `value`), column by column; `None` for a
+/// DELETE or a record that does not read.
+pub(crate) fn image_of(r: &RecordRef<'_>) -> Option<Fill> {
+    if !matches!(r.op, Op::Insert | Op::Update) {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct Body {
+        value: Option<String>,
+    }
+    let mut json = Vec::with_capacity(r.body.len() + 1);
+    json.push(b'{');
+    json.extend_from_slice(r.body);
+    let body: Body = serde_json::from_slice(&json).ok()?;
+    serde_json::from_str(&body.value?).ok()
+}
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn unix_ms(t: SystemTime) -> u64 {
@@ -58,6 +123,8 @@ pub(crate) struct RecordRef<'a> {
     pub(crate) key: &'a str,
     pub(crate) schema: &'a str,
     pub(crate) table: &'a str,
+    /// The record belongs to one row (its table has a key; not a TRUNCATE).
+    pub(crate) keyed: bool,
     /// The event JSON after `{"sequence":N,`: starts with `"type"`, ends with `}`.
     pub(crate) body: &'a [u8],
     /// The whole record's length.
@@ -68,9 +135,11 @@ impl<'a> RecordRef<'a> {
     /// Reads a record; `None` when the bytes are not one (corruption or a newer version).
     pub(crate) fn parse(bytes: &'a [u8]) -> Option<RecordRef<'a>> {
         let (&version, rest) = bytes.split_first()?;
-        if version != VERSION || bytes.len() < FIXED {
-            return None;
-        }
+        let has_flags = match version {
+            VERSION if bytes.len() >= FIXED => true,
+            1 if bytes.len() >= FIXED_V1 => false,
+            _ => return None,
+        };
         let (&op, rest) = rest.split_first()?;
         let (ms, rest) = rest.split_at_checked(8)?;
         let (klen, rest) = rest.split_at_checked(4)?;
@@ -80,17 +149,43 @@ impl<'a> RecordRef<'a> {
         let (schema, rest) =
             rest.split_at_checked(u16::from_le_bytes(slen.try_into().ok()?) as usize)?;
         let (tlen, rest) = rest.split_at_checked(2)?;
-        let (table, body) =
+        let (table, rest) =
             rest.split_at_checked(u16::from_le_bytes(tlen.try_into().ok()?) as usize)?;
+        let (flags, body) = if has_flags {
+            let (&f, body) = rest.split_first()?;
+            (Some(f), body)
+        } else {
+            (None, rest)
+        };
+        let op = op_from_code(op)?;
+        let key = std::str::from_utf8(key).ok()?;
+        let table = std::str::from_utf8(table).ok()?;
+        let keyed = match flags {
+            Some(f) => f & FLAG_KEYED != 0,
+            // Version 1: a non-empty pk is the best sign of a keyed table.
+            None => op != Op::Truncate && key.len() > table.len() + 1,
+        };
         Some(RecordRef {
-            op: op_from_code(op)?,
+            op,
             appended_ms: u64::from_le_bytes(ms.try_into().ok()?),
-            key: std::str::from_utf8(key).ok()?,
+            key,
             schema: std::str::from_utf8(schema).ok()?,
-            table: std::str::from_utf8(table).ok()?,
+            table,
+            keyed,
             body,
             len: bytes.len(),
         })
+    }
+
+    /// The primary-key part of the key (after `table:`).
+    pub(crate) fn pk(&self) -> &'a str {
+        self.key.get(self.table.len() + 1..).unwrap_or("")
+    }
+
+    /// The latest-per-key index's key of this record, when it is keyed.
+    pub(crate) fn index_key(&self) -> Option<String> {
+        self.keyed
+            .then(|| index_key(self.schema, self.table, self.pk()))
     }
 
     /// Writes the event's JSON: `{"sequence":N,` + body.
@@ -137,12 +232,26 @@ pub(crate) fn event_json(sequence: u64, record: &RecordRef<'_>) -> String {
 #[derive(Debug, Default)]
 pub(crate) struct Encoder {
     row: Vec<u8>,
+    /// Whether the last event encoded left a value unknown (`"partial":true`).
+    pub(crate) partial: bool,
 }
 
 impl Encoder {
     /// Encodes `event`, appended at `appended_ms`, as a record.
+    #[cfg(test)]
     pub(crate) fn encode(&mut self, event: &RowEvent, appended_ms: u64) -> Vec<u8> {
+        self.encode_with(event, appended_ms, Extra::default())
+    }
+
+    /// Encodes `event` with what the log adds to it (key-change links, filled values).
+    pub(crate) fn encode_with(
+        &mut self,
+        event: &RowEvent,
+        appended_ms: u64,
+        extra: Extra<'_>,
+    ) -> Vec<u8> {
         let key = key_of(event);
+        let keyed = !event.pk_names.is_empty() && event.op != Op::Truncate;
         let schema = clip(&event.schema, u16::MAX as usize);
         let table = clip(&event.table, u16::MAX as usize);
         let mut out = Vec::with_capacity(FIXED + key.len() + schema.len() + table.len() + 512);
@@ -155,11 +264,19 @@ impl Encoder {
         out.extend_from_slice(schema.as_bytes());
         out.extend_from_slice(&(table.len() as u16).to_le_bytes());
         out.extend_from_slice(table.as_bytes());
-        self.body(event, &key, appended_ms, &mut out);
+        out.push(if keyed { FLAG_KEYED } else { 0 });
+        self.body(event, &key, appended_ms, extra, &mut out);
         out
     }
 
-    fn body(&mut self, e: &RowEvent, key: &Key, appended_ms: u64, out: &mut Vec<u8>) {
+    fn body(
+        &mut self,
+        e: &RowEvent,
+        key: &Key,
+        appended_ms: u64,
+        extra: Extra<'_>,
+        out: &mut Vec<u8>,
+    ) {
         out.extend_from_slice(b"\"type\":");
         json_str(themis_type(e.op), out);
         out.extend_from_slice(b",\"key\":");
@@ -174,9 +291,16 @@ impl Encoder {
             Op::Insert | Op::Truncate => None,
         };
         // The new row's text is both `value` and `after_snapshot`: escape it once.
+        // Unchanged values come from the row's last image in the log (the writer finds
+        // it); what remains is unknown. (Sources that have a whole old image fill them
+        // from it before the event gets here.)
+        let known = |column: &str| -> Option<&RawValue> {
+            extra.fill.and_then(|f| f.get(column)).map(|r| &**r)
+        };
         let value_at = out.len();
+        let mut unknown: Vec<&str> = Vec::new();
         match after {
-            Some(row) => self.row_text(row, out),
+            Some(row) => self.row_text(row, &known, &mut unknown, out),
             None => out.extend_from_slice(b"null"),
         }
         let value = value_at..out.len();
@@ -189,7 +313,7 @@ impl Encoder {
         out.push(b'}');
         if let Some(row) = before {
             out.extend_from_slice(b",\"before_snapshot\":");
-            self.row_text(row, out);
+            self.row_text(row, &|_| None, &mut Vec::new(), out);
         }
         if after.is_some() {
             out.extend_from_slice(b",\"after_snapshot\":");
@@ -210,50 +334,77 @@ impl Encoder {
                 tx.id
             );
         }
-        let unchanged: Vec<&str> = after
-            .into_iter()
-            .flat_map(|r| r.iter())
-            .filter(|(_, v)| v.is_unchanged())
-            .map(|(c, _)| c)
-            .collect();
-        if !unchanged.is_empty() {
+        if let Some(k) = extra.new_key {
+            out.extend_from_slice(b",\"new_key\":");
+            json_str(k, out);
+        }
+        if let Some(k) = extra.old_key {
+            out.extend_from_slice(b",\"old_key\":");
+            json_str(k, out);
+        }
+        self.partial = !unknown.is_empty();
+        if self.partial {
             out.extend_from_slice(b",\"unchanged_columns\":[");
-            for (i, c) in unchanged.iter().enumerate() {
+            for (i, c) in unknown.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
                 json_str(c, out);
             }
-            out.push(b']');
+            // Said outright: `value` is not the whole row.
+            out.extend_from_slice(b"],\"partial\":true");
         }
         out.push(b'}');
     }
 
-    /// Writes a row image as a JSON string holding the row's JSON object text.
-    fn row_text(&mut self, row: &Row, out: &mut Vec<u8>) {
+    /// Writes a row image as a JSON string holding the row's JSON object text; unchanged
+    /// values come from `known`, and those it does not know are pushed to `unknown`.
+    fn row_text<'r, 'k>(
+        &mut self,
+        row: &'r Row,
+        known: &dyn Fn(&str) -> Option<&'k RawValue>,
+        unknown: &mut Vec<&'r str>,
+        out: &mut Vec<u8>,
+    ) {
         self.row.clear();
-        row_object(row, &mut self.row);
+        row_object(row, known, unknown, &mut self.row);
         // The object is valid UTF-8: every part is written from `str`s or ASCII.
         json_str(std::str::from_utf8(&self.row).unwrap_or("{}"), out);
     }
 }
 
-/// Writes a row image as a JSON object; unchanged values are left out (they are listed
-/// in `unchanged_columns` instead, since their value is unknown here).
-fn row_object(row: &Row, out: &mut Vec<u8>) {
+/// Writes a row image as a JSON object. Unchanged values are filled from `known`; the
+/// rest are left out (listed in `unchanged_columns` instead: their value is unknown).
+fn row_object<'r, 'k>(
+    row: &'r Row,
+    known: &dyn Fn(&str) -> Option<&'k RawValue>,
+    unknown: &mut Vec<&'r str>,
+    out: &mut Vec<u8>,
+) {
     out.push(b'{');
     let mut first = true;
     for (column, value) in row.iter() {
-        if value.is_unchanged() {
-            continue;
-        }
+        let filled = if value.is_unchanged() {
+            match known(column) {
+                Some(k) => Some(k),
+                None => {
+                    unknown.push(column);
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
         if !first {
             out.push(b',');
         }
         first = false;
         json_str(column, out);
         out.push(b':');
-        json_value(value, out);
+        match filled {
+            Some(r) => out.extend_from_slice(r.get().as_bytes()),
+            None => json_value(value, out),
+        }
     }
     out.push(b'}');
 }
@@ -370,6 +521,26 @@ fn key_of(e: &RowEvent) -> Key {
         text = clip(&text, max).to_owned();
     }
     Key { text, pk_start }
+}
+
+/// Whether `event`'s new image has values the source left out as unchanged.
+pub(crate) fn has_unchanged(event: &RowEvent) -> bool {
+    matches!(event.op, Op::Insert | Op::Update)
+        && event
+            .new
+            .as_ref()
+            .is_some_and(|r| r.values().iter().any(Value::is_unchanged))
+}
+
+/// The event's key, `table:pk`, as its JSON says it.
+pub(crate) fn key_text(event: &RowEvent) -> String {
+    key_of(event).text
+}
+
+/// The event's latest-per-key index key.
+pub(crate) fn index_key_of(event: &RowEvent) -> String {
+    let key = key_of(event);
+    index_key(&event.schema, &event.table, key.pk())
 }
 
 #[cfg(test)]

@@ -1,14 +1,16 @@
 //! The retention policy: delete events beyond an age, a count or a size, in the
-//! background, oldest first.
+//! background, oldest first; compact to the latest event of each row; and, unless told
+//! to drop them, keep whatever a consumer group has not acknowledged.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::groups::Groups;
 use crate::log::Core;
 use crate::metrics;
 use crate::record;
 use crate::store;
-use crate::{Changefeed, Error, RetentionConfig};
+use crate::{Changefeed, Error, Keep, RetentionConfig, Unacknowledged};
 
 /// Events examined per scan step while looking for the cut.
 const STEP: usize = 10_000;
@@ -74,23 +76,63 @@ async fn cut(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
     Ok(before)
 }
 
-/// Applies `policy` once; returns how many events were deleted.
-pub(crate) async fn enforce(core: &Core, policy: &RetentionConfig) -> Result<u64, Error> {
-    let before = cut(core, policy).await?;
-    metrics::inc(&core.metrics().retention_runs);
-    if before <= core.stats().oldest_sequence {
-        return Ok(0);
+/// The first sequence retention may not touch: after the lowest committed offset of
+/// any consumer group (unless the policy drops unacknowledged events).
+fn floor(groups: &Groups, policy: &RetentionConfig) -> u64 {
+    match policy.unacknowledged {
+        Unacknowledged::Keep => groups.min_offset().map_or(u64::MAX, |o| o + 1),
+        Unacknowledged::Drop => u64::MAX,
     }
-    let n = core.truncate(before).await?;
-    metrics::add(&core.metrics().retention_deleted, n);
+}
+
+/// Applies `policy` once; returns how many events were deleted (truncated or compacted).
+pub(crate) async fn enforce(
+    core: &Core,
+    groups: &Groups,
+    policy: &RetentionConfig,
+) -> Result<u64, Error> {
+    let floor = floor(groups, policy);
+    let before = cut(core, policy).await?.min(floor);
+    metrics::inc(&core.metrics().retention_runs);
+    let mut n = 0;
+    if before > core.stats().oldest_sequence {
+        n = core.truncate(before).await?;
+        metrics::add(&core.metrics().retention_deleted, n);
+    }
+    if policy.keep == Keep::LatestPerKey {
+        n += compact(core, policy, floor).await?;
+    }
     Ok(n)
+}
+
+/// Deletes every event below `floor` that is not its row's latest, and tombstones
+/// older than `tombstone_secs`; returns how many.
+async fn compact(core: &Core, policy: &RetentionConfig, floor: u64) -> Result<u64, Error> {
+    let cutoff = record::unix_ms(SystemTime::now())
+        .saturating_sub(policy.tombstone_secs.saturating_mul(1000));
+    let upto = core.latest().min(floor.saturating_sub(1));
+    let mut at = core.stats().oldest_sequence.saturating_sub(1);
+    let mut deleted = 0;
+    while at < upto {
+        let (seqs, last) = store::compaction_candidates(&core.db, at, upto, STEP, cutoff)?;
+        if !seqs.is_empty() {
+            deleted += core.compact(seqs).await?;
+        }
+        if last == at {
+            break;
+        }
+        at = last;
+        // A long pass: let other tasks run between steps.
+        tokio::task::yield_now().await;
+    }
+    Ok(deleted)
 }
 
 impl Changefeed {
     /// Applies a retention policy now (the configured one runs on its own every
-    /// `interval_secs`); returns how many events were deleted.
+    /// `interval_secs`); returns how many events were deleted (truncated or compacted).
     pub async fn enforce_retention(&self, policy: &RetentionConfig) -> Result<u64, Error> {
-        enforce(&self.core, policy).await
+        enforce(&self.core, &self.groups, policy).await
     }
 }
 
@@ -100,6 +142,7 @@ pub(crate) fn spawn(cf: &Changefeed, policy: RetentionConfig) {
         return;
     }
     let core: std::sync::Weak<Core> = Arc::downgrade(&cf.core);
+    let groups: std::sync::Weak<Groups> = Arc::downgrade(&cf.groups);
     let mut stop = cf.core.stopping();
     let every = Duration::from_secs(policy.interval_secs.max(1));
     tokio::spawn(async move {
@@ -108,8 +151,10 @@ pub(crate) fn spawn(cf: &Changefeed, policy: RetentionConfig) {
                 _ = stop.wait_for(|s| *s) => return,
                 () = tokio::time::sleep(every) => {}
             }
-            let Some(core) = core.upgrade() else { return };
-            match enforce(&core, &policy).await {
+            let (Some(core), Some(groups)) = (core.upgrade(), groups.upgrade()) else {
+                return;
+            };
+            match enforce(&core, &groups, &policy).await {
                 Ok(_) => {}
                 Err(Error::Closed { .. }) => return,
                 // Counted; the next pass tries again.

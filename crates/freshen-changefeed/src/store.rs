@@ -3,7 +3,8 @@
 //! | table          | key             | value                                  |
 //! |----------------|-----------------|----------------------------------------|
 //! | `events`       | sequence        | a record (`record.rs`)                 |
-//! | `meta`         | name            | `format`, `last_sequence`, `high_water`, `size_bytes` |
+//! | `meta`         | name            | `format`, `last_sequence`, `high_water`, `size_bytes`, `truncated_before`, `key_index_upto` |
+//! | `latest`       | `schema\0table\0pk` | the sequence of the row's latest event (the latest-per-key index) |
 //! | `groups`       | group           | the group's definition and cursor (JSON) |
 //! | `leases`       | (group, seq)    | an event in flight in the group (JSON)  |
 //! | `dead_letters` | (group, seq)    | a dead letter: JSON header + the record |
@@ -12,7 +13,7 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::Error;
 use crate::record::RecordRef;
@@ -22,12 +23,15 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta
 pub(crate) const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("groups");
 pub(crate) const LEASES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("leases");
 pub(crate) const DEAD: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("dead_letters");
+pub(crate) const LATEST: TableDefinition<&str, u64> = TableDefinition::new("latest");
 
 const FORMAT: &[u8] = &[1];
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_LAST: &str = "last_sequence";
 pub(crate) const META_HIGH_WATER: &str = "high_water";
 pub(crate) const META_SIZE: &str = "size_bytes";
+pub(crate) const META_TRUNCATED: &str = "truncated_before";
+pub(crate) const META_INDEXED: &str = "key_index_upto";
 
 /// Bytes an event occupies in the size accounting: its key and its record.
 pub(crate) fn stored_size(record_len: usize) -> u64 {
@@ -45,6 +49,12 @@ pub(crate) struct LogState {
     pub(crate) high_water: Option<(u64, u32)>,
     /// Bytes of stored events.
     pub(crate) size: u64,
+    /// Events stored (compaction leaves holes: not `last + 1 - oldest`).
+    pub(crate) count: u64,
+    /// Every sequence below this one was deleted from the front of the log (retention
+    /// by age, count or size, or an explicit delete): a reader whose position is below
+    /// it missed events. Compaction's holes do not count.
+    pub(crate) truncated: u64,
 }
 
 fn u64_of(bytes: &[u8]) -> Option<u64> {
@@ -66,7 +76,9 @@ fn decode_high_water(b: &[u8]) -> Option<(u64, u32)> {
 }
 
 /// Opens (creating when missing) the store at `path` and reads the log's counters.
-pub(crate) fn open(path: &Path) -> Result<(Database, LogState), Error> {
+/// With `key_index`, brings the latest-per-key index up to date with events appended
+/// while it was off (or before it existed).
+pub(crate) fn open(path: &Path, key_index: bool) -> Result<(Database, LogState), Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::Open {
             path: path.to_owned(),
@@ -109,18 +121,58 @@ pub(crate) fn open(path: &Path) -> Result<(Database, LogState), Error> {
             Some((k, _)) => k.value(),
             None => last + 1,
         };
+        // Stores from before the mark: whatever precedes the oldest event was deleted.
+        let truncated = meta
+            .get(META_TRUNCATED)?
+            .and_then(|v| u64_of(v.value()))
+            .unwrap_or(oldest);
+        let count = events.len()?;
         tx.open_table(GROUPS)?;
         tx.open_table(LEASES)?;
         tx.open_table(DEAD)?;
+        let mut latest = tx.open_table(LATEST)?;
+        if key_index {
+            let upto = meta
+                .get(META_INDEXED)?
+                .and_then(|v| u64_of(v.value()))
+                .unwrap_or(0);
+            if upto < last {
+                for item in events.range(upto + 1..=last)? {
+                    let (k, v) = item?;
+                    if let Some(r) = RecordRef::parse(v.value()) {
+                        index(&mut latest, k.value(), &r)?;
+                    }
+                }
+            }
+            meta.insert(META_INDEXED, last.to_le_bytes().as_slice())?;
+        }
         LogState {
             last,
             oldest,
             high_water,
             size,
+            count,
+            truncated,
         }
     };
     tx.commit()?;
     Ok((db, state))
+}
+
+/// Records event `seq` in the latest-per-key index: a keyed event becomes its row's
+/// latest; a TRUNCATE ends every row of its table.
+pub(crate) fn index(
+    latest: &mut redb::Table<'_, &'static str, u64>,
+    seq: u64,
+    r: &RecordRef<'_>,
+) -> Result<(), Error> {
+    if let Some(k) = r.index_key() {
+        latest.insert(k.as_str(), seq)?;
+    } else if r.op == freshen::Op::Truncate {
+        let (start, end) = crate::record::table_range(r.schema, r.table);
+        latest.retain_in(start.as_str()..end.as_str(), |_, _| false)?;
+    }
+    Ok(())
 }
 
 /// Visits stored events with sequence in `(after, upto]`, in order, at most `max_scan`
@@ -160,4 +212,46 @@ pub(crate) fn get(db: &Database, sequence: u64) -> Result<Option<Vec<u8>>, Error
     let tx = db.begin_read()?;
     let table = tx.open_table(EVENTS)?;
     Ok(table.get(sequence)?.map(|v| v.value().to_vec()))
+}
+
+/// Compaction candidates among events with sequence in `(after, upto]` (at most
+/// `max_scan` examined): keyed events that are no longer their row's latest, and
+/// tombstones (DELETEs still latest, TRUNCATEs) appended before `tombstone_cutoff_ms`.
+/// Returns them and the last sequence examined.
+pub(crate) fn compaction_candidates(
+    db: &Database,
+    after: u64,
+    upto: u64,
+    max_scan: usize,
+    tombstone_cutoff_ms: u64,
+) -> Result<(Vec<u64>, u64), Error> {
+    let mut out = Vec::new();
+    if after >= upto {
+        return Ok((out, after));
+    }
+    let tx = db.begin_read()?;
+    let events = tx.open_table(EVENTS)?;
+    let latest = tx.open_table(LATEST)?;
+    let mut last = after;
+    for item in events.range(after + 1..=upto)?.take(max_scan) {
+        let (k, v) = item?;
+        let seq = k.value();
+        last = seq;
+        let Some(r) = RecordRef::parse(v.value()) else {
+            continue;
+        };
+        let expired = r.appended_ms < tombstone_cutoff_ms;
+        match r.index_key() {
+            Some(key) => {
+                let is_latest = latest.get(key.as_str())?.is_some_and(|s| s.value() == seq);
+                if !is_latest || (expired && r.op == freshen::Op::Delete) {
+                    out.push(seq);
+                }
+            }
+            None if r.op == freshen::Op::Truncate && expired => out.push(seq),
+            // Tables without a key: every event is kept.
+            None => {}
+        }
+    }
+    Ok((out, last))
 }

@@ -9,10 +9,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use freshen::RowEvent;
 use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::{self, DEAD, EVENTS, GROUPS, LEASES, LogState, META};
+use crate::record::{self, Encoder, Extra, RecordRef};
+use crate::store::{self, DEAD, EVENTS, GROUPS, LATEST, LEASES, LogState, META};
 use crate::{Durability, Error};
 
 /// What an append did.
@@ -27,13 +29,35 @@ pub struct AppendOutcome {
     pub first_sequence: Option<u64>,
     /// The log's last sequence once the append was durable.
     pub last_sequence: u64,
+    /// Events whose unchanged values were filled in from the row's last image.
+    pub filled: u64,
+    /// Events appended with values still unknown (`"partial":true`).
+    pub partial: u64,
 }
 
-/// One event to append: its record and, when the source gave one, its position.
+/// One source event to append, as one record or (a primary-key change) two, and its
+/// source position when it has one. Its records are appended together or, as a replay,
+/// not at all.
 #[derive(Debug)]
 pub(crate) struct Item {
     pub(crate) position: Option<(u64, u32)>,
-    pub(crate) record: Vec<u8>,
+    pub(crate) parts: Vec<Part>,
+}
+
+/// One record of an item.
+#[derive(Debug)]
+pub(crate) enum Part {
+    /// Encoded by the appender.
+    Ready(Vec<u8>),
+    /// An event with values the source left out as unchanged: the writer encodes it
+    /// once it looked up the row's last image, under index key `from` (the old key of
+    /// a key change). `partial` says whether a value is still unknown.
+    Fill {
+        event: Box<RowEvent>,
+        from: String,
+        old_key: Option<String>,
+        appended_ms: u64,
+    },
 }
 
 /// A change to consumer-group state.
@@ -85,6 +109,12 @@ pub(crate) enum Request {
         before: u64,
         reply: oneshot::Sender<Result<u64, Error>>,
     },
+    /// Compaction: deletes these events (superseded by a later event of their row, or
+    /// expired tombstones); answers how many were deleted.
+    Compact {
+        seqs: Vec<u64>,
+        reply: oneshot::Sender<Result<u64, Error>>,
+    },
 }
 
 /// Deletes per commit, so that a large retention pass never stalls appends for long.
@@ -98,11 +128,23 @@ pub(crate) struct Settings {
     pub(crate) durability: Durability,
     pub(crate) commit_delay: Duration,
     pub(crate) max_commit_events: usize,
+    /// Keep the latest-per-key index.
+    pub(crate) key_index: bool,
+}
+
+/// What one commit did, for the metrics.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Tally {
+    pub(crate) appended: u64,
+    pub(crate) duplicates: u64,
+    pub(crate) filled: u64,
+    pub(crate) partial: u64,
+    pub(crate) compacted: u64,
 }
 
 /// Where the writer publishes what it committed.
 pub(crate) trait Publish: Send + 'static {
-    fn committed(&self, state: &LogState, commit: Duration, appended: u64, duplicates: u64);
+    fn committed(&self, state: &LogState, commit: Duration, tally: &Tally);
     fn failed(&self, reason: String);
 }
 
@@ -123,6 +165,13 @@ enum Reply {
     Append(oneshot::Sender<Result<AppendOutcome, Error>>, AppendOutcome),
     Write(oneshot::Sender<Result<(), Error>>),
     Truncate(oneshot::Sender<Result<u64, Error>>, u64),
+}
+
+/// The writer's working state for one commit.
+struct Work<'s> {
+    settings: &'s Settings,
+    encoder: Encoder,
+    tally: Tally,
 }
 
 impl Reply {
@@ -155,6 +204,11 @@ fn run(
     publish: &impl Publish,
 ) {
     let mut last_sync = Instant::now();
+    let mut work = Work {
+        settings,
+        encoder: Encoder::default(),
+        tally: Tally::default(),
+    };
     while let Some(first) = rx.blocking_recv() {
         if !settings.commit_delay.is_zero() {
             std::thread::sleep(settings.commit_delay);
@@ -177,19 +231,13 @@ fn run(
         let started = Instant::now();
         let mut next = state;
         let mut replies = Vec::with_capacity(batch.len());
-        let (mut appended, mut duplicates) = (0, 0);
+        work.tally = Tally::default();
         let result = db.begin_write().map_err(Error::from).and_then(|mut tx| {
             if !sync {
                 tx.set_durability(redb::Durability::None)?;
             }
             for request in batch {
-                replies.push(apply(
-                    &tx,
-                    &mut next,
-                    request,
-                    &mut appended,
-                    &mut duplicates,
-                )?);
+                replies.push(apply(&tx, &mut next, request, &mut work)?);
             }
             tx.commit()?;
             Ok(())
@@ -200,7 +248,7 @@ fn run(
                     last_sync = Instant::now();
                 }
                 state = next;
-                publish.committed(&state, started.elapsed(), appended, duplicates);
+                publish.committed(&state, started.elapsed(), &work.tally);
                 for r in replies {
                     r.send_ok();
                 }
@@ -229,7 +277,9 @@ fn fail(r: Request, reason: &str) {
             Reply::Append(reply, AppendOutcome::default()).send_err(reason)
         }
         Request::Write { reply, .. } => Reply::Write(reply).send_err(reason),
-        Request::Truncate { reply, .. } => Reply::Truncate(reply, 0).send_err(reason),
+        Request::Truncate { reply, .. } | Request::Compact { reply, .. } => {
+            Reply::Truncate(reply, 0).send_err(reason)
+        }
     }
 }
 
@@ -238,6 +288,7 @@ fn batch_events(r: &Request) -> usize {
         Request::Append { items, .. } => items.len().max(1),
         Request::Write { ops, .. } => ops.len().max(1),
         Request::Truncate { .. } => 1,
+        Request::Compact { seqs, .. } => seqs.len().max(1),
     }
 }
 
@@ -245,39 +296,81 @@ fn apply(
     tx: &WriteTransaction,
     next: &mut LogState,
     request: Request,
-    appended: &mut u64,
-    duplicates: &mut u64,
+    work: &mut Work<'_>,
 ) -> Result<Reply, Error> {
     Ok(match request {
         Request::Append { items, reply } => {
             let mut outcome = AppendOutcome::default();
             if !items.is_empty() {
                 let mut events = tx.open_table(EVENTS)?;
+                let mut latest = tx.open_table(LATEST)?;
                 for item in items {
                     if let Some(pos) = item.position {
                         // PostgreSQL replays whole transactions in commit order after a
                         // restart: anything at or below the durable high-water mark is
-                        // already in the log.
+                        // already in the log (both records of a key change included).
                         if next.high_water.is_some_and(|hw| pos <= hw) {
                             outcome.duplicates += 1;
                             continue;
                         }
                         next.high_water = Some(pos);
                     }
-                    next.last += 1;
-                    if next.oldest > next.last {
-                        next.oldest = next.last;
+                    // Every record of the item is encoded before any is appended: the PUT
+                    // of a key change fills from the row's image under its old key,
+                    // which its own DELETE is about to end.
+                    let mut records = Vec::with_capacity(item.parts.len());
+                    for part in item.parts {
+                        records.push(match part {
+                            Part::Ready(r) => r,
+                            Part::Fill {
+                                event,
+                                from,
+                                old_key,
+                                appended_ms,
+                            } => {
+                                let image = last_image(&events, &latest, &from)?;
+                                let r = work.encoder.encode_with(
+                                    &event,
+                                    appended_ms,
+                                    Extra {
+                                        old_key: old_key.as_deref(),
+                                        fill: image.as_ref(),
+                                        ..Extra::default()
+                                    },
+                                );
+                                if work.encoder.partial {
+                                    outcome.partial += 1;
+                                } else {
+                                    outcome.filled += 1;
+                                }
+                                r
+                            }
+                        });
                     }
-                    events.insert(next.last, item.record.as_slice())?;
-                    next.size += store::stored_size(item.record.len());
-                    outcome.appended += 1;
-                    outcome.first_sequence.get_or_insert(next.last);
+                    for record in records {
+                        next.last += 1;
+                        if next.oldest > next.last {
+                            next.oldest = next.last;
+                        }
+                        events.insert(next.last, record.as_slice())?;
+                        if work.settings.key_index
+                            && let Some(r) = RecordRef::parse(&record)
+                        {
+                            store::index(&mut latest, next.last, &r)?;
+                        }
+                        next.size += store::stored_size(record.len());
+                        next.count += 1;
+                        outcome.appended += 1;
+                        outcome.first_sequence.get_or_insert(next.last);
+                    }
                 }
-                write_meta(tx, next)?;
+                write_meta(tx, next, work.settings.key_index)?;
             }
             outcome.last_sequence = next.last;
-            *appended += outcome.appended;
-            *duplicates += outcome.duplicates;
+            work.tally.appended += outcome.appended;
+            work.tally.duplicates += outcome.duplicates;
+            work.tally.filled += outcome.filled;
+            work.tally.partial += outcome.partial;
             Reply::Append(reply, outcome)
         }
         Request::Write { ops, reply } => {
@@ -291,31 +384,103 @@ fn apply(
             let mut deleted = 0;
             if before > next.oldest {
                 let mut events = tx.open_table(EVENTS)?;
+                let mut latest = tx.open_table(LATEST)?;
+                let mut last_deleted = None;
                 {
                     let removed = events.extract_from_if(..before, |_, _| true)?;
                     for item in removed.take(TRUNCATE_CHUNK as usize) {
-                        let (_, v) = item?;
-                        next.size = next
-                            .size
-                            .saturating_sub(store::stored_size(v.value().len()));
+                        let (k, v) = item?;
+                        let seq = k.value();
+                        let v = v.value();
+                        next.size = next.size.saturating_sub(store::stored_size(v.len()));
+                        if work.settings.key_index {
+                            forget(&mut latest, seq, v)?;
+                        }
+                        last_deleted = Some(seq);
                         deleted += 1;
                     }
+                }
+                next.count = next.count.saturating_sub(deleted);
+                if let Some(seq) = last_deleted {
+                    next.truncated = next.truncated.max(seq + 1);
                 }
                 next.oldest = match events.first()? {
                     Some((k, _)) => k.value(),
                     None => next.last + 1,
                 };
-                write_meta(tx, next)?;
+                // Nothing left below `before` (the last chunk): the front is `before`.
+                if next.oldest >= before {
+                    next.truncated = next.truncated.max(before);
+                }
+                write_meta(tx, next, work.settings.key_index)?;
             }
+            Reply::Truncate(reply, deleted)
+        }
+        Request::Compact { seqs, reply } => {
+            let mut deleted = 0;
+            if !seqs.is_empty() {
+                let mut events = tx.open_table(EVENTS)?;
+                let mut latest = tx.open_table(LATEST)?;
+                for seq in seqs {
+                    let Some(v) = events.remove(seq)? else {
+                        continue;
+                    };
+                    let v = v.value();
+                    next.size = next.size.saturating_sub(store::stored_size(v.len()));
+                    forget(&mut latest, seq, v)?;
+                    deleted += 1;
+                }
+                next.count = next.count.saturating_sub(deleted);
+                next.oldest = match events.first()? {
+                    Some((k, _)) => k.value(),
+                    None => next.last + 1,
+                };
+                write_meta(tx, next, work.settings.key_index)?;
+            }
+            work.tally.compacted += deleted;
             Reply::Truncate(reply, deleted)
         }
     })
 }
 
-fn write_meta(tx: &WriteTransaction, s: &LogState) -> Result<(), Error> {
+/// Removes the index entry of a deleted record when it still names it.
+fn forget(
+    latest: &mut redb::Table<'_, &'static str, u64>,
+    seq: u64,
+    record: &[u8],
+) -> Result<(), Error> {
+    if let Some(k) = RecordRef::parse(record).and_then(|r| r.index_key())
+        && latest.get(k.as_str())?.is_some_and(|s| s.value() == seq)
+    {
+        latest.remove(k.as_str())?;
+    }
+    Ok(())
+}
+
+/// The last image of the row whose index key is `key`, when the log still holds it and
+/// it was not deleted.
+fn last_image(
+    events: &redb::Table<'_, u64, &'static [u8]>,
+    latest: &redb::Table<'_, &'static str, u64>,
+    key: &str,
+) -> Result<Option<record::Fill>, Error> {
+    let Some(seq) = latest.get(key)?.map(|s| s.value()) else {
+        return Ok(None);
+    };
+    let Some(v) = events.get(seq)? else {
+        return Ok(None);
+    };
+    Ok(RecordRef::parse(v.value()).and_then(|r| record::image_of(&r)))
+}
+
+fn write_meta(tx: &WriteTransaction, s: &LogState, key_index: bool) -> Result<(), Error> {
     let mut meta = tx.open_table(META)?;
     meta.insert(store::META_LAST, s.last.to_le_bytes().as_slice())?;
     meta.insert(store::META_SIZE, s.size.to_le_bytes().as_slice())?;
+    meta.insert(store::META_TRUNCATED, s.truncated.to_le_bytes().as_slice())?;
+    if key_index {
+        meta.insert(store::META_INDEXED, s.last.to_le_bytes().as_slice())?;
+    }
     if let Some(hw) = s.high_water {
         meta.insert(
             store::META_HIGH_WATER,

@@ -241,3 +241,44 @@ async fn a_group_subscription_commits_the_group_offset_and_resumes_after_restart
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_slow_reader_that_keeps_acknowledging_gets_no_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.http.ws_pending_window = 2;
+    cfg.http.ws_ack_timeout_ms = 200;
+    let server = Server::start(&cfg).await;
+    server.cf.append(&orders(1, 8)).await.unwrap();
+    let mut ws = connect(&server).await;
+    send(
+        &mut ws,
+        json!({"action": "subscribe", "id": "s", "from_seq": 0}),
+    )
+    .await;
+    assert_eq!(recv(&mut ws).await["action"], "subscribed");
+    // Each event waits two handling times (260 ms) in the window, longer than the ack
+    // timeout, but the reader acknowledges one every 130 ms: it is paced by the window,
+    // never sent an event twice.
+    let mut got = Vec::new();
+    while got.len() < 8 {
+        let f = recv(&mut ws).await;
+        let seq = f["sequence"].as_u64().expect("an event");
+        got.push(seq);
+        tokio::time::sleep(std::time::Duration::from_millis(130)).await;
+        send(
+            &mut ws,
+            json!({"action": "ack", "id": "s", "sequence": seq}),
+        )
+        .await;
+    }
+    assert_eq!(got, (1..=8).collect::<Vec<_>>());
+    assert!(drain_until_probe(&mut ws).await.is_empty());
+    assert!(
+        server
+            .cf
+            .metrics_text()
+            .contains("freshen_changefeed_ws_redelivered_total 0")
+    );
+    server.stop().await;
+}

@@ -8,6 +8,25 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use crate::base64;
 use crate::debezium::UNAVAILABLE_VALUE;
+use crate::key_change::{KeyChange, split_key_change};
+
+/// Kafka header on the DELETE of a primary-key change: the new key (Debezium's name).
+pub const NEW_KEY_HEADER: &str = "__debezium.newkey";
+/// Kafka header on the CREATE of a primary-key change: the old key (Debezium's name).
+pub const OLD_KEY_HEADER: &str = "__debezium.oldkey";
+
+/// One Kafka record of a change: key, value (`None`: a tombstone) and headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DebeziumRecord {
+    /// The primary key as a JSON object; `None` for events without one.
+    pub key: Option<Vec<u8>>,
+    /// The envelope; `None` for a tombstone (a null value, which Kafka's log compaction
+    /// reads as "forget this key").
+    pub value: Option<Vec<u8>>,
+    /// Headers: [`NEW_KEY_HEADER`] or [`OLD_KEY_HEADER`] on the halves of a key change.
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+}
 
 /// Encodes row events as Debezium change events (the JSON converter with
 /// `schemas.enable=false`: the bare envelope, no Connect schema) and their keys.
@@ -22,6 +41,11 @@ use crate::debezium::UNAVAILABLE_VALUE;
 /// Key: the primary-key columns as a JSON object, `{"id": 7}`, taken from the new image
 /// (the old one for deletes) — what a Debezium key holds, so that one key's changes
 /// share a partition.
+///
+/// A primary-key change (an UPDATE that moves the row to another key) is, as Debezium
+/// publishes it, three records ([`records`](Self::records)): a DELETE (`op` `d`) keyed
+/// by the old key with header [`NEW_KEY_HEADER`], a tombstone for the old key, and a
+/// CREATE (`op` `c`) keyed by the new key with header [`OLD_KEY_HEADER`].
 ///
 /// Values: NULL → `null`; booleans and integers → JSON booleans and numbers; finite
 /// floats → numbers, NaN and infinities → the strings `"NaN"`, `"Infinity"`,
@@ -81,6 +105,42 @@ impl DebeziumEncoder {
         };
         // Writing to a Vec cannot fail, and every map key here is a string.
         serde_json::to_writer(out, &envelope).expect("serializing to memory cannot fail");
+    }
+
+    /// The Kafka records of `event`: one for most events, three for a primary-key
+    /// change (delete, tombstone, create: see the type's docs).
+    pub fn records(&self, event: &RowEvent, ts_ms: u64) -> Vec<DebeziumRecord> {
+        match split_key_change(event) {
+            None => vec![DebeziumRecord {
+                key: self.encode_key(event),
+                value: Some(self.encode_value(event, ts_ms)),
+                headers: Vec::new(),
+            }],
+            Some(KeyChange { delete, insert }) => {
+                let old_key = self.encode_key(&delete);
+                let new_key = self.encode_key(&insert);
+                vec![
+                    DebeziumRecord {
+                        key: old_key.clone(),
+                        value: Some(self.encode_value(&delete, ts_ms)),
+                        headers: new_key
+                            .iter()
+                            .map(|k| (NEW_KEY_HEADER, k.clone()))
+                            .collect(),
+                    },
+                    DebeziumRecord {
+                        key: old_key.clone(),
+                        value: None,
+                        headers: Vec::new(),
+                    },
+                    DebeziumRecord {
+                        key: new_key,
+                        value: Some(self.encode_value(&insert, ts_ms)),
+                        headers: old_key.into_iter().map(|k| (OLD_KEY_HEADER, k)).collect(),
+                    },
+                ]
+            }
+        }
     }
 
     /// The event's key, `{"pk": value, …}`; `None` when the event has no primary-key

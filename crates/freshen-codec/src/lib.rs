@@ -8,6 +8,8 @@
 //! - [`DebeziumJson`] decodes Debezium's JSON change events; [`DebeziumEncoder`] writes
 //!   them, for the Kafka sink.
 //! - [`Decoder`] picks one by [`Format`] at run time.
+//! - [`split_key_change`] turns a primary-key UPDATE into a DELETE of the old key and
+//!   an INSERT of the new one, as every keyed output publishes it.
 //!
 //! A decoder never panics, whatever the bytes: a message it cannot read is a
 //! [`DecodeError`] (the source skips and counts it), and a message that carries no rows
@@ -62,10 +64,12 @@ mod decoded;
 mod error;
 mod format;
 mod json;
+mod key_change;
 
 pub use canal::CanalJson;
 pub use debezium::{DebeziumJson, UNAVAILABLE_VALUE};
-pub use debezium_encode::DebeziumEncoder;
+pub use debezium_encode::{DebeziumEncoder, DebeziumRecord, NEW_KEY_HEADER, OLD_KEY_HEADER};
 pub use decoded::{Control, Decoded};
 pub use error::DecodeError;
 pub use format::{Decoder, Format};
+pub use key_change::{KeyChange, changes_key, split_key_change};

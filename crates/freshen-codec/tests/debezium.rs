@@ -6,7 +6,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use freshen::{Key, Op, Row, RowEvent, Tx, Value};
 use freshen_codec::{
-    Control, DebeziumEncoder, DebeziumJson, DecodeError, Decoded, UNAVAILABLE_VALUE,
+    Control, DebeziumEncoder, DebeziumJson, DecodeError, Decoded, NEW_KEY_HEADER, OLD_KEY_HEADER,
+    UNAVAILABLE_VALUE,
 };
 use support::fixture;
 
@@ -263,4 +264,54 @@ fn special_floats_and_keys() {
         .with_new(Row::from_pairs([("id", Value::Unchanged)]))
         .with_old(Row::from_pairs([("id", Value::Int(3))]));
     assert_eq!(enc.encode_key(&moved).unwrap(), br#"{"id":3}"#);
+}
+
+#[test]
+fn a_primary_key_change_is_delete_tombstone_create() {
+    let enc = DebeziumEncoder::new("shop");
+    let renamed = RowEvent::new("public", "users", Op::Update)
+        .with_pk(["id"])
+        .with_old(Row::from_pairs([("id", Value::text("alice"))]))
+        .with_new(Row::from_pairs([
+            ("id", Value::text("alice-renamed")),
+            ("name", Value::text("Alice")),
+        ]))
+        .with_tx(Tx {
+            id: 5,
+            commit: 77,
+            index: 0,
+        });
+    let records = enc.records(&renamed, 1);
+    assert_eq!(records.len(), 3, "{records:?}");
+    let (old_key, new_key) = (
+        br#"{"id":"alice"}"#.to_vec(),
+        br#"{"id":"alice-renamed"}"#.to_vec(),
+    );
+
+    assert_eq!(records[0].key.as_ref(), Some(&old_key));
+    assert_eq!(records[0].headers, vec![(NEW_KEY_HEADER, new_key.clone())]);
+    let delete = one(Some(&old_key), records[0].value.as_ref().unwrap());
+    assert_eq!(delete.op, Op::Delete);
+    assert_eq!(delete.old.unwrap().get("id"), Some(&Value::text("alice")));
+    assert_eq!(delete.tx, renamed.tx);
+
+    assert_eq!(records[1].key.as_ref(), Some(&old_key));
+    assert_eq!(records[1].value, None, "a tombstone for the old key");
+    assert!(matches!(
+        DebeziumJson::new().decode_with_key(Some(&old_key), None),
+        Ok(Decoded::Control(Control::Tombstone))
+    ));
+
+    assert_eq!(records[2].key.as_ref(), Some(&new_key));
+    assert_eq!(records[2].headers, vec![(OLD_KEY_HEADER, old_key)]);
+    let create = one(Some(&new_key), records[2].value.as_ref().unwrap());
+    assert_eq!(create.op, Op::Insert);
+    assert!(create.old.is_none());
+    assert_eq!(create.new.unwrap().get("name"), Some(&Value::text("Alice")));
+
+    // Any other change is one record, as before.
+    let records = enc.records(&sample(), 1);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].key.as_deref(), Some(&br#"{"id":7}"#[..]));
+    assert!(records[0].headers.is_empty());
 }

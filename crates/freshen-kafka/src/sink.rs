@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use freshen::{Ack, Batch, RowEvent, Source, SourceError};
-use freshen_codec::DebeziumEncoder;
+use freshen_codec::{DebeziumEncoder, changes_key};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -24,6 +25,11 @@ use crate::stats::{SinkCounters, SinkStats, add};
 ///   [`DebeziumEncoder`]); key: the primary key as a JSON object (`{"id":7}`), so all
 ///   changes of one row land in one partition, in order. Events without a primary key
 ///   (a truncate, a table without one) get no key.
+/// - A primary-key change (an UPDATE that moves a row to another key) is three records,
+///   as Debezium publishes it: a DELETE keyed by the old key (header
+///   `__debezium.newkey`), a tombstone for the old key, and a CREATE keyed by the new
+///   key (header `__debezium.oldkey`): a consumer or a compacted topic that keeps state
+///   by key forgets the old key.
 /// - Topic: `<topic>.<schema>.<table>` (per table; characters Kafka does not allow in a
 ///   topic name become `_`) or `<topic>` (single).
 /// - The producer is idempotent with `acks=all`: a retried record is written once,
@@ -135,35 +141,70 @@ impl KafkaSink {
         let mut value = Vec::with_capacity(512);
         for event in events {
             let topic = self.topic_for(event);
+            if changes_key(event) {
+                // A primary-key change: delete, tombstone, create (Debezium's records).
+                for r in self.encoder.records(event, ts_ms) {
+                    let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+                        h.insert(Header {
+                            key: k,
+                            value: Some(v),
+                        })
+                    });
+                    let fut = self
+                        .send(&topic, r.key.as_deref(), r.value.as_deref(), Some(headers))
+                        .await?;
+                    deliveries.push((topic.clone(), fut));
+                }
+                continue;
+            }
             let key = self.encoder.encode_key(event);
             value.clear();
             self.encoder.encode_value_into(event, ts_ms, &mut value);
-            loop {
-                let mut record: FutureRecord<'_, [u8], [u8]> =
-                    FutureRecord::to(&topic).payload(&value[..]);
-                if let Some(k) = &key {
-                    record = record.key(&k[..]);
-                }
-                match self.producer.send_result(record) {
-                    Ok(fut) => {
-                        deliveries.push((topic.clone(), fut));
-                        break;
-                    }
-                    // The producer's queue is full of earlier deliveries: let some finish.
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                        tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                    }
-                    Err((error, _)) => {
-                        add(&self.counters.failed, 1);
-                        return Err(Error::Delivery { topic, error });
-                    }
-                }
-            }
+            let fut = self
+                .send(&topic, key.as_deref(), Some(&value), None)
+                .await?;
+            deliveries.push((topic, fut));
         }
         Ok(InFlight {
             deliveries,
             counters: self.counters.clone(),
         })
+    }
+
+    /// Hands one record to the producer, waiting while its queue is full.
+    async fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: Option<OwnedHeaders>,
+    ) -> Result<DeliveryFuture, Error> {
+        loop {
+            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+            if let Some(v) = value {
+                record = record.payload(v);
+            }
+            if let Some(k) = key {
+                record = record.key(k);
+            }
+            if let Some(h) = &headers {
+                record = record.headers(h.clone());
+            }
+            match self.producer.send_result(record) {
+                Ok(fut) => return Ok(fut),
+                // The producer's queue is full of earlier deliveries: let some finish.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((error, _)) => {
+                    add(&self.counters.failed, 1);
+                    return Err(Error::Delivery {
+                        topic: topic.to_owned(),
+                        error,
+                    });
+                }
+            }
+        }
     }
 
     /// Publishes every batch of `source` and acknowledges it once delivered, until the

@@ -14,7 +14,7 @@ use freshen_kafka::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig, 
 use freshen_testenv::KafkaFlavor;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use support::*;
 
 fn order(id: i64, op: Op, status: &str, xid: u64) -> RowEvent {
@@ -213,4 +213,84 @@ async fn many_batches_in_flight_are_acknowledged_in_order() {
 
 fn order_event(id: i64) -> RowEvent {
     order(id, Op::Insert, "new", 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_change_is_delete_tombstone_create() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    // One partition: the three records' order across two keys is observable.
+    create_topic(&bootstrap, "moves", 1).await;
+    let sink = KafkaSink::new(&KafkaSinkConfig::new(
+        &bootstrap,
+        "moves",
+        TopicMode::Single,
+    ))
+    .unwrap();
+    let renamed = RowEvent::new("public", "users", Op::Update)
+        .with_pk(["id"])
+        .with_old(Row::from_pairs([("id", Value::text("alice"))]))
+        .with_new(Row::from_pairs([
+            ("id", Value::text("alice-renamed")),
+            ("name", Value::text("Alice")),
+        ]))
+        .with_tx(Tx {
+            id: 3,
+            commit: 300,
+            index: 0,
+        });
+    tokio::time::timeout(DEADLINE, sink.publish(&[renamed]))
+        .await
+        .expect("delivered in time")
+        .unwrap();
+    assert_eq!(sink.stats().delivered, 3);
+
+    let reader: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    reader.subscribe(&["moves"]).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let msg = tokio::time::timeout(DEADLINE, reader.recv())
+            .await
+            .expect("all three records arrive")
+            .unwrap();
+        let headers: Vec<(String, Vec<u8>)> = msg
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let op = msg.payload().map(|p| {
+            let v: serde_json::Value = serde_json::from_slice(p).unwrap();
+            v["op"].as_str().unwrap().to_owned()
+        });
+        got.push((
+            String::from_utf8(msg.key().unwrap().to_vec()).unwrap(),
+            op,
+            headers,
+        ));
+    }
+    let (old, new) = (r#"{"id":"alice"}"#, r#"{"id":"alice-renamed"}"#);
+    assert_eq!(
+        got,
+        vec![
+            (
+                old.to_owned(),
+                Some("d".to_owned()),
+                vec![("__debezium.newkey".to_owned(), new.as_bytes().to_vec())]
+            ),
+            (old.to_owned(), None, vec![]),
+            (
+                new.to_owned(),
+                Some("c".to_owned()),
+                vec![("__debezium.oldkey".to_owned(), old.as_bytes().to_vec())]
+            ),
+        ]
+    );
 }

@@ -167,7 +167,7 @@ pub(crate) async fn receive(
         let got = groups
             .receive(&name, &b.consumer_id, max, b.visibility_timeout_ms)
             .await?;
-        if !got.deliveries.is_empty() || Instant::now() >= deadline {
+        if !got.deliveries.is_empty() || got.gap.is_some() || Instant::now() >= deadline {
             return Ok(received(&got));
         }
         // Wake for a new event, a lease coming due, the deadline or shutdown.
@@ -201,10 +201,18 @@ fn received(got: &crate::groups::Received) -> Response {
     }
     let _ = write!(
         body,
-        "],\"count\":{},\"lease_expires_ms\":{}}}",
+        "],\"count\":{},\"lease_expires_ms\":{}",
         got.deliveries.len(),
         got.lease_expires_ms
     );
+    if let Some(gap) = got.gap {
+        let _ = write!(
+            body,
+            ",\"gap\":{{\"after\":{},\"before\":{}}}",
+            gap.after, gap.before
+        );
+    }
+    body.push(b'}');
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 

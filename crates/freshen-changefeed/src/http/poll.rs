@@ -54,6 +54,9 @@ pub(crate) async fn poll(
     let mut latest = core.watch_latest();
     let ending = s.ending();
     tokio::pin!(ending);
+    // Events deleted from the front of the log that this reader had not read yet.
+    let front = core.truncated();
+    let gap = (from + 1 < front).then_some((from, front));
     let mut after = from;
     let mut ended = false;
     let mut events = Vec::with_capacity(1024);
@@ -68,7 +71,7 @@ pub(crate) async fn poll(
         })?;
         if n > 0 || wait == 0 || ended || Instant::now() >= deadline {
             metrics::add(&core.metrics().poll_events, n as u64);
-            return Ok(page(&events, n, core.latest(), after));
+            return Ok(page(&events, n, core.latest(), after, gap));
         }
         if after < core.latest() {
             // Filtered-out events remain to be examined: no need to wait, but let other
@@ -91,14 +94,19 @@ fn bad(s: &AppState, e: ApiError) -> ApiError {
 
 /// `{"events":[…],"count":n,"latest_sequence":s,"next_from_seq":x}` — ThemisDB's
 /// response plus `next_from_seq`, where the next poll should start (past events a
-/// filter skipped).
-fn page(events: &[u8], count: usize, latest: u64, next: u64) -> Response {
+/// filter skipped), and `"gap":{"after":a,"before":b}` when events after `from_seq`
+/// were deleted before this reader got them (every sequence between a and b).
+fn page(events: &[u8], count: usize, latest: u64, next: u64, gap: Option<(u64, u64)>) -> Response {
     let mut body = Vec::with_capacity(events.len() + 96);
     body.extend_from_slice(b"{\"events\":[");
     body.extend_from_slice(events);
     let _ = write!(
         body,
-        "],\"count\":{count},\"latest_sequence\":{latest},\"next_from_seq\":{next}}}"
+        "],\"count\":{count},\"latest_sequence\":{latest},\"next_from_seq\":{next}"
     );
+    if let Some((after, before)) = gap {
+        let _ = write!(body, ",\"gap\":{{\"after\":{after},\"before\":{before}}}");
+    }
+    body.push(b'}');
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

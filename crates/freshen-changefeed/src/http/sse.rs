@@ -3,6 +3,11 @@
 //! Each stream reads the durable log itself, one frame (up to `max_events` events) at
 //! a time, and only when the connection has taken the previous frame: a slow client
 //! reads at its own pace and never loses events, and the server keeps no queue for it.
+//!
+//! When events after the client's position were deleted before it read them, the
+//! stream says so with a named event, `event: gap` and `data: {"after":a,"before":b}`
+//! (every sequence between a and b is gone): `EventSource.onmessage` does not see it,
+//! `addEventListener("gap", …)` does.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -196,6 +201,16 @@ impl Sse {
             return None;
         }
         loop {
+            let front = self.core.truncated();
+            if self.after + 1 < front {
+                let gap = format!(
+                    "event: gap\ndata: {{\"after\":{},\"before\":{front}}}\n\n",
+                    self.after
+                );
+                self.after = front - 1;
+                self.last_write = Instant::now();
+                return Some(Bytes::from(gap));
+            }
             let limit = if self.settings.keep_alive {
                 self.settings.max_events
             } else {

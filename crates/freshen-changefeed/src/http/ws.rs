@@ -13,17 +13,27 @@
 //!   everything sent on the subscription up to N is done; no reply.
 //!
 //! Server frames: each event's JSON with `"sub_id"` (and `"deliveries"` for group
-//! subscriptions); `{"action":"error","message":…}` for a bad frame.
+//! subscriptions); `{"action":"error","message":…}` for a bad frame;
+//! `{"action":"gap","id":"s1","after":a,"before":b}` when events after the
+//! subscription's position were deleted before it received them (every sequence
+//! between a and b).
 //!
-//! Each subscription has a bounded window of events sent but not acknowledged: when it
-//! is full, delivery pauses until acks arrive. Unacknowledged events are sent again
-//! after the ack timeout (group subscriptions rely on the group's lease timeout).
+//! Flow control: each subscription has a bounded window of events queued or sent but
+//! not acknowledged; when it is full, delivery pauses until acks arrive, and frames are
+//! written one after another as the socket takes them, so a slow reader slows delivery
+//! down instead of piling frames up. A frame's ack timer starts when it has been
+//! written to the socket, not when it was queued. Unacknowledged events are sent again
+//! (from the oldest, go-back-N) only when the client has acknowledged nothing for the
+//! ack timeout since the oldest of them was written: a reader that is slow but keeps
+//! acknowledging is never sent duplicates. Group subscriptions rely on the group's lease
+//! timeout instead; a group subscription leases new events only once everything it
+//! leased before has been written.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, SystemTime};
 
 use axum::extract::State;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -68,8 +78,9 @@ struct Frame {
 
 struct Pending {
     seq: u64,
-    sent: Instant,
-    frame: String,
+    /// When the frame was last written to the socket; `None` while it waits to be.
+    sent: Option<Instant>,
+    frame: Utf8Bytes,
 }
 
 struct Sub {
@@ -79,6 +90,27 @@ struct Sub {
     /// (group, consumer) for a consumer-group subscription.
     group: Option<(String, String)>,
     full: bool,
+    /// When an ack last moved the window (or the subscription started).
+    progress: Instant,
+}
+
+impl Sub {
+    /// When the window is due to be sent again: the ack timeout after the later of the
+    /// oldest frame's write and the last ack that made progress.
+    fn redelivery_due(&self, ack_timeout: Duration) -> Option<Instant> {
+        let sent = self.pending.front()?.sent?;
+        Some(sent.max(self.progress) + ack_timeout)
+    }
+
+    fn has_unsent(&self) -> bool {
+        self.pending.iter().any(|p| p.sent.is_none())
+    }
+}
+
+fn gap_frame(id: &str, after: u64, before: u64) -> Utf8Bytes {
+    serde_json::json!({"action": "gap", "id": id, "after": after, "before": before})
+        .to_string()
+        .into()
 }
 
 fn error_frame(message: impl std::fmt::Display) -> Message {
@@ -98,14 +130,14 @@ fn reply(action: &str, id: &str) -> Message {
 }
 
 /// The event's JSON with `"sub_id"` added before the closing brace.
-fn frame_of(json: &[u8], sub_id: &str) -> String {
+fn frame_of(json: &[u8], sub_id: &str) -> Utf8Bytes {
     let mut out = String::with_capacity(json.len() + sub_id.len() + 12);
     let body = std::str::from_utf8(json).unwrap_or("{}");
     out.push_str(body.strip_suffix('}').unwrap_or(body));
     out.push_str(",\"sub_id\":");
     out.push_str(&serde_json::Value::String(sub_id.to_owned()).to_string());
     out.push('}');
-    out
+    out.into()
 }
 
 struct Conn {
@@ -113,6 +145,8 @@ struct Conn {
     subs: BTreeMap<String, Sub>,
     window: usize,
     ack_timeout: Duration,
+    /// Frames that are not events (gaps), written before the next events.
+    control: Vec<Utf8Bytes>,
 }
 
 impl Conn {
@@ -169,6 +203,7 @@ impl Conn {
                 pending: VecDeque::new(),
                 group,
                 full: false,
+                progress: Instant::now(),
             },
         );
         Ok(reply("subscribed", &id))
@@ -189,8 +224,12 @@ impl Conn {
         let Some(sub) = self.subs.get_mut(&id) else {
             return Err(format!("no subscription {id:?}"));
         };
+        let before = sub.pending.len();
         while sub.pending.front().is_some_and(|p| p.seq <= seq) {
             sub.pending.pop_front();
+        }
+        if sub.pending.len() < before {
+            sub.progress = Instant::now();
         }
         if sub.pending.len() < self.window {
             sub.full = false;
@@ -228,11 +267,12 @@ impl Conn {
         }
     }
 
-    /// Frames to send now: new events within each window, and redeliveries.
-    async fn outgoing(&mut self) -> Result<Vec<String>, Error> {
-        let mut out = Vec::new();
+    /// Queues what is due: new events within each window, and redeliveries. Frames
+    /// are written (and their timers started) by [`Conn::write`].
+    async fn pull(&mut self) -> Result<(), Error> {
         let core = self.s.cf().core.clone();
         let now = Instant::now();
+        let front = core.truncated();
         for (id, sub) in &mut self.subs {
             if let Some((group, consumer)) = &sub.group {
                 // Leases expired meanwhile are the group's to deliver again (perhaps to
@@ -246,9 +286,14 @@ impl Conn {
                 while sub
                     .pending
                     .front()
-                    .is_some_and(|p| now.duration_since(p.sent) >= lease)
+                    .and_then(|p| p.sent)
+                    .is_some_and(|sent| now.duration_since(sent) >= lease)
                 {
                     sub.pending.pop_front();
+                }
+                // Leases run from the receive: take more only once all are written.
+                if sub.has_unsent() {
+                    continue;
                 }
                 let room = self.window.saturating_sub(sub.pending.len());
                 if room == 0 {
@@ -264,27 +309,31 @@ impl Conn {
                     .groups
                     .receive(group, consumer, room, None)
                     .await?;
+                if let Some(gap) = got.gap {
+                    self.control.push(gap_frame(id, gap.after, gap.before));
+                }
                 for d in got.deliveries {
-                    let frame = frame_of(&d.json, id);
                     sub.pending.push_back(Pending {
                         seq: d.sequence,
-                        sent: now,
-                        frame: frame.clone(),
+                        sent: None,
+                        frame: frame_of(&d.json, id),
                     });
-                    out.push(frame);
                 }
                 continue;
             }
             if sub
-                .pending
-                .front()
-                .is_some_and(|p| now.duration_since(p.sent) >= self.ack_timeout)
+                .redelivery_due(self.ack_timeout)
+                .is_some_and(|due| now >= due)
             {
+                // Nothing acknowledged for a whole timeout: go back to the oldest.
                 for p in &mut sub.pending {
-                    p.sent = now;
-                    out.push(p.frame.clone());
+                    p.sent = None;
                 }
                 metrics::add(&core.metrics().ws_redelivered, sub.pending.len() as u64);
+            }
+            if sub.cursor + 1 < front {
+                self.control.push(gap_frame(id, sub.cursor, front));
+                sub.cursor = front - 1;
             }
             let room = self.window.saturating_sub(sub.pending.len());
             if room == 0 {
@@ -294,7 +343,7 @@ impl Conn {
                 }
                 continue;
             }
-            let mut fresh = Vec::new();
+            let pending = &mut sub.pending;
             sub.cursor = core.read_json(
                 sub.cursor,
                 room,
@@ -303,20 +352,37 @@ impl Conn {
                 |seq, r: &RecordRef<'_>| {
                     let mut json = Vec::with_capacity(r.body.len() + 24);
                     r.write_json(seq, &mut json);
-                    fresh.push((seq, frame_of(&json, id)));
+                    pending.push_back(Pending {
+                        seq,
+                        sent: None,
+                        frame: frame_of(&json, id),
+                    });
                 },
             )?;
-            for (seq, frame) in fresh {
-                sub.pending.push_back(Pending {
-                    seq,
-                    sent: now,
-                    frame: frame.clone(),
-                });
-                out.push(frame);
+        }
+        Ok(())
+    }
+
+    /// Writes queued frames in order, each stamped once the socket has taken it.
+    /// Returns false when the connection is gone.
+    async fn write(&mut self, socket: &mut WebSocket) -> bool {
+        for f in self.control.drain(..) {
+            if socket.send(Message::Text(f)).await.is_err() {
+                return false;
             }
         }
-        metrics::add(&core.metrics().ws_events, out.len() as u64);
-        Ok(out)
+        let mut n = 0;
+        for sub in self.subs.values_mut() {
+            for p in sub.pending.iter_mut().filter(|p| p.sent.is_none()) {
+                if socket.send(Message::Text(p.frame.clone())).await.is_err() {
+                    return false;
+                }
+                p.sent = Some(Instant::now());
+                n += 1;
+            }
+        }
+        metrics::add(&self.s.cf().core.metrics().ws_events, n);
+        true
     }
 
     /// When something may become sendable without a new event: a redelivery, a
@@ -332,14 +398,14 @@ impl Conn {
                     let now_ms = record::unix_ms(SystemTime::now());
                     at(now + Duration::from_millis(due.saturating_sub(now_ms)));
                 }
-                if let Some(p) = sub.pending.front()
+                if let Some(sent) = sub.pending.front().and_then(|p| p.sent)
                     && let Ok(i) = self.s.cf().groups.info(group)
                 {
-                    at(p.sent + Duration::from_millis(i.spec.visibility_timeout_ms));
+                    at(sent + Duration::from_millis(i.spec.visibility_timeout_ms));
                 }
             } else {
-                if let Some(p) = sub.pending.front() {
-                    at(p.sent + self.ack_timeout);
+                if let Some(due) = sub.redelivery_due(self.ack_timeout) {
+                    at(due);
                 }
                 if sub.cursor < latest && sub.pending.len() < self.window {
                     at(now);
@@ -362,20 +428,15 @@ async fn run(mut socket: WebSocket, s: AppState) {
         ack_timeout: Duration::from_millis(s.config().ws_ack_timeout_ms),
         s,
         subs: BTreeMap::new(),
+        control: Vec::new(),
     };
-    'conn: loop {
-        match conn.outgoing().await {
-            Ok(frames) => {
-                for f in frames {
-                    if socket.send(Message::Text(f.into())).await.is_err() {
-                        break 'conn;
-                    }
-                }
-            }
-            Err(e) => {
-                let _ = socket.send(error_frame(e)).await;
-                break;
-            }
+    loop {
+        if let Err(e) = conn.pull().await {
+            let _ = socket.send(error_frame(e)).await;
+            break;
+        }
+        if !conn.write(&mut socket).await {
+            break;
         }
         let wake = conn.next_wake();
         let seen = *latest.borrow_and_update();

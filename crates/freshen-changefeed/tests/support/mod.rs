@@ -252,7 +252,15 @@ pub fn sequences(page: &serde_json::Value) -> Vec<u64> {
 pub enum Sse {
     Retry(u64),
     Comment(String),
-    Event { id: Option<u64>, data: String },
+    Event {
+        id: Option<u64>,
+        data: String,
+    },
+    /// An event with an `event:` name (`gap`).
+    Named {
+        event: String,
+        data: String,
+    },
 }
 
 /// Reads a Server-Sent Events response as it arrives.
@@ -315,6 +323,15 @@ impl SseReader {
         }
     }
 
+    /// The next named event (skipping everything else), within `wait`.
+    pub async fn next_named(&mut self, wait: Duration) -> Option<(String, serde_json::Value)> {
+        loop {
+            if let Sse::Named { event, data } = self.next(wait).await? {
+                return Some((event, serde_json::from_str(&data).expect("event JSON")));
+            }
+        }
+    }
+
     /// The next event (skipping comments and `retry:`), within `wait`.
     pub async fn next_event(&mut self, wait: Duration) -> Option<(u64, serde_json::Value)> {
         loop {
@@ -338,12 +355,57 @@ fn parse_block(block: &str) -> Sse {
     }
     let mut id = None;
     let mut data = String::new();
+    let mut event = None;
     for line in block.lines() {
-        if let Some(v) = line.strip_prefix("id:") {
+        if let Some(v) = line.strip_prefix("event:") {
+            event = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("id:") {
             id = Some(v.trim().parse().expect("id is a sequence"));
         } else if let Some(v) = line.strip_prefix("data:") {
             data.push_str(v.trim_start());
         }
     }
-    Sse::Event { id, data }
+    match event {
+        Some(event) => Sse::Named { event, data },
+        None => Sse::Event { id, data },
+    }
+}
+
+/// Applies the whole log by key, as an event-sourcing client does: a PUT sets the
+/// key's row (its `value`), a DELETE removes the key, a TRUNCATE every key of its
+/// table. Returns the rows by key, and the events read.
+pub fn replay_by_key(
+    cf: &Changefeed,
+) -> (
+    std::collections::BTreeMap<String, serde_json::Value>,
+    Vec<serde_json::Value>,
+) {
+    let mut state = std::collections::BTreeMap::new();
+    let mut events = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = cf
+            .read(after, 1000, &freshen_changefeed::Filter::default())
+            .unwrap();
+        let Some(last) = page.last() else {
+            return (state, events);
+        };
+        after = last.sequence;
+        for e in page {
+            let j: serde_json::Value = serde_json::from_str(&e.json).unwrap();
+            let key = j["key"].as_str().unwrap().to_owned();
+            match (j["type"].as_str().unwrap(), j["op"].as_str().unwrap()) {
+                ("PUT", _) => {
+                    let row = serde_json::from_str(j["value"].as_str().unwrap()).unwrap();
+                    state.insert(key, row);
+                }
+                ("DELETE", "truncate") => state.retain(|k: &String, _| !k.starts_with(&key)),
+                ("DELETE", _) => {
+                    state.remove(&key);
+                }
+                other => panic!("unexpected event type {other:?}"),
+            }
+            events.push(j);
+        }
+    }
 }

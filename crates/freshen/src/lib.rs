@@ -69,6 +69,30 @@
 //! # });
 //! ```
 //!
+//! # The shape of a source
+//!
+//! Every source crate (`freshen-postgres`, `freshen-kafka`, `freshen-pulsar`, and the
+//! ones to come) has the same parts, so that a reader of one can read them all and a
+//! program plugs any of them in the same way:
+//!
+//! - **A config type owned by the crate**: serde, unknown keys rejected, every field
+//!   documented, and a `problems()` that lists every mistake at once. Secrets are never
+//!   printed: `Debug` and errors show them through [`redact_url`].
+//! - **A constructor** that validates the config, sets up what the source needs
+//!   upstream (a slot, a subscription), and returns the [`Source`]: batches of
+//!   [`RowEvent`]s, each batch with one [`Ack`], never a whole transaction buffered.
+//!   [`Source::capabilities`] says honestly what it guarantees.
+//! - **A handle implementing [`SourceProbe`]**: [`SourceHealth`] (streaming, positions,
+//!   lag, last error, setup problems) without I/O, and a periodic `sample` for what must
+//!   be asked of the server.
+//! - **One error type** whose `retry()` gives a [`Retry`] read from codes (SQLSTATE,
+//!   error numbers, broker codes), never from message text; a rebuild helper overrides
+//!   [`Rebuild::classify`] with it, so an outage is never blamed on a key.
+//! - **Check hooks**: functions the binary's `check` calls to verify the upstream
+//!   setup, each finding with its fix.
+//! - **Test support** in `freshen-testenv` (a throwaway real server, the refresher
+//!   running on a task, polling with deadlines), never a mock.
+//!
 //! # Dependencies
 //!
 //! This crate depends on tokio only; it never learns about a database. No features.

@@ -80,14 +80,42 @@ impl ChangefeedConfig {
         if self.commit_delay_ms > 1000 {
             p.push("changefeed.commit_delay_ms: at most 1000".to_owned());
         }
-        if self.retention.interval_secs == 0 {
-            p.push("changefeed.retention.interval_secs: must be at least 1".to_owned());
+        if self.max_commit_events > limits::MAX_COMMIT_EVENTS {
+            p.push(format!(
+                "changefeed.max_commit_events: at most {}",
+                limits::MAX_COMMIT_EVENTS
+            ));
+        }
+        if !(1..=limits::DAY_SECS).contains(&self.retention.interval_secs) {
+            p.push(format!(
+                "changefeed.retention.interval_secs: between 1 and {} (a day)",
+                limits::DAY_SECS
+            ));
+        }
+        if self
+            .retention
+            .max_age_secs
+            .is_some_and(|a| !(1..=limits::MAX_AGE_SECS).contains(&a))
+        {
+            p.push(format!(
+                "changefeed.retention.max_age_secs: between 1 and {} (100 years)",
+                limits::MAX_AGE_SECS
+            ));
+        }
+        if self.retention.max_events == Some(0) || self.retention.max_bytes == Some(0) {
+            p.push(
+                "changefeed.retention.max_events and max_bytes: at least 1 (leave them out for no limit)"
+                    .to_owned(),
+            );
         }
         if self.groups.max_deliveries == 0 {
             p.push("changefeed.groups.max_deliveries: must be at least 1".to_owned());
         }
-        if self.groups.visibility_timeout_ms == 0 {
-            p.push("changefeed.groups.visibility_timeout_ms: must be at least 1".to_owned());
+        if !(1..=limits::MAX_VISIBILITY_MS).contains(&self.groups.visibility_timeout_ms) {
+            p.push(format!(
+                "changefeed.groups.visibility_timeout_ms: between 1 and {} (12 hours)",
+                limits::MAX_VISIBILITY_MS
+            ));
         }
         self.http.problems(&mut p);
         p
@@ -303,25 +331,61 @@ impl HttpConfig {
         if self.default_limit > self.max_limit {
             p.push("changefeed.http.default_limit: must not exceed max_limit".to_owned());
         }
+        if self.max_limit > limits::MAX_EVENTS_PER_RESPONSE {
+            p.push(format!(
+                "changefeed.http.max_limit: at most {}",
+                limits::MAX_EVENTS_PER_RESPONSE
+            ));
+        }
         if self.max_long_poll_ms > 60_000 {
             p.push("changefeed.http.max_long_poll_ms: at most 60000".to_owned());
         }
-        if self.heartbeat_ms < 100 {
-            p.push("changefeed.http.heartbeat_ms: at least 100".to_owned());
+        // The same bounds the stream endpoint applies to its query parameters.
+        if !(100..=300_000).contains(&self.heartbeat_ms) {
+            p.push("changefeed.http.heartbeat_ms: between 100 and 300000".to_owned());
         }
-        if self.retry_ms < 100 {
-            p.push("changefeed.http.retry_ms: at least 100".to_owned());
+        if !(100..=120_000).contains(&self.retry_ms) {
+            p.push("changefeed.http.retry_ms: between 100 and 120000".to_owned());
         }
-        if self.max_events_per_frame == 0 {
-            p.push("changefeed.http.max_events_per_frame: must be at least 1".to_owned());
+        if !(1..=limits::MAX_EVENTS_PER_RESPONSE).contains(&self.max_events_per_frame) {
+            p.push(format!(
+                "changefeed.http.max_events_per_frame: between 1 and {}",
+                limits::MAX_EVENTS_PER_RESPONSE
+            ));
         }
-        if self.ws_pending_window == 0 {
-            p.push("changefeed.http.ws_pending_window: must be at least 1".to_owned());
+        if !(1..=limits::MAX_EVENTS_PER_RESPONSE).contains(&self.ws_pending_window) {
+            p.push(format!(
+                "changefeed.http.ws_pending_window: between 1 and {}",
+                limits::MAX_EVENTS_PER_RESPONSE
+            ));
         }
-        if self.ws_ack_timeout_ms == 0 {
-            p.push("changefeed.http.ws_ack_timeout_ms: must be at least 1".to_owned());
+        if !(1..=limits::HOUR_MS).contains(&self.ws_ack_timeout_ms) {
+            p.push(format!(
+                "changefeed.http.ws_ack_timeout_ms: between 1 and {} (an hour)",
+                limits::HOUR_MS
+            ));
+        }
+        for problem in self.server.problems() {
+            p.push(format!("changefeed.http.{problem}"));
         }
     }
+}
+
+/// Upper bounds: each far above any sensible setting and far below where arithmetic on
+/// times and sizes overflows, so that a typo is an error with a line, not a panic later.
+pub(crate) mod limits {
+    /// A day, in seconds: the longest pause between retention passes.
+    pub(crate) const DAY_SECS: u64 = 86_400;
+    /// 100 years, in seconds: the longest retention by age.
+    pub(crate) const MAX_AGE_SECS: u64 = 100 * 365 * DAY_SECS;
+    /// 12 hours, in ms: the longest lease (SQS's limit too); longer hides a dead consumer.
+    pub(crate) const MAX_VISIBILITY_MS: u64 = 12 * 3_600_000;
+    /// An hour, in ms.
+    pub(crate) const HOUR_MS: u64 = 3_600_000;
+    /// Events in one response, frame or window: responses are built in memory.
+    pub(crate) const MAX_EVENTS_PER_RESPONSE: usize = 1_000_000;
+    /// Events in one group commit (a commit is one store transaction held in memory).
+    pub(crate) const MAX_COMMIT_EVENTS: usize = 10_000_000;
 }
 
 mod defaults {

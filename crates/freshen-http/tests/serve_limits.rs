@@ -35,7 +35,8 @@ impl Captured {
     }
 }
 
-/// The tests that count this process's descriptors run one at a time.
+/// The tests of this file run one at a time: two of them count this process's
+/// descriptors, which every test's sockets and runtime change.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn capture_logs() -> Captured {
@@ -143,6 +144,7 @@ async fn connections_over_the_limit_wait_and_the_server_says_so_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_handlers_time_out_and_streams_do_not() {
+    let _serial = SERIAL.lock().await;
     let mut settings = Settings::new("test");
     settings.request_timeout = Some(Duration::from_secs(1));
     let server = Server::start(router(), settings).await;

@@ -12,6 +12,10 @@
 //! [changefeed.http]
 //! listen = "127.0.0.1:8089"
 //! cors_allow_origins = ["https://app.example.com"]
+//! allowed_hosts = ["feed.internal"]   # besides localhost and IP addresses
+//! header_timeout_ms = 10000
+//! request_timeout_ms = 30000
+//! max_connections = 512
 //!
 //! [[changefeed.http.tokens]]
 //! token_env = "FRESHEN_CHANGEFEED_READ_TOKEN"
@@ -277,6 +281,39 @@ pub struct HttpConfig {
     /// WebSocket: how long an unacknowledged event waits before it is sent again, in ms.
     #[serde(default = "defaults::ws_ack_timeout_ms")]
     pub ws_ack_timeout_ms: u64,
+    /// Host names served besides `localhost` and IP addresses. On a loopback listener
+    /// a request naming any other host is refused (`421`), so that a web page cannot
+    /// reach the API by pointing a name of its own at 127.0.0.1 (DNS rebinding); on
+    /// another listener the list applies only when it is not empty.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// How long a connection may take to send a request's headers, in ms; also how long
+    /// an idle kept-alive connection stays open (default 10000).
+    #[serde(default = "defaults::header_timeout_ms")]
+    pub header_timeout_ms: u64,
+    /// How long a request may take to be answered, in ms (default 30000). Long polls
+    /// and group receives get their own wait on top; streams (SSE, WebSocket) are not
+    /// cut once they have started.
+    #[serde(default = "defaults::request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Most connections served at once (default 512); further ones wait in the listen
+    /// queue.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+}
+
+impl HttpConfig {
+    /// The serving settings these give, for [`freshen_http::serve`].
+    pub(crate) fn serving(&self) -> freshen_http::Settings {
+        let mut s = freshen_http::Settings::new("changefeed");
+        s.allowed_hosts = self.allowed_hosts.clone();
+        s.allowed_origins = self.cors_allow_origins.clone();
+        s.header_timeout = std::time::Duration::from_millis(self.header_timeout_ms);
+        // Applied per route by `app`, where long polls get their wait on top.
+        s.request_timeout = None;
+        s.max_connections = self.max_connections;
+        s
+    }
 }
 
 impl Default for HttpConfig {
@@ -295,6 +332,10 @@ impl Default for HttpConfig {
             max_events_per_frame: defaults::max_events_per_frame(),
             ws_pending_window: defaults::ws_pending_window(),
             ws_ack_timeout_ms: defaults::ws_ack_timeout_ms(),
+            allowed_hosts: Vec::new(),
+            header_timeout_ms: defaults::header_timeout_ms(),
+            request_timeout_ms: defaults::request_timeout_ms(),
+            max_connections: defaults::max_connections(),
         }
     }
 }
@@ -365,8 +406,32 @@ impl HttpConfig {
                 limits::HOUR_MS
             ));
         }
-        for problem in self.server.problems() {
-            p.push(format!("changefeed.http.{problem}"));
+        for h in &self.allowed_hosts {
+            if let Some(why) = freshen_http::host_problem(h) {
+                p.push(format!("changefeed.http.allowed_hosts: {why}"));
+            }
+        }
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        use freshen_http::limits as l;
+        if !(ms(l::MIN_HEADER_TIMEOUT)..=ms(l::MAX_HEADER_TIMEOUT)).contains(&self.header_timeout_ms) {
+            p.push(format!(
+                "changefeed.http.header_timeout_ms: between {} and {}",
+                ms(l::MIN_HEADER_TIMEOUT),
+                ms(l::MAX_HEADER_TIMEOUT)
+            ));
+        }
+        if !(ms(l::MIN_REQUEST_TIMEOUT)..=ms(l::MAX_REQUEST_TIMEOUT)).contains(&self.request_timeout_ms) {
+            p.push(format!(
+                "changefeed.http.request_timeout_ms: between {} and {}",
+                ms(l::MIN_REQUEST_TIMEOUT),
+                ms(l::MAX_REQUEST_TIMEOUT)
+            ));
+        }
+        if !(1..=l::MAX_CONNECTIONS).contains(&self.max_connections) {
+            p.push(format!(
+                "changefeed.http.max_connections: between 1 and {}",
+                l::MAX_CONNECTIONS
+            ));
         }
     }
 }
@@ -430,6 +495,15 @@ mod defaults {
     pub(super) fn ws_ack_timeout_ms() -> u64 {
         30_000
     }
+    pub(super) fn header_timeout_ms() -> u64 {
+        10_000
+    }
+    pub(super) fn request_timeout_ms() -> u64 {
+        30_000
+    }
+    pub(super) fn max_connections() -> usize {
+        512
+    }
 }
 
 #[cfg(test)]
@@ -454,6 +528,45 @@ mod tests {
             !format!("{c:?}").contains("s3cret"),
             "secrets are not printed"
         );
+    }
+
+    #[test]
+    fn huge_values_are_problems_not_panics() {
+        let huge = u64::MAX;
+        let c: ChangefeedConfig = serde_json::from_value(serde_json::json!({
+            "path": "x",
+            "max_commit_events": huge,
+            "retention": {"max_age_secs": huge, "interval_secs": huge},
+            "groups": {"visibility_timeout_ms": huge},
+            "http": {
+                "max_limit": huge, "heartbeat_ms": huge, "retry_ms": huge,
+                "max_events_per_frame": huge, "ws_pending_window": huge,
+                "ws_ack_timeout_ms": huge, "header_timeout_ms": huge,
+                "request_timeout_ms": huge, "max_connections": huge,
+                "allowed_hosts": ["http://x/"]
+            }
+        }))
+        .unwrap();
+        let p = c.problems();
+        for field in [
+            "max_commit_events",
+            "retention.max_age_secs",
+            "retention.interval_secs",
+            "groups.visibility_timeout_ms",
+            "http.max_limit",
+            "http.heartbeat_ms",
+            "http.retry_ms",
+            "http.max_events_per_frame",
+            "http.ws_pending_window",
+            "http.ws_ack_timeout_ms",
+            "http.header_timeout_ms",
+            "http.request_timeout_ms",
+            "http.max_connections",
+            "http.allowed_hosts",
+        ] {
+            let name = format!("changefeed.{field}:");
+            assert!(p.iter().any(|m| m.starts_with(&name)), "{field}: {p:?}");
+        }
     }
 
     #[test]

@@ -413,14 +413,18 @@ impl HttpConfig {
         }
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         use freshen_http::limits as l;
-        if !(ms(l::MIN_HEADER_TIMEOUT)..=ms(l::MAX_HEADER_TIMEOUT)).contains(&self.header_timeout_ms) {
+        if !(ms(l::MIN_HEADER_TIMEOUT)..=ms(l::MAX_HEADER_TIMEOUT))
+            .contains(&self.header_timeout_ms)
+        {
             p.push(format!(
                 "changefeed.http.header_timeout_ms: between {} and {}",
                 ms(l::MIN_HEADER_TIMEOUT),
                 ms(l::MAX_HEADER_TIMEOUT)
             ));
         }
-        if !(ms(l::MIN_REQUEST_TIMEOUT)..=ms(l::MAX_REQUEST_TIMEOUT)).contains(&self.request_timeout_ms) {
+        if !(ms(l::MIN_REQUEST_TIMEOUT)..=ms(l::MAX_REQUEST_TIMEOUT))
+            .contains(&self.request_timeout_ms)
+        {
             p.push(format!(
                 "changefeed.http.request_timeout_ms: between {} and {}",
                 ms(l::MIN_REQUEST_TIMEOUT),

@@ -378,9 +378,7 @@ impl Groups {
     ) -> Result<(GroupInfo, bool), Error> {
         check_name(name)?;
         let max_visibility = crate::config::limits::MAX_VISIBILITY_MS;
-        if spec.max_deliveries == 0
-            || !(1..=max_visibility).contains(&spec.visibility_timeout_ms)
-        {
+        if spec.max_deliveries == 0 || !(1..=max_visibility).contains(&spec.visibility_timeout_ms) {
             return Err(Error::Invalid(format!(
                 "max_deliveries must be at least 1, visibility_timeout_ms between 1 and {max_visibility}"
             )));

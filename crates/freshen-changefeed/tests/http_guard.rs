@@ -11,7 +11,10 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 
 /// The status of a WebSocket handshake sent with `origin`.
 async fn ws_status(server: &Server, origin: Option<&str>) -> u16 {
-    let mut req = server.ws_url("/v2/cdc/stream").into_client_request().unwrap();
+    let mut req = server
+        .ws_url("/v2/cdc/stream")
+        .into_client_request()
+        .unwrap();
     if let Some(o) = origin {
         req.headers_mut()
             .insert("origin", HeaderValue::from_str(o).unwrap());
@@ -39,7 +42,13 @@ async fn a_forged_host_is_refused_everywhere_admin_included() {
         assert!(body.contains("DNS rebinding"), "{body}");
     }
     let local = format!("localhost:{}", server.addr.port());
-    let (status, _) = send(Method::GET, &server.url("/changefeed"), &[("host", &local)], None).await;
+    let (status, _) = send(
+        Method::GET,
+        &server.url("/changefeed"),
+        &[("host", &local)],
+        None,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     server.stop().await;
 }
@@ -50,7 +59,13 @@ async fn configured_hosts_are_served() {
     let mut c = config(dir.path());
     c.http.allowed_hosts = vec!["feed.internal".into()];
     let server = Server::start(&c).await;
-    let (status, _) = send(Method::GET, &server.url("/healthz"), &[("host", "feed.internal:8089")], None).await;
+    let (status, _) = send(
+        Method::GET,
+        &server.url("/healthz"),
+        &[("host", "feed.internal:8089")],
+        None,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     server.stop().await;
 }
@@ -65,8 +80,16 @@ async fn websocket_upgrades_from_foreign_origins_are_refused() {
     assert_eq!(ws_status(&server, Some("null")).await, 403);
     let own = format!("http://{}", server.addr);
     assert_eq!(ws_status(&server, Some(&own)).await, 101, "same origin");
-    assert_eq!(ws_status(&server, Some("https://app.example.com")).await, 101, "a CORS origin");
-    assert_eq!(ws_status(&server, None).await, 101, "a program sends no Origin");
+    assert_eq!(
+        ws_status(&server, Some("https://app.example.com")).await,
+        101,
+        "a CORS origin"
+    );
+    assert_eq!(
+        ws_status(&server, None).await,
+        101,
+        "a program sends no Origin"
+    );
     server.stop().await;
 }
 
@@ -76,12 +99,30 @@ async fn state_changing_requests_from_foreign_origins_are_refused() {
     let server = Server::start(&config(dir.path())).await;
     let body = serde_json::json!({"name": "g"});
     let foreign = [("origin", "https://evil.example")];
-    let (status, text) = send(Method::POST, &server.url("/changefeed/groups"), &foreign, Some(body.clone())).await;
+    let (status, text) = send(
+        Method::POST,
+        &server.url("/changefeed/groups"),
+        &foreign,
+        Some(body.clone()),
+    )
+    .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{text}");
-    let (status, _) = send(Method::DELETE, &server.url("/changefeed/groups/g"), &foreign, None).await;
+    let (status, _) = send(
+        Method::DELETE,
+        &server.url("/changefeed/groups/g"),
+        &foreign,
+        None,
+    )
+    .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let own = format!("http://{}", server.addr);
-    let (status, text) = send(Method::POST, &server.url("/changefeed/groups"), &[("origin", &own)], Some(body)).await;
+    let (status, text) = send(
+        Method::POST,
+        &server.url("/changefeed/groups"),
+        &[("origin", &own)],
+        Some(body),
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED, "{text}");
     server.stop().await;
 }

@@ -100,9 +100,11 @@ impl From<&ViewStats> for ViewStatus {
 
 /// The current status document.
 pub fn status(o: &dyn Observe) -> Status {
+    let mut source = o.source();
+    source.last_error = source.last_error.map(|e| freshen::redact_text(&e));
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        source: o.source(),
+        source,
         views: o.views().iter().map(ViewStatus::from).collect(),
     }
 }
@@ -125,9 +127,10 @@ async fn healthz(State(o): State<Shared>) -> Response {
     if s.streaming {
         (StatusCode::OK, "ok\n").into_response()
     } else {
-        let why = s
-            .last_error
-            .unwrap_or_else(|| "the source is not streaming yet".into());
+        let why = s.last_error.map_or_else(
+            || "the source is not streaming yet".into(),
+            |e| freshen::redact_text(&e),
+        );
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("unavailable: {why}\n"),
@@ -149,13 +152,14 @@ pub fn app(o: Shared) -> Router {
         .with_state(o)
 }
 
-/// Serves `app` on an already-bound listener until `shutdown` completes.
+/// Serves `app` on an already-bound listener until `shutdown` completes, through
+/// [`freshen_http::serve`]: Host and Origin checks, header and request timeouts, a
+/// connection limit, as `settings` say.
 pub async fn serve(
     listener: TcpListener,
     o: Shared,
+    settings: freshen_http::Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(o))
-        .with_graceful_shutdown(shutdown)
-        .await
+    freshen_http::serve(listener, app(o), settings, shutdown).await
 }

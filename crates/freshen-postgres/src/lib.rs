@@ -84,8 +84,8 @@ pub use admin::{
     connect_pool,
 };
 pub use config::{
-    ConnectionConfig, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition, TableName,
-    quote_ident,
+    ConnectionConfig, MAX_CONNECT_TIMEOUT, MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode,
+    SlotMode, SslMode, StartPosition, TableName, quote_ident,
 };
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;

@@ -97,7 +97,9 @@ pub use fanout::{Branch, fanout};
 pub use histogram::HistogramSnapshot;
 pub use key::{Key, Parts};
 pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
-pub use redact::{MASK, SAFE_PARAMETERS, is_safe_parameter, parameter_name, redact_text, redact_url};
+pub use redact::{
+    MASK, SAFE_PARAMETERS, is_safe_parameter, parameter_name, redact_text, redact_url,
+};
 pub use refresher::{BuildError, Builder, Handle, Refresher, Report, RunError};
 pub use source::{Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError};
 pub use stats::Stats;

@@ -308,9 +308,17 @@ fn redact_word(word: &str) -> String {
 /// A deny-list for free text, where most `a=b` are harmless.
 fn looks_secret(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    ["pass", "pwd", "secret", "token", "key", "auth", "credential"]
-        .iter()
-        .any(|s| n.contains(s))
+    [
+        "pass",
+        "pwd",
+        "secret",
+        "token",
+        "key",
+        "auth",
+        "credential",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
 }
 
 #[cfg(test)]
@@ -350,10 +358,7 @@ mod tests {
             "postgres://app@db/app?PASSWORD=hunter2",
             "postgres://app@db/app?PASSWORD=***",
         ),
-        (
-            "postgres://app@db/app?hunter2",
-            "postgres://app@db/app?***",
-        ),
+        ("postgres://app@db/app?hunter2", "postgres://app@db/app?***"),
         (
             "postgres://app@db/app?hunter2!=x",
             "postgres://app@db/app?***=***",
@@ -385,10 +390,7 @@ mod tests {
         ("host=db hunter2", "host=db ***"),
         ("hunter2", "***"),
         ("", ""),
-        (
-            "pulsar://h:6650?token=hunter2",
-            "pulsar://h:6650?token=***",
-        ),
+        ("pulsar://h:6650?token=hunter2", "pulsar://h:6650?token=***"),
     ];
 
     #[test]
@@ -396,7 +398,10 @@ mod tests {
         for (url, want) in CASES {
             let got = redact_url(url);
             assert_eq!(&got, want, "redacting {url:?}");
-            assert!(!got.contains("hunter2") || want.contains("hunter2"), "{got}");
+            assert!(
+                !got.contains("hunter2") || want.contains("hunter2"),
+                "{got}"
+            );
         }
     }
 

@@ -152,8 +152,7 @@ pub(crate) async fn receive(
         Some(n) => n.min(MAX_RECEIVE),
         None => 1,
     };
-    if b
-        .visibility_timeout_ms
+    if b.visibility_timeout_ms
         .is_some_and(|v| !(1..=MAX_VISIBILITY_MS).contains(&v))
     {
         return Err(ApiError::BadRequest(format!(

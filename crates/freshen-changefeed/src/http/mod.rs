@@ -42,10 +42,10 @@ use axum::Router;
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{delete, get, post};
+use freshen_http::with_request_timeout;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use freshen_http::with_request_timeout;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use self::error::ApiError;
@@ -165,7 +165,8 @@ impl FilterParams {
 /// polls and group receives within that plus their longest wait.
 pub fn app(state: AppState) -> Router {
     let quick = Duration::from_millis(state.inner.config.request_timeout_ms);
-    let waiting = quick + Duration::from_millis(groups::MAX_WAIT_MS.max(state.inner.config.max_long_poll_ms));
+    let waiting =
+        quick + Duration::from_millis(groups::MAX_WAIT_MS.max(state.inner.config.max_long_poll_ms));
     let read_waiting = Router::new()
         .route("/changefeed", get(poll::poll))
         .route("/changefeed/groups/{group}/receive", post(groups::receive));

@@ -11,15 +11,51 @@ use support::*;
 
 /// (what, URL with `{port}` for a port where nothing listens, the secret text).
 const FORMS: &[(&str, &str, &str)] = &[
-    ("userinfo", "postgres://app:SEKRIT1@127.0.0.1:{port}/db", "SEKRIT1"),
-    ("unencoded @", "postgres://app:p@SEKRIT2@127.0.0.1:{port}/db", "SEKRIT2"),
-    ("colon", "postgres://app:a:SEKRIT3@127.0.0.1:{port}/db", "SEKRIT3"),
-    ("slash", "postgres://app:a/SEKRIT4@127.0.0.1:{port}/db", "SEKRIT4"),
-    ("query password", "postgres://app@127.0.0.1:{port}/db?password=SEKRIT5", "SEKRIT5"),
-    ("misspelled passwd", "postgres://app@127.0.0.1:{port}/db?passwd=SEKRIT6", "SEKRIT6"),
-    ("sslpassword", "postgres://app@127.0.0.1:{port}/db?sslpassword=SEKRIT7", "SEKRIT7"),
-    ("pasted into the query", "postgres://app@127.0.0.1:{port}/db?SEKRIT8", "SEKRIT8"),
-    ("libpq key=value, quoted", "host=127.0.0.1 port={port} password='SEKRIT9 x' user=app", "SEKRIT9"),
+    (
+        "userinfo",
+        "postgres://app:SEKRIT1@127.0.0.1:{port}/db",
+        "SEKRIT1",
+    ),
+    (
+        "unencoded @",
+        "postgres://app:p@SEKRIT2@127.0.0.1:{port}/db",
+        "SEKRIT2",
+    ),
+    (
+        "colon",
+        "postgres://app:a:SEKRIT3@127.0.0.1:{port}/db",
+        "SEKRIT3",
+    ),
+    (
+        "slash",
+        "postgres://app:a/SEKRIT4@127.0.0.1:{port}/db",
+        "SEKRIT4",
+    ),
+    (
+        "query password",
+        "postgres://app@127.0.0.1:{port}/db?password=SEKRIT5",
+        "SEKRIT5",
+    ),
+    (
+        "misspelled passwd",
+        "postgres://app@127.0.0.1:{port}/db?passwd=SEKRIT6",
+        "SEKRIT6",
+    ),
+    (
+        "sslpassword",
+        "postgres://app@127.0.0.1:{port}/db?sslpassword=SEKRIT7",
+        "SEKRIT7",
+    ),
+    (
+        "pasted into the query",
+        "postgres://app@127.0.0.1:{port}/db?SEKRIT8",
+        "SEKRIT8",
+    ),
+    (
+        "libpq key=value, quoted",
+        "host=127.0.0.1 port={port} password='SEKRIT9 x' user=app",
+        "SEKRIT9",
+    ),
     ("forgotten host", "postgres://app:SEKRIT10/db", "SEKRIT10"),
 ];
 
@@ -74,7 +110,10 @@ fn run_to_exit(cfg: &std::path::Path) -> (Option<i32>, String) {
         std::thread::sleep(Duration::from_millis(50));
     };
     let out = std::fs::read_to_string(dir.join("run.out")).unwrap_or_default();
-    (status.code(), out + &std::fs::read_to_string(log).unwrap_or_default())
+    (
+        status.code(),
+        out + &std::fs::read_to_string(log).unwrap_or_default(),
+    )
 }
 
 #[test]
@@ -98,7 +137,11 @@ fn no_output_shows_a_password_in_any_form() {
                 "{what}: `{args:?}` finds the database unusable: {}",
                 text(&out)
             );
-            assert!(text(&out).contains("error") || !online, "{what}: {}", text(&out));
+            assert!(
+                text(&out).contains("error") || !online,
+                "{what}: {}",
+                text(&out)
+            );
             outputs.push((format!("{args:?}"), text(&out)));
         }
         let (code, log) = run_to_exit(&cfg);
@@ -136,13 +179,19 @@ async fn a_running_pipeline_never_shows_its_password() {
     for args in [&["check"][..], &["check", "--json"]] {
         let out = freshen().args(args).arg("-c").arg(&cfg).output().unwrap();
         let t = text(&out);
-        assert!(t.contains("postgres@127.0.0.1"), "check names the database: {t}");
+        assert!(
+            t.contains("postgres@127.0.0.1"),
+            "check names the database: {t}"
+        );
         shown.push((format!("{args:?}"), t));
     }
     let mut run = spawn_run(dir.path(), &cfg, 1);
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
     for path in ["/healthz", "/status", "/metrics"] {
-        shown.push((path.into(), wait_http(&base, path, 200, Duration::from_secs(5)).await));
+        shown.push((
+            path.into(),
+            wait_http(&base, path, 200, Duration::from_secs(5)).await,
+        ));
     }
     for args in [&["status", "--url"][..], &["status", "--json", "--url"]] {
         let out = freshen().args(args).arg(&base).output().unwrap();
@@ -155,6 +204,9 @@ async fn a_running_pipeline_never_shows_its_password() {
     assert!(log.contains("running"), "the log is there: {log}");
     shown.push(("run log".into(), log));
     for (output, text) in shown {
-        assert!(!text.contains(SECRET), "`{output}` shows the password:\n{text}");
+        assert!(
+            !text.contains(SECRET),
+            "`{output}` shows the password:\n{text}"
+        );
     }
 }

@@ -234,9 +234,15 @@ fn invalid_toml_points_at_the_line() {
 
 #[test]
 fn dollar_escapes_and_literal_text_survive_expansion() {
-    let src = GOOD.replace("${TARGET_URL}", "postgres://u:pa$$word@h/db?application_name=$y");
+    let src = GOOD.replace(
+        "${TARGET_URL}",
+        "postgres://u:pa$$word@h/db?application_name=$y",
+    );
     let c = parse(&src, "f.toml", &env).unwrap();
-    assert_eq!(c.target.url.expose(), "postgres://u:pa$word@h/db?application_name=$y");
+    assert_eq!(
+        c.target.url.expose(),
+        "postgres://u:pa$word@h/db?application_name=$y"
+    );
 }
 
 #[test]
@@ -444,7 +450,11 @@ delivery_timeout_ms = 4294967295
         "f.toml:10: in `source`: session_timeout_ms must be between 1000 and 3600000",
         "f.toml:19: in `sinks[0]`: delivery_timeout_ms must be between 1 and 2147483647",
     ] {
-        assert!(p.iter().any(|l| l.starts_with(w)), "missing {w:?} in\n{}", p.join("\n"));
+        assert!(
+            p.iter().any(|l| l.starts_with(w)),
+            "missing {w:?} in\n{}",
+            p.join("\n")
+        );
     }
     let pulsar = r#"
 [source]
@@ -463,6 +473,10 @@ path = "/tmp/f.redb"
         "f.toml:7: in `source`: batch_linger_ms must be at most 60000",
         "f.toml:8: in `source`: receiver_queue must be between 2 and 1000000",
     ] {
-        assert!(p.iter().any(|l| l.starts_with(w)), "missing {w:?} in\n{}", p.join("\n"));
+        assert!(
+            p.iter().any(|l| l.starts_with(w)),
+            "missing {w:?} in\n{}",
+            p.join("\n")
+        );
     }
 }

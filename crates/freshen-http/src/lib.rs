@@ -24,7 +24,8 @@
 //!   bodies (Server-Sent Events) and upgraded WebSockets are not cut, since their
 //!   handlers return at once.
 //! - **Connection limit**: at most [`Settings::max_connections`] connections are served
-//!   at once. Beyond it the server stops accepting, so further connections wait in the
+//!   at once (an upgraded WebSocket counts until it closes). Beyond it the server stops
+//!   accepting, so further connections wait in the
 //!   kernel's listen queue and hold no descriptor of this process; one warning says so
 //!   (at most once a minute).
 //!

@@ -143,6 +143,48 @@ async fn connections_over_the_limit_wait_and_the_server_says_so_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_websocket_still_counts_against_the_limit() {
+    let _serial = SERIAL.lock().await;
+    let mut settings = Settings::new("limited");
+    settings.max_connections = 2;
+    let server = Server::start(router(), settings).await;
+    let a = server.addr;
+    let mut sockets = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(a).await.unwrap();
+        s.write_all(
+            ws_req(&a.to_string(), None)
+                .replace("/ws ", "/ws-hold ")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut head = [0u8; 12];
+        tokio::time::timeout(PATIENCE, s.read_exact(&mut head))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&head, b"HTTP/1.1 101");
+        sockets.push(s);
+    }
+    let mut extra = TcpStream::connect(a).await.unwrap();
+    extra
+        .write_all(get_req("/hello", "127.0.0.1", "").as_bytes())
+        .await
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(300), extra.read(&mut [0u8; 64])).await;
+    assert!(waited.is_err(), "two open WebSockets hold the limit of two");
+    drop(sockets.pop());
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, extra.read_to_end(&mut out))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_handlers_time_out_and_streams_do_not() {
     let _serial = SERIAL.lock().await;
     let mut settings = Settings::new("test");

@@ -61,6 +61,12 @@ pub fn router() -> Router {
             get(|ws: WebSocketUpgrade| async move { ws.on_upgrade(|_socket| async {}) }),
         )
         .route(
+            "/ws-hold",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move { while socket.recv().await.is_some() {} })
+            }),
+        )
+        .route(
             "/stuck",
             get(|| async {
                 std::future::pending::<()>().await;

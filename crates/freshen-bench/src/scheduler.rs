@@ -38,7 +38,7 @@ fn drain_heap(keys: &[Key]) -> Duration {
     }
     let due = t0 + CO;
     while let Some(r) = set.pop_ready(due) {
-        set.complete(&r.key, true, due);
+        set.complete(&r.key, freshen::Outcome::Rebuilt, due);
     }
     assert!(set.is_idle());
     start.elapsed()
@@ -76,7 +76,7 @@ fn staggered_heap(keys: &[Key]) -> Duration {
     }
     let mut n = 0;
     while let Some(r) = set.pop_ready(t0 + CO) {
-        set.complete(&r.key, true, t0 + CO);
+        set.complete(&r.key, freshen::Outcome::Rebuilt, t0 + CO);
         n += 1;
     }
     assert_eq!(n, ready.len());

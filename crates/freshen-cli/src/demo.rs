@@ -107,17 +107,8 @@ const VERIFY: [(&str, &str, &str); 2] = [
     ),
 ];
 
-/// A small deterministic generator: the demo needs variety, not cryptography.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+/// The demo needs variety, not cryptography: the workspace's one generator.
+use freshen::Jitter as Rng;
 
 fn device(r: &mut Rng) -> String {
     format!("dev-{:03}", r.below(DEVICES))
@@ -203,7 +194,7 @@ async fn writer(
     txns: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
     let mut c = connect(&url).await?;
-    let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut r = Rng::new(seed);
     while !stop.load(Relaxed) {
         match transaction(&mut c, &mut r).await {
             Ok(()) => {

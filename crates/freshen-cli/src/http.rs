@@ -66,6 +66,46 @@ pub struct ViewStatus {
     pub freshness_p99_ms: Option<f64>,
     /// Seconds since the last rebuild.
     pub last_rebuild_age_s: Option<f64>,
+    /// Failed rebuilds that were not the key's fault (outages, timeouts).
+    #[serde(default)]
+    pub path_failures: u64,
+    /// Seconds since rebuilds started failing for a reason that is not the key's.
+    #[serde(default)]
+    pub stalled_for_s: Option<f64>,
+    /// The stall's last error.
+    #[serde(default)]
+    pub stall_error: Option<String>,
+    /// The last rebuild failure of any kind.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Quarantined keys holding their transactions unconfirmed.
+    #[serde(default)]
+    pub poisoned_holding: u64,
+    /// Quarantined keys whose transactions were confirmed without a rebuild.
+    #[serde(default)]
+    pub quarantine_releases: u64,
+    /// The quarantined keys (the first few).
+    #[serde(default)]
+    pub quarantined: Vec<QuarantinedKey>,
+}
+
+/// A quarantined key in `/status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QuarantinedKey {
+    /// The key as text (composite keys as `(a, b)`).
+    pub key: String,
+    /// Seconds since it was quarantined.
+    pub since_s: f64,
+    /// The last error.
+    pub error: String,
+    /// Whether it holds its transactions unconfirmed.
+    pub holding: bool,
+}
+
+/// Seconds since `t`.
+fn age(t: Option<SystemTime>) -> Option<f64> {
+    t.and_then(|t| SystemTime::now().duration_since(t).ok())
+        .map(|d| d.as_secs_f64())
 }
 
 fn ms(d: Option<Duration>) -> Option<f64> {
@@ -90,10 +130,23 @@ impl From<&ViewStats> for ViewStatus {
             unacked_batches: s.unacked_batches,
             freshness_p50_ms: ms(s.freshness.p50()),
             freshness_p99_ms: ms(s.freshness.p99()),
-            last_rebuild_age_s: s
-                .last_rebuild
-                .and_then(|t| SystemTime::now().duration_since(t).ok())
-                .map(|d| d.as_secs_f64()),
+            last_rebuild_age_s: age(s.last_rebuild),
+            path_failures: s.path_failures,
+            stalled_for_s: age(s.stalled_since),
+            stall_error: s.stall.as_ref().map(|(_, e)| freshen::redact_text(e)),
+            last_error: s.last_error.as_deref().map(freshen::redact_text),
+            poisoned_holding: s.poisoned_holding,
+            quarantine_releases: s.quarantine_releases,
+            quarantined: v
+                .quarantined
+                .iter()
+                .map(|q| QuarantinedKey {
+                    key: q.key.to_string(),
+                    since_s: age(Some(q.since)).unwrap_or(0.0),
+                    error: freshen::redact_text(&q.error),
+                    holding: q.holding,
+                })
+                .collect(),
         }
     }
 }
@@ -122,20 +175,38 @@ async fn metrics(State(o): State<Shared>) -> Response {
         .into_response()
 }
 
-async fn healthz(State(o): State<Shared>) -> Response {
+/// Why the pipeline is unhealthy, one line each; empty when it is healthy.
+pub fn problems(o: &dyn Observe) -> Vec<String> {
     let s = o.source();
-    if s.streaming {
+    let mut out = Vec::new();
+    if !s.streaming {
+        out.push(format!(
+            "source: {}",
+            s.last_error
+                .as_deref()
+                .unwrap_or("the source is not streaming yet")
+        ));
+    }
+    out.extend(s.problems.iter().map(|p| format!("source: {p}")));
+    for v in o.views() {
+        out.extend(v.problems());
+    }
+    // Errors from libraries may quote what they were given: no secrets.
+    out.iter().map(|p| freshen::redact_text(p)).collect()
+}
+
+async fn healthz(State(o): State<Shared>) -> Response {
+    let problems = problems(&*o);
+    if problems.is_empty() {
         (StatusCode::OK, "ok\n").into_response()
     } else {
-        let why = s.last_error.map_or_else(
-            || "the source is not streaming yet".into(),
-            |e| freshen::redact_text(&e),
-        );
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("unavailable: {why}\n"),
-        )
-            .into_response()
+        let mut body = String::from("unavailable:\n");
+        for p in problems {
+            body.push_str("  ");
+            body.push_str(&p);
+            body.push('\n');
+        }
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
     }
 }
 

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use freshen_cli::args::{Args, Command};
 use freshen_cli::config::{self, LogFormat};
+use freshen_cli::http::Observe as _;
 use freshen_cli::{check, demo, drop, http, logging, pipeline, status};
 
 async fn shutdown_signal() {
@@ -49,6 +50,7 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
+    let observer = p.observer();
     let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
     tracing::info!(views = ?views, "running");
     let result = p.run(shutdown_signal()).await;
@@ -57,7 +59,15 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         let _ = s.await;
     }
     result?;
-    tracing::info!("stopped cleanly");
+    let abandoned: u64 = observer.views().iter().map(|v| v.stats.abandoned).sum();
+    if abandoned == 0 {
+        tracing::info!("stopped cleanly");
+    } else {
+        tracing::warn!(
+            abandoned,
+            "stopped: rebuilds still running after the shutdown grace were cancelled; their changes stay unconfirmed and are replayed after a restart"
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

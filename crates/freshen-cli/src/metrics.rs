@@ -15,8 +15,17 @@ pub mod names {
     pub const SKIPPED: &str = "freshen_events_skipped_total";
     /// Keys marked dirty, per view.
     pub const KEYS_MARKED: &str = "freshen_keys_marked_total";
-    /// Marks ignored because the key is quarantined, per view.
-    pub const KEYS_IGNORED: &str = "freshen_keys_ignored_total";
+    /// Quarantined keys whose held transactions were confirmed without a successful
+    /// rebuild (the one exception to after-rebuild acks), per view.
+    pub const QUARANTINE_RELEASES: &str = "freshen_quarantine_releases_total";
+    /// Failed rebuilds that were not the key's fault (an outage, a timeout), per view.
+    pub const PATH_FAILURES: &str = "freshen_rebuild_path_failures_total";
+    /// Rebuilds abandoned (cancelled) at shutdown, per view.
+    pub const ABANDONED: &str = "freshen_rebuilds_abandoned_total";
+    /// 1 while a view's rebuilds fail for a reason that is not the key's, per view.
+    pub const STALLED: &str = "freshen_view_stalled";
+    /// Quarantined keys holding their transactions unconfirmed, per view.
+    pub const POISONED_HOLDING: &str = "freshen_poisoned_keys_holding";
     /// Changes of a watched table that carried no value for the view's key columns
     /// (typically a DELETE under the default replica identity), per view.
     pub const UNSCOPED: &str = "freshen_events_unscoped_total";
@@ -86,6 +95,10 @@ pub struct SourceStatus {
     pub events: u64,
     /// The last error, if any.
     pub last_error: Option<String>,
+    /// What is wrong with the source's setup now (e.g. a watched table dropped from the
+    /// publication while running); any entry makes `/healthz` unhealthy.
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 /// One view's name and its refresher's stats.
@@ -97,6 +110,48 @@ pub struct ViewStats {
     pub stats: Stats,
     /// Changes that could not be scoped (see [`names::UNSCOPED`]).
     pub unscoped: u64,
+    /// Quarantined keys (at most [`QUARANTINE_SHOWN`]).
+    pub quarantined: Vec<freshen::Quarantined>,
+}
+
+/// How many quarantined keys a view shows in `/status` and `/healthz`.
+pub const QUARANTINE_SHOWN: usize = 20;
+
+impl ViewStats {
+    /// Why this view is unhealthy, if it is: rebuilds stalled by an outage, or keys
+    /// quarantined while holding their transactions unconfirmed.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let (Some(since), Some((retry, error))) = (self.stats.stalled_since, &self.stats.stall) {
+            let age = SystemTime::now().duration_since(since).unwrap_or_default();
+            let what = match retry {
+                freshen::Retry::Fix => "rebuilds fail until something is fixed",
+                _ => "rebuilds cannot reach the database",
+            };
+            out.push(format!(
+                "view {}: {what} (for {:.0}s; no key is quarantined meanwhile): {error}",
+                self.name,
+                age.as_secs_f64()
+            ));
+        }
+        for q in self.quarantined.iter().filter(|q| q.holding) {
+            out.push(format!(
+                "view {}: key {} is quarantined and holds its transactions unconfirmed (WAL is retained until it rebuilds): {}",
+                self.name,
+                q.key.quoted(),
+                q.error
+            ));
+        }
+        let shown = self.quarantined.iter().filter(|q| q.holding).count() as u64;
+        if self.stats.poisoned_holding > shown {
+            out.push(format!(
+                "view {}: {} more quarantined keys hold their transactions unconfirmed",
+                self.name,
+                self.stats.poisoned_holding - shown
+            ));
+        }
+        out
+    }
 }
 
 fn unix(t: Option<SystemTime>) -> f64 {
@@ -145,10 +200,34 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         v.stats.keys_marked as f64
     }),
     (
-        names::KEYS_IGNORED,
+        names::QUARANTINE_RELEASES,
         "counter",
-        "Marks ignored for quarantined keys.",
-        |v| v.stats.keys_ignored as f64,
+        "Quarantined keys whose transactions were confirmed without a rebuild.",
+        |v| v.stats.quarantine_releases as f64,
+    ),
+    (
+        names::PATH_FAILURES,
+        "counter",
+        "Failed rebuilds that were not the key's fault.",
+        |v| v.stats.path_failures as f64,
+    ),
+    (
+        names::ABANDONED,
+        "counter",
+        "Rebuilds abandoned at shutdown.",
+        |v| v.stats.abandoned as f64,
+    ),
+    (
+        names::STALLED,
+        "gauge",
+        "1 while rebuilds fail for a reason that is not the key's.",
+        |v| f64::from(u8::from(v.stats.stalled_since.is_some())),
+    ),
+    (
+        names::POISONED_HOLDING,
+        "gauge",
+        "Quarantined keys holding their transactions unconfirmed.",
+        |v| v.stats.poisoned_holding as f64,
     ),
     (
         names::REBUILD_CALLS,
@@ -336,6 +415,7 @@ mod tests {
                 name: "device\"totals".into(),
                 stats,
                 unscoped: 2,
+                quarantined: Vec::new(),
             }],
             &SourceStatus {
                 kind: "postgres".into(),

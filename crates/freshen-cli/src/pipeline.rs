@@ -3,17 +3,17 @@
 //! endpoints report.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use freshen::{Backoff, Branch, Refresher, Report, fanout};
+use freshen::{Backoff, Branch, Refresher, Report, SourceProbe, fanout};
 use freshen_changefeed::{AppState, Changefeed};
-use freshen_kafka::{KafkaSink, KafkaSource, SourceStatsHandle};
+use freshen_kafka::{KafkaSink, KafkaSource};
 use freshen_postgres::{
     ConnectionConfig, PgAdmin, PgHandle, PgSource, Pool, PublicationMode as PgPublicationMode,
-    SlotInfo, SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild,
+    SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild, Visibility,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -32,13 +32,6 @@ struct ViewRun {
     name: String,
     refresher: Refresher,
     scope: Arc<ViewScope>,
-}
-
-/// What the source says about itself.
-enum Probe {
-    Postgres(PgHandle),
-    Kafka(SourceStatsHandle),
-    Pulsar(freshen_pulsar::SourceStatsHandle),
 }
 
 /// A started pipeline: the source is connected (slot and publication exist), statements
@@ -66,9 +59,10 @@ impl std::fmt::Debug for Pipeline {
 /// The views' handles and the source's health, for `/metrics`, `/status` and the demo.
 pub struct Observer {
     views: Vec<(String, freshen::Handle, Arc<ViewScope>)>,
-    source: Probe,
+    source: Arc<dyn SourceProbe>,
+    /// The PostgreSQL source's own handle, for what only it has (the demo's lag).
+    postgres: Option<PgHandle>,
     running: AtomicBool,
-    lag: Mutex<Option<Result<SlotInfo, String>>>,
 }
 
 impl std::fmt::Debug for Observer {
@@ -80,17 +74,7 @@ impl std::fmt::Debug for Observer {
 impl Observer {
     /// The PostgreSQL source's handle (health, lag), when the source is PostgreSQL.
     pub fn postgres(&self) -> Option<&PgHandle> {
-        match &self.source {
-            Probe::Postgres(h) => Some(h),
-            Probe::Kafka(_) | Probe::Pulsar(_) => None,
-        }
-    }
-
-    async fn sample_lag(&self) {
-        if let Probe::Postgres(h) = &self.source {
-            let sample = h.lag().await.map_err(|e| e.to_string());
-            *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample);
-        }
+        self.postgres.as_ref()
     }
 }
 
@@ -102,56 +86,47 @@ impl Observe for Observer {
                 name: name.clone(),
                 stats: h.stats(),
                 unscoped: scope.unscoped(),
+                quarantined: h
+                    .quarantined()
+                    .into_iter()
+                    .take(crate::metrics::QUARANTINE_SHOWN)
+                    .collect(),
             })
             .collect()
     }
 
     fn source(&self) -> SourceStatus {
-        match &self.source {
-            Probe::Postgres(handle) => {
-                let h = handle.health();
-                let lag = self.lag.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let (lag_bytes, slot_status, lag_error) = match lag {
-                    Some(Ok(info)) => (info.lag_bytes, info.wal_status, None),
-                    Some(Err(e)) => (None, None, Some(e)),
-                    None => (None, None, None),
-                };
-                SourceStatus {
-                    kind: "postgres".into(),
-                    streaming: h.streaming,
-                    received_lsn: Some(h.received_lsn.0),
-                    confirmed_lsn: Some(h.confirmed_lsn.0),
-                    server_lsn: Some(h.server_lsn.0),
-                    lag_bytes,
-                    slot_status,
-                    reconnects: h.reconnects,
-                    events: h.events,
-                    last_error: h.last_error.or(lag_error),
-                }
-            }
-            Probe::Kafka(handle) => {
-                let s = handle.stats();
-                SourceStatus {
-                    kind: "kafka".into(),
-                    streaming: self.running.load(Ordering::Relaxed),
-                    events: s.events,
-                    reconnects: s.rebalances,
-                    last_error: s.last_error,
-                    ..SourceStatus::default()
-                }
-            }
-            Probe::Pulsar(handle) => {
-                let s = handle.stats();
-                SourceStatus {
-                    kind: "pulsar".into(),
-                    // A failover standby is healthy but not streaming.
-                    streaming: self.running.load(Ordering::Relaxed) && s.active != Some(false),
-                    events: s.events,
-                    reconnects: s.reconnects,
-                    last_error: s.last_error,
-                    ..SourceStatus::default()
-                }
-            }
+        let h = self.source.health();
+        let running = self.running.load(Ordering::Relaxed);
+        SourceStatus {
+            kind: self.source.kind().into(),
+            streaming: h.streaming && running,
+            received_lsn: h.received,
+            confirmed_lsn: h.confirmed,
+            server_lsn: h.head,
+            lag_bytes: h.lag_bytes,
+            slot_status: h.retention,
+            reconnects: h.reconnects,
+            events: h.events,
+            last_error: h.last_error,
+            problems: h
+                .problems
+                .into_iter()
+                .map(|p| match &p.table {
+                    // Name the views that lost the table.
+                    Some((schema, table)) => {
+                        let t = freshen_postgres::TableName::new(schema, table);
+                        let views: Vec<&str> = self
+                            .views
+                            .iter()
+                            .filter(|(_, _, scope)| scope.watches(&t))
+                            .map(|(n, _, _)| n.as_str())
+                            .collect();
+                        format!("{} (views: {})", p.message, views.join(", "))
+                    }
+                    None => p.message,
+                })
+                .collect(),
         }
     }
 }
@@ -160,10 +135,42 @@ fn connection(url: &str, what: &str) -> anyhow::Result<ConnectionConfig> {
     ConnectionConfig::from_url(url).with_context(|| format!("the {what} URL is not usable"))
 }
 
+/// How rebuilds prove they see the changes that dirtied their keys: transaction ids
+/// are the source cluster's, so they are checked in the rebuild's snapshot only where
+/// the target is that cluster (or a physical standby of it: same system identifier),
+/// and on the source otherwise. Broker sources carry no ids of the target's.
+async fn visibility(cfg: &Config, target: &Pool) -> anyhow::Result<Visibility> {
+    let Source::Postgres(pg) = &cfg.source else {
+        return Ok(Visibility::Off);
+    };
+    if pg.url.expose() == cfg.target.url.expose() {
+        return Ok(Visibility::InSnapshot);
+    }
+    let source = freshen_postgres::connect_pool(&connection(pg.url.expose(), "source")?, 2)
+        .context("cannot set up the source connection pool")?;
+    let (a, b) = (
+        PgAdmin::from_pool(source.clone()).system_identifier().await,
+        PgAdmin::from_pool(target.clone()).system_identifier().await,
+    );
+    Ok(match (a, b) {
+        (Ok(a), Ok(b)) if a == b => Visibility::InSnapshot,
+        (a, b) => {
+            tracing::info!(
+                same_cluster = false,
+                source = ?a.ok(),
+                target = ?b.ok(),
+                "the target is another cluster: rebuilds check on the source that the changes are visible before they run"
+            );
+            Visibility::OnSource(source)
+        }
+    })
+}
+
 /// Prepares a view's rebuild statements (before anything starts streaming).
-async fn prepare(view: &View, pool: &Pool) -> anyhow::Result<SqlRebuild> {
+async fn prepare(view: &View, pool: &Pool, visibility: &Visibility) -> anyhow::Result<SqlRebuild> {
     let mut rebuild = SqlRebuild::builder(pool.clone())
         .statements(view.rebuild.iter().cloned())
+        .visibility(visibility.clone())
         .keys_per_transaction(view.keys_per_transaction);
     if let Some(n) = view.rebuild_batch {
         rebuild = rebuild.batch(n);
@@ -194,15 +201,25 @@ fn refresher(
         .workers(t.workers)
         .poison_after(t.poison_after)
         .backoff(t.backoff_base, t.backoff_max)
+        .shutdown_grace(t.shutdown_grace)
         .ack(ack)
         .on_error(move |r: &Report<'_>| match r {
-            Report::Poisoned { .. } | Report::TruncateIgnored { .. } => {
+            Report::Poisoned { .. }
+            | Report::TruncateIgnored { .. }
+            | Report::Stalled { .. }
+            | Report::QuarantineReleased { .. } => {
                 tracing::error!(view = %name, "{r}")
+            }
+            Report::Recovered { .. } | Report::Revived { .. } => {
+                tracing::info!(view = %name, "{r}")
             }
             _ => tracing::warn!(view = %name, "{r}"),
         });
     if let Some(rec) = &view.reconcile {
         b = b.reconcile_with(rec.every, SqlEnumerate::new(pool.clone(), rec.keys.clone()));
+    }
+    if let Some(d) = t.release_quarantined_after {
+        b = b.release_quarantined_after(d);
     }
     let refresher = b
         .build()
@@ -291,8 +308,11 @@ impl Pipeline {
             )
         };
         let mut rebuilds = Vec::new();
-        for view in &cfg.views {
-            rebuilds.push(prepare(view, pool.as_ref().expect("views have a pool")).await?);
+        if let Some(pool) = &pool {
+            let visibility = visibility(cfg, pool).await?;
+            for view in &cfg.views {
+                rebuilds.push(prepare(view, pool, &visibility).await?);
+            }
         }
         let mut sinks = Vec::new();
         for Sink::Kafka(k) in &cfg.sinks {
@@ -313,24 +333,25 @@ impl Pipeline {
             }
             None => None,
         };
-        let (source, probe): (Box<dyn freshen::Source>, Probe) = match &cfg.source {
-            Source::Postgres(pg) => {
-                let s = start_postgres(cfg, pg).await?;
-                let h = s.handle();
-                (Box::new(s), Probe::Postgres(h))
-            }
-            Source::Kafka(k) => {
-                let s = KafkaSource::new(k).context("cannot start the Kafka source")?;
-                let h = s.stats_handle();
-                (Box::new(s), Probe::Kafka(h))
-            }
-            Source::Pulsar(p) => {
-                let s = freshen_pulsar::PulsarSource::new((**p).clone())
-                    .context("cannot start the Pulsar source")?;
-                let h = s.stats_handle();
-                (Box::new(s), Probe::Pulsar(h))
-            }
-        };
+        let (source, probe, postgres): (Box<dyn freshen::Source>, Arc<dyn SourceProbe>, _) =
+            match &cfg.source {
+                Source::Postgres(pg) => {
+                    let s = start_postgres(cfg, pg).await?;
+                    let h = s.handle();
+                    (Box::new(s), Arc::new(h.clone()), Some(h))
+                }
+                Source::Kafka(k) => {
+                    let s = KafkaSource::new(k).context("cannot start the Kafka source")?;
+                    let h = s.stats_handle();
+                    (Box::new(s), Arc::new(h), None)
+                }
+                Source::Pulsar(p) => {
+                    let s = freshen_pulsar::PulsarSource::new((**p).clone())
+                        .context("cannot start the Pulsar source")?;
+                    let h = s.stats_handle();
+                    (Box::new(s), Arc::new(h), None)
+                }
+            };
         let mut branches = fanout(source, cfg.consumers()).into_iter();
         let mut views = Vec::new();
         for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
@@ -357,8 +378,8 @@ impl Pipeline {
                 .map(|v| (v.name.clone(), v.refresher.handle(), v.scope.clone()))
                 .collect(),
             source: probe,
+            postgres,
             running: AtomicBool::new(true),
-            lag: Mutex::new(None),
         });
         Ok(Pipeline {
             views,
@@ -411,11 +432,11 @@ impl Pipeline {
                 ("changefeed".to_string(), r.map(|_| ()).map_err(Into::into))
             });
         }
-        let observer = self.observer.clone();
+        let probe = self.observer.source.clone();
         let mut lag_rx = stop_rx.clone();
         let sampler = tokio::spawn(async move {
             loop {
-                observer.sample_lag().await;
+                probe.sample().await;
                 tokio::select! {
                     _ = tokio::time::sleep(LAG_SAMPLE) => {}
                     _ = lag_rx.wait_for(|s| *s) => break,

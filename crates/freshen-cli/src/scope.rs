@@ -38,6 +38,13 @@ impl ViewScope {
         })
     }
 
+    /// Whether the view watches `table`.
+    pub fn watches(&self, table: &freshen_postgres::TableName) -> bool {
+        self.tables
+            .iter()
+            .any(|(s, t, _)| *s == table.schema && *t == table.name)
+    }
+
     /// Events of watched tables that gave no key.
     pub fn unscoped(&self) -> u64 {
         self.unscoped.load(Relaxed)

@@ -30,6 +30,7 @@ impl Observe for Down {
             reconnects: 3,
             events: 0,
             last_error: Some("cannot reach postgres://app:SEKRIT@db/app: refused".into()),
+            ..SourceStatus::default()
         }
     }
 }

@@ -30,7 +30,7 @@ async fn views_equal_truth_across_a_sigkill_and_restart() {
 
     let mut first = spawn_run(dir.path(), &cfg, 1);
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
-    let mut r = Rng(0x5eed);
+    let mut r = Rng::new(0x5eed);
     workload(&mut c, &mut r, 150).await;
     // No graceful shutdown, no final feedback: whatever was not rebuilt and acknowledged
     // must come again from the slot.

@@ -9,7 +9,7 @@ pub enum Error {
     /// The configuration is invalid; every problem found, one sentence each. Permanent.
     Config(Vec<String>),
     /// The Kafka client failed (creating it, subscribing, committing). Whether a retry
-    /// helps depends on the cause: see [`Error::is_retriable`].
+    /// helps depends on the cause: see [`Error::retry`].
     Client(rdkafka::error::KafkaError),
     /// A record could not be delivered (after the producer's own retries, up to
     /// `delivery_timeout_ms`). The batch it belonged to was not acknowledged.
@@ -24,12 +24,16 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether trying again later may succeed (a broker down, a timeout), as opposed to a
-    /// configuration or authorization problem that needs a person.
-    pub fn is_retriable(&self) -> bool {
+    /// Whether trying again later may succeed ([`Retry::Path`](freshen::Retry): a broker
+    /// down, a timeout), as opposed to a configuration or authorization problem that
+    /// needs a person ([`Retry::Fix`](freshen::Retry)).
+    pub fn retry(&self) -> freshen::Retry {
         match self {
-            Error::Config(_) | Error::Source(_) => false,
-            Error::Client(e) | Error::Delivery { error: e, .. } => !needs_a_person(e),
+            Error::Config(_) | Error::Source(_) => freshen::Retry::Fix,
+            Error::Client(e) | Error::Delivery { error: e, .. } if needs_a_person(e) => {
+                freshen::Retry::Fix
+            }
+            Error::Client(_) | Error::Delivery { .. } => freshen::Retry::Path,
         }
     }
 }

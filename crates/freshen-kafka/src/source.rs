@@ -77,6 +77,25 @@ impl SourceStatsHandle {
     }
 }
 
+impl freshen::SourceProbe for SourceStatsHandle {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    /// A consumer group member is streaming while it runs: librdkafka reconnects to
+    /// brokers by itself and reports what it recovered from as `last_error`.
+    fn health(&self) -> freshen::SourceHealth {
+        let s = self.stats();
+        let mut h = freshen::SourceHealth::default();
+        h.streaming = true;
+        h.last_error = s.last_error;
+        h.reconnects = s.rebalances;
+        h.events = s.events;
+        h.skipped = s.skipped;
+        h
+    }
+}
+
 /// One message read, before the batch is handed out.
 struct Taken {
     tp: Tp,

@@ -249,6 +249,20 @@ impl PgAdmin {
         Ok(admin)
     }
 
+    /// The cluster's system identifier (`pg_control_system()`): equal on a primary and
+    /// its physical standbys, different on any other cluster.
+    pub async fn system_identifier(&self) -> Result<String, PgError> {
+        let c = client(&self.pool).await?;
+        let row = c
+            .query_one(
+                "SELECT system_identifier::text FROM pg_control_system()",
+                &[],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the system identifier", e))?;
+        Ok(row.get(0))
+    }
+
     /// Uses an existing pool.
     pub fn from_pool(pool: Pool) -> PgAdmin {
         PgAdmin { pool }
@@ -680,7 +694,7 @@ pub(crate) fn slot_missing(name: &str) -> PgError {
         ErrorKind::Slot,
         format!(
             "replication slot {name:?} does not exist (was it dropped?). Changes made since it \
-             went away are lost: recreate it (slot_mode = create-if-missing) and run a \
+             went away are lost: recreate it (slot_mode = \"create\", the default, creates it when missing) and run a \
              reconcile sweep so the derived tables are rebuilt from the source tables"
         ),
     )

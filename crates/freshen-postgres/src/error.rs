@@ -1,10 +1,11 @@
-//! The crate's one error type, with a kind that says whether retrying can help.
+//! The crate's one error type, with a kind and a [`Retry`] directive read from the
+//! server's SQLSTATE.
 
 use std::fmt;
 
-use freshen::BoxError;
+use freshen::{BoxError, Retry};
 
-/// What kind of failure a [`PgError`] is; decides whether retrying can help.
+/// What kind of failure a [`PgError`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -34,24 +35,69 @@ pub enum ErrorKind {
 }
 
 /// An error from `freshen-postgres`. The message is meant for a person: it names what
-/// failed and, for setup problems, what to do.
-#[derive(Debug, thiserror::Error)]
+/// failed, carries the server's own message and SQLSTATE, and for setup problems says
+/// what to do.
+///
+/// It is a leaf: its `Display` already includes its cause, so `source()` is empty and a
+/// chain printer never shows a cause twice.
+#[derive(Debug)]
 pub struct PgError {
     kind: ErrorKind,
     message: String,
     sqlstate: Option<String>,
-    #[source]
-    source: Option<BoxError>,
 }
 
 impl fmt::Display for PgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)?;
-        if let Some(s) = &self.source {
-            write!(f, ": {s}")?;
-        }
-        Ok(())
+        f.write_str(&self.message)
     }
+}
+
+impl std::error::Error for PgError {}
+
+/// A cause as a person should read it: a server error as `ERROR 22012: division by
+/// zero` with its detail and hint, anything else with its whole chain of causes.
+pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(db) = find_db_error(e) {
+        let mut s = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+        if let Some(d) = db.detail() {
+            s.push_str(&format!(" (DETAIL: {d})"));
+        }
+        if let Some(h) = db.hint() {
+            s.push_str(&format!(" (HINT: {h})"));
+        }
+        return s;
+    }
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        // Some causes repeat their parent's words; say each thing once.
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        next = cause.source();
+    }
+    s
+}
+
+fn find_db_error<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a tokio_postgres::error::DbError> {
+    let mut next = Some(e);
+    while let Some(cur) = next {
+        if let Some(db) = cur.downcast_ref::<tokio_postgres::error::DbError>() {
+            return Some(db);
+        }
+        if let Some(pg) = cur.downcast_ref::<tokio_postgres::Error>()
+            && let Some(db) = pg.as_db_error()
+        {
+            return Some(db);
+        }
+        next = cur.source();
+    }
+    None
 }
 
 impl PgError {
@@ -60,12 +106,19 @@ impl PgError {
             kind,
             message: message.into(),
             sqlstate: None,
-            source: None,
         }
     }
 
+    /// Appends the cause to the message (see [`describe`]).
     pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> PgError {
-        self.source = Some(source.into());
+        let source: BoxError = source.into();
+        if let Some(pg) = source.downcast_ref::<PgError>()
+            && self.sqlstate.is_none()
+        {
+            self.sqlstate = pg.sqlstate.clone();
+        }
+        self.message.push_str(": ");
+        self.message.push_str(&describe(&*source));
         self
     }
 
@@ -91,7 +144,7 @@ impl PgError {
             Some(c) if c.starts_with("28") => ErrorKind::Auth,
             Some(c) if c.starts_with("08") || c.starts_with("57P") => ErrorKind::Connection,
             Some(_) => ErrorKind::Server,
-            None if e.to_string().contains("TLS") => ErrorKind::Tls,
+            None if find_tls(&e) => ErrorKind::Tls,
             None => ErrorKind::Connection,
         };
         let mut err = PgError::new(kind, context).with_source(e);
@@ -109,18 +162,118 @@ impl PgError {
         self.sqlstate.as_deref()
     }
 
-    /// Whether retrying the same operation later can succeed (a broken connection, a
-    /// serialization failure, a change not yet visible) — as opposed to a problem a
-    /// person must fix.
-    pub fn is_retryable(&self) -> bool {
+    /// Whether retrying can help, and whose fault it was: for a rebuild, [`Retry::Key`]
+    /// means this key's data made a statement fail (it counts toward quarantine);
+    /// [`Retry::Path`] an outage, overload, conflict or timeout; [`Retry::Fix`] something
+    /// a person must change. Read from the SQLSTATE class, never from message text.
+    pub fn retry(&self) -> Retry {
         match self.kind {
-            ErrorKind::Connection | ErrorKind::NotVisible | ErrorKind::Protocol => true,
-            ErrorKind::Server => matches!(
-                self.sqlstate.as_deref(),
-                Some(c) if c.starts_with("40") || c.starts_with("53") || c.starts_with("55P")
-                    || c.starts_with("57") || c.starts_with("08") || c == "55006"
-            ),
-            _ => false,
+            ErrorKind::Connection
+            | ErrorKind::NotVisible
+            | ErrorKind::Protocol
+            | ErrorKind::Closed => Retry::Path,
+            ErrorKind::Config
+            | ErrorKind::Auth
+            | ErrorKind::Tls
+            | ErrorKind::Setup
+            | ErrorKind::Slot => Retry::Fix,
+            ErrorKind::Server => self.sqlstate.as_deref().map_or(Retry::Key, retry_of),
         }
+    }
+}
+
+/// The directive for a SQLSTATE, by class (the first two characters) and a few codes.
+pub fn retry_of(sqlstate: &str) -> Retry {
+    match sqlstate {
+        // lock_not_available (lock_timeout), object_in_use
+        "55P03" | "55006" => return Retry::Path,
+        _ => {}
+    }
+    match sqlstate.get(..2).unwrap_or("") {
+        // connection exception; transaction rollback (serialization, deadlock);
+        // insufficient resources (too many connections, disk full, out of memory);
+        // operator intervention (statement timeout, admin shutdown, cannot connect
+        // now, crash shutdown); system error (I/O); invalid transaction state
+        // (read-only transaction on a standby after a failover)
+        "08" | "40" | "53" | "57" | "58" | "25" => Retry::Path,
+        // syntax error or access rule violation (undefined table or column,
+        // insufficient privilege); invalid catalog or schema; authorization; feature
+        // not supported; object not in prerequisite state; configuration file error
+        "42" | "3D" | "3F" | "28" | "0A" | "55" | "F0" => Retry::Fix,
+        // data exception, integrity constraint, cardinality, RAISE, program limits,
+        // corrupted data, and anything else: the statement failed for this data
+        _ => Retry::Key,
+    }
+}
+
+/// Whether a TLS error is in the chain (rustls' error, possibly inside an I/O error).
+fn find_tls(e: &tokio_postgres::Error) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cur) = next {
+        if cur.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = cur.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+        {
+            return true;
+        }
+        next = cur.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstate_classes_decide_whose_fault_it_is() {
+        for (code, want) in [
+            ("22012", Retry::Key),  // division_by_zero
+            ("23505", Retry::Key),  // unique_violation
+            ("P0001", Retry::Key),  // raise_exception
+            ("22P02", Retry::Key),  // invalid_text_representation
+            ("40001", Retry::Path), // serialization_failure
+            ("40P01", Retry::Path), // deadlock_detected
+            ("57014", Retry::Path), // query_canceled (statement_timeout)
+            ("57P01", Retry::Path), // admin_shutdown
+            ("57P03", Retry::Path), // cannot_connect_now
+            ("53300", Retry::Path), // too_many_connections
+            ("08006", Retry::Path), // connection_failure
+            ("55P03", Retry::Path), // lock_not_available
+            ("25006", Retry::Path), // read_only_sql_transaction
+            ("58030", Retry::Path), // io_error
+            ("42P01", Retry::Fix),  // undefined_table
+            ("42501", Retry::Fix),  // insufficient_privilege
+            ("42703", Retry::Fix),  // undefined_column
+        ] {
+            assert_eq!(retry_of(code), want, "{code}");
+            let e = PgError::new(ErrorKind::Server, "x").with_sqlstate(code);
+            assert_eq!(e.retry(), want, "{code}");
+        }
+        assert_eq!(
+            PgError::new(ErrorKind::Connection, "x").retry(),
+            Retry::Path
+        );
+        assert_eq!(
+            PgError::new(ErrorKind::NotVisible, "x").retry(),
+            Retry::Path
+        );
+        assert_eq!(PgError::new(ErrorKind::Slot, "x").retry(), Retry::Fix);
+    }
+
+    #[test]
+    fn a_wrapped_cause_is_said_once() {
+        let inner = PgError::new(ErrorKind::Connection, "FATAL 57P01: terminating");
+        let outer =
+            PgError::new(ErrorKind::Connection, "replication stream down").with_source(inner);
+        assert_eq!(
+            outer.to_string(),
+            "replication stream down: FATAL 57P01: terminating"
+        );
+        assert!(std::error::Error::source(&outer).is_none());
     }
 }

@@ -89,8 +89,8 @@ pub use config::{
 };
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;
-pub use error::{ErrorKind, PgError};
+pub use error::{ErrorKind, PgError, retry_of};
 pub use lsn::{Lsn, ParseLsnError};
 pub use pgoutput::DecodeError;
-pub use rebuild::{SqlRebuild, SqlRebuildBuilder};
+pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};

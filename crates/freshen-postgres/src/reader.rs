@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use freshen::{Ack, Batch, SourceError};
+use freshen::{Ack, Batch, BoxFuture, Jitter, Retry, SourceError};
 use futures_util::FutureExt;
 use pgwire_replication::{
     Lsn as WireLsn, PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent,
@@ -141,6 +141,8 @@ enum Wake {
     Acked,
     /// The wire stayed quiet for [`LINGER`] with rows waiting.
     Quiet,
+    /// The server is shutting down (the sentinel connection was terminated).
+    ShuttingDown(PgError),
     Event(Result<Option<ReplicationEvent>, PgWireError>),
 }
 
@@ -172,7 +174,7 @@ impl Reader {
         let mut ready = Some(ready);
         let mut attempt: u32 = 0;
         let mut down_since: Option<Instant> = None;
-        let mut rng = seed();
+        let mut jitter = Jitter::from_clock();
         loop {
             if self.stop_requested() {
                 break;
@@ -192,8 +194,9 @@ impl Reader {
             self.shared.set_error(&error);
             let since = *down_since.get_or_insert_with(Instant::now);
             let gave_up = since.elapsed() >= self.cfg.reconnect_deadline;
-            if !error.is_retryable() || gave_up {
-                let error = if gave_up && error.is_retryable() {
+            let retryable = error.retry() == Retry::Path;
+            if !retryable || gave_up {
+                let error = if gave_up && retryable {
                     PgError::new(
                         ErrorKind::Connection,
                         format!(
@@ -216,7 +219,13 @@ impl Reader {
                 break;
             }
             attempt = attempt.saturating_add(1);
-            let delay = self.cfg.reconnect.delay(attempt, next_unit(&mut rng));
+            let delay = self.cfg.reconnect.delay(attempt, jitter.unit());
+            tracing::warn!(
+                slot = %self.cfg.slot,
+                attempt,
+                retry_in = ?delay,
+                "replication session ended, reconnecting: {error}"
+            );
             let mut stop = self.stop.clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
@@ -275,12 +284,15 @@ impl Reader {
             })?
             .map_err(|e| (e, false))?;
         let (mut client, xids) = prepared;
+        let sentinel = sentinel(&self.cfg).await;
         self.asm.reset(xids);
         self.shared.streaming.store(true, Ordering::SeqCst);
         if let Some(r) = ready.take() {
             let _ = r.send(Ok(()));
         }
-        self.stream(&mut client).await.map_err(|e| (e, true))
+        self.stream(&mut client, sentinel)
+            .await
+            .map_err(|e| (e, true))
     }
 
     async fn connect(&mut self) -> Result<(ReplicationClient, XidClock), PgError> {
@@ -332,7 +344,11 @@ impl Reader {
         Ok((client, XidClock::new(next_xid)))
     }
 
-    async fn stream(&mut self, client: &mut ReplicationClient) -> Result<Ended, PgError> {
+    async fn stream(
+        &mut self,
+        client: &mut ReplicationClient,
+        mut sentinel: BoxFuture<'static, PgError>,
+    ) -> Result<Ended, PgError> {
         loop {
             let wake = match client.recv().now_or_never() {
                 Some(ev) => Wake::Event(ev),
@@ -346,6 +362,7 @@ impl Reader {
                     tokio::select! {
                         biased;
                         _ = stopped(stop) => Wake::Stop,
+                        e = &mut sentinel => Wake::ShuttingDown(e),
                         _ = acks.notified() => Wake::Acked,
                         ev = client.recv() => Wake::Event(ev),
                         _ = tokio::time::sleep(LINGER), if linger => Wake::Quiet,
@@ -358,6 +375,13 @@ impl Reader {
                     return Ok(Ended::Stopped);
                 }
                 Wake::Acked => self.advance(client),
+                Wake::ShuttingDown(e) => {
+                    // Leave without confirming anything more: the replay after the
+                    // restart covers what is not acknowledged.
+                    client.stop();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+                    return Err(e);
+                }
                 Wake::Quiet => {
                     if let Some(out) = self.asm.take()
                         && let Some(end) = self.send(out, client).await?
@@ -514,6 +538,48 @@ impl Reader {
     }
 }
 
+/// A plain SQL connection held beside the replication session, resolving when the
+/// server terminates it for a shutdown.
+///
+/// In a fast shutdown the server terminates regular backends first (57P01) and then
+/// waits for its walsenders, and a walsender exits only once its client has confirmed
+/// everything sent — which after-rebuild acks do not allow while the rebuilds cannot
+/// connect to the stopping server. So when the sentinel is terminated the reader closes
+/// the session (confirming nothing early) and reconnects with backoff, and the server
+/// can stop. A sentinel lost for any other reason (an idle timeout, a failed connect)
+/// simply never resolves: the replication connection reports its own failures.
+async fn sentinel(cfg: &PgSourceConfig) -> BoxFuture<'static, PgError> {
+    let never = || -> BoxFuture<'static, PgError> { Box::pin(std::future::pending()) };
+    let Ok(tls) = tls::sql_connector(&cfg.connection) else {
+        return never();
+    };
+    let config = cfg.connection.to_tokio();
+    let connect = config.connect(tls);
+    let Ok(Ok((client, connection))) =
+        tokio::time::timeout(cfg.connection.connect_timeout, connect).await
+    else {
+        return never();
+    };
+    Box::pin(async move {
+        let _client = client;
+        let ended = connection.await;
+        let code = ended
+            .as_ref()
+            .err()
+            .and_then(|e| e.code())
+            .map(|c| c.code().to_owned());
+        match code.as_deref() {
+            // admin_shutdown, crash_shutdown, cannot_connect_now
+            Some(c @ ("57P01" | "57P02" | "57P03")) => PgError::new(
+                ErrorKind::Connection,
+                "the server is shutting down: replication session closed, nothing more confirmed",
+            )
+            .with_sqlstate(c),
+            _ => std::future::pending().await,
+        }
+    })
+}
+
 /// Resolves once a stop is requested (or the source is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     loop {
@@ -527,59 +593,40 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// Classifies a replication-client error: what a reconnect can fix, and what it cannot.
+///
+/// The client reports a server error as text; the SQLSTATE in it is the code the
+/// server sent, formatted by the client as `(SQLSTATE xxxxx)`. Only that code is read,
+/// never the message.
 pub(crate) fn classify(e: PgWireError) -> PgError {
     let text = e.to_string();
-    let code = text
-        .rsplit_once("(SQLSTATE ")
-        .and_then(|(_, rest)| rest.strip_suffix(')'))
-        .map(str::to_owned);
+    let code = match &e {
+        PgWireError::Server(m) => m
+            .rsplit_once("(SQLSTATE ")
+            .and_then(|(_, rest)| rest.strip_suffix(')'))
+            .filter(|c| c.len() == 5)
+            .map(str::to_owned),
+        _ => None,
+    };
     let kind = match (&e, code.as_deref()) {
         (PgWireError::Auth(_), _) => ErrorKind::Auth,
         (PgWireError::Tls(_), _) => ErrorKind::Tls,
         (PgWireError::Server(_), Some(c)) if c.starts_with("28") => ErrorKind::Auth,
-        (PgWireError::Server(_), Some("42704")) if text.contains("replication slot") => {
-            ErrorKind::Slot
-        }
-        (PgWireError::Server(_), Some("55000")) if text.contains("replication slot") => {
-            ErrorKind::Slot
-        }
+        // undefined object (a publication), invalid catalog, privileges, unsupported
         (PgWireError::Server(_), Some("42704" | "3D000" | "42501" | "0A000")) => ErrorKind::Setup,
         (PgWireError::Server(_), _) => ErrorKind::Server,
         (PgWireError::MessageTooLarge { .. }, _) => ErrorKind::Protocol,
         (PgWireError::Protocol(_), _) => ErrorKind::Protocol,
         _ => ErrorKind::Connection,
     };
-    let message = match kind {
-        ErrorKind::Slot => format!(
-            "replication slot unusable: {text}. If it was dropped or invalidated, changes are \
-             lost: recreate it and run a reconcile sweep"
-        ),
-        _ => format!("replication connection: {text}"),
-    };
-    let mut err = PgError::new(kind, message);
+    if matches!(e, PgWireError::MessageTooLarge { .. }) {
+        // Repeats forever on reconnect: not worth retrying.
+        return PgError::new(ErrorKind::Config, format!("replication connection: {text}"));
+    }
+    let mut err = PgError::new(kind, format!("replication connection: {text}"));
     if let Some(c) = code {
         err = err.with_sqlstate(c);
     }
-    if matches!(e, PgWireError::MessageTooLarge { .. }) {
-        // Repeats forever on reconnect: not worth retrying.
-        return PgError::new(ErrorKind::Config, err.to_string());
-    }
     err
-}
-
-fn seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
-        | 1
-}
-
-/// xorshift draw in `[0, 1)` for reconnect jitter.
-fn next_unit(s: &mut u64) -> f64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    (*s >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The source-side view of queued events (decremented as batches are taken).
@@ -599,18 +646,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classifies_server_errors() {
-        let slot = classify(PgWireError::Server(
-            "replication slot \"s\" does not exist (SQLSTATE 42704)".into(),
+    fn classifies_server_errors_by_code() {
+        let missing = classify(PgWireError::Server(
+            "publication \"p\" does not exist (SQLSTATE 42704)".into(),
         ));
-        assert_eq!(slot.kind(), ErrorKind::Slot);
-        assert!(!slot.is_retryable());
-        assert!(slot.to_string().contains("reconcile"));
+        assert_eq!(missing.kind(), ErrorKind::Setup);
+        assert_eq!(missing.retry(), Retry::Fix);
         let busy = classify(PgWireError::Server(
             "replication slot \"s\" is active for PID 7 (SQLSTATE 55006)".into(),
         ));
         assert_eq!(busy.sqlstate(), Some("55006"));
-        assert!(busy.is_retryable());
+        assert_eq!(busy.retry(), Retry::Path);
         let auth = classify(PgWireError::Server(
             "password authentication failed (SQLSTATE 28P01)".into(),
         ));
@@ -618,17 +664,11 @@ mod tests {
         let down = classify(PgWireError::Server(
             "terminating connection (SQLSTATE 57P01)".into(),
         ));
-        assert!(down.is_retryable());
+        assert_eq!(down.retry(), Retry::Path);
         let io = classify(PgWireError::Io(Arc::new(std::io::Error::other("reset"))));
-        assert!(io.is_retryable());
-    }
-
-    #[test]
-    fn jitter_draws_stay_in_range() {
-        let mut s = seed();
-        for _ in 0..1000 {
-            let u = next_unit(&mut s);
-            assert!((0.0..1.0).contains(&u));
-        }
+        assert_eq!(io.retry(), Retry::Path);
+        // A message that merely mentions a code is not a code.
+        let odd = classify(PgWireError::Protocol("saw (SQLSTATE 28P01)".into()));
+        assert_eq!(odd.sqlstate(), None);
     }
 }

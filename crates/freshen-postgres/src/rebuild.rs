@@ -8,15 +8,26 @@
 //! checks with `pg_visible_in_snapshot` that its snapshot sees every transaction that
 //! dirtied its keys ([`Due::txids`](freshen::Due)), and if not rolls back and retries
 //! briefly; past `visibility_wait` it fails and the refresher's backoff takes over.
+//!
+//! Transaction ids mean something only on the cluster that assigned them, so where the
+//! rebuild runs decides how visibility is proved ([`Visibility`]): in the rebuild's own
+//! snapshot on the source cluster or a physical standby of it (same system identifier:
+//! the standby replays the source's ids), or — for a target on another cluster — on the
+//! source, before the rebuild starts: once a new snapshot there sees the change, every
+//! later read of the source sees it (directly, or through a foreign table). A copy of
+//! the source made by logical replication is not covered: its lag is its own.
+//!
+//! Cancellation: a rebuild future dropped mid-flight (a shutdown past its grace)
+//! cancels its statement on the server, so abandoned work does not keep running there.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use freshen::{BoxError, BoxFuture, Due, Rebuild};
-use tokio_postgres::IsolationLevel;
+use freshen::{BoxError, BoxFuture, Due, Rebuild, Retry};
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{CancelToken, IsolationLevel, NoTls};
 
 use crate::PgError;
 use crate::admin::client;
@@ -44,8 +55,33 @@ pub struct SqlRebuild {
     param_types: Arc<[Vec<Type>]>,
     batch: usize,
     keys_per_transaction: usize,
-    check_visibility: bool,
+    visibility: Visibility,
     visibility_wait: Duration,
+}
+
+/// How a rebuild proves it sees the transactions that dirtied its keys (see the module
+/// docs).
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum Visibility {
+    /// In the rebuild's own snapshot: the rebuild runs on the source cluster or on a
+    /// physical standby of it. The default.
+    #[default]
+    InSnapshot,
+    /// On the source, before the rebuild starts: the rebuild runs on another cluster.
+    OnSource(Pool),
+    /// No check (a source without PostgreSQL transaction ids).
+    Off,
+}
+
+impl fmt::Debug for Visibility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Visibility::InSnapshot => "InSnapshot",
+            Visibility::OnSource(_) => "OnSource",
+            Visibility::Off => "Off",
+        })
+    }
 }
 
 impl fmt::Debug for SqlRebuild {
@@ -54,7 +90,7 @@ impl fmt::Debug for SqlRebuild {
             .field("statements", &self.statements)
             .field("batch", &self.batch)
             .field("keys_per_transaction", &self.keys_per_transaction)
-            .field("check_visibility", &self.check_visibility)
+            .field("visibility", &self.visibility)
             .field("visibility_wait", &self.visibility_wait)
             .finish_non_exhaustive()
     }
@@ -67,7 +103,7 @@ pub struct SqlRebuildBuilder {
     statements: Vec<String>,
     batch: usize,
     keys_per_transaction: usize,
-    check_visibility: bool,
+    visibility: Visibility,
     visibility_wait: Duration,
 }
 
@@ -103,9 +139,20 @@ impl SqlRebuildBuilder {
         self
     }
 
-    /// Whether to check that the snapshot sees the dirtying transactions (default on).
+    /// Whether to check that the snapshot sees the dirtying transactions (default on,
+    /// in the rebuild's own snapshot).
     pub fn check_visibility(mut self, on: bool) -> Self {
-        self.check_visibility = on;
+        self.visibility = if on {
+            Visibility::InSnapshot
+        } else {
+            Visibility::Off
+        };
+        self
+    }
+
+    /// Where visibility is proved (default [`Visibility::InSnapshot`]).
+    pub fn visibility(mut self, v: Visibility) -> Self {
+        self.visibility = v;
         self
     }
 
@@ -163,7 +210,7 @@ impl SqlRebuildBuilder {
             param_types: param_types.into(),
             batch: self.batch,
             keys_per_transaction: self.keys_per_transaction,
-            check_visibility: self.check_visibility,
+            visibility: self.visibility,
             visibility_wait: self.visibility_wait,
         })
     }
@@ -177,7 +224,7 @@ impl SqlRebuild {
             statements: Vec::new(),
             batch: 1,
             keys_per_transaction: 16,
-            check_visibility: true,
+            visibility: Visibility::InSnapshot,
             visibility_wait: Duration::from_secs(2),
         }
     }
@@ -245,16 +292,67 @@ impl SqlRebuild {
         Ok(out)
     }
 
+    /// The distinct transaction ids behind `due`, as text for `$1::text[]`.
+    fn txids(due: &[Due]) -> Vec<String> {
+        let mut ids: Vec<u64> = due.iter().flat_map(|d| d.txids.iter().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter().map(u64::to_string).collect()
+    }
+
+    /// Waits until a new snapshot on the source sees every transaction in `txids`.
+    async fn visible_on_source(&self, source: &Pool, txids: &[String]) -> Result<(), PgError> {
+        let c = client(source).await?;
+        let check = c
+            .prepare_cached(NOT_VISIBLE)
+            .await
+            .map_err(|e| PgError::sql("the visibility check does not prepare", e))?;
+        let deadline = tokio::time::Instant::now() + self.visibility_wait;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let unseen = c
+                .query(&check, &[&txids])
+                .await
+                .map_err(|e| PgError::sql("visibility check on the source failed", e))?;
+            if unseen.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let ids: Vec<String> = unseen.iter().map(|r| r.get(0)).collect();
+                return Err(not_visible(&ids, self.visibility_wait));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
     async fn attempt(&self, due: &[Due]) -> Result<(), PgError> {
         let plan = self.plan(due)?;
-        let mut c = client(&self.pool).await?;
         let mut txids: Vec<String> = Vec::new();
-        if self.check_visibility {
-            let mut ids: Vec<u64> = due.iter().flat_map(|d| d.txids.iter().copied()).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            txids = ids.iter().map(u64::to_string).collect();
+        match &self.visibility {
+            Visibility::InSnapshot => txids = Self::txids(due),
+            Visibility::OnSource(source) => {
+                let ids = Self::txids(due);
+                if !ids.is_empty() {
+                    self.visible_on_source(source, &ids).await?;
+                }
+            }
+            Visibility::Off => {}
         }
+        let mut guard = CancelOnDrop::new(client(&self.pool).await?);
+        let outcome = self.transaction(guard.client(), &plan, &txids).await;
+        guard.disarm();
+        outcome
+    }
+
+    /// Runs the planned statements in one REPEATABLE READ transaction whose snapshot
+    /// sees `txids`.
+    async fn transaction(
+        &self,
+        c: &mut deadpool_postgres::Object,
+        plan: &[(usize, Vec<TextParam>, String)],
+        txids: &[String],
+    ) -> Result<(), PgError> {
         let mut statements = Vec::with_capacity(self.statements.len());
         for (i, sql) in self.statements.iter().enumerate() {
             statements.push(c.prepare_cached(sql).await.map_err(|e| {
@@ -302,16 +400,7 @@ impl SqlRebuild {
                 let _ = tx.rollback().await;
                 if tokio::time::Instant::now() >= deadline {
                     let ids: Vec<String> = unseen.iter().map(|r| r.get(0)).collect();
-                    return Err(PgError::new(
-                        ErrorKind::NotVisible,
-                        format!(
-                            "transaction(s) {} committed in the WAL but are still not visible \
-                             to new snapshots after {:?} (a synchronous standby or a stalled \
-                             backend?); the rebuild will be retried",
-                            ids.join(", "),
-                            self.visibility_wait
-                        ),
-                    ));
+                    return Err(not_visible(&ids, self.visibility_wait));
                 }
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(50));
@@ -322,6 +411,63 @@ impl SqlRebuild {
                 .commit()
                 .await
                 .map_err(|e| PgError::sql("cannot commit the rebuild", e));
+        }
+    }
+}
+
+fn not_visible(ids: &[String], waited: Duration) -> PgError {
+    PgError::new(
+        ErrorKind::NotVisible,
+        format!(
+            "transaction(s) {} committed in the WAL but are still not visible to new \
+             snapshots after {waited:?} (a synchronous standby or a stalled backend?); the \
+             rebuild will be retried",
+            ids.join(", "),
+        ),
+    )
+}
+
+/// A pooled connection that, dropped while armed (the refresher gave up on the rebuild
+/// mid-flight), cancels what it runs on the server and leaves the pool: a cancel that
+/// arrived after the connection went back to the pool could hit another rebuild.
+struct CancelOnDrop {
+    client: Option<deadpool_postgres::Object>,
+    armed: bool,
+}
+
+impl CancelOnDrop {
+    fn new(client: deadpool_postgres::Object) -> CancelOnDrop {
+        CancelOnDrop {
+            client: Some(client),
+            armed: true,
+        }
+    }
+
+    fn client(&mut self) -> &mut deadpool_postgres::Object {
+        self.client.as_mut().expect("held until dropped")
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        if !self.armed {
+            return;
+        }
+        let token: CancelToken = client.cancel_token();
+        drop(deadpool_postgres::Object::take(client));
+        // A cancel request is answered by the server before authentication and TLS, so
+        // a plain connection reaches any server the rebuild reached.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = token.cancel_query(NoTls).await;
+            });
         }
     }
 }
@@ -375,6 +521,12 @@ where
 impl Rebuild for SqlRebuild {
     fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
         Box::pin(async move { self.run(due).await.map_err(Into::into) })
+    }
+
+    fn classify(&self, error: &BoxError) -> Retry {
+        error
+            .downcast_ref::<PgError>()
+            .map_or(Retry::Key, PgError::retry)
     }
 
     fn max_batch(&self) -> usize {

@@ -2,11 +2,14 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use freshen::{Backoff, Batch, BeforeImage, BoxFuture, Capabilities, Source, SourceError};
+use freshen::{
+    Backoff, Batch, BeforeImage, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
+    SourceProbe, SourceProblem,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::admin::PgAdmin;
@@ -47,12 +50,24 @@ pub struct Health {
     pub peak_queued_events: u64,
 }
 
-/// A cloneable view of a running [`PgSource`]: health, lag.
+/// A cloneable view of a running [`PgSource`]: health, lag, and the
+/// [`SourceProbe`] every source offers.
 #[derive(Clone)]
 pub struct PgHandle {
     shared: Arc<Shared>,
     admin: PgAdmin,
     slot: String,
+    publication: String,
+    /// The tables the publication must cover (empty: whatever it holds).
+    tables: Vec<TableName>,
+    sampled: Arc<Mutex<Sampled>>,
+}
+
+/// What [`SourceProbe::sample`] last learnt from the server.
+#[derive(Debug, Default)]
+struct Sampled {
+    lag: Option<Result<SlotInfo, String>>,
+    problems: Vec<SourceProblem>,
 }
 
 impl fmt::Debug for PgHandle {
@@ -100,6 +115,88 @@ impl PgHandle {
     /// The admin connection pool this source uses.
     pub fn admin(&self) -> &PgAdmin {
         &self.admin
+    }
+
+    /// What the publication lacks now for the watched tables: a table dropped from it
+    /// while running would otherwise stop its changes silently.
+    async fn publication_problems(&self) -> Option<Vec<SourceProblem>> {
+        let name = &self.publication;
+        let whole = |message: String| SourceProblem {
+            table: None,
+            message,
+        };
+        let problems = match self.admin.coverage(name, &self.tables).await {
+            // Unreachable: the replication session reports its own connection problems.
+            Err(_) => return None,
+            Ok(None) => vec![whole(format!(
+                "publication {name} was dropped while running: no change arrives (recreate it, or restart to have it created)"
+            ))],
+            Ok(Some(c)) => {
+                let mut out: Vec<SourceProblem> = c
+                    .missing_tables
+                    .iter()
+                    .map(|t| SourceProblem {
+                        table: Some((t.schema.clone(), t.name.clone())),
+                        message: format!(
+                            "publication {name} no longer includes {t}: none of its changes arrive (ALTER PUBLICATION {} ADD TABLE {t})",
+                            crate::quote_ident(name)
+                        ),
+                    })
+                    .collect();
+                if !c.missing_operations.is_empty() {
+                    out.push(whole(format!(
+                        "publication {name} no longer publishes {}: those changes do not arrive",
+                        c.missing_operations.join(", ")
+                    )));
+                }
+                out
+            }
+        };
+        Some(problems)
+    }
+}
+
+impl SourceProbe for PgHandle {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn health(&self) -> SourceHealth {
+        let h = PgHandle::health(self);
+        let sampled = self.sampled.lock().unwrap_or_else(|p| p.into_inner());
+        let (lag_bytes, retention, lag_error) = match &sampled.lag {
+            Some(Ok(info)) => (info.lag_bytes, info.wal_status.clone(), None),
+            Some(Err(e)) => (None, None, Some(e.clone())),
+            None => (None, None, None),
+        };
+        let mut out = SourceHealth::default();
+        out.streaming = h.streaming;
+        out.last_error = h.last_error.or(lag_error);
+        out.problems = sampled.problems.clone();
+        out.reconnects = h.reconnects;
+        out.events = h.events;
+        out.skipped = h.skipped;
+        out.received = Some(h.received_lsn.0);
+        out.confirmed = Some(h.confirmed_lsn.0);
+        out.head = Some(h.server_lsn.0);
+        out.lag_bytes = lag_bytes;
+        out.retention = retention;
+        out
+    }
+
+    fn sample(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let lag = self.lag().await.map_err(|e| e.to_string());
+            let problems = self.publication_problems().await;
+            let mut sampled = self.sampled.lock().unwrap_or_else(|p| p.into_inner());
+            sampled.lag = Some(lag);
+            if let Some(problems) = problems {
+                for p in problems.iter().filter(|p| !sampled.problems.contains(p)) {
+                    tracing::error!("{}", p.message);
+                }
+                sampled.problems = problems;
+            }
+        })
     }
 }
 
@@ -191,6 +288,8 @@ impl PgSource {
         let (ready_tx, ready_rx) = oneshot::channel();
         let (done_tx, done_rx) = oneshot::channel();
         let slot = config.slot.clone();
+        let publication = config.publication.clone();
+        let tables = config.tables.clone();
         reader::spawn(
             ReaderSetup {
                 config: Arc::new(config),
@@ -220,6 +319,9 @@ impl PgSource {
                 shared,
                 admin,
                 slot,
+                publication,
+                tables,
+                sampled: Arc::default(),
             },
             capabilities,
             stop,

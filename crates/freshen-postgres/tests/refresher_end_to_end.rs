@@ -46,17 +46,7 @@ async fn rebuild(pg: &PgServer) -> SqlRebuild {
         .unwrap()
 }
 
-/// Deterministic pseudo-random numbers (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+use freshen::Jitter as Rng;
 
 /// `txs` transactions of 1–4 statements: inserts, updates that move rows between
 /// devices, value updates, deletes.
@@ -135,7 +125,7 @@ async fn the_rollup_equals_a_fresh_group_by_after_a_random_workload() {
             .await
     });
 
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     workload(&c, &mut rng, 120).await;
     c.batch_execute("TRUNCATE readings").await.unwrap();
     workload(&c, &mut rng, 120).await;
@@ -166,7 +156,7 @@ async fn a_killed_refresher_resumes_from_the_slot_and_loses_nothing() {
             .build()
             .unwrap()
     };
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
 
     // First refresher: killed (its run future aborted) in the middle of the workload.
     let first = build(

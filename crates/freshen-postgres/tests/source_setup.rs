@@ -100,7 +100,7 @@ async fn setup_problems_are_clear_errors() {
     wrong.connection.password = Some("wrong".into());
     let err = PgSource::start(wrong).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
-    assert!(!err.is_retryable());
+    assert_eq!(err.retry(), freshen::Retry::Fix);
     assert!(
         !err.to_string().contains("wrong"),
         "no password in messages: {err}"

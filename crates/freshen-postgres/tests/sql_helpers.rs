@@ -268,7 +268,7 @@ async fn a_rebuild_waits_until_the_dirtying_commit_is_visible() {
         .unwrap();
     let err = checked.run(std::slice::from_ref(&dirty)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotVisible);
-    assert!(err.is_retryable());
+    assert_eq!(err.retry(), freshen::Retry::Path);
     assert!(err.to_string().contains(&txid.to_string()), "{err}");
 
     // …and a longer one succeeds as soon as the commit becomes visible.

@@ -33,20 +33,28 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether trying again (on a new connection, after a pause) may succeed.
-    pub fn is_retriable(&self) -> bool {
+    /// Whether trying again (on a new connection, after a pause) may succeed
+    /// ([`Retry::Path`](freshen::Retry)) or a person must act first
+    /// ([`Retry::Fix`](freshen::Retry)). Read from the broker's error code.
+    pub fn retry(&self) -> freshen::Retry {
         match self {
-            Error::Config(_) => false,
-            Error::Server { code, .. } => !matches!(
-                *code,
-                AUTHENTICATION_ERROR
-                    | AUTHORIZATION_ERROR
-                    | UNSUPPORTED_VERSION
-                    | TOPIC_TERMINATED
-                    | INVALID_TOPIC_NAME
-                    | NOT_ALLOWED
-            ),
-            Error::Io(_) | Error::Protocol(_) | Error::Timeout(_) => true,
+            Error::Config(_) => freshen::Retry::Fix,
+            Error::Server { code, .. }
+                if matches!(
+                    *code,
+                    AUTHENTICATION_ERROR
+                        | AUTHORIZATION_ERROR
+                        | UNSUPPORTED_VERSION
+                        | TOPIC_TERMINATED
+                        | INVALID_TOPIC_NAME
+                        | NOT_ALLOWED
+                ) =>
+            {
+                freshen::Retry::Fix
+            }
+            Error::Server { .. } | Error::Io(_) | Error::Protocol(_) | Error::Timeout(_) => {
+                freshen::Retry::Path
+            }
         }
     }
 }

@@ -106,6 +106,26 @@ impl SourceStatsHandle {
     }
 }
 
+impl freshen::SourceProbe for SourceStatsHandle {
+    fn kind(&self) -> &'static str {
+        "pulsar"
+    }
+
+    /// A failover standby (the broker made another consumer active) is healthy but not
+    /// streaming.
+    fn health(&self) -> freshen::SourceHealth {
+        let s = self.stats();
+        let mut h = freshen::SourceHealth::default();
+        h.standby = s.active == Some(false);
+        h.streaming = !h.standby;
+        h.last_error = s.last_error;
+        h.reconnects = s.reconnects;
+        h.events = s.events;
+        h.skipped = s.skipped;
+        h
+    }
+}
+
 struct Live {
     conn: Connection,
     consumer_id: u64,
@@ -358,7 +378,9 @@ impl PulsarSource {
                         self.live = Some(live);
                         self.failures = 0;
                     }
-                    Err(e) if !e.is_retriable() => return Some(Err(SourceError::new(e))),
+                    Err(e) if e.retry() != freshen::Retry::Path => {
+                        return Some(Err(SourceError::new(e)));
+                    }
                     Err(e) => {
                         add(&self.shared.counters.reconnects, 1);
                         self.failures += 1;

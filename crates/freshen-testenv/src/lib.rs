@@ -20,12 +20,15 @@
 //! ```
 //!
 //! Broker modules (`kafka`, `pulsar`) go beside `postgres` and share [`support`].
+//! [`refresher`] holds what tests of every source share: a refresher running on a task
+//! and polling with a deadline.
 
 mod broker;
 mod error;
 mod kafka;
 mod postgres;
 mod pulsar;
+pub mod refresher;
 pub mod support;
 
 pub use error::TestEnvError;

@@ -141,22 +141,7 @@ fn make_template(bins: &Binaries, run_as: &RunAs) -> Result<PathBuf, TestEnvErro
     fs::create_dir(&staging).map_err(|e| TestEnvError::io("creating the staging directory", e))?;
     run_as.own(&staging)?;
     let data = staging.join("data");
-    let result = support::run(
-        run_as
-            .command(bins.bin("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args([
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-                "--no-sync",
-            ]),
-    );
-    if let Err(e) = result {
+    if let Err(e) = initdb(bins, run_as, &data) {
         let _ = fs::remove_dir_all(&staging);
         return Err(e);
     }
@@ -172,12 +157,32 @@ fn make_template(bins: &Binaries, run_as: &RunAs) -> Result<PathBuf, TestEnvErro
     Ok(path)
 }
 
+fn initdb(bins: &Binaries, run_as: &RunAs, data: &Path) -> Result<(), TestEnvError> {
+    support::run(
+        run_as
+            .command(bins.bin("initdb"))
+            .arg("-D")
+            .arg(data)
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ]),
+    )
+    .map(|_| ())
+}
+
 /// Options for a [`PgServer`]; from [`PgServer::builder`].
 #[derive(Clone, Default)]
 pub struct PgServerBuilder {
     settings: Vec<(String, String)>,
     password: Option<String>,
     tls: bool,
+    own_cluster: bool,
 }
 
 impl fmt::Debug for PgServerBuilder {
@@ -208,6 +213,14 @@ impl PgServerBuilder {
     /// throwaway CA ([`PgServer::ca_cert`]). Needs the `openssl` command.
     pub fn tls(mut self, on: bool) -> Self {
         self.tls = on;
+        self
+    }
+
+    /// Run initdb for this server instead of copying the shared template (slower, about
+    /// a second): its system identifier then differs from every other server's, as a
+    /// separate production cluster's does. Servers copied from the template share one.
+    pub fn own_cluster(mut self, on: bool) -> Self {
+        self.own_cluster = on;
         self
     }
 
@@ -254,9 +267,13 @@ impl PgServer {
     fn launch(options: PgServerBuilder) -> Result<PgServer, TestEnvError> {
         let bins = Binaries::find()?;
         let run_as = RunAs::for_servers()?;
-        let template = template(&bins, &run_as)?;
         let dir = support::private_dir("freshen-pg-", &run_as)?;
-        support::copy_tree(&template, &dir.path().join("data"), &run_as)?;
+        if options.own_cluster {
+            initdb(&bins, &run_as, &dir.path().join("data"))?;
+        } else {
+            let template = template(&bins, &run_as)?;
+            support::copy_tree(&template, &dir.path().join("data"), &run_as)?;
+        }
         let sock = dir.path().join("s");
         fs::create_dir(&sock).map_err(|e| TestEnvError::io("creating the socket directory", e))?;
         run_as.own(&sock)?;
@@ -453,6 +470,12 @@ impl PgServer {
 
     /// Stops the server (it can be started again with [`start_again`](Self::start_again)).
     pub fn stop_with(&mut self, how: Shutdown) -> Result<(), TestEnvError> {
+        self.stop_within(how, Duration::from_secs(60))
+    }
+
+    /// Stops the server, failing (and killing it) if it has not exited within `within`:
+    /// for tests that a client never holds a shutdown up.
+    pub fn stop_within(&mut self, how: Shutdown, within: Duration) -> Result<(), TestEnvError> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
@@ -463,14 +486,12 @@ impl PgServer {
         if let Some(pid) = Pid::from_raw(child.id() as i32) {
             let _ = rustix::process::kill_process(pid, signal);
         }
-        let exited = support::wait_for(Duration::from_secs(60), || {
-            child.try_wait().ok().flatten().map(|_| ())
-        });
+        let exited = support::wait_for(within, || child.try_wait().ok().flatten().map(|_| ()));
         if exited.is_none() {
             let _ = child.kill();
             let _ = child.wait();
             return Err(TestEnvError::StartFailed {
-                reason: "the server did not stop within 60 s and was killed".into(),
+                reason: format!("the server did not stop within {within:?} and was killed"),
                 log: support::tail(&self.log_path(), 30),
             });
         }

@@ -18,6 +18,14 @@ pub enum AckPolicy {
     /// Once every key the batch dirtied has been rebuilt by a rebuild that started after
     /// the batch arrived; in batch order. A crash loses nothing: the source replays from
     /// the last acknowledged position. The default.
+    ///
+    /// One exception, counted in [`Stats::quarantine_releases`](crate::Stats): a key
+    /// quarantined (its own rebuilds failed `poison_after` times) in a refresher *with*
+    /// a reconcile sweep releases its holds, so its transactions are confirmed without a
+    /// successful rebuild and the sweep (or its next change) heals it. Without a sweep a
+    /// quarantined key keeps its transactions unconfirmed until it rebuilds, unless
+    /// [`Builder::release_quarantined_after`](crate::Builder::release_quarantined_after)
+    /// bounds that. An outage never quarantines: only failures that blame the key count.
     #[default]
     AfterRebuild,
     /// As soon as the batch's keys are marked dirty. Stateless and quick to release the
@@ -120,14 +128,19 @@ impl<A> AckTracker<A> {
         }
     }
 
-    /// `key` is quarantined: it releases every hold (the reconcile sweep owns it now).
-    pub(crate) fn forget(&mut self, key: &Key, covered: Option<BatchId>) {
+    /// `key` is quarantined and will be healed otherwise (a reconcile sweep): it
+    /// releases every hold. Returns whether it held any.
+    pub(crate) fn forget(&mut self, key: &Key, covered: Option<BatchId>) -> bool {
+        let mut held = false;
         if let Some(id) = self.keys.remove(key) {
             self.remove(id);
+            held = true;
         }
         if let Some(id) = covered {
             self.remove(id);
+            held = true;
         }
+        held
     }
 
     /// Acks that may leave now, oldest first.
@@ -230,7 +243,7 @@ mod tests {
         let job = t.start(&k("bad"));
         let b1 = t.receive("b1");
         t.hold(&k("bad"), b1);
-        t.forget(&k("bad"), job);
+        assert!(t.forget(&k("bad"), job));
         assert_eq!(t.release(), vec!["b0", "b1"]);
         assert!(t.holds.is_empty());
     }

@@ -45,24 +45,45 @@ impl Backoff {
     }
 }
 
-/// A small deterministic generator (xorshift64*) so that the scheduler stays a pure
-/// function of its inputs: tests seed it, the refresher seeds it from the clock.
+/// The one pseudo-random source of the workspace (xorshift64*): retry jitter in the
+/// scheduler and the reconnect loops, and deterministic workloads in tests, benchmarks
+/// and the demo. Deterministic for a seed, so the scheduler stays a pure function of
+/// its inputs; [`Jitter::from_clock`] seeds it for production use.
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub struct Jitter(u64);
 
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed | 1)
+impl Jitter {
+    /// A generator with this seed.
+    pub fn new(seed: u64) -> Jitter {
+        Jitter(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
 
-    /// A draw in `[0, 1)`.
-    pub(crate) fn unit(&mut self) -> f64 {
+    /// A generator seeded from the clock.
+    pub fn from_clock() -> Jitter {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        Jitter::new(nanos)
+    }
+
+    /// The next raw draw.
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
         self.0 = x;
-        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A draw in `[0, 1)` (what [`Backoff::delay`] takes).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A draw in `[0, n)` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
     }
 }
 
@@ -93,7 +114,7 @@ mod tests {
 
     #[test]
     fn rng_draws_spread_over_the_unit_interval() {
-        let mut r = Rng::new(42);
+        let mut r = Jitter::new(42);
         let draws: Vec<f64> = (0..10_000).map(|_| r.unit()).collect();
         assert!(draws.iter().all(|x| (0.0..1.0).contains(x)));
         let low = draws.iter().filter(|&&x| x < 0.5).count();

@@ -3,15 +3,26 @@
 //! Every key is in one of five states:
 //!
 //! ```text
-//!            mark                 pop_ready               complete(Ok)
+//!            mark                 pop_ready             complete(Rebuilt)
 //!   idle ──────────► dirty ──────────────────► running ─────────────────► idle
 //!                     ▲  ▲                     │  │ mark                   (or dirty again
 //!                     │  │  retry time          │  ▼                         if re-dirtied)
 //!                     │  └──── backoff ◄────────┴─ running+redirty
-//!                     │          complete(Failed)  │
-//!                     │                            │ poison_after failures in a row
-//!                     └──── revive (reconcile) ── poisoned   (marks ignored)
+//!                     │     complete(Failed(_)) ▲  │
+//!                     │                   mark  │  │ poison_after key failures in a row
+//!                     └── revive (reconcile) ── poisoned
 //! ```
+//!
+//! Failures count toward quarantine only when they blame the key ([`Retry::Key`]); a
+//! failure of the path (an outage) backs off without counting, so an outage of any
+//! length never quarantines a key. A quarantined key is not deaf: a new change gives it
+//! one fresh attempt after a backoff (one more failure quarantines it again), and a
+//! reconcile sweep revives it with a clean count.
+//!
+//! | event on a key in state | dirty                  | backoff | running / +redirty | poisoned            |
+//! |-------------------------|------------------------|---------|--------------------|---------------------|
+//! | `mark` (a change)       | quiet period restarts  | –       | → running+redirty  | → backoff, 1 attempt |
+//! | `revive` (a sweep)      | – (never delays it)    | –       | → running+redirty  | → dirty, count 0    |
 //!
 //! A dirty key fires once it has been quiet for `coalesce` or dirty for `max_wait`,
 //! whichever is first. Queued keys sit in one min-heap ordered by deadline. A mark that
@@ -22,10 +33,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::Key;
-use crate::backoff::{Backoff, Rng};
+use crate::backoff::{Backoff, Jitter};
 use crate::heap::QuadHeap;
 use crate::index::{Hash32, Index, Probe};
+use crate::{Key, Retry};
 
 /// Timing of a [`DirtySet`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +47,8 @@ pub struct DirtyConfig {
     pub max_wait: Duration,
     /// Delay between a failed rebuild and its retry.
     pub backoff: Backoff,
-    /// Consecutive failures after which a key is quarantined.
+    /// Consecutive failures that blame the key after which it is quarantined (at most
+    /// 65535).
     pub poison_after: u32,
     /// Seed of the jitter generator.
     pub seed: u64,
@@ -63,8 +75,11 @@ pub enum Mark {
     Pending,
     /// The key's rebuild is running; the key re-enters the queue when it ends.
     Redirtied,
-    /// The key is poisoned: the event is ignored until a reconcile revives it.
-    Ignored,
+    /// A sweep listed a key that is already queued; its deadline is untouched (a sweep
+    /// never delays a waiting key).
+    Unchanged,
+    /// A change to a quarantined key: it gets one fresh attempt after a backoff.
+    Retried,
     /// A reconcile revived a poisoned key; it is queued with a clean failure count.
     Revived,
 }
@@ -76,8 +91,18 @@ pub struct Ready {
     pub key: Key,
     /// When the oldest change this rebuild covers made the key dirty.
     pub first_dirty: Instant,
-    /// Failed rebuilds of this key in a row before this one (0 = first try).
+    /// Failed rebuilds of this key in a row before this one, of any kind (0 = first
+    /// try).
     pub failures: u32,
+}
+
+/// How a rebuild ended, for [`DirtySet::complete`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The key was rebuilt.
+    Rebuilt,
+    /// The rebuild failed; the directive says whether the key is to blame.
+    Failed(Retry),
 }
 
 /// What [`DirtySet::complete`] did with a finished key.
@@ -91,11 +116,11 @@ pub enum Completion {
     Retry {
         /// When the retry becomes ready.
         at: Instant,
-        /// Consecutive failures so far.
+        /// Consecutive failures so far, of any kind.
         failures: u32,
     },
-    /// Failed `poison_after` times in a row: quarantined until a reconcile revives it.
-    /// Reported exactly once per quarantine.
+    /// Failed `poison_after` times in a row by its own fault: quarantined until a new
+    /// change or a reconcile revives it.
     Poisoned,
     /// The key was not running (a caller bug); nothing changed.
     NotRunning,
@@ -119,13 +144,18 @@ enum State {
 /// | Backoff          | first mark          | retry time           | –                 |
 /// | Running          | –                   | –                    | rebuild's first   |
 /// | RunningRedirty   | first re-mark       | latest re-mark       | rebuild's first   |
+/// | Poisoned         | –                   | –                    | –                 |
+///
+/// `failures` counts failures that blamed the key, `stalls` those that blamed the path
+/// (they only lengthen the backoff); both reset on success.
 #[derive(Debug)]
 struct Slot {
     key: Option<Key>,
     first: u64,
     last: u64,
     job_first: u64,
-    failures: u32,
+    failures: u16,
+    stalls: u16,
     state: State,
 }
 
@@ -168,10 +198,11 @@ pub struct DirtySet {
     index: Index,
     heap: QuadHeap<Entry>,
     seq: u32,
-    rng: Rng,
+    rng: Jitter,
     queued: usize,
     running: usize,
     poisoned: usize,
+    poison_after: u16,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -184,7 +215,7 @@ impl DirtySet {
         DirtySet {
             coalesce: nanos(cfg.coalesce),
             max_wait: nanos(cfg.max_wait),
-            rng: Rng::new(cfg.seed),
+            rng: Jitter::new(cfg.seed),
             cfg,
             epoch,
             slots: Vec::new(),
@@ -195,6 +226,7 @@ impl DirtySet {
             queued: 0,
             running: 0,
             poisoned: 0,
+            poison_after: u16::try_from(cfg.poison_after.max(1)).unwrap_or(u16::MAX),
         }
     }
 
@@ -245,6 +277,7 @@ impl DirtySet {
             last: now,
             job_first: 0,
             failures: 0,
+            stalls: 0,
             state: State::Dirty,
         };
         let i = match self.free.pop() {
@@ -272,7 +305,8 @@ impl DirtySet {
         self.mark_inner(key, now, false)
     }
 
-    /// Like [`mark`](Self::mark), for a key listed by a reconcile sweep: a poisoned key is
+    /// Like [`mark`](Self::mark), for a key listed by a reconcile sweep: a queued key
+    /// keeps its deadline, a running one is marked to run again, a poisoned key is
     /// revived with a clean failure count.
     pub fn revive(&mut self, key: &Key, now: Instant) -> Mark {
         self.mark_inner(key, now, true)
@@ -292,6 +326,10 @@ impl DirtySet {
         };
         let s = &mut self.slots[i as usize];
         match s.state {
+            // A sweep says "this key should be right", not "this key just changed": a key
+            // already waiting is due soon anyway, and restarting its quiet period would
+            // delay it (and, under after-rebuild acks, its confirmations).
+            State::Dirty | State::Backoff if revive => Mark::Unchanged,
             State::Dirty => {
                 // The heap entry keeps the earlier deadline; pop_ready pushes it again.
                 s.last = now.max(s.last);
@@ -311,6 +349,7 @@ impl DirtySet {
             State::Poisoned if revive => {
                 s.state = State::Dirty;
                 s.failures = 0;
+                s.stalls = 0;
                 s.first = now;
                 s.last = now;
                 let d = self.dirty_deadline(&self.slots[i as usize]);
@@ -319,7 +358,22 @@ impl DirtySet {
                 self.queued += 1;
                 Mark::Revived
             }
-            State::Poisoned => Mark::Ignored,
+            State::Poisoned => {
+                // A change may be the fix (the bad row corrected): try once more, after
+                // the backoff the failures earned, and never sooner than the debounce.
+                let earned = u32::from(s.failures);
+                let delay = self.cfg.backoff.delay(earned, self.rng.unit());
+                let s = &mut self.slots[i as usize];
+                s.failures = self.poison_after - 1;
+                s.state = State::Backoff;
+                s.first = now;
+                s.last = now.saturating_add(nanos(delay).max(self.coalesce));
+                let at = s.last;
+                self.push(i, at);
+                self.poisoned -= 1;
+                self.queued += 1;
+                Mark::Retried
+            }
         }
     }
 
@@ -363,7 +417,7 @@ impl DirtySet {
         let ready = Ready {
             key: s.key.clone().expect("queued slots hold a key"),
             first_dirty: self.epoch + Duration::from_nanos(s.job_first),
-            failures: s.failures,
+            failures: u32::from(s.failures) + u32::from(s.stalls),
         };
         Some(ready)
     }
@@ -375,7 +429,7 @@ impl DirtySet {
     }
 
     /// Records how the running rebuild of `key` ended.
-    pub fn complete(&mut self, key: &Key, ok: bool, now: Instant) -> Completion {
+    pub fn complete(&mut self, key: &Key, outcome: Outcome, now: Instant) -> Completion {
         let now = self.ns(now);
         let Probe::Found { slot: i, bucket } = self.find(key).1 else {
             return Completion::NotRunning;
@@ -387,8 +441,13 @@ impl DirtySet {
             _ => return Completion::NotRunning,
         };
         self.running -= 1;
-        if ok {
+        let retry = match outcome {
+            Outcome::Rebuilt => None,
+            Outcome::Failed(r) => Some(r),
+        };
+        let Some(retry) = retry else {
             s.failures = 0;
+            s.stalls = 0;
             if !redirty {
                 self.release(i, bucket);
                 return Completion::Clean;
@@ -399,14 +458,18 @@ impl DirtySet {
             self.push(i, d);
             self.queued += 1;
             return Completion::Requeued;
+        };
+        if retry.blames_key() {
+            s.failures = s.failures.saturating_add(1);
+            if s.failures >= self.poison_after {
+                s.state = State::Poisoned;
+                self.poisoned += 1;
+                return Completion::Poisoned;
+            }
+        } else {
+            s.stalls = s.stalls.saturating_add(1);
         }
-        s.failures += 1;
-        let failures = s.failures;
-        if failures >= self.cfg.poison_after {
-            s.state = State::Poisoned;
-            self.poisoned += 1;
-            return Completion::Poisoned;
-        }
+        let failures = u32::from(s.failures) + u32::from(s.stalls);
         let delay = self.cfg.backoff.delay(failures, self.rng.unit());
         let s = &mut self.slots[i as usize];
         let at = now.saturating_add(nanos(delay));
@@ -419,6 +482,49 @@ impl DirtySet {
             at: self.instant(at),
             failures,
         }
+    }
+
+    /// When `key` becomes ready, if it is queued (dirty or waiting to retry).
+    pub fn deadline_of(&self, key: &Key) -> Option<Instant> {
+        let Probe::Found { slot, .. } = self.find(key).1 else {
+            return None;
+        };
+        let s = &self.slots[slot as usize];
+        match s.state {
+            State::Dirty => Some(self.instant(self.dirty_deadline(s))),
+            State::Backoff => Some(self.instant(s.last)),
+            _ => None,
+        }
+    }
+
+    /// Makes every key that is backing off after failures of the path due at `now`:
+    /// the path works again, so their retries need not wait out a backoff that grew
+    /// during the outage. Rebuilds the heap (one entry per queued key, as always):
+    /// O(n log n), and only called when a stall ends.
+    pub fn expedite_stalled(&mut self, now: Instant) -> usize {
+        let now = self.ns(now);
+        let mut moved = 0;
+        for s in &mut self.slots {
+            if s.key.is_some() && s.state == State::Backoff && s.stalls > 0 && s.last > now {
+                s.last = now;
+                moved += 1;
+            }
+        }
+        if moved == 0 {
+            return 0;
+        }
+        self.heap = QuadHeap::new();
+        for i in 0..self.slots.len() {
+            let s = &self.slots[i];
+            let deadline = match s.state {
+                _ if s.key.is_none() => continue,
+                State::Dirty => self.dirty_deadline(s),
+                State::Backoff => s.last,
+                _ => continue,
+            };
+            self.push(i as u32, deadline);
+        }
+        moved
     }
 
     /// Whether `key` is quarantined.
@@ -574,7 +680,7 @@ mod tests {
         // a's re-dirty would be due at 22 ms, before b (25) and c (26); the rebuild ends
         // at 40 ms when all three are due, and a goes behind the others.
         assert_eq!(
-            s.complete(&k("a"), true, t0 + 40 * MS),
+            s.complete(&k("a"), Outcome::Rebuilt, t0 + 40 * MS),
             Completion::Requeued
         );
         assert_eq!(s.queued(), 3);
@@ -585,7 +691,7 @@ mod tests {
         s2.mark(&k("a"), t0);
         s2.pop_ready(t0 + 10 * MS).unwrap();
         s2.mark(&k("a"), t0 + 12 * MS);
-        s2.complete(&k("a"), true, t0 + 13 * MS);
+        s2.complete(&k("a"), Outcome::Rebuilt, t0 + 13 * MS);
         assert_eq!(
             s2.pop_ready(t0 + 22 * MS).unwrap().first_dirty,
             t0 + 12 * MS
@@ -597,11 +703,14 @@ mod tests {
         let (mut s, t0) = set(10, 1000);
         s.mark(&k("a"), t0);
         s.pop_ready(t0 + 10 * MS).unwrap();
-        assert_eq!(s.complete(&k("a"), true, t0 + 11 * MS), Completion::Clean);
+        assert_eq!(
+            s.complete(&k("a"), Outcome::Rebuilt, t0 + 11 * MS),
+            Completion::Clean
+        );
         assert!(s.is_idle());
         assert_eq!(s.next_deadline(), None);
         assert_eq!(
-            s.complete(&k("a"), true, t0 + 12 * MS),
+            s.complete(&k("a"), Outcome::Rebuilt, t0 + 12 * MS),
             Completion::NotRunning
         );
         assert_eq!(s.mark(&k("a"), t0 + 20 * MS), Mark::Queued);
@@ -617,7 +726,7 @@ mod tests {
             let r = s.pop_ready(now).expect("due");
             assert_eq!(r.failures, attempt - 1);
             assert_eq!(r.first_dirty, t0, "lag keeps counting across retries");
-            match s.complete(&k("a"), false, now) {
+            match s.complete(&k("a"), Outcome::Failed(Retry::Key), now) {
                 Completion::Retry { at, failures } => {
                     assert_eq!(failures, attempt);
                     assert_eq!(s.pop_ready(at - Duration::from_nanos(1)), None);
@@ -636,7 +745,8 @@ mod tests {
         let (mut s, t0) = set(0, 1000);
         s.mark(&k("a"), t0);
         s.pop_ready(t0).unwrap();
-        let Completion::Retry { at, .. } = s.complete(&k("a"), false, t0) else {
+        let Completion::Retry { at, .. } = s.complete(&k("a"), Outcome::Failed(Retry::Key), t0)
+        else {
             panic!("retry expected")
         };
         assert_eq!(s.mark(&k("a"), t0 + MS), Mark::Pending);
@@ -644,15 +754,27 @@ mod tests {
         assert!(s.pop_ready(at).is_some());
     }
 
+    /// Fails `key`'s rebuilds that blame it until it is quarantined; returns the time.
+    fn poison(s: &mut DirtySet, key: &Key, mut now: Instant) -> Instant {
+        loop {
+            s.pop_ready(now).expect("due");
+            match s.complete(key, Outcome::Failed(Retry::Key), now) {
+                Completion::Retry { at, .. } => now = at,
+                Completion::Poisoned => return now,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
     #[test]
-    fn poisons_after_n_failures_reported_once_and_ignores_events() {
+    fn poisons_after_n_key_failures_reported_once() {
         let (mut s, t0) = set(0, 1000);
         s.mark(&k("bad"), t0);
         let mut now = t0;
         let mut outcomes = Vec::new();
         for _ in 0..3 {
             s.pop_ready(now).expect("due");
-            let c = s.complete(&k("bad"), false, now);
+            let c = s.complete(&k("bad"), Outcome::Failed(Retry::Key), now);
             if let Completion::Retry { at, .. } = c {
                 now = at;
             }
@@ -667,29 +789,142 @@ mod tests {
         assert_eq!(s.poisoned(), 1);
         assert!(s.is_poisoned(&k("bad")));
         assert!(s.is_idle());
-        assert_eq!(s.mark(&k("bad"), now), Mark::Ignored);
-        assert_eq!(s.pop_ready(now + 10_000 * MS), None);
+        assert_eq!(s.pop_ready(now + 10_000 * MS), None, "no change, no retry");
         assert_eq!(s.poisoned_keys().collect::<Vec<_>>(), vec![&k("bad")]);
+    }
+
+    #[test]
+    fn failures_of_the_path_never_quarantine() {
+        let (mut s, t0) = set(0, 1000);
+        s.mark(&k("a"), t0);
+        let mut now = t0;
+        for attempt in 1..=50u32 {
+            let r = s.pop_ready(now).expect("due");
+            assert_eq!(r.failures, attempt - 1);
+            let why = if attempt % 2 == 0 {
+                Retry::Path
+            } else {
+                Retry::Fix
+            };
+            match s.complete(&k("a"), Outcome::Failed(why), now) {
+                Completion::Retry { at, .. } => {
+                    assert!(at - now <= 1000 * MS, "backoff stays capped");
+                    now = at;
+                }
+                other => panic!("attempt {attempt}: {other:?}"),
+            }
+        }
+        assert_eq!(s.poisoned(), 0);
+        // Two key failures after 50 outages still leave one attempt before quarantine.
+        for _ in 0..2 {
+            s.pop_ready(now).expect("due");
+            let Completion::Retry { at, .. } =
+                s.complete(&k("a"), Outcome::Failed(Retry::Key), now)
+            else {
+                panic!("two key failures of three do not quarantine");
+            };
+            now = at;
+        }
+        s.pop_ready(now).expect("due");
+        assert_eq!(
+            s.complete(&k("a"), Outcome::Rebuilt, now),
+            Completion::Clean,
+            "a success forgets every failure"
+        );
+    }
+
+    #[test]
+    fn a_change_gives_a_quarantined_key_one_fresh_attempt() {
+        let (mut s, t0) = set(0, 1000);
+        s.mark(&k("bad"), t0);
+        let now = poison(&mut s, &k("bad"), t0);
+        assert_eq!(s.mark(&k("bad"), now), Mark::Retried);
+        assert_eq!(s.poisoned(), 0);
+        assert_eq!(s.pop_ready(now), None, "the retry waits for a backoff");
+        let at = s.next_deadline().expect("queued");
+        let r = s.pop_ready(at).expect("due after the backoff");
+        assert_eq!(r.failures, 2);
+        // Still broken: one failure quarantines it again.
+        assert_eq!(
+            s.complete(&k("bad"), Outcome::Failed(Retry::Key), at),
+            Completion::Poisoned
+        );
+        // Fixed: the next change's attempt succeeds and the key is clean.
+        assert_eq!(s.mark(&k("bad"), at), Mark::Retried);
+        let at = s.next_deadline().expect("queued");
+        s.pop_ready(at).expect("due");
+        assert_eq!(
+            s.complete(&k("bad"), Outcome::Rebuilt, at),
+            Completion::Clean
+        );
+        assert!(s.is_idle());
+        assert_eq!(s.poisoned(), 0);
+    }
+
+    #[test]
+    fn keys_stalled_by_an_outage_are_due_once_it_ends() {
+        let (mut s, t0) = set(0, 1000);
+        for name in ["a", "b", "c"] {
+            s.mark(&k(name), t0);
+        }
+        let mut now = t0;
+        // An outage: every attempt fails by the path, backoffs grow.
+        for _ in 0..4 {
+            while let Some(r) = s.pop_ready(now) {
+                s.complete(&r.key, Outcome::Failed(Retry::Path), now);
+            }
+            now = s.next_deadline().expect("queued");
+        }
+        s.mark(&k("d"), now); // a healthy key, dirty in the usual way
+        let later = now + 200 * MS;
+        assert!(s.next_deadline().unwrap() <= now);
+        let r = s.pop_ready(now).unwrap();
+        assert_eq!(s.complete(&r.key, Outcome::Rebuilt, now), Completion::Clean);
+        // The first success: the rest go now instead of after their backoff.
+        assert_eq!(s.expedite_stalled(now), 2);
+        let mut keys = drain(&mut s, now);
+        keys.sort();
+        assert_eq!(keys.len(), 3, "{keys:?}");
+        assert_eq!(s.queued(), 0);
+        assert_eq!(
+            s.pop_ready(later),
+            None,
+            "one heap entry per key: nothing left"
+        );
+    }
+
+    #[test]
+    fn a_sweep_never_delays_a_waiting_key() {
+        // The original library's scenario: change at t, sweep at t+800 ms, coalesce 1 s
+        // → rebuilt at t+1 s, not t+1.8 s.
+        let (mut s, t0) = set(1000, 5000);
+        s.mark(&k("a"), t0);
+        assert_eq!(s.revive(&k("a"), t0 + 800 * MS), Mark::Unchanged);
+        assert_eq!(s.next_deadline(), Some(t0 + 1000 * MS));
+        assert!(s.pop_ready(t0 + 1000 * MS).is_some());
+        // A key backing off keeps its retry time too.
+        let Completion::Retry { at, .. } =
+            s.complete(&k("a"), Outcome::Failed(Retry::Key), t0 + 1000 * MS)
+        else {
+            panic!("retry expected")
+        };
+        assert_eq!(s.revive(&k("a"), t0 + 1001 * MS), Mark::Unchanged);
+        assert_eq!(s.next_deadline(), Some(at));
     }
 
     #[test]
     fn reconcile_revives_a_poisoned_key() {
         let (mut s, t0) = set(0, 1000);
         s.mark(&k("bad"), t0);
-        let mut now = t0;
-        loop {
-            s.pop_ready(now).unwrap();
-            match s.complete(&k("bad"), false, now) {
-                Completion::Retry { at, .. } => now = at,
-                Completion::Poisoned => break,
-                other => panic!("{other:?}"),
-            }
-        }
+        let now = poison(&mut s, &k("bad"), t0);
         assert_eq!(s.revive(&k("bad"), now), Mark::Revived);
         assert_eq!(s.poisoned(), 0);
         let r = s.pop_ready(now).expect("revived key is due");
         assert_eq!(r.failures, 0, "failure count starts over");
-        assert_eq!(s.complete(&k("bad"), true, now), Completion::Clean);
+        assert_eq!(
+            s.complete(&k("bad"), Outcome::Rebuilt, now),
+            Completion::Clean
+        );
     }
 
     #[test]

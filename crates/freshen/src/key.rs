@@ -161,6 +161,41 @@ impl From<&String> for Key {
     }
 }
 
+/// A key shown for logs: every text part quoted, so that an empty or blank key part
+/// is visible (`""`, `("a", NULL)`). From [`Key::quoted`].
+#[derive(Debug, Clone, Copy)]
+pub struct Quoted<'a>(&'a Key);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts = self.0.parts();
+        let several = self.0.0.starts_with(MARK);
+        if several {
+            f.write_str("(")?;
+        }
+        for (i, part) in parts.enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match part {
+                Some(s) => write!(f, "{s:?}")?,
+                None => f.write_str("NULL")?,
+            }
+        }
+        if several {
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+impl Key {
+    /// The key for logs, every part quoted: `"dev-1"`, `""`, `("a", NULL)`.
+    pub fn quoted(&self) -> Quoted<'_> {
+        Quoted(self)
+    }
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.0.starts_with(MARK) {

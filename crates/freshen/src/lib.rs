@@ -14,7 +14,9 @@
 //!   ([`RowEvent::scope_keys`]).
 //! - [`DirtySet`]: the scheduler. Per-key debounce (`coalesce`) with a cap (`max_wait`),
 //!   single flight, exponential backoff with jitter, quarantine after `poison_after`
-//!   failures. O(log n) per operation.
+//!   failures that blame the key. O(log n) per operation.
+//! - [`Retry`]: whose fault a failure is. An outage (the *path*) delays rebuilds and
+//!   never quarantines a key; only the key's own data (its SQL raised) counts.
 //! - *Rebuild*: recompute one key, or up to N keys per call ([`Rebuild`]).
 //! - *Reconcile*: list the live key universe ([`Enumerate`]) once at start, then on an
 //!   interval and right after a TRUNCATE; every key flows through the normal pipeline.
@@ -59,12 +61,13 @@
 //! let events = vec![reading("dev-1", 10), reading("dev-2", 5), reading("dev-1", 12)];
 //! feed.send(Batch::new(events, Ack::none())).await.unwrap();
 //! drop(feed); // end of stream: run drains the dirty keys, then returns
+//! let handle = refresher.handle();
 //! refresher.run(std::future::pending()).await.unwrap();
 //!
 //! let mut keys = rebuilt.lock().unwrap().clone();
 //! keys.sort();
 //! assert_eq!(keys, ["dev-1", "dev-2"]);
-//! assert_eq!(refresher.stats().rebuilds_ok, 2);
+//! assert_eq!(handle.stats().rebuilds_ok, 2);
 //! # });
 //! ```
 //!
@@ -74,6 +77,7 @@
 
 mod ack;
 mod backoff;
+mod builder;
 mod channel;
 mod dirty;
 mod event;
@@ -85,23 +89,33 @@ mod key;
 mod rebuild;
 mod redact;
 mod refresher;
+mod report;
+mod retry;
+mod runner;
 mod source;
 mod stats;
+mod sweep;
 
 pub use ack::AckPolicy;
-pub use backoff::Backoff;
+pub use backoff::{Backoff, Jitter};
+pub use builder::Builder;
 pub use channel::{ChannelSource, Feed, FeedClosed, channel};
-pub use dirty::{Completion, DirtyConfig, DirtySet, Mark, Ready};
+pub use dirty::{Completion, DirtyConfig, DirtySet, Mark, Outcome, Ready};
 pub use event::{Columns, Op, Row, RowEvent, Tx, Value};
 pub use fanout::{Branch, fanout};
 pub use histogram::HistogramSnapshot;
-pub use key::{Key, Parts};
+pub use key::{Key, Parts, Quoted};
 pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
 pub use redact::{
     MASK, SAFE_PARAMETERS, is_safe_parameter, parameter_name, redact_text, redact_url,
 };
-pub use refresher::{BuildError, Builder, Handle, Refresher, Report, RunError};
-pub use source::{Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError};
+pub use refresher::{Handle, Quarantined, Refresher};
+pub use report::{BuildError, Report, RunError};
+pub use retry::Retry;
+pub use source::{
+    Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
+    SourceProbe, SourceProblem,
+};
 pub use stats::Stats;
 
 /// The README's Rust examples compile and run as doctests.

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use tokio::sync::mpsc;
 
-use crate::{BoxError, BoxFuture, Key};
+use crate::{BoxError, BoxFuture, Key, Retry};
 
 /// A key due for rebuild, with what the source said about the changes behind it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +24,11 @@ pub struct Due {
 /// Recomputes dirty scopes from the source tables. Must be idempotent: a key may be
 /// rebuilt more than once for one change (at-least-once delivery, reconcile sweeps).
 ///
+/// Cancellation is by drop: the refresher drops a rebuild future it gives up on (a
+/// shutdown past its grace period). An implementation that starts work elsewhere
+/// should stop it on drop (`freshen-postgres`'s `SqlRebuild` cancels its statement on
+/// the server).
+///
 /// Most programs pass a closure to [`Builder::rebuild`](crate::Builder::rebuild) or
 /// [`Builder::rebuild_batch`](crate::Builder::rebuild_batch); implement this trait to see
 /// transaction ids or to rebuild several keys in one round trip.
@@ -35,6 +40,14 @@ pub trait Rebuild: Send + Sync + 'static {
     /// How many keys one call may take (1 = one key per call).
     fn max_batch(&self) -> usize {
         1
+    }
+
+    /// Whose fault a failure returned by [`rebuild`](Self::rebuild) was: the key's
+    /// (counts toward quarantine) or the path's (an outage: retried, never quarantined).
+    /// The default blames the key; adapters classify their own errors from codes.
+    fn classify(&self, error: &BoxError) -> Retry {
+        let _ = error;
+        Retry::Key
     }
 }
 

@@ -188,6 +188,68 @@ impl Default for Capabilities {
     }
 }
 
+/// What a running source says about itself — one shape for every kind, so that a
+/// program reports any source's health without knowing which it is.
+///
+/// Positions are the source's own, as numbers (a PostgreSQL LSN, a Kafka offset sum…);
+/// `None` where the source has no such notion.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct SourceHealth {
+    /// Changes are flowing now (connected, subscribed, streaming).
+    pub streaming: bool,
+    /// A healthy standby: connected, waiting for another instance to fail (a Pulsar
+    /// failover subscription, a slot held elsewhere).
+    pub standby: bool,
+    /// The last error (a broken connection, a failed reconnect), if any.
+    pub last_error: Option<String>,
+    /// What is wrong with the source's setup now (a table dropped from a publication);
+    /// each entry makes the pipeline unhealthy until it is gone.
+    pub problems: Vec<SourceProblem>,
+    /// Reconnects (or rebalances) so far.
+    pub reconnects: u64,
+    /// Row events handed over.
+    pub events: u64,
+    /// Messages skipped because they could not be decoded.
+    pub skipped: u64,
+    /// Furthest position received.
+    pub received: Option<u64>,
+    /// Position confirmed upstream (everything before it is safe to forget).
+    pub confirmed: Option<u64>,
+    /// The upstream's own newest position (server WAL end, high watermark).
+    pub head: Option<u64>,
+    /// How far behind the confirmed position is, in bytes (what the server retains).
+    pub lag_bytes: Option<u64>,
+    /// The upstream's state of the retained position (a slot's `wal_status`).
+    pub retention: Option<String>,
+}
+
+/// Something wrong with a running source's setup, and the table it concerns (so that a
+/// program can name the views that watch it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceProblem {
+    /// `schema.table`, when the problem concerns one table.
+    pub table: Option<(String, String)>,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// The uniform handle of a running source: its health now, and a periodic sample of
+/// what must be asked of the server (lag, setup drift), off the receive path.
+pub trait SourceProbe: Send + Sync + 'static {
+    /// The source's kind, as configuration names it (`postgres`, `kafka`, …).
+    fn kind(&self) -> &'static str;
+
+    /// A snapshot of the source's health (cheap: no I/O).
+    fn health(&self) -> SourceHealth;
+
+    /// Refreshes what [`health`](Self::health) cannot know without asking the server;
+    /// called every few seconds. The default does nothing.
+    fn sample(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
 /// A stream of row-event batches: PostgreSQL logical replication, a MySQL binlog, a
 /// Kafka topic, an in-memory channel.
 ///

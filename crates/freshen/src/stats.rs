@@ -1,7 +1,10 @@
 //! `Stats`: a plain snapshot of a refresher's counters and gauges.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::Retry;
 
 use crate::histogram::{Histogram, HistogramSnapshot};
 
@@ -24,8 +27,6 @@ pub struct Stats {
     pub truncates: u64,
     /// Keys marked dirty by events and sweeps (one per key per event).
     pub keys_marked: u64,
-    /// Marks ignored because the key is poisoned.
-    pub keys_ignored: u64,
     /// Keys rebuilt successfully.
     pub rebuilds_ok: u64,
     /// Key rebuilds that failed.
@@ -34,6 +35,16 @@ pub struct Stats {
     pub rebuild_calls: u64,
     /// Keys quarantined after repeated failures (counted once per quarantine).
     pub keys_poisoned: u64,
+    /// Quarantined keys whose held acknowledgements were released without a successful
+    /// rebuild: their transactions were confirmed upstream, and only a reconcile sweep
+    /// (or a later change) heals them. The one exception to the after-rebuild guarantee.
+    pub quarantine_releases: u64,
+    /// Failed rebuilds that blamed the path (an outage, a timeout, a conflict), not the
+    /// key; they never quarantine. Included in `rebuilds_failed`.
+    pub path_failures: u64,
+    /// Rebuilds abandoned at shutdown past the grace period (they are cancelled; their
+    /// keys stay unacknowledged and are replayed after a restart).
+    pub abandoned: u64,
     /// Reconcile sweeps completed.
     pub reconciles: u64,
     /// Reconcile sweeps that failed to list keys.
@@ -44,6 +55,9 @@ pub struct Stats {
     pub dirty: u64,
     /// Keys quarantined now. Gauge.
     pub poisoned: u64,
+    /// Quarantined keys still holding back acknowledgements (a view without reconcile):
+    /// their transactions stay unconfirmed until the key rebuilds. Gauge.
+    pub poisoned_holding: u64,
     /// Keys being rebuilt now. Gauge.
     pub in_flight: u64,
     /// Batches received but not yet acknowledged. Gauge.
@@ -52,6 +66,13 @@ pub struct Stats {
     pub last_event: Option<SystemTime>,
     /// When the last rebuild succeeded.
     pub last_rebuild: Option<SystemTime>,
+    /// Since when rebuilds fail for a reason that is not the key's (an outage): no
+    /// rebuild has succeeded since. `None` when the way to the database works.
+    pub stalled_since: Option<SystemTime>,
+    /// What the stall is: the directive and the last error.
+    pub stall: Option<(Retry, String)>,
+    /// The last rebuild failure of any kind, for status pages.
+    pub last_error: Option<String>,
     /// Times the run loop woke up (batches, finished rebuilds, timers): an idle or
     /// saturated refresher should not wake much more often than it has work.
     pub wakeups: u64,
@@ -69,33 +90,47 @@ pub(crate) struct Recorder {
     pub(crate) events_skipped: AtomicU64,
     pub(crate) truncates: AtomicU64,
     pub(crate) keys_marked: AtomicU64,
-    pub(crate) keys_ignored: AtomicU64,
     pub(crate) rebuilds_ok: AtomicU64,
     pub(crate) rebuilds_failed: AtomicU64,
     pub(crate) rebuild_calls: AtomicU64,
     pub(crate) keys_poisoned: AtomicU64,
+    pub(crate) quarantine_releases: AtomicU64,
+    pub(crate) path_failures: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
     pub(crate) reconciles: AtomicU64,
     pub(crate) reconcile_failures: AtomicU64,
     pub(crate) reconcile_keys: AtomicU64,
     pub(crate) dirty: AtomicU64,
     pub(crate) poisoned: AtomicU64,
+    pub(crate) poisoned_holding: AtomicU64,
     pub(crate) in_flight: AtomicU64,
     pub(crate) unacked_batches: AtomicU64,
-    /// Milliseconds since the Unix epoch; 0 = never.
-    pub(crate) last_event_ms: AtomicU64,
-    pub(crate) last_rebuild_ms: AtomicU64,
+    /// Nanoseconds since the Unix epoch (full precision: a reading never precedes the
+    /// activity it records); 0 = never.
+    pub(crate) last_event_ns: AtomicU64,
+    pub(crate) last_rebuild_ns: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) freshness: Histogram,
+    /// Rarely written: on a failure, on a stall's start and end.
+    pub(crate) trouble: Mutex<Trouble>,
 }
 
-fn now_ms() -> u64 {
+/// The failure state behind `stalled_since`, `stall` and `last_error`.
+#[derive(Debug, Default)]
+pub(crate) struct Trouble {
+    pub(crate) stalled_since: Option<SystemTime>,
+    pub(crate) stall: Option<(Retry, String)>,
+    pub(crate) last_error: Option<String>,
+}
+
+fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn time_of(ms: u64) -> Option<SystemTime> {
-    (ms > 0).then(|| UNIX_EPOCH + Duration::from_millis(ms))
+fn time_of(ns: u64) -> Option<SystemTime> {
+    (ns > 0).then(|| UNIX_EPOCH + Duration::from_nanos(ns))
 }
 
 impl Recorder {
@@ -108,22 +143,26 @@ impl Recorder {
             events_skipped: z(),
             truncates: z(),
             keys_marked: z(),
-            keys_ignored: z(),
             rebuilds_ok: z(),
             rebuilds_failed: z(),
             rebuild_calls: z(),
             keys_poisoned: z(),
+            quarantine_releases: z(),
+            path_failures: z(),
+            abandoned: z(),
             reconciles: z(),
             reconcile_failures: z(),
             reconcile_keys: z(),
             dirty: z(),
             poisoned: z(),
+            poisoned_holding: z(),
             in_flight: z(),
             unacked_batches: z(),
-            last_event_ms: z(),
-            last_rebuild_ms: z(),
+            last_event_ns: z(),
+            last_rebuild_ns: z(),
             wakeups: z(),
             freshness: Histogram::new(),
+            trouble: Mutex::new(Trouble::default()),
         }
     }
 
@@ -136,15 +175,26 @@ impl Recorder {
     }
 
     pub(crate) fn touch_event(&self) {
-        self.last_event_ms.store(now_ms(), Relaxed);
+        self.last_event_ns.store(now_ns(), Relaxed);
     }
 
     pub(crate) fn touch_rebuild(&self) {
-        self.last_rebuild_ms.store(now_ms(), Relaxed);
+        self.last_rebuild_ns.store(now_ns(), Relaxed);
+    }
+
+    /// Changes the failure state.
+    pub(crate) fn trouble(&self, f: impl FnOnce(&mut Trouble)) {
+        f(&mut self.trouble.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
         let g = |a: &AtomicU64| a.load(Relaxed);
+        let trouble = self.trouble.lock().unwrap_or_else(|p| p.into_inner());
+        let trouble = Trouble {
+            stalled_since: trouble.stalled_since,
+            stall: trouble.stall.clone(),
+            last_error: trouble.last_error.clone(),
+        };
         Stats {
             batches_received: g(&self.batches_received),
             batches_acked: g(&self.batches_acked),
@@ -152,20 +202,26 @@ impl Recorder {
             events_skipped: g(&self.events_skipped),
             truncates: g(&self.truncates),
             keys_marked: g(&self.keys_marked),
-            keys_ignored: g(&self.keys_ignored),
             rebuilds_ok: g(&self.rebuilds_ok),
             rebuilds_failed: g(&self.rebuilds_failed),
             rebuild_calls: g(&self.rebuild_calls),
             keys_poisoned: g(&self.keys_poisoned),
+            quarantine_releases: g(&self.quarantine_releases),
+            path_failures: g(&self.path_failures),
+            abandoned: g(&self.abandoned),
             reconciles: g(&self.reconciles),
             reconcile_failures: g(&self.reconcile_failures),
             reconcile_keys: g(&self.reconcile_keys),
             dirty: g(&self.dirty),
             poisoned: g(&self.poisoned),
+            poisoned_holding: g(&self.poisoned_holding),
             in_flight: g(&self.in_flight),
             unacked_batches: g(&self.unacked_batches),
-            last_event: time_of(g(&self.last_event_ms)),
-            last_rebuild: time_of(g(&self.last_rebuild_ms)),
+            last_event: time_of(g(&self.last_event_ns)),
+            last_rebuild: time_of(g(&self.last_rebuild_ns)),
+            stalled_since: trouble.stalled_since,
+            stall: trouble.stall,
+            last_error: trouble.last_error,
             wakeups: g(&self.wakeups),
             freshness: self.freshness.snapshot(),
         }

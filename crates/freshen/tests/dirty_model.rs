@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use freshen::{Backoff, Completion, DirtyConfig, DirtySet, Key, Mark};
+use freshen::{Backoff, Completion, DirtyConfig, DirtySet, Key, Mark, Outcome, Retry};
 use proptest::prelude::*;
 
 const CO: u64 = 10;
@@ -34,7 +34,10 @@ enum St {
 #[derive(Debug, Clone)]
 struct Entry {
     st: St,
+    /// Failures that blamed the key (they quarantine).
     failures: u32,
+    /// Failures that blamed the path (they only lengthen the backoff).
+    stalls: u32,
 }
 
 #[derive(Default)]
@@ -62,11 +65,14 @@ impl Model {
                         floor: 0,
                     },
                     failures: 0,
+                    stalls: 0,
                 },
             );
             return Mark::Queued;
         };
         match &mut e.st {
+            // A sweep never delays a key that is already waiting.
+            St::Dirty { .. } | St::Backoff { .. } if revive => Mark::Unchanged,
             St::Dirty { last, .. } => {
                 *last = now;
                 Mark::Pending
@@ -87,10 +93,20 @@ impl Model {
                         floor: 0,
                     },
                     failures: 0,
+                    stalls: 0,
                 };
                 Mark::Revived
             }
-            St::Poisoned => Mark::Ignored,
+            // A change gives a quarantined key one fresh attempt; its retry time is
+            // jittered, so the caller adopts it from the set (within bounds it checks).
+            St::Poisoned => {
+                e.failures = POISON_AFTER - 1;
+                e.st = St::Backoff {
+                    first: now,
+                    at: u64::MAX,
+                };
+                Mark::Retried
+            }
         }
     }
 
@@ -116,7 +132,15 @@ enum Op {
     Revive(u8),
     Advance(u64),
     Pop,
-    Complete { which: usize, ok: bool },
+    Complete { which: usize, outcome: Outcome },
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        6 => Just(Outcome::Rebuilt),
+        3 => Just(Outcome::Failed(Retry::Key)),
+        1 => Just(Outcome::Failed(Retry::Path)),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -125,8 +149,19 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..6).prop_map(Op::Revive),
         3 => (0u64..25).prop_map(Op::Advance),
         3 => Just(Op::Pop),
-        3 => (0usize..6, proptest::bool::weighted(0.6)).prop_map(|(which, ok)| Op::Complete { which, ok }),
+        3 => (0usize..6, outcome()).prop_map(|(which, outcome)| Op::Complete { which, outcome }),
     ]
+}
+
+/// The model's clock for a jittered retry time: whole milliseconds, a sub-millisecond
+/// remainder due at the next millisecond (as the comparisons below round the set's).
+fn adopt(now: u64, delay: Duration) -> u64 {
+    let at_ms = now + delay.as_millis() as u64;
+    if delay.as_nanos().is_multiple_of(1_000_000) {
+        at_ms
+    } else {
+        at_ms + 1
+    }
 }
 
 proptest! {
@@ -151,7 +186,17 @@ proptest! {
 
         for op in ops {
             match op {
-                Op::Mark(k) => prop_assert_eq!(set.mark(&key(k), ms(now)), model.mark(k, now, false)),
+                Op::Mark(k) => {
+                    let got = set.mark(&key(k), ms(now));
+                    prop_assert_eq!(got, model.mark(k, now, false));
+                    if got == Mark::Retried {
+                        let at = set.deadline_of(&key(k)).expect("a retried key is queued");
+                        let delay = at - ms(now);
+                        let ceiling = cfg.backoff.ceiling(POISON_AFTER).max(Duration::from_millis(CO));
+                        prop_assert!(delay >= ceiling / 2 && delay <= ceiling, "retry delay {:?}", delay);
+                        model.keys.get_mut(&k).unwrap().st = St::Backoff { first: now, at: adopt(now, delay) };
+                    }
+                }
                 Op::Revive(k) => prop_assert_eq!(set.revive(&key(k), ms(now)), model.mark(k, now, true)),
                 Op::Advance(d) => now += d,
                 Op::Pop => {
@@ -167,22 +212,23 @@ proptest! {
                                 _ => unreachable!(),
                             };
                             prop_assert_eq!(r.first_dirty, ms(first));
-                            prop_assert_eq!(r.failures, e.failures);
+                            prop_assert_eq!(r.failures, e.failures + e.stalls);
                             e.st = St::Running { job_first: first, redirty: None };
                             running.push(k);
                         }
                     }
                 }
-                Op::Complete { which, ok } => {
+                Op::Complete { which, outcome } => {
                     if running.is_empty() {
                         continue;
                     }
                     let k = running.remove(which % running.len());
-                    let got = set.complete(&key(k), ok, ms(now));
+                    let got = set.complete(&key(k), outcome, ms(now));
                     let e = model.keys.get_mut(&k).unwrap();
                     let St::Running { job_first, redirty } = e.st.clone() else { unreachable!() };
-                    if ok {
+                    if outcome == Outcome::Rebuilt {
                         e.failures = 0;
+                        e.stalls = 0;
                         match redirty {
                             None => {
                                 model.keys.remove(&k);
@@ -194,7 +240,11 @@ proptest! {
                             }
                         }
                     } else {
-                        e.failures += 1;
+                        if outcome == Outcome::Failed(Retry::Key) {
+                            e.failures += 1;
+                        } else {
+                            e.stalls += 1;
+                        }
                         if e.failures >= POISON_AFTER {
                             e.st = St::Poisoned;
                             prop_assert_eq!(got, Completion::Poisoned);
@@ -202,16 +252,11 @@ proptest! {
                             let Completion::Retry { at, failures } = got else {
                                 return Err(TestCaseError::fail(format!("expected retry, got {got:?}")));
                             };
-                            prop_assert_eq!(failures, e.failures);
+                            prop_assert_eq!(failures, e.failures + e.stalls);
                             let ceiling = cfg.backoff.ceiling(failures);
                             let delay = at - ms(now);
                             prop_assert!(delay >= ceiling / 2 && delay <= ceiling, "delay {:?}", delay);
-                            // Adopt the jittered retry time (rounded like the set's clock).
-                            let at_ms = now + delay.as_millis() as u64;
-                            let exact = delay.as_nanos() % 1_000_000 == 0;
-                            // The model counts whole milliseconds: a sub-millisecond retry time
-                            // is due at the next millisecond, in both.
-                            e.st = St::Backoff { first: job_first, at: if exact { at_ms } else { at_ms + 1 } };
+                            e.st = St::Backoff { first: job_first, at: adopt(now, delay) };
                         }
                     }
                 }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use freshen::{
-    Ack, AckPolicy, Batch, Due, Key, Rebuild, Refresher, Report, RunError, SourceError, channel,
-    fanout,
+    Ack, AckPolicy, Batch, Due, Key, Rebuild, Refresher, Report, RowEvent, RunError, SourceError,
+    channel, fanout,
 };
 use support::*;
 
@@ -41,6 +41,7 @@ async fn three_events_on_two_keys_make_two_rebuilds_all_acked() {
         .await
         .unwrap();
     drop(feed);
+    let h = r.handle();
     within(
         "run drains",
         Duration::from_secs(10),
@@ -50,7 +51,7 @@ async fn three_events_on_two_keys_make_two_rebuilds_all_acked() {
     .unwrap();
     assert_eq!(log.sorted(), ["a", "b"]);
     assert_eq!(acks.list(), [1, 2]);
-    let s = r.stats();
+    let s = h.stats();
     assert_eq!(s.events_received, 3);
     assert_eq!(s.keys_marked, 3);
     assert_eq!(s.rebuilds_ok, 2);
@@ -111,7 +112,16 @@ async fn a_failing_key_is_poisoned_without_blocking_a_healthy_one() {
     assert_eq!(s.rebuilds_failed, 3);
     assert_eq!(s.keys_poisoned, 1);
     assert_eq!(s.poisoned, 1);
-    assert_eq!(acks.list(), [1, 2], "a poisoned key releases its hold");
+    // No reconcile sweep would heal it: its batch stays unacknowledged (and the later
+    // one with it, acks leave in order) instead of being confirmed unrebuilt.
+    assert_eq!(acks.list(), Vec::<u32>::new());
+    assert_eq!(s.poisoned_holding, 1);
+    assert_eq!(s.quarantine_releases, 0);
+    let q = handle.quarantined();
+    assert!(
+        q[0].holding && q[0].error.contains("constraint violation"),
+        "{q:?}"
+    );
     let reports = reports.lock().unwrap();
     let poisoned: Vec<_> = reports
         .iter()
@@ -122,7 +132,7 @@ async fn a_failing_key_is_poisoned_without_blocking_a_healthy_one() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
+async fn a_change_to_a_poisoned_key_retries_it_and_a_sweep_revives_it() {
     let (feed, source) = channel(8);
     let fail = Arc::new(AtomicUsize::new(1));
     let calls = Arc::new(AtomicUsize::new(0));
@@ -133,7 +143,7 @@ async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
         .rebuild(move |_key: Key| {
             c.fetch_add(1, Ordering::SeqCst);
             let failing = f.load(Ordering::SeqCst) == 1;
-            async move { if failing { Err("down") } else { Ok(()) } }
+            async move { if failing { Err("bad row") } else { Ok(()) } }
         })
         .coalesce(MS)
         .poison_after(1)
@@ -150,18 +160,20 @@ async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
         h.stats().poisoned == 1
     })
     .await;
+    let q = h.quarantined();
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].key, Key::from("k"));
+    assert!(q[0].error.contains("bad row"), "{q:?}");
+    assert!(!q[0].holding, "a view with a sweep releases its holds");
+    // A change is not ignored: it gives the key a fresh attempt (still failing).
     feed.send(Batch::new(vec![reading("k", 1)], Ack::none()))
         .await
         .unwrap();
-    waiting(&mut run, "ignored", Duration::from_secs(1), || {
-        h.stats().keys_ignored == 1
+    waiting(&mut run, "retried", Duration::from_secs(5), || {
+        calls.load(Ordering::SeqCst) == 2 && h.stats().poisoned == 1
     })
     .await;
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        1,
-        "no rebuild for an ignored event"
-    );
+    assert_eq!(h.stats().keys_poisoned, 1, "reported once per quarantine");
     fail.store(0, Ordering::SeqCst);
     assert!(h.reconcile_now());
     waiting(
@@ -172,23 +184,7 @@ async fn events_for_a_poisoned_key_are_ignored_until_a_sweep_revives_it() {
     )
     .await;
     assert_eq!(h.stats().poisoned, 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn run_twice_is_an_error() {
-    let (feed, source) = channel(1);
-    drop(feed);
-    let r = Refresher::builder()
-        .source(source)
-        .scope(scope)
-        .rebuild(recording(&Log::default()))
-        .build()
-        .unwrap();
-    r.run(std::future::pending()).await.unwrap();
-    assert!(matches!(
-        r.run(std::future::pending()).await,
-        Err(RunError::AlreadyRan)
-    ));
+    assert!(h.quarantined().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -212,8 +208,9 @@ async fn skipped_messages_are_counted_reported_and_acked() {
         .await
         .unwrap();
     drop(feed);
+    let h = r.handle();
     r.run(std::future::pending()).await.unwrap();
-    assert_eq!(r.stats().events_skipped, 1);
+    assert_eq!(h.stats().events_skipped, 1);
     assert_eq!(acks.list(), [1, 2]);
     assert_eq!(log.list(), ["a"]);
     assert!(reports.lock().unwrap()[0].contains("bad json at offset 7"));
@@ -239,7 +236,13 @@ async fn a_fatal_source_error_ends_run_with_that_error() {
     .await
     .unwrap_err();
     assert!(matches!(err, RunError::Source(_)));
-    assert!(err.to_string().contains("invalidated"), "{err}");
+    // The chain reaches the source's own error.
+    let chain: Vec<String> =
+        std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source())
+            .map(ToString::to_string)
+            .collect();
+    assert_eq!(chain.len(), 2, "{chain:?}");
+    assert!(chain[1].contains("invalidated"), "{chain:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -367,6 +370,7 @@ async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures() {
         .collect();
     feed.send(Batch::new(events, Ack::none())).await.unwrap();
     drop(feed);
+    let h = r.handle();
     r.run(std::future::pending()).await.unwrap();
     let calls = calls.lock().unwrap().clone();
     assert_eq!(
@@ -377,7 +381,7 @@ async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures() {
     // After the batch failed, each key is retried alone: the good ones succeed.
     let alone: Vec<_> = calls[1..].iter().filter(|c| c.len() == 1).collect();
     assert_eq!(alone.len(), calls.len() - 1, "{calls:?}");
-    let s = r.stats();
+    let s = h.stats();
     assert_eq!(s.rebuilds_ok, 3);
     assert_eq!(s.keys_poisoned, 1);
 }
@@ -481,6 +485,7 @@ async fn shutdown_lets_running_rebuilds_finish_and_acks_them() {
         .await
         .unwrap();
     let stop = started.notified();
+    let h = r.handle();
     within("stops", Duration::from_secs(5), r.run(stop))
         .await
         .unwrap();
@@ -489,7 +494,7 @@ async fn shutdown_lets_running_rebuilds_finish_and_acks_them() {
         [1],
         "the in-flight rebuild finished and its batch was acked"
     );
-    assert_eq!(r.stats().rebuilds_ok, 1);
+    assert_eq!(h.stats().rebuilds_ok, 1);
     drop(feed);
 }
 
@@ -685,4 +690,237 @@ async fn a_saturated_refresher_waits_for_a_worker_instead_of_spinning() {
     drop(feed);
     within("drain", Duration::from_secs(10), run).await.unwrap();
     assert_eq!(h.stats().rebuilds_ok, 50);
+}
+
+/// A rebuild whose failures blame the path while `down` is set, the key when the key
+/// is `bad`; counts the calls running at once.
+struct Flaky {
+    down: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl freshen::Rebuild for Flaky {
+    fn rebuild<'a>(
+        &'a self,
+        due: &'a [freshen::Due],
+    ) -> freshen::BoxFuture<'a, Result<(), freshen::BoxError>> {
+        Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.peak.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(5 * MS).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) == 1 {
+                return Err("connection refused".into());
+            }
+            if due.iter().any(|d| d.key.as_str() == Some("bad")) {
+                return Err("division by zero".into());
+            }
+            Ok(())
+        })
+    }
+
+    fn classify(&self, error: &freshen::BoxError) -> freshen::Retry {
+        if error.to_string().contains("refused") {
+            freshen::Retry::Path
+        } else {
+            freshen::Retry::Key
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_of_any_length_delays_rebuilds_and_quarantines_nothing() {
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let down = Arc::new(AtomicUsize::new(1));
+    let flaky = Flaky {
+        down: down.clone(),
+        calls: Arc::new(AtomicUsize::new(0)),
+        running: Arc::new(AtomicUsize::new(0)),
+        peak: Arc::new(AtomicUsize::new(0)),
+    };
+    let (calls, peak) = (flaky.calls.clone(), flaky.peak.clone());
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let rep = reports.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild_with(flaky)
+        .coalesce(MS)
+        .workers(4)
+        .backoff(10 * MS, 200 * MS)
+        .poison_after(2)
+        .on_error(move |r: &Report<'_>| rep.lock().unwrap().push(r.to_string()))
+        .build()
+        .unwrap();
+    let keys: Vec<RowEvent> = (0..10).map(|i| reading(&format!("k{i}"), i)).collect();
+    feed.send(acks.batch(1, keys)).await.unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    // Far more failed attempts than poison_after, for a long time. The first calls ran
+    // side by side before anything had failed; once stalled, one probe runs at a time.
+    waiting(&mut run, "stalled", Duration::from_secs(60), || {
+        calls.load(Ordering::SeqCst) >= 20
+    })
+    .await;
+    peak.store(0, Ordering::SeqCst);
+    waiting(
+        &mut run,
+        "many failed probes",
+        Duration::from_secs(60),
+        || calls.load(Ordering::SeqCst) >= 40,
+    )
+    .await;
+    let s = h.stats();
+    assert_eq!(s.poisoned, 0, "an outage never quarantines");
+    assert_eq!(s.keys_poisoned, 0);
+    assert!(s.stalled_since.is_some(), "the view reports itself stalled");
+    assert_eq!(
+        s.stall.as_ref().map(|(r, _)| *r),
+        Some(freshen::Retry::Path)
+    );
+    assert_eq!(s.path_failures, s.rebuilds_failed);
+    assert!(
+        acks.list().is_empty(),
+        "nothing confirmed while nothing rebuilt"
+    );
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        1,
+        "a stalled view probes one call at a time"
+    );
+    down.store(0, Ordering::SeqCst);
+    waiting(
+        &mut run,
+        "every key rebuilt",
+        Duration::from_secs(5),
+        || h.stats().rebuilds_ok == 10,
+    )
+    .await;
+    assert_eq!(acks.list(), [1]);
+    let s = h.stats();
+    assert!(s.stalled_since.is_none() && s.stall.is_none());
+    let reports = reports.lock().unwrap();
+    assert_eq!(
+        reports
+            .iter()
+            .filter(|r| r.contains("cannot reach"))
+            .count(),
+        1,
+        "{reports:?}"
+    );
+    assert_eq!(
+        reports.iter().filter(|r| r.contains("work again")).count(),
+        1,
+        "{reports:?}"
+    );
+    drop(feed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_failing_by_its_data_heals_with_its_next_change_without_a_sweep() {
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let fixed = Arc::new(AtomicUsize::new(0));
+    let f = fixed.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |key: Key| {
+            let broken = key.as_str() == Some("bad") && f.load(Ordering::SeqCst) == 0;
+            async move {
+                if broken {
+                    Err("division by zero")
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .coalesce(MS)
+        .backoff(10 * MS, 100 * MS)
+        .poison_after(2)
+        .build()
+        .unwrap();
+    feed.send(acks.batch(1, vec![reading("bad", 1)]))
+        .await
+        .unwrap();
+    feed.send(acks.batch(2, vec![reading("good", 1)]))
+        .await
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    waiting(&mut run, "quarantined", Duration::from_secs(5), || {
+        h.stats().poisoned == 1 && h.stats().rebuilds_ok == 1
+    })
+    .await;
+    assert!(
+        acks.list().is_empty(),
+        "the quarantined key holds its transaction"
+    );
+    // The data is fixed and changes again: the change is not ignored.
+    fixed.store(1, Ordering::SeqCst);
+    feed.send(acks.batch(3, vec![reading("bad", 2)]))
+        .await
+        .unwrap();
+    waiting(&mut run, "healed", Duration::from_secs(5), || {
+        acks.list() == [1, 2, 3]
+    })
+    .await;
+    let s = h.stats();
+    assert_eq!(
+        (s.poisoned, s.poisoned_holding, s.quarantine_releases),
+        (0, 0, 0)
+    );
+    assert!(h.quarantined().is_empty());
+    drop(feed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bound_releases_a_quarantined_keys_holds_loudly() {
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let rep = reports.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(|_key: Key| async { Err::<(), _>("raise exception") })
+        .coalesce(MS)
+        .poison_after(1)
+        .release_quarantined_after(Duration::from_secs(30))
+        .on_error(move |r: &Report<'_>| rep.lock().unwrap().push(r.to_string()))
+        .build()
+        .unwrap();
+    feed.send(acks.batch(1, vec![reading("bad", 1)]))
+        .await
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    waiting(&mut run, "quarantined", Duration::from_secs(5), || {
+        h.stats().poisoned_holding == 1
+    })
+    .await;
+    assert!(acks.list().is_empty());
+    waiting(&mut run, "released", Duration::from_secs(60), || {
+        acks.list() == [1]
+    })
+    .await;
+    let s = h.stats();
+    assert_eq!(
+        (s.poisoned, s.poisoned_holding, s.quarantine_releases),
+        (1, 0, 1)
+    );
+    assert!(!h.quarantined()[0].holding);
+    let reports = reports.lock().unwrap();
+    assert!(
+        reports.iter().any(|r| r.contains("released unrebuilt")),
+        "{reports:?}"
+    );
+    drop(feed);
 }

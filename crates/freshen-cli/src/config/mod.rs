@@ -124,6 +124,11 @@ pub struct Timing {
     pub backoff_base: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
+    /// How long a stopping view waits for running rebuilds before cancelling them.
+    pub shutdown_grace: Duration,
+    /// Without a reconcile sweep, how long a quarantined key may hold its transactions
+    /// unconfirmed before they are released unrebuilt (default: until it rebuilds).
+    pub release_quarantined_after: Option<Duration>,
 }
 
 impl Default for Timing {
@@ -135,6 +140,8 @@ impl Default for Timing {
             poison_after: 5,
             backoff_base: Duration::from_millis(100),
             backoff_max: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            release_quarantined_after: None,
         }
     }
 }
@@ -309,7 +316,15 @@ const SOURCE_PG: &[&str] = &[
     "status_interval",
     "tables",
 ];
-const TIMING: &[&str] = &["coalesce", "max_wait", "workers", "poison_after", "backoff"];
+const TIMING: &[&str] = &[
+    "coalesce",
+    "max_wait",
+    "workers",
+    "poison_after",
+    "backoff",
+    "shutdown_grace",
+    "release_quarantined_after",
+];
 const VIEW: &[&str] = &[
     "name",
     "watch",
@@ -322,6 +337,8 @@ const VIEW: &[&str] = &[
     "workers",
     "poison_after",
     "backoff",
+    "shutdown_grace",
+    "release_quarantined_after",
 ];
 
 /// Reads and validates `path`, expanding `${VAR}` from the process environment.
@@ -695,8 +712,14 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
     if let Some(n) = r.int(t, "workers", 1..=1024) {
         out.workers = n.value as usize;
     }
-    if let Some(n) = r.int(t, "poison_after", 1..=1_000_000) {
+    if let Some(n) = r.int(t, "poison_after", 1..=65_535) {
         out.poison_after = n.value as u32;
+    }
+    if let Some(d) = r.duration(t, "shutdown_grace") {
+        out.shutdown_grace = d.value;
+    }
+    if let Some(d) = r.duration(t, "release_quarantined_after") {
+        out.release_quarantined_after = Some(d.value);
     }
     let path = format!(
         "{}{}backoff",

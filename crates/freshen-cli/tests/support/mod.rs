@@ -196,16 +196,8 @@ pub async fn wait_http(base: &str, path: &str, code: u16, within: Duration) -> S
 }
 
 /// A small deterministic generator for workloads.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+/// Deterministic workloads: the workspace's one generator.
+pub use freshen::Jitter as Rng;
 
 /// `n` transactions of inserts, scope-moving updates (device and site), value updates,
 /// deletes and site re-assignments.

@@ -1,19 +1,15 @@
 //! Shared helpers for the Pulsar integration tests.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use freshen::{Handle, Key, Refresher, RunError};
+use freshen::Key;
 use freshen_pulsar::PulsarProducer;
 use freshen_testenv::PulsarServer;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-/// How long any condition may take before a test fails.
-pub const DEADLINE: Duration = Duration::from_secs(30);
+pub use freshen_testenv::refresher::{DEADLINE, Running, until};
 
 /// Starts pulsar-lite; fails with the install hint when it is missing.
 pub fn broker() -> PulsarServer {
@@ -74,53 +70,5 @@ impl Rebuilt {
             .iter()
             .map(|k| k.to_string())
             .collect()
-    }
-}
-
-/// A refresher running on its own task.
-pub struct Running {
-    pub handle: Handle,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), RunError>>,
-}
-
-impl Running {
-    pub fn spawn(refresher: Refresher) -> Running {
-        let handle = refresher.handle();
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            refresher
-                .run(async {
-                    let _ = rx.await;
-                })
-                .await
-        });
-        Running {
-            handle,
-            stop: Some(tx),
-            task,
-        }
-    }
-
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(DEADLINE, self.task)
-            .await
-            .expect("the refresher stops")
-            .expect("the refresher task")
-            .expect("the refresher run");
-    }
-}
-
-/// Polls `cond` until it holds; panics with `what` after [`DEADLINE`].
-pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !cond() {
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -1,0 +1,347 @@
+//! `freshen run` under database faults, against real PostgreSQL: restarts (fast and
+//! immediate) under load with views that have no reconcile sweep, a key failing by its
+//! own data and then fixed, a target on another cluster.
+//!
+//! The promise under test: an outage may delay a rebuild, never drop it.
+
+mod support;
+
+use std::time::Duration;
+
+use freshen_testenv::{PgServer, Shutdown};
+use support::*;
+
+/// The two views of `support::config` without any reconcile sweep (nothing would heal
+/// a dropped change) and with a debounce long enough that changes are still pending
+/// when the server goes down.
+fn no_sweep(url: &str, http: &str) -> String {
+    config(url, http)
+        .replace(
+            "reconcile = { every = \"1h\", keys = \"SELECT id FROM sites\" }\n",
+            "",
+        )
+        .replace("coalesce = \"20ms\"", "coalesce = \"1s\"")
+        .replace("max_wait = \"500ms\"", "max_wait = \"2s\"")
+}
+
+async fn status(base: &str) -> freshen_cli::http::Status {
+    freshen_cli::status::fetch(base).await.expect("/status")
+}
+
+/// Polls `/status` until `cond` holds, or fails after `within` with the last status.
+async fn wait_status(
+    base: &str,
+    what: &str,
+    within: Duration,
+    cond: impl Fn(&freshen_cli::http::Status) -> bool,
+) -> freshen_cli::http::Status {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Ok(s) = freshen_cli::status::fetch(base).await
+            && cond(&s)
+        {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {within:?}; last status: {:?}",
+            freshen_cli::status::fetch(base).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_under_load_delay_rebuilds_and_quarantine_nothing() {
+    let mut pg = start_pg();
+    let mut c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &no_sweep(&pg.url(), &format!("127.0.0.1:{port}")),
+    );
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let mut r = Rng::new(0xfa17);
+    workload(&mut c, &mut r, 50).await;
+    wait_equal(&c, Duration::from_secs(30)).await;
+
+    for how in [Shutdown::Fast, Shutdown::Immediate] {
+        // Changes freshen has received but not rebuilt (the debounce is 1 s) and so not
+        // confirmed: the server must still stop promptly, and the changes survive.
+        workload(&mut c, &mut r, 100).await;
+        drop(c);
+        pg.stop_within(how, Duration::from_secs(15))
+            .unwrap_or_else(|e| panic!("{how:?} shutdown held up: {e}\n{}", log_of(dir.path(), 1)));
+        // Down for longer than poison_after × backoff: the old behaviour quarantined here.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        pg.start_again().unwrap();
+        c = connect(&pg.url()).await;
+        workload(&mut c, &mut r, 50).await;
+    }
+    wait_equal(&c, Duration::from_secs(90)).await;
+    let s = wait_status(&base, "streaming again", Duration::from_secs(30), |s| {
+        s.source.streaming
+    })
+    .await;
+    for v in &s.views {
+        assert_eq!(
+            v.poisoned, 0,
+            "{}: an outage quarantined keys: {v:?}",
+            v.name
+        );
+        assert!(v.quarantined.is_empty(), "{v:?}");
+        assert_eq!(v.quarantine_releases, 0, "{v:?}");
+    }
+    assert!(
+        s.views.iter().any(|v| v.path_failures > 0),
+        "the outage was seen as failures of the path: {s:?}"
+    );
+    let metrics = wait_http(&base, "/metrics", 200, Duration::from_secs(5)).await;
+    assert!(
+        metrics.contains("freshen_keys_poisoned_total{view=\"device_totals\"} 0"),
+        "{metrics}"
+    );
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_failing_by_its_data_holds_its_transactions_and_heals_when_fixed() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    // device_totals divides by zero for a device with a negative reading.
+    let text = no_sweep(&pg.url(), &format!("127.0.0.1:{port}"))
+        .replace("coalesce = \"1s\"", "coalesce = \"20ms\"\npoison_after = 2\nbackoff = { base = \"20ms\", max = \"200ms\" }")
+        .replace(
+            "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
+            "INSERT INTO device_totals SELECT device, sum(value) / (CASE WHEN min(value) < 0 THEN 0 ELSE 1 END), count(*) FROM readings WHERE device = $1 GROUP BY device",
+        );
+    let cfg = write_config(dir.path(), &text);
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    c.batch_execute(
+        "INSERT INTO readings (device, site, value) VALUES ('good', 's1', 5), ('bad', 's2', -1)",
+    )
+    .await
+    .unwrap();
+    let s = wait_status(&base, "quarantined", Duration::from_secs(30), |s| {
+        s.views
+            .iter()
+            .any(|v| v.name == "device_totals" && v.poisoned_holding == 1)
+    })
+    .await;
+    let v = s.views.iter().find(|v| v.name == "device_totals").unwrap();
+    assert_eq!(v.quarantined.len(), 1, "{v:?}");
+    assert_eq!(v.quarantined[0].key, "bad");
+    assert!(
+        v.quarantined[0].error.contains("22012"),
+        "the server's SQLSTATE: {v:?}"
+    );
+    assert!(v.quarantined[0].error.contains("division by zero"), "{v:?}");
+    let health = wait_http(&base, "/healthz", 503, Duration::from_secs(5)).await;
+    assert!(
+        health.contains("device_totals") && health.contains("\"bad\""),
+        "/healthz names the view and the key: {health}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c
+        .query_opt(
+            "SELECT 1 FROM device_totals WHERE device = 'good' AND total = 5",
+            &[],
+        )
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "one failing key held up another"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The data is fixed: that change is not ignored, it rebuilds the key.
+    c.batch_execute("UPDATE readings SET value = 7 WHERE device = 'bad'")
+        .await
+        .unwrap();
+    wait_status(&base, "healed", Duration::from_secs(30), |s| {
+        s.views
+            .iter()
+            .all(|v| v.poisoned == 0 && v.poisoned_holding == 0)
+    })
+    .await;
+    let bad: i64 = c
+        .query_one("SELECT total FROM device_totals WHERE device = 'bad'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bad, 7);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(10)).await;
+    let log = log_of(dir.path(), 1);
+    assert!(
+        log.contains("quarantined") && log.contains("rebuilt again"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("for key  "),
+        "an empty-looking key in the log: {log}"
+    );
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_on_another_cluster_rebuilds_from_the_source() {
+    let source = start_pg();
+    let target = PgServer::builder()
+        .own_cluster(true)
+        .start()
+        .expect("a second throwaway PostgreSQL, a cluster of its own");
+    let mut s = connect(&source.url()).await;
+    s.batch_execute(SCHEMA).await.unwrap();
+    let t = connect(&target.url()).await;
+    // The target reads the source's tables through postgres_fdw and holds the derived
+    // tables; nothing about transaction ids is shared between the clusters.
+    t.batch_execute(&format!(
+        "CREATE EXTENSION postgres_fdw;
+         CREATE SERVER src FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '{host}', port '{port}', dbname 'postgres');
+         CREATE USER MAPPING FOR CURRENT_USER SERVER src OPTIONS (user '{user}');
+         IMPORT FOREIGN SCHEMA public LIMIT TO (readings, sites) FROM SERVER src INTO public;
+         CREATE TABLE device_totals (device text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
+         CREATE TABLE site_totals (site text PRIMARY KEY, region text NOT NULL, total bigint NOT NULL, n bigint NOT NULL);",
+        host = source.host(),
+        port = source.port(),
+        user = source.user(),
+    ))
+    .await
+    .unwrap();
+    // The source's transaction ids run far ahead of the target's: looked up in the
+    // target's snapshot they would never be visible.
+    s.batch_execute(
+        "DO $$ BEGIN FOR i IN 1..5000 LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let text = format!(
+        "{}\n[target]\nurl = \"{}\"\n",
+        no_sweep(&source.url(), &format!("127.0.0.1:{port}"))
+            .replace("coalesce = \"1s\"", "coalesce = \"20ms\""),
+        target.url()
+    );
+    let cfg = write_config(dir.path(), &text);
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let mut r = Rng::new(0xc1c1);
+    workload(&mut s, &mut r, 150).await;
+    // Truth is computed on the target too (through the foreign tables): equal means the
+    // derived tables match the source.
+    wait_equal(&t, Duration::from_secs(60)).await;
+    let st = status(&base).await;
+    for v in &st.views {
+        assert_eq!(v.poisoned, 0, "{v:?}");
+        assert!(v.rebuilds_ok > 0, "{v:?}");
+    }
+    let log = log_of(dir.path(), 1);
+    assert!(log.contains("another cluster"), "{log}");
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_dropped_from_the_publication_while_running_is_reported() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(dir.path(), &config(&pg.url(), &format!("127.0.0.1:{port}")));
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    c.batch_execute("ALTER PUBLICATION freshen_test DROP TABLE sites")
+        .await
+        .unwrap();
+    let health = wait_http(&base, "/healthz", 503, Duration::from_secs(30)).await;
+    assert!(
+        health.contains("public.sites") && health.contains("site_totals"),
+        "/healthz names the table and the views that lost it: {health}"
+    );
+    let s = status(&base).await;
+    assert!(
+        s.source.problems.iter().any(|p| p.contains("ADD TABLE")),
+        "{s:?}"
+    );
+    // Put back, the source is healthy again.
+    c.batch_execute("ALTER PUBLICATION freshen_test ADD TABLE sites")
+        .await
+        .unwrap();
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    assert!(log_of(dir.path(), 1).contains("no longer includes public.sites"));
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_abandoned_at_shutdown_is_cancelled_on_the_server() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let text = config(&pg.url(), &format!("127.0.0.1:{port}"))
+        .replace(
+            "max_wait = \"500ms\"",
+            "max_wait = \"500ms\"\nshutdown_grace = \"500ms\"",
+        )
+        .replace(
+            "\"DELETE FROM device_totals WHERE device = $1\",",
+            "\"SELECT pg_sleep(120) WHERE $1::text IS NOT NULL\",",
+        );
+    let cfg = write_config(dir.path(), &text);
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    c.batch_execute("INSERT INTO readings (device, site, value) VALUES ('d1', 's1', 1)")
+        .await
+        .unwrap();
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(120)%'";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.query_one(sleeping, &[]).await.unwrap().get::<_, i64>(0) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rebuild never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let code = run.wait().unwrap();
+    assert!(code.success(), "{}", log_of(dir.path(), 1));
+    let log = log_of(dir.path(), 1);
+    assert!(
+        log.contains("cancelled") && !log.contains("stopped cleanly"),
+        "{log}"
+    );
+    // The statement does not go on running on the server after freshen left.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while c.query_one(sleeping, &[]).await.unwrap().get::<_, i64>(0) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned rebuild still runs on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

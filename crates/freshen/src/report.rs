@@ -1,0 +1,213 @@
+//! What a refresher tells a person ([`Report`]) and why it stops ([`RunError`],
+//! [`BuildError`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::{BoxError, Key, Retry, SourceError};
+
+/// Something a refresher wants a person to know; passed to
+/// [`Builder::on_error`](crate::Builder::on_error). The run goes on after every report.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Report<'a> {
+    /// A rebuild failed; the key is retried after `retry_in`.
+    RebuildFailed {
+        /// The key.
+        key: &'a Key,
+        /// Consecutive failures so far, of any kind.
+        failures: u32,
+        /// Delay before the retry.
+        retry_in: Duration,
+        /// Whose fault it was: only [`Retry::Key`] counts toward quarantine.
+        retry: Retry,
+        /// What went wrong.
+        error: &'a BoxError,
+    },
+    /// Rebuilds started failing for a reason that is not the key's (an outage, a
+    /// timeout, missing privileges): the view probes with one rebuild at a time and
+    /// quarantines nothing until a rebuild succeeds again. Reported once per stall.
+    Stalled {
+        /// [`Retry::Path`] (it may heal by itself) or [`Retry::Fix`] (a person must act).
+        retry: Retry,
+        /// What went wrong.
+        error: &'a BoxError,
+    },
+    /// A rebuild succeeded after a stall.
+    Recovered {
+        /// How long rebuilds failed.
+        stalled_for: Duration,
+    },
+    /// A key failed `poison_after` times in a row by its own fault and is quarantined
+    /// until a new change to it or a reconcile sweep. Reported once per quarantine.
+    Poisoned {
+        /// The key.
+        key: &'a Key,
+        /// Consecutive failures.
+        failures: u32,
+        /// Whether the transactions that dirtied the key stay unacknowledged (a view
+        /// without a reconcile sweep: nothing else would heal it) or were released.
+        holding: bool,
+        /// The last error.
+        error: &'a BoxError,
+    },
+    /// A quarantined key was rebuilt (a change to it gave it a fresh attempt).
+    Revived {
+        /// The key.
+        key: &'a Key,
+    },
+    /// A quarantined key held acknowledgements longer than
+    /// [`Builder::release_quarantined_after`](crate::Builder::release_quarantined_after):
+    /// its transactions are released unrebuilt, and the derived rows of the key may be
+    /// stale until a later change rebuilds it.
+    QuarantineReleased {
+        /// The key.
+        key: &'a Key,
+        /// How long it held them.
+        after: Duration,
+    },
+    /// The source could not decode a message; it was skipped.
+    Skipped {
+        /// Why.
+        error: &'a BoxError,
+    },
+    /// A reconcile sweep could not list keys; it is retried after `retry_in`.
+    ReconcileFailed {
+        /// What went wrong.
+        error: &'a BoxError,
+        /// Delay before the retry.
+        retry_in: Duration,
+    },
+    /// A table was truncated but no reconcile sweep is configured, so the scopes it
+    /// emptied cannot be found and rebuilt.
+    TruncateIgnored {
+        /// Schema of the table.
+        schema: &'a str,
+        /// The table.
+        table: &'a str,
+    },
+}
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Report::RebuildFailed {
+                key,
+                failures,
+                retry_in,
+                retry,
+                error,
+            } => {
+                let whose = match retry {
+                    Retry::Key => "",
+                    Retry::Path => " (not the key's fault: never quarantined)",
+                    Retry::Fix => " (needs a fix: never quarantined)",
+                };
+                write!(
+                    f,
+                    "rebuild of key {} failed ({failures} in a row){whose}, retrying in {retry_in:?}: {error}",
+                    key.quoted()
+                )
+            }
+            Report::Stalled { retry, error } => {
+                let what = match retry {
+                    Retry::Fix => "rebuilds fail until something is fixed",
+                    _ => "rebuilds cannot reach the database",
+                };
+                write!(
+                    f,
+                    "{what}; retrying one at a time, no key is quarantined meanwhile: {error}"
+                )
+            }
+            Report::Recovered { stalled_for } => {
+                write!(f, "rebuilds work again after {stalled_for:?}")
+            }
+            Report::Poisoned {
+                key,
+                failures,
+                holding,
+                error,
+            } => {
+                let then = if *holding {
+                    "its transactions stay unconfirmed until it rebuilds (no reconcile sweep would heal it); the next change to it is retried"
+                } else {
+                    "a reconcile sweep or the next change to it re-admits it"
+                };
+                write!(
+                    f,
+                    "key {} quarantined after {failures} failed rebuilds; {then}: {error}",
+                    key.quoted()
+                )
+            }
+            Report::Revived { key } => {
+                write!(f, "quarantined key {} rebuilt again", key.quoted())
+            }
+            Report::QuarantineReleased { key, after } => write!(
+                f,
+                "quarantined key {} held its transactions for {after:?}: released unrebuilt, its derived rows may be stale until it changes again",
+                key.quoted()
+            ),
+            Report::Skipped { error } => write!(f, "skipped an undecodable message: {error}"),
+            Report::ReconcileFailed { error, retry_in } => {
+                write!(
+                    f,
+                    "reconcile sweep failed, retrying in {retry_in:?}: {error}"
+                )
+            }
+            Report::TruncateIgnored { schema, table } => write!(
+                f,
+                "{schema}.{table} was truncated but no reconcile sweep is configured: its derived rows may be stale"
+            ),
+        }
+    }
+}
+
+/// Why [`Refresher::run`](crate::Refresher::run) stopped with an error.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The source failed for good.
+    Source(SourceError),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Source(_) => f.write_str("the source failed"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    /// The source's own error (downcast it to the adapter's error type).
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Source(e) => Some(e.inner()),
+        }
+    }
+}
+
+/// Every problem [`Builder::build`](crate::Builder::build) found, reported together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildError {
+    pub(crate) problems: Vec<String>,
+}
+
+impl BuildError {
+    /// Each problem, one sentence apiece.
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid refresher configuration:")?;
+        for p in &self.problems {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BuildError {}

@@ -1,0 +1,697 @@
+//! The run loop: joins the source, the scheduler ([`DirtySet`]), the rebuilds, the
+//! sweeps ([`Sweeper`]) and the acks ([`AckTracker`]).
+//!
+//! One task owns all of that state; rebuilds run on spawned tasks and report back. The
+//! loop wakes for a batch, a finished rebuild, a swept key, a timer or a [`Handle`]
+//! command, and never polls.
+//!
+//! Failures, by whose fault they are ([`Retry`]):
+//!
+//! | failure       | the key                               | the view                                   |
+//! |---------------|---------------------------------------|--------------------------------------------|
+//! | `Key`         | backoff; quarantined after `poison_after` | goes on                                |
+//! | `Path`, `Fix` | backoff, never quarantined            | stalled: one rebuild at a time until one succeeds |
+//!
+//! A quarantined key releases the acknowledgements it holds only when a reconcile sweep
+//! will heal it; without one its transactions stay unconfirmed until a change to it
+//! rebuilds it (or [`Builder::release_quarantined_after`](crate::Builder) passes).
+//!
+//! [`Handle`]: crate::Handle
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::ack::{AckPolicy, AckTracker, BatchId};
+use crate::backoff::Backoff;
+use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
+use crate::rebuild::{Due, Rebuild};
+use crate::refresher::{Command, Parts, Quarantined, ReportFn, ScopeFn, Shared};
+use crate::stats::Recorder;
+use crate::sweep::{Finished, Sweeper, later};
+use crate::{
+    Ack, Batch, BoxError, Key, Op, Report, Retry, RowEvent, RunError, Source, SourceError,
+};
+
+/// Aborts a spawned task when dropped (a dropped run future is a crash, not a leak).
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads the source on its own task so that a slow source never stalls the scheduler
+/// and the scheduler never cancels a half-read batch.
+async fn pump(
+    mut source: Box<dyn Source>,
+    tx: mpsc::Sender<Result<Batch, SourceError>>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let mut stopped = false;
+    loop {
+        let item = tokio::select! {
+            biased;
+            _ = &mut stop => {
+                stopped = true;
+                break;
+            }
+            item = source.next_batch() => item,
+        };
+        let Some(item) = item else { break };
+        let fatal = item.is_err();
+        tokio::select! {
+            biased;
+            _ = &mut stop => {
+                stopped = true;
+                break;
+            }
+            sent = tx.send(item) => if sent.is_err() { break },
+        }
+        if fatal {
+            break;
+        }
+    }
+    drop(tx);
+    if !stopped {
+        // Close only once the refresher has released its last acks.
+        let _ = stop.await;
+    }
+    source.close().await;
+}
+
+struct JobKey {
+    key: Key,
+    first_dirty: std::time::Instant,
+    covered: Option<BatchId>,
+}
+
+type JobOutput = (Vec<Due>, Result<(), BoxError>);
+
+/// Rebuilds fail for a reason that is not the key's.
+struct Stall {
+    since: std::time::Instant,
+}
+
+pub(crate) struct Runner {
+    scope: ScopeFn,
+    rebuild: Arc<dyn Rebuild>,
+    max_batch: usize,
+    workers: usize,
+    report: Option<ReportFn>,
+    grace: Duration,
+    shared: Arc<Shared>,
+    dirty: DirtySet,
+    backoff: Backoff,
+    /// `None` under `OnEnqueue`.
+    tracker: Option<AckTracker<Ack>>,
+    /// Transaction ids behind each dirty key, for the rebuild's visibility check.
+    txids: HashMap<Key, Vec<u64>>,
+    jobs: JoinSet<JobOutput>,
+    job_keys: HashMap<tokio::task::Id, Vec<JobKey>>,
+    /// A retrying key popped while gathering a batch; it runs alone next.
+    solo: Option<Ready>,
+    sweeper: Sweeper,
+    stall: Option<Stall>,
+    /// Quarantined keys holding acks, oldest first, for `release_quarantined_after`.
+    holding: VecDeque<(std::time::Instant, Key)>,
+    release_quarantined_after: Option<Duration>,
+    source_done: bool,
+    scratch: Vec<Key>,
+}
+
+impl Runner {
+    pub(crate) fn new(p: Parts, shared: Arc<Shared>) -> (Runner, Box<dyn Source>) {
+        let now = Instant::now();
+        let runner = Runner {
+            max_batch: p.rebuild.max_batch().max(1),
+            scope: p.scope,
+            rebuild: p.rebuild,
+            workers: p.workers,
+            sweeper: Sweeper::new(p.reconcile, now),
+            report: p.report,
+            grace: p.grace,
+            shared,
+            dirty: DirtySet::new(p.dirty, now.into_std()),
+            backoff: p.dirty.backoff,
+            tracker: match p.ack {
+                AckPolicy::AfterRebuild => Some(AckTracker::new()),
+                AckPolicy::OnEnqueue => None,
+            },
+            txids: HashMap::new(),
+            jobs: JoinSet::new(),
+            job_keys: HashMap::new(),
+            solo: None,
+            stall: None,
+            holding: VecDeque::new(),
+            release_quarantined_after: p.release_quarantined_after,
+            source_done: false,
+            scratch: Vec::new(),
+        };
+        (runner, p.source)
+    }
+
+    fn report(&self, r: Report<'_>) {
+        if let Some(f) = &self.report {
+            f(&r);
+        }
+    }
+
+    pub(crate) async fn run<S>(
+        mut self,
+        source: Box<dyn Source>,
+        shutdown: S,
+    ) -> Result<(), RunError>
+    where
+        S: Future<Output = ()> + Send,
+    {
+        let (batch_tx, mut batch_rx) = mpsc::channel(4);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let pump_task = tokio::spawn(pump(source, batch_tx, stop_rx));
+        let _pump_guard = AbortOnDrop(pump_task.abort_handle());
+        tokio::pin!(shutdown);
+        let sleep = tokio::time::sleep_until(Instant::now());
+        tokio::pin!(sleep);
+        let mut keybuf = Vec::with_capacity(1024);
+        let mut failure = None;
+        let mut armed: Option<Instant> = None;
+        let shared = self.shared.clone();
+
+        loop {
+            Recorder::add(&self.shared.stats.wakeups, 1);
+            let now = Instant::now();
+            self.commands(now);
+            self.sweeper.maybe_start(now);
+            self.release_expired_holds(now.into_std());
+            self.dispatch(now);
+            self.release_acks();
+            self.publish_gauges();
+            if self.source_done && self.drained() {
+                break;
+            }
+            let wake = self.next_wake();
+            if let Some(w) = wake
+                && armed != Some(w)
+            {
+                sleep.as_mut().reset(w);
+                armed = Some(w);
+            }
+            let listing = self.sweeper.is_listing();
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
+                n = self.sweeper.recv(&mut keybuf), if listing => {
+                    if n == 0 {
+                        self.finish_sweep().await;
+                    } else {
+                        self.mark_swept(&mut keybuf);
+                    }
+                }
+                msg = batch_rx.recv(), if !self.source_done => match msg {
+                    Some(Ok(batch)) => self.on_batch(batch),
+                    Some(Err(e)) => {
+                        failure = Some(RunError::Source(e));
+                        break;
+                    }
+                    None => self.source_ended(),
+                },
+                _ = &mut sleep, if wake.is_some() => armed = None,
+                _ = shared.wake.notified() => {}
+            }
+        }
+
+        // Stop: no new batches or rebuilds; running rebuilds get the grace period.
+        drop(batch_rx);
+        self.sweeper.stop();
+        let deadline = Instant::now() + self.grace;
+        while !self.jobs.is_empty() {
+            tokio::select! {
+                Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        self.release_acks();
+        // Dropping a rebuild future cancels it (SqlRebuild cancels on the server).
+        let abandoned: usize = self.job_keys.values().map(Vec::len).sum();
+        Recorder::add(&self.shared.stats.abandoned, abandoned as u64);
+        self.jobs.abort_all();
+        while self.jobs.join_next().await.is_some() {}
+        let _ = stop_tx.send(());
+        let _ = tokio::time::timeout(self.grace, pump_task).await;
+        self.publish_gauges();
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn drained(&self) -> bool {
+        self.dirty.is_idle()
+            && self.jobs.is_empty()
+            && self.solo.is_none()
+            && self.sweeper.is_idle()
+    }
+
+    /// How many rebuild calls may run now: one while the view is stalled (a probe, so
+    /// that an outage is not hammered by every worker), else `workers`.
+    fn capacity(&self) -> usize {
+        if self.stall.is_some() {
+            1
+        } else {
+            self.workers
+        }
+    }
+
+    fn next_wake(&mut self) -> Option<Instant> {
+        // With every worker busy a due key cannot start: a finishing rebuild wakes the
+        // loop instead. Arming the timer for a deadline already past would spin.
+        let workers_free = self.jobs.len() < self.capacity() && self.solo.is_none();
+        let due = if workers_free {
+            self.dirty.next_deadline().map(Instant::from_std)
+        } else {
+            None
+        };
+        let release = match (self.release_quarantined_after, self.holding.front()) {
+            (Some(after), Some((since, _))) => Some(later(Instant::from_std(*since), after)),
+            _ => None,
+        };
+        [due, self.sweeper.next_wake(), release]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn commands(&mut self, now: Instant) {
+        for c in self.shared.take_commands() {
+            match c {
+                Command::Sweep => self.sweeper.request(now),
+                Command::Readmit(key) => {
+                    if self.dirty.revive(&key, now.into_std()) == Mark::Revived {
+                        self.unquarantine(&key);
+                        Recorder::add(&self.shared.stats.keys_marked, 1);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_batch(&mut self, batch: Batch) {
+        let now = Instant::now().into_std();
+        let (events, skipped, ack) = batch.into_parts();
+        let st = &self.shared.stats;
+        Recorder::add(&st.batches_received, 1);
+        Recorder::add(&st.events_received, events.len() as u64);
+        Recorder::add(&st.events_skipped, skipped.len() as u64);
+        st.touch_event();
+        for error in &skipped {
+            self.report(Report::Skipped { error });
+        }
+        let (id, ack) = match &mut self.tracker {
+            Some(t) => (Some(t.receive(ack)), None),
+            None => (None, Some(ack)),
+        };
+        let mut keys = std::mem::take(&mut self.scratch);
+        for event in events.iter() {
+            if event.op == Op::Truncate {
+                self.on_truncate(event, id);
+                continue;
+            }
+            keys.clear();
+            (self.scope)(event, &mut keys);
+            for key in keys.drain(..) {
+                self.mark(key, now, id, event.tx.map(|t| t.id));
+            }
+        }
+        self.scratch = keys;
+        if let Some(ack) = ack {
+            ack.ack();
+            Recorder::add(&self.shared.stats.batches_acked, 1);
+        }
+    }
+
+    fn mark(
+        &mut self,
+        key: Key,
+        now: std::time::Instant,
+        batch: Option<BatchId>,
+        txid: Option<u64>,
+    ) {
+        Recorder::add(&self.shared.stats.keys_marked, 1);
+        self.dirty.mark(&key, now);
+        if let (Some(t), Some(id)) = (&mut self.tracker, batch) {
+            t.hold(&key, id);
+        }
+        if let Some(txid) = txid {
+            let ids = self.txids.entry(key).or_default();
+            if ids.last() != Some(&txid) {
+                ids.push(txid);
+            }
+        }
+    }
+
+    fn on_truncate(&mut self, event: &RowEvent, batch: Option<BatchId>) {
+        Recorder::add(&self.shared.stats.truncates, 1);
+        if !self.sweeper.is_configured() {
+            self.report(Report::TruncateIgnored {
+                schema: &event.schema,
+                table: &event.table,
+            });
+            return;
+        }
+        if let (Some(t), Some(id)) = (&mut self.tracker, batch) {
+            // The batch stays unacknowledged until a sweep that starts after it has listed
+            // its keys and they have been rebuilt.
+            t.hold_batch(id);
+            self.sweeper.pin(id);
+        }
+        self.sweeper.request(Instant::now());
+    }
+
+    fn source_ended(&mut self) {
+        self.source_done = true;
+        self.sweeper.source_ended();
+    }
+
+    fn mark_swept(&mut self, keys: &mut Vec<Key>) {
+        let now = Instant::now().into_std();
+        let pin = self.sweeper.covering();
+        let st = &self.shared.stats;
+        Recorder::add(&st.reconcile_keys, keys.len() as u64);
+        for key in keys.drain(..) {
+            let mark = self.dirty.revive(&key, now);
+            if mark == Mark::Revived {
+                self.unquarantine(&key);
+            }
+            if mark != Mark::Unchanged {
+                Recorder::add(&self.shared.stats.keys_marked, 1);
+            }
+            if let (Some(t), Some(id)) = (&mut self.tracker, pin) {
+                t.hold(&key, id);
+            }
+        }
+    }
+
+    async fn finish_sweep(&mut self) {
+        match self.sweeper.finish(self.source_done, &self.backoff).await {
+            Finished::Listed { unpin } => {
+                Recorder::add(&self.shared.stats.reconciles, 1);
+                if let Some(t) = &mut self.tracker {
+                    for id in unpin {
+                        t.unhold_batch(id);
+                    }
+                }
+            }
+            Finished::Failed { error, retry_in } => {
+                Recorder::add(&self.shared.stats.reconcile_failures, 1);
+                self.report(Report::ReconcileFailed {
+                    error: &error,
+                    retry_in,
+                });
+            }
+        }
+    }
+
+    fn start_key(&mut self, ready: Ready) -> (JobKey, Due) {
+        let covered = self.tracker.as_mut().and_then(|t| t.start(&ready.key));
+        let txids = self.txids.remove(&ready.key).unwrap_or_default();
+        let due = Due {
+            key: ready.key.clone(),
+            txids,
+        };
+        let job = JobKey {
+            key: ready.key,
+            first_dirty: ready.first_dirty,
+            covered,
+        };
+        (job, due)
+    }
+
+    fn dispatch(&mut self, now: Instant) {
+        let now = now.into_std();
+        while self.jobs.len() < self.capacity() {
+            let first = match self.solo.take() {
+                Some(r) => r,
+                None => match self.dirty.pop_ready(now) {
+                    Some(r) => r,
+                    None => break,
+                },
+            };
+            let alone = first.failures > 0;
+            let (mut meta, mut due) = (Vec::new(), Vec::new());
+            let (m, d) = self.start_key(first);
+            meta.push(m);
+            due.push(d);
+            while !alone && due.len() < self.max_batch {
+                match self.dirty.pop_ready(now) {
+                    Some(r) if r.failures > 0 => {
+                        self.solo = Some(r);
+                        break;
+                    }
+                    Some(r) => {
+                        let (m, d) = self.start_key(r);
+                        meta.push(m);
+                        due.push(d);
+                    }
+                    None => break,
+                }
+            }
+            let rebuild = self.rebuild.clone();
+            let handle = self.jobs.spawn(async move {
+                let result = rebuild.rebuild(&due).await;
+                (due, result)
+            });
+            self.job_keys.insert(handle.id(), meta);
+            Recorder::add(&self.shared.stats.rebuild_calls, 1);
+        }
+    }
+
+    fn finish_job(&mut self, done: Result<(tokio::task::Id, JobOutput), tokio::task::JoinError>) {
+        let (id, dues, result) = match done {
+            Ok((id, (dues, result))) => (id, dues, result),
+            Err(e) => {
+                let error: BoxError = format!("rebuild task failed: {e}").into();
+                (e.id(), Vec::new(), Err(error))
+            }
+        };
+        let Some(meta) = self.job_keys.remove(&id) else {
+            return;
+        };
+        let now = Instant::now().into_std();
+        match result {
+            Ok(()) => self.succeeded(meta, now),
+            Err(error) => {
+                let retry = self.rebuild.classify(&error);
+                self.failed(meta, dues, retry, &error, now);
+            }
+        }
+    }
+
+    fn succeeded(&mut self, meta: Vec<JobKey>, now: std::time::Instant) {
+        let shared = self.shared.clone();
+        let st = &shared.stats;
+        if let Some(stall) = self.stall.take() {
+            st.trouble(|t| {
+                t.stalled_since = None;
+                t.stall = None;
+            });
+            self.report(Report::Recovered {
+                stalled_for: now.saturating_duration_since(stall.since),
+            });
+            // The path works: keys backing off from the outage go now.
+            self.dirty.expedite_stalled(now);
+        }
+        for m in meta {
+            self.dirty.complete(&m.key, Outcome::Rebuilt, now);
+            if let Some(t) = &mut self.tracker {
+                t.succeeded(m.covered);
+            }
+            if self.unquarantine(&m.key) {
+                self.report(Report::Revived { key: &m.key });
+            }
+            st.freshness
+                .record(now.saturating_duration_since(m.first_dirty));
+            Recorder::add(&st.rebuilds_ok, 1);
+        }
+        st.touch_rebuild();
+    }
+
+    fn failed(
+        &mut self,
+        meta: Vec<JobKey>,
+        dues: Vec<Due>,
+        retry: Retry,
+        error: &BoxError,
+        now: std::time::Instant,
+    ) {
+        let shared = self.shared.clone();
+        let st = &shared.stats;
+        let text = error.to_string();
+        if !retry.blames_key() {
+            Recorder::add(&st.path_failures, meta.len() as u64);
+            if self.stall.is_none() {
+                self.stall = Some(Stall { since: now });
+                st.trouble(|t| t.stalled_since = Some(SystemTime::now()));
+                self.report(Report::Stalled { retry, error });
+            }
+            st.trouble(|t| t.stall = Some((retry, text.clone())));
+        }
+        st.trouble(|t| t.last_error = Some(text.clone()));
+        // A call of several keys that failed by data is no evidence against any one of
+        // them: none is counted toward quarantine, and each is retried alone.
+        let counted = if retry.blames_key() && meta.len() > 1 {
+            Retry::Path
+        } else {
+            retry
+        };
+        let mut dues = dues.into_iter();
+        for m in meta {
+            let txids = dues.next().map(|d| d.txids).unwrap_or_default();
+            Recorder::add(&st.rebuilds_failed, 1);
+            match self.dirty.complete(&m.key, Outcome::Failed(counted), now) {
+                Completion::Poisoned => self.poisoned(m, txids, error, &text),
+                Completion::Retry { at, failures } => {
+                    if let Some(t) = &mut self.tracker {
+                        t.failed(&m.key, m.covered);
+                    }
+                    self.restore_txids(&m.key, txids);
+                    self.report(Report::RebuildFailed {
+                        key: &m.key,
+                        failures,
+                        retry_in: at.saturating_duration_since(now),
+                        retry,
+                        error,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A key was quarantined. With a reconcile sweep to heal it, its holds go; without
+    /// one they stay (its transactions unconfirmed) until a change rebuilds it.
+    fn poisoned(&mut self, m: JobKey, txids: Vec<u64>, error: &BoxError, text: &str) {
+        let shared = self.shared.clone();
+        let st = &shared.stats;
+        let holding = self.tracker.is_some() && !self.sweeper.is_configured();
+        if holding {
+            if let Some(t) = &mut self.tracker {
+                t.failed(&m.key, m.covered);
+            }
+            self.restore_txids(&m.key, txids);
+            if !self.holding.iter().any(|(_, k)| *k == m.key) {
+                self.holding
+                    .push_back((std::time::Instant::now(), m.key.clone()));
+            }
+        } else {
+            if let Some(t) = &mut self.tracker
+                && t.forget(&m.key, m.covered)
+            {
+                Recorder::add(&st.quarantine_releases, 1);
+            }
+            self.txids.remove(&m.key);
+        }
+        let failures = self.dirty.config().poison_after;
+        let first = {
+            let mut q = self.shared.quarantine();
+            let first = !q.contains_key(&m.key);
+            q.insert(
+                m.key.clone(),
+                Quarantined {
+                    key: m.key.clone(),
+                    since: SystemTime::now(),
+                    failures,
+                    error: text.to_string(),
+                    holding,
+                },
+            );
+            first
+        };
+        if first {
+            Recorder::add(&st.keys_poisoned, 1);
+            self.report(Report::Poisoned {
+                key: &m.key,
+                failures,
+                holding,
+                error,
+            });
+        }
+    }
+
+    /// Removes `key` from the quarantine list; true when it was there.
+    fn unquarantine(&mut self, key: &Key) -> bool {
+        let was = self.shared.quarantine().remove(key).is_some();
+        if was {
+            self.holding.retain(|(_, k)| k != key);
+        }
+        was
+    }
+
+    /// Releases the holds of keys quarantined longer than the configured bound.
+    fn release_expired_holds(&mut self, now: std::time::Instant) {
+        let Some(after) = self.release_quarantined_after else {
+            return;
+        };
+        while let Some((since, _)) = self.holding.front() {
+            let held = now.saturating_duration_since(*since);
+            if held < after {
+                break;
+            }
+            let (_, key) = self.holding.pop_front().expect("front exists");
+            if !self.dirty.is_poisoned(&key) {
+                continue;
+            }
+            if let Some(t) = &mut self.tracker
+                && t.forget(&key, None)
+            {
+                Recorder::add(&self.shared.stats.quarantine_releases, 1);
+            }
+            self.txids.remove(&key);
+            if let Some(q) = self.shared.quarantine().get_mut(&key) {
+                q.holding = false;
+            }
+            self.report(Report::QuarantineReleased {
+                key: &key,
+                after: held,
+            });
+        }
+    }
+
+    fn restore_txids(&mut self, key: &Key, mut older: Vec<u64>) {
+        if let Some(newer) = self.txids.remove(key) {
+            older.extend(newer);
+        }
+        if !older.is_empty() {
+            self.txids.insert(key.clone(), older);
+        }
+    }
+
+    fn release_acks(&mut self) {
+        let Some(t) = &mut self.tracker else { return };
+        let acks = t.release();
+        if acks.is_empty() {
+            return;
+        }
+        let n = acks.len() as u64;
+        for ack in acks {
+            ack.ack();
+        }
+        Recorder::add(&self.shared.stats.batches_acked, n);
+    }
+
+    fn publish_gauges(&self) {
+        let st = &self.shared.stats;
+        Recorder::set(&st.dirty, self.dirty.queued() as u64);
+        Recorder::set(&st.in_flight, self.dirty.running() as u64);
+        Recorder::set(&st.poisoned, self.dirty.poisoned() as u64);
+        Recorder::set(&st.poisoned_holding, self.holding.len() as u64);
+        let unacked = self.tracker.as_ref().map_or(0, |t| t.unreleased());
+        Recorder::set(&st.unacked_batches, unacked as u64);
+    }
+}

@@ -1,0 +1,195 @@
+//! `Sweeper`: when reconcile sweeps run, the keys a running one streams in, and the
+//! TRUNCATE batches each must cover before they may be acknowledged.
+//!
+//! ```text
+//!            due (start, every, TRUNCATE, Handle)      listing ends Ok
+//!   waiting ─────────────────────────────► listing ───────────────────► waiting (next = now + every)
+//!      ▲                                      │  listing fails
+//!      └────────── next = now + backoff ◄─────┘  (its pins carry over to the retry)
+//! ```
+//!
+//! A request while a sweep lists keys does not interrupt it: it runs again right after.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::ack::BatchId;
+use crate::backoff::Backoff;
+use crate::rebuild::KeySink;
+use crate::refresher::Reconcile;
+use crate::{BoxError, Key};
+
+/// A sweep that is listing keys.
+struct Listing {
+    rx: mpsc::Receiver<Key>,
+    task: JoinHandle<Result<(), BoxError>>,
+    /// TRUNCATE batches this sweep must cover before they may be acknowledged.
+    pins: Vec<BatchId>,
+}
+
+impl Drop for Listing {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How a sweep's listing ended.
+pub(crate) enum Finished {
+    /// Every key was listed; these TRUNCATE batches are covered.
+    Listed { unpin: Vec<BatchId> },
+    /// The listing failed; it is retried after `retry_in`.
+    Failed { error: BoxError, retry_in: Duration },
+}
+
+pub(crate) struct Sweeper {
+    reconcile: Option<Reconcile>,
+    listing: Option<Listing>,
+    again: bool,
+    /// TRUNCATE batches waiting for the next sweep to start.
+    pins: Vec<BatchId>,
+    failures: u32,
+    next: Option<Instant>,
+}
+
+impl Sweeper {
+    /// A sweeper whose first sweep is due at `now` (when a reconcile is configured).
+    pub(crate) fn new(reconcile: Option<Reconcile>, now: Instant) -> Sweeper {
+        Sweeper {
+            next: reconcile.as_ref().map(|_| now),
+            reconcile,
+            listing: None,
+            again: false,
+            pins: Vec::new(),
+            failures: 0,
+        }
+    }
+
+    pub(crate) fn is_configured(&self) -> bool {
+        self.reconcile.is_some()
+    }
+
+    pub(crate) fn is_listing(&self) -> bool {
+        self.listing.is_some()
+    }
+
+    /// Nothing running, nothing requested, nothing pinned.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.listing.is_none() && self.pins.is_empty() && !self.again
+    }
+
+    /// Asks for a sweep as soon as possible.
+    pub(crate) fn request(&mut self, now: Instant) {
+        if self.reconcile.is_none() {
+            return;
+        }
+        if self.listing.is_some() {
+            self.again = true;
+        } else {
+            self.next = Some(now);
+        }
+    }
+
+    /// Pins a TRUNCATE batch to the next sweep.
+    pub(crate) fn pin(&mut self, batch: BatchId) {
+        self.pins.push(batch);
+    }
+
+    /// The oldest TRUNCATE batch the running sweep covers: keys it lists hold it.
+    pub(crate) fn covering(&self) -> Option<BatchId> {
+        self.listing
+            .as_ref()
+            .and_then(|l| l.pins.iter().min().copied())
+    }
+
+    /// When the next sweep is due (none while one is listing).
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        if self.listing.is_some() {
+            None
+        } else {
+            self.next
+        }
+    }
+
+    /// The source ended: periodic sweeps stop; requested ones still run.
+    pub(crate) fn source_ended(&mut self) {
+        if self.pins.is_empty() && !self.again {
+            self.next = None;
+        }
+    }
+
+    /// Starts the due sweep, if any.
+    pub(crate) fn maybe_start(&mut self, now: Instant) {
+        let (Some(rec), None, Some(at)) = (&self.reconcile, &self.listing, self.next) else {
+            return;
+        };
+        if at > now {
+            return;
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        let enumerate = rec.enumerate.clone();
+        let task = tokio::spawn(async move { enumerate.enumerate(KeySink::new(tx)).await });
+        self.listing = Some(Listing {
+            rx,
+            task,
+            pins: std::mem::take(&mut self.pins),
+        });
+        self.next = None;
+    }
+
+    /// Waits for listed keys; 0 means the listing ended ([`finish`](Self::finish) it).
+    pub(crate) async fn recv(&mut self, buf: &mut Vec<Key>) -> usize {
+        match &mut self.listing {
+            Some(l) => l.rx.recv_many(buf, 1024).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Collects the ended listing and schedules the next sweep.
+    pub(crate) async fn finish(&mut self, source_done: bool, backoff: &Backoff) -> Finished {
+        let Some(mut listing) = self.listing.take() else {
+            return Finished::Listed { unpin: Vec::new() };
+        };
+        let result = match (&mut listing.task).await {
+            Ok(r) => r,
+            Err(e) => Err(format!("reconcile task failed: {e}").into()),
+        };
+        let now = Instant::now();
+        let every = self.reconcile.as_ref().map_or(Duration::MAX, |r| r.every);
+        let pins = std::mem::take(&mut listing.pins);
+        let finished = match result {
+            Ok(()) => {
+                self.failures = 0;
+                self.next = (!source_done).then(|| later(now, every));
+                Finished::Listed { unpin: pins }
+            }
+            Err(error) => {
+                self.failures += 1;
+                let retry_in = backoff.ceiling(self.failures).min(every);
+                // Still pinned: the retry must cover these TRUNCATEs.
+                self.pins.extend(pins);
+                self.next = Some(later(now, retry_in));
+                Finished::Failed { error, retry_in }
+            }
+        };
+        if std::mem::take(&mut self.again) {
+            self.next = Some(now);
+        }
+        finished
+    }
+
+    /// Stops a running listing (shutdown).
+    pub(crate) fn stop(&mut self) {
+        self.listing = None;
+    }
+}
+
+/// `now + d`, saturating far in the future instead of overflowing the clock.
+pub(crate) fn later(now: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    now.checked_add(d.min(FAR))
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(now)
+}

@@ -15,6 +15,10 @@
 //! [changefeed.http]
 //! listen = "127.0.0.1:8089"
 //! cors_allow_origins = ["https://app.example.com"]
+//! allowed_hosts = ["feed.internal"]   # besides localhost and IP addresses
+//! header_timeout_ms = 10000
+//! request_timeout_ms = 30000
+//! max_connections = 512
 //!
 //! [[changefeed.http.tokens]]
 //! token_env = "FRESHEN_CHANGEFEED_READ_TOKEN"
@@ -94,14 +98,48 @@ impl ChangefeedConfig {
                 "changefeed.retention.keep: \"latest-per-key\" needs key_index = true".to_owned(),
             );
         }
-        if self.retention.interval_secs == 0 {
-            p.push("changefeed.retention.interval_secs: must be at least 1".to_owned());
+        if self.max_commit_events > limits::MAX_COMMIT_EVENTS {
+            p.push(format!(
+                "changefeed.max_commit_events: at most {}",
+                limits::MAX_COMMIT_EVENTS
+            ));
+        }
+        if !(1..=limits::DAY_SECS).contains(&self.retention.interval_secs) {
+            p.push(format!(
+                "changefeed.retention.interval_secs: between 1 and {} (a day)",
+                limits::DAY_SECS
+            ));
+        }
+        if self
+            .retention
+            .max_age_secs
+            .is_some_and(|a| !(1..=limits::MAX_AGE_SECS).contains(&a))
+        {
+            p.push(format!(
+                "changefeed.retention.max_age_secs: between 1 and {} (100 years)",
+                limits::MAX_AGE_SECS
+            ));
+        }
+        if self.retention.tombstone_secs > limits::MAX_AGE_SECS {
+            p.push(format!(
+                "changefeed.retention.tombstone_secs: at most {} (100 years)",
+                limits::MAX_AGE_SECS
+            ));
+        }
+        if self.retention.max_events == Some(0) || self.retention.max_bytes == Some(0) {
+            p.push(
+                "changefeed.retention.max_events and max_bytes: at least 1 (leave them out for no limit)"
+                    .to_owned(),
+            );
         }
         if self.groups.max_deliveries == 0 {
             p.push("changefeed.groups.max_deliveries: must be at least 1".to_owned());
         }
-        if self.groups.visibility_timeout_ms == 0 {
-            p.push("changefeed.groups.visibility_timeout_ms: must be at least 1".to_owned());
+        if !(1..=limits::MAX_VISIBILITY_MS).contains(&self.groups.visibility_timeout_ms) {
+            p.push(format!(
+                "changefeed.groups.visibility_timeout_ms: between 1 and {} (12 hours)",
+                limits::MAX_VISIBILITY_MS
+            ));
         }
         self.http.problems(&mut p);
         p
@@ -305,6 +343,39 @@ pub struct HttpConfig {
     /// WebSocket: how long an unacknowledged event waits before it is sent again, in ms.
     #[serde(default = "defaults::ws_ack_timeout_ms")]
     pub ws_ack_timeout_ms: u64,
+    /// Host names served besides `localhost` and IP addresses. On a loopback listener
+    /// a request naming any other host is refused (`421`), so that a web page cannot
+    /// reach the API by pointing a name of its own at 127.0.0.1 (DNS rebinding); on
+    /// another listener the list applies only when it is not empty.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// How long a connection may take to send a request's headers, in ms; also how long
+    /// an idle kept-alive connection stays open (default 10000).
+    #[serde(default = "defaults::header_timeout_ms")]
+    pub header_timeout_ms: u64,
+    /// How long a request may take to be answered, in ms (default 30000). Long polls
+    /// and group receives get their own wait on top; streams (SSE, WebSocket) are not
+    /// cut once they have started.
+    #[serde(default = "defaults::request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Most connections served at once (default 512); further ones wait in the listen
+    /// queue.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+}
+
+impl HttpConfig {
+    /// The serving settings these give, for [`freshen_http::serve`].
+    pub(crate) fn serving(&self) -> freshen_http::Settings {
+        let mut s = freshen_http::Settings::new("changefeed");
+        s.allowed_hosts = self.allowed_hosts.clone();
+        s.allowed_origins = self.cors_allow_origins.clone();
+        s.header_timeout = std::time::Duration::from_millis(self.header_timeout_ms);
+        // Applied per route by `app`, where long polls get their wait on top.
+        s.request_timeout = None;
+        s.max_connections = self.max_connections;
+        s
+    }
 }
 
 impl Default for HttpConfig {
@@ -323,6 +394,10 @@ impl Default for HttpConfig {
             max_events_per_frame: defaults::max_events_per_frame(),
             ws_pending_window: defaults::ws_pending_window(),
             ws_ack_timeout_ms: defaults::ws_ack_timeout_ms(),
+            allowed_hosts: Vec::new(),
+            header_timeout_ms: defaults::header_timeout_ms(),
+            request_timeout_ms: defaults::request_timeout_ms(),
+            max_connections: defaults::max_connections(),
         }
     }
 }
@@ -359,25 +434,89 @@ impl HttpConfig {
         if self.default_limit > self.max_limit {
             p.push("changefeed.http.default_limit: must not exceed max_limit".to_owned());
         }
+        if self.max_limit > limits::MAX_EVENTS_PER_RESPONSE {
+            p.push(format!(
+                "changefeed.http.max_limit: at most {}",
+                limits::MAX_EVENTS_PER_RESPONSE
+            ));
+        }
         if self.max_long_poll_ms > 60_000 {
             p.push("changefeed.http.max_long_poll_ms: at most 60000".to_owned());
         }
-        if self.heartbeat_ms < 100 {
-            p.push("changefeed.http.heartbeat_ms: at least 100".to_owned());
+        // The same bounds the stream endpoint applies to its query parameters.
+        if !(100..=300_000).contains(&self.heartbeat_ms) {
+            p.push("changefeed.http.heartbeat_ms: between 100 and 300000".to_owned());
         }
-        if self.retry_ms < 100 {
-            p.push("changefeed.http.retry_ms: at least 100".to_owned());
+        if !(100..=120_000).contains(&self.retry_ms) {
+            p.push("changefeed.http.retry_ms: between 100 and 120000".to_owned());
         }
-        if self.max_events_per_frame == 0 {
-            p.push("changefeed.http.max_events_per_frame: must be at least 1".to_owned());
+        if !(1..=limits::MAX_EVENTS_PER_RESPONSE).contains(&self.max_events_per_frame) {
+            p.push(format!(
+                "changefeed.http.max_events_per_frame: between 1 and {}",
+                limits::MAX_EVENTS_PER_RESPONSE
+            ));
         }
-        if self.ws_pending_window == 0 {
-            p.push("changefeed.http.ws_pending_window: must be at least 1".to_owned());
+        if !(1..=limits::MAX_EVENTS_PER_RESPONSE).contains(&self.ws_pending_window) {
+            p.push(format!(
+                "changefeed.http.ws_pending_window: between 1 and {}",
+                limits::MAX_EVENTS_PER_RESPONSE
+            ));
         }
-        if self.ws_ack_timeout_ms == 0 {
-            p.push("changefeed.http.ws_ack_timeout_ms: must be at least 1".to_owned());
+        if !(1..=limits::HOUR_MS).contains(&self.ws_ack_timeout_ms) {
+            p.push(format!(
+                "changefeed.http.ws_ack_timeout_ms: between 1 and {} (an hour)",
+                limits::HOUR_MS
+            ));
+        }
+        for h in &self.allowed_hosts {
+            if let Some(why) = freshen_http::host_problem(h) {
+                p.push(format!("changefeed.http.allowed_hosts: {why}"));
+            }
+        }
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        use freshen_http::limits as l;
+        if !(ms(l::MIN_HEADER_TIMEOUT)..=ms(l::MAX_HEADER_TIMEOUT))
+            .contains(&self.header_timeout_ms)
+        {
+            p.push(format!(
+                "changefeed.http.header_timeout_ms: between {} and {}",
+                ms(l::MIN_HEADER_TIMEOUT),
+                ms(l::MAX_HEADER_TIMEOUT)
+            ));
+        }
+        if !(ms(l::MIN_REQUEST_TIMEOUT)..=ms(l::MAX_REQUEST_TIMEOUT))
+            .contains(&self.request_timeout_ms)
+        {
+            p.push(format!(
+                "changefeed.http.request_timeout_ms: between {} and {}",
+                ms(l::MIN_REQUEST_TIMEOUT),
+                ms(l::MAX_REQUEST_TIMEOUT)
+            ));
+        }
+        if !(1..=l::MAX_CONNECTIONS).contains(&self.max_connections) {
+            p.push(format!(
+                "changefeed.http.max_connections: between 1 and {}",
+                l::MAX_CONNECTIONS
+            ));
         }
     }
+}
+
+/// Upper bounds: each far above any sensible setting and far below where arithmetic on
+/// times and sizes overflows, so that a typo is an error with a line, not a panic later.
+pub(crate) mod limits {
+    /// A day, in seconds: the longest pause between retention passes.
+    pub(crate) const DAY_SECS: u64 = 86_400;
+    /// 100 years, in seconds: the longest retention by age.
+    pub(crate) const MAX_AGE_SECS: u64 = 100 * 365 * DAY_SECS;
+    /// 12 hours, in ms: the longest lease (SQS's limit too); longer hides a dead consumer.
+    pub(crate) const MAX_VISIBILITY_MS: u64 = 12 * 3_600_000;
+    /// An hour, in ms.
+    pub(crate) const HOUR_MS: u64 = 3_600_000;
+    /// Events in one response, frame or window: responses are built in memory.
+    pub(crate) const MAX_EVENTS_PER_RESPONSE: usize = 1_000_000;
+    /// Events in one group commit (a commit is one store transaction held in memory).
+    pub(crate) const MAX_COMMIT_EVENTS: usize = 10_000_000;
 }
 
 mod defaults {
@@ -428,6 +567,15 @@ mod defaults {
     pub(super) fn ws_ack_timeout_ms() -> u64 {
         30_000
     }
+    pub(super) fn header_timeout_ms() -> u64 {
+        10_000
+    }
+    pub(super) fn request_timeout_ms() -> u64 {
+        30_000
+    }
+    pub(super) fn max_connections() -> usize {
+        512
+    }
 }
 
 #[cfg(test)]
@@ -470,6 +618,45 @@ mod tests {
         c.key_index = false;
         let p = c.problems();
         assert!(p.len() == 1 && p[0].contains("key_index"), "{p:?}");
+    }
+
+    #[test]
+    fn huge_values_are_problems_not_panics() {
+        let huge = u64::MAX;
+        let c: ChangefeedConfig = serde_json::from_value(serde_json::json!({
+            "path": "x",
+            "max_commit_events": huge,
+            "retention": {"max_age_secs": huge, "interval_secs": huge},
+            "groups": {"visibility_timeout_ms": huge},
+            "http": {
+                "max_limit": huge, "heartbeat_ms": huge, "retry_ms": huge,
+                "max_events_per_frame": huge, "ws_pending_window": huge,
+                "ws_ack_timeout_ms": huge, "header_timeout_ms": huge,
+                "request_timeout_ms": huge, "max_connections": huge,
+                "allowed_hosts": ["http://x/"]
+            }
+        }))
+        .unwrap();
+        let p = c.problems();
+        for field in [
+            "max_commit_events",
+            "retention.max_age_secs",
+            "retention.interval_secs",
+            "groups.visibility_timeout_ms",
+            "http.max_limit",
+            "http.heartbeat_ms",
+            "http.retry_ms",
+            "http.max_events_per_frame",
+            "http.ws_pending_window",
+            "http.ws_ack_timeout_ms",
+            "http.header_timeout_ms",
+            "http.request_timeout_ms",
+            "http.max_connections",
+            "http.allowed_hosts",
+        ] {
+            let name = format!("changefeed.{field}:");
+            assert!(p.iter().any(|m| m.starts_with(&name)), "{field}: {p:?}");
+        }
     }
 
     #[test]

@@ -417,10 +417,11 @@ impl Groups {
         start: Start,
     ) -> Result<(GroupInfo, bool), Error> {
         check_name(name)?;
-        if spec.max_deliveries == 0 || spec.visibility_timeout_ms == 0 {
-            return Err(Error::Invalid(
-                "max_deliveries and visibility_timeout_ms must be at least 1".to_owned(),
-            ));
+        let max_visibility = crate::config::limits::MAX_VISIBILITY_MS;
+        if spec.max_deliveries == 0 || !(1..=max_visibility).contains(&spec.visibility_timeout_ms) {
+            return Err(Error::Invalid(format!(
+                "max_deliveries must be at least 1, visibility_timeout_ms between 1 and {max_visibility}"
+            )));
         }
         let filter = spec.filter()?;
         let rx = {

@@ -142,7 +142,7 @@ async fn check_database(cfg: &Config, report: &mut CheckReport) {
         Source::Pulsar(p) => report.push(
             Level::Ok,
             "source",
-            format!("pulsar {}", p.url),
+            format!("pulsar {}", freshen::redact_url(&p.url)),
             format!(
                 "subscription {} reads {} as {:?} (the broker is not contacted by check)",
                 p.subscription, p.topic, p.format

@@ -133,8 +133,8 @@ impl From<&ViewStats> for ViewStatus {
             last_rebuild_age_s: age(s.last_rebuild),
             path_failures: s.path_failures,
             stalled_for_s: age(s.stalled_since),
-            stall_error: s.stall.as_ref().map(|(_, e)| e.clone()),
-            last_error: s.last_error.clone(),
+            stall_error: s.stall.as_ref().map(|(_, e)| freshen::redact_text(e)),
+            last_error: s.last_error.as_deref().map(freshen::redact_text),
             poisoned_holding: s.poisoned_holding,
             quarantine_releases: s.quarantine_releases,
             quarantined: v
@@ -143,7 +143,7 @@ impl From<&ViewStats> for ViewStatus {
                 .map(|q| QuarantinedKey {
                     key: q.key.to_string(),
                     since_s: age(Some(q.since)).unwrap_or(0.0),
-                    error: q.error.clone(),
+                    error: freshen::redact_text(&q.error),
                     holding: q.holding,
                 })
                 .collect(),
@@ -153,9 +153,11 @@ impl From<&ViewStats> for ViewStatus {
 
 /// The current status document.
 pub fn status(o: &dyn Observe) -> Status {
+    let mut source = o.source();
+    source.last_error = source.last_error.map(|e| freshen::redact_text(&e));
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        source: o.source(),
+        source,
         views: o.views().iter().map(ViewStatus::from).collect(),
     }
 }
@@ -189,7 +191,8 @@ pub fn problems(o: &dyn Observe) -> Vec<String> {
     for v in o.views() {
         out.extend(v.problems());
     }
-    out
+    // Errors from libraries may quote what they were given: no secrets.
+    out.iter().map(|p| freshen::redact_text(p)).collect()
 }
 
 async fn healthz(State(o): State<Shared>) -> Response {
@@ -220,13 +223,14 @@ pub fn app(o: Shared) -> Router {
         .with_state(o)
 }
 
-/// Serves `app` on an already-bound listener until `shutdown` completes.
+/// Serves `app` on an already-bound listener until `shutdown` completes, through
+/// [`freshen_http::serve`]: Host and Origin checks, header and request timeouts, a
+/// connection limit, as `settings` say.
 pub async fn serve(
     listener: TcpListener,
     o: Shared,
+    settings: freshen_http::Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(o))
-        .with_graceful_shutdown(shutdown)
-        .await
+    freshen_http::serve(listener, app(o), settings, shutdown).await
 }

@@ -31,16 +31,22 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     logging::init(cfg.log, "info");
     let p = pipeline::Pipeline::start(&cfg).await?;
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = match cfg.http {
-        Some(addr) => {
+    let server = match &cfg.http {
+        Some(h) => {
+            let addr = h.listen;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
             tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status");
             let observer: std::sync::Arc<dyn http::Observe> = p.observer();
-            Some(tokio::spawn(http::serve(listener, observer, async {
-                let _ = http_stopped.await;
-            })))
+            Some(tokio::spawn(http::serve(
+                listener,
+                observer,
+                h.serving.clone(),
+                async {
+                    let _ = http_stopped.await;
+                },
+            )))
         }
         None => None,
     };
@@ -165,7 +171,8 @@ fn main() -> ExitCode {
     match rt.block_on(dispatch(args)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("freshen: {e:#}");
+            // Errors from libraries may quote what they were given: no secrets.
+            eprintln!("freshen: {}", freshen::redact_text(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

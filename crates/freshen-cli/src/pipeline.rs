@@ -435,7 +435,9 @@ impl Pipeline {
                     None => break,
                     Some(Ok((name, Ok(())))) => tracing::info!("{name} stopped"),
                     Some(Ok((name, Err(e)))) => {
-                        tracing::error!("{name} stopped: {e:#}");
+                        // A library's error may quote what it was given.
+                        let e = freshen::redact_text(&format!("{e:#}"));
+                        tracing::error!("{name} stopped: {e}");
                         failure.get_or_insert(anyhow::anyhow!("{name}: {e:#}"));
                         let _ = stop_tx.send(true);
                     }

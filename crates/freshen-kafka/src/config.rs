@@ -21,6 +21,15 @@ const RESERVED_PRODUCER: &[&str] = &[
     "request.required.acks",
 ];
 
+/// The most messages in one batch: a batch is held in memory.
+const MAX_BATCH: usize = 1_000_000;
+/// The longest a batch waits for more messages: past a minute it only delays.
+const MAX_LINGER_MS: u64 = 60_000;
+/// librdkafka's upper bound for `session.timeout.ms` (an hour).
+const MAX_SESSION_TIMEOUT_MS: u32 = 3_600_000;
+/// librdkafka's upper bound for `message.timeout.ms`.
+const MAX_DELIVERY_TIMEOUT_MS: u32 = i32::MAX as u32;
+
 /// Where a consumer group without a committed offset starts reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -178,11 +187,18 @@ impl KafkaSourceConfig {
                 ));
             }
         }
-        if self.max_batch == 0 {
-            p.push("max_batch must be at least 1".into());
+        if !(1..=MAX_BATCH).contains(&self.max_batch) {
+            p.push(format!("max_batch must be between 1 and {MAX_BATCH}"));
         }
-        if self.session_timeout_ms < 1000 {
-            p.push("session_timeout_ms must be at least 1000".into());
+        if self.batch_linger_ms > MAX_LINGER_MS {
+            p.push(format!(
+                "batch_linger_ms must be at most {MAX_LINGER_MS} (a minute)"
+            ));
+        }
+        if !(1000..=MAX_SESSION_TIMEOUT_MS).contains(&self.session_timeout_ms) {
+            p.push(format!(
+                "session_timeout_ms must be between 1000 and {MAX_SESSION_TIMEOUT_MS} (librdkafka's range)"
+            ));
         }
         reserved(&self.properties, RESERVED_CONSUMER, &mut p);
         p
@@ -298,8 +314,10 @@ impl KafkaSinkConfig {
         if let Some(why) = bad_topic(&self.topic) {
             p.push(format!("topic {:?} {why}", self.topic));
         }
-        if self.delivery_timeout_ms == 0 {
-            p.push("delivery_timeout_ms must be greater than zero".into());
+        if !(1..=MAX_DELIVERY_TIMEOUT_MS).contains(&self.delivery_timeout_ms) {
+            p.push(format!(
+                "delivery_timeout_ms must be between 1 and {MAX_DELIVERY_TIMEOUT_MS} (librdkafka's range)"
+            ));
         }
         reserved(&self.properties, RESERVED_PRODUCER, &mut p);
         p

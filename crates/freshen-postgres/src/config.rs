@@ -40,12 +40,19 @@ impl FromStr for SslMode {
             "allow" | "verify-ca" => Err(format!(
                 "sslmode {s:?} is not supported; use disable, prefer, require or verify-full"
             )),
-            _ => Err(format!(
-                "unknown sslmode {s:?}; use disable, prefer, require or verify-full"
-            )),
+            // The value is not echoed: error messages never quote a URL's values.
+            _ => Err("unknown sslmode; use disable, prefer, require or verify-full".to_owned()),
         }
     }
 }
+
+/// The longest `connect_timeout`: an hour. Longer is no longer a timeout, and keeps
+/// deadline arithmetic far from overflowing.
+pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The longest `status_interval`: an hour (PostgreSQL's `wal_sender_timeout` is a
+/// minute by default; longer only retains WAL).
+pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Where and as whom to connect. Plain data; [`ConnectionConfig::from_url`] parses a
 /// `postgres://` URL.
@@ -161,7 +168,10 @@ impl ConnectionConfig {
             cfg.dbname = decode(db).map_err(|e| bad(&e))?;
         }
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            // A part without `=` is not named in the error: it may be a pasted secret.
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| bad("a query parameter has no `=` (write name=value)"))?;
             let v = decode(v).map_err(|e| bad(&e))?;
             match k {
                 "sslmode" => cfg.sslmode = v.parse().map_err(|e: String| bad(&e))?,
@@ -171,6 +181,12 @@ impl ConnectionConfig {
                     let secs: u64 = v
                         .parse()
                         .map_err(|_| bad("connect_timeout is not a number"))?;
+                    if secs > MAX_CONNECT_TIMEOUT.as_secs() {
+                        return Err(bad(&format!(
+                            "connect_timeout must be at most {} (seconds)",
+                            MAX_CONNECT_TIMEOUT.as_secs()
+                        )));
+                    }
                     cfg.connect_timeout = Duration::from_secs(secs.max(1));
                 }
                 "host" => cfg.host = v,
@@ -178,7 +194,14 @@ impl ConnectionConfig {
                 "user" => cfg.user = v,
                 "password" => cfg.password = Some(v),
                 "dbname" => cfg.dbname = v,
-                other => return Err(bad(&format!("unknown parameter {other:?}"))),
+                other => {
+                    // The name only, and only when it looks like one: a misspelled
+                    // `passwd=` is named, its value never; a pasted secret is not.
+                    return Err(bad(&format!(
+                        "unknown parameter {:?} (known: sslmode, sslrootcert, application_name, connect_timeout, host, port, user, password, dbname)",
+                        freshen::parameter_name(other)
+                    )));
+                }
             }
         }
         Ok(cfg)
@@ -207,8 +230,11 @@ impl ConnectionConfig {
                     .into(),
             );
         }
-        if self.connect_timeout.is_zero() {
-            p.push("connect_timeout must be greater than zero".into());
+        if self.connect_timeout.is_zero() || self.connect_timeout > MAX_CONNECT_TIMEOUT {
+            p.push(format!(
+                "connect_timeout must be between 1 s and {} s",
+                MAX_CONNECT_TIMEOUT.as_secs()
+            ));
         }
         p
     }
@@ -470,8 +496,19 @@ impl PgSourceConfig {
         if self.wire_buffer == 0 {
             p.push("wire_buffer must be at least 1".into());
         }
-        if self.status_interval.is_zero() {
-            p.push("status_interval must be greater than zero".into());
+        if self.status_interval.is_zero() || self.status_interval > MAX_STATUS_INTERVAL {
+            p.push(format!(
+                "status_interval must be above zero and at most {} s",
+                MAX_STATUS_INTERVAL.as_secs()
+            ));
+        }
+        if self.reconnect.max > MAX_STATUS_INTERVAL
+            || self.reconnect_deadline > Duration::from_secs(365 * 24 * 3600)
+        {
+            p.push(
+                "reconnect backoff max must be at most an hour, reconnect_deadline at most a year"
+                    .into(),
+            );
         }
         if self.reconnect.base.is_zero() || self.reconnect.base > self.reconnect.max {
             p.push("reconnect backoff: base must be > 0 and not exceed max".into());
@@ -503,6 +540,42 @@ mod tests {
         let sock = ConnectionConfig::from_url("postgres:///db?host=/var/run/postgresql").unwrap();
         assert!(sock.is_unix_socket());
         assert_eq!(sock.dbname, "db");
+    }
+
+    #[test]
+    fn huge_numbers_in_urls_are_errors() {
+        let e = ConnectionConfig::from_url("postgres://h/db?connect_timeout=18446744073709551615")
+            .unwrap_err();
+        assert!(e.to_string().contains("connect_timeout"), "{e}");
+        assert!(
+            ConnectionConfig::from_url("postgres://h/db?connect_timeout=99999999999999999999")
+                .is_err()
+        );
+        assert!(ConnectionConfig::from_url("postgres://h:99999/db").is_err());
+        let c = ConnectionConfig::from_url("postgres://h/db?connect_timeout=3600").unwrap();
+        assert!(c.problems().is_empty());
+        let cfg = PgSourceConfig {
+            status_interval: Duration::MAX,
+            ..PgSourceConfig::default()
+        };
+        assert!(cfg.problems().iter().any(|p| p.contains("status_interval")));
+    }
+
+    #[test]
+    fn errors_name_unknown_parameters_but_never_their_values() {
+        for url in [
+            "postgres://u@h/db?passwd=hunter2",
+            "postgres://u@h/db?sslpassword=hunter2",
+            "postgres://u@h/db?hunter2",
+            "postgres://u@h/db?hunter2!=x",
+            "postgres://u@h/db?password=hunter2&connect_timeout=hunter2",
+            "postgres://u@h/db?password=hunter2&sslmode=hunter2x",
+        ] {
+            let e = ConnectionConfig::from_url(url).unwrap_err().to_string();
+            assert!(!e.contains("hunter2"), "{url}: {e}");
+        }
+        let e = ConnectionConfig::from_url("postgres://u@h/db?passwd=x").unwrap_err();
+        assert!(e.to_string().contains("\"passwd\""), "the name helps: {e}");
     }
 
     #[test]

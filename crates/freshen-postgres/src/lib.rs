@@ -86,7 +86,8 @@ pub use admin::{
     ReplicaIdentity, SlotInfo, TableIdentity,
 };
 pub use config::{
-    ConnectionConfig, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition, TableName,
+    ConnectionConfig, MAX_CONNECT_TIMEOUT, MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode,
+    SlotMode, SslMode, StartPosition, TableName,
 };
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;

@@ -7,6 +7,13 @@ use serde::Deserialize;
 
 use crate::connection::addresses;
 
+/// The most messages in one batch: a batch is held in memory.
+const MAX_BATCH: usize = 1_000_000;
+/// The longest a batch waits for more messages: past a minute it only delays.
+const MAX_LINGER_MS: u64 = 60_000;
+/// The most messages the broker may push ahead: each is held in memory.
+const MAX_RECEIVER_QUEUE: u32 = 1_000_000;
+
 /// The Pulsar source: a failover subscription on one topic.
 ///
 /// ```toml
@@ -142,11 +149,18 @@ impl PulsarSourceConfig {
         if self.subscription.trim().is_empty() {
             p.push("subscription must not be empty".into());
         }
-        if self.max_batch == 0 {
-            p.push("max_batch must be at least 1".into());
+        if !(1..=MAX_BATCH).contains(&self.max_batch) {
+            p.push(format!("max_batch must be between 1 and {MAX_BATCH}"));
         }
-        if self.receiver_queue < 2 {
-            p.push("receiver_queue must be at least 2".into());
+        if self.batch_linger_ms > MAX_LINGER_MS {
+            p.push(format!(
+                "batch_linger_ms must be at most {MAX_LINGER_MS} (a minute)"
+            ));
+        }
+        if !(2..=MAX_RECEIVER_QUEUE).contains(&self.receiver_queue) {
+            p.push(format!(
+                "receiver_queue must be between 2 and {MAX_RECEIVER_QUEUE}"
+            ));
         }
         p
     }

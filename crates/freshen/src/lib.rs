@@ -23,6 +23,8 @@
 //! - [`AckPolicy`]: acknowledge on enqueue (stateless; the sweep heals a crash) or after
 //!   rebuild (the default; a crash loses nothing, the source replays).
 //! - [`Stats`]: counters, gauges and a freshness-lag histogram, from a [`Handle`].
+//! - [`redact_url`]: a connection string with its secrets hidden, the one routine every
+//!   adapter uses for logs, errors and `check` output.
 //!
 //! # Example
 //!
@@ -109,6 +111,7 @@ mod histogram;
 mod index;
 mod key;
 mod rebuild;
+mod redact;
 mod refresher;
 mod report;
 mod retry;
@@ -127,6 +130,9 @@ pub use fanout::{Branch, fanout};
 pub use histogram::HistogramSnapshot;
 pub use key::{Key, Parts, Quoted};
 pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
+pub use redact::{
+    MASK, SAFE_PARAMETERS, is_safe_parameter, parameter_name, redact_text, redact_url,
+};
 pub use refresher::{Handle, Quarantined, Refresher};
 pub use report::{BuildError, Report, RunError};
 pub use retry::Retry;

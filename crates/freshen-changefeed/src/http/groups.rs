@@ -19,7 +19,8 @@ use crate::record;
 /// Most events one receive leases.
 const MAX_RECEIVE: usize = 1000;
 /// Longest a receive waits for events, in milliseconds.
-const MAX_WAIT_MS: u64 = 60_000;
+pub(crate) const MAX_WAIT_MS: u64 = 60_000;
+use crate::config::limits::MAX_VISIBILITY_MS;
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     Ok(body?.0)
@@ -151,10 +152,12 @@ pub(crate) async fn receive(
         Some(n) => n.min(MAX_RECEIVE),
         None => 1,
     };
-    if b.visibility_timeout_ms == Some(0) {
-        return Err(ApiError::BadRequest(
-            "visibility_timeout_ms: must be at least 1".to_owned(),
-        ));
+    if b.visibility_timeout_ms
+        .is_some_and(|v| !(1..=MAX_VISIBILITY_MS).contains(&v))
+    {
+        return Err(ApiError::BadRequest(format!(
+            "visibility_timeout_ms: between 1 and {MAX_VISIBILITY_MS} (12 hours)"
+        )));
     }
     let groups = &s.cf().groups;
     let core = &s.cf().core;

@@ -42,6 +42,7 @@ use axum::Router;
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{delete, get, post};
+use freshen_http::with_request_timeout;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -160,22 +161,29 @@ impl FilterParams {
 }
 
 /// The API router. Every route that needs a token checks it; CORS applies when
-/// origins are configured.
+/// origins are configured. Each request is answered within `request_timeout_ms`, long
+/// polls and group receives within that plus their longest wait.
 pub fn app(state: AppState) -> Router {
-    let read = Router::new()
+    let quick = Duration::from_millis(state.inner.config.request_timeout_ms);
+    let waiting =
+        quick + Duration::from_millis(groups::MAX_WAIT_MS.max(state.inner.config.max_long_poll_ms));
+    let read_waiting = Router::new()
         .route("/changefeed", get(poll::poll))
+        .route("/changefeed/groups/{group}/receive", post(groups::receive));
+    let read = Router::new()
         .route("/changefeed/stream", get(sse::stream))
         .route("/v2/cdc/stream", get(ws::upgrade))
         .route("/changefeed/groups", get(groups::list))
         .route("/changefeed/groups/{group}", get(groups::info))
-        .route("/changefeed/groups/{group}/receive", post(groups::receive))
         .route("/changefeed/groups/{group}/ack", post(groups::ack))
         .route("/changefeed/groups/{group}/nack", post(groups::nack))
         .route(
             "/changefeed/groups/{group}/dead-letters",
             get(groups::dead_letters),
         )
-        .route("/metrics", get(admin::metrics))
+        .route("/metrics", get(admin::metrics));
+    let read = with_request_timeout(read, quick)
+        .merge(with_request_timeout(read_waiting, waiting))
         .route_layer(from_fn_with_state(state.clone(), auth::require_read));
     let admin = Router::new()
         .route("/changefeed/stats", get(admin::stats))
@@ -193,7 +201,8 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/changefeed/groups/{group}/dead-letters",
             delete(groups::drain),
-        )
+        );
+    let admin = with_request_timeout(admin, quick)
         .route_layer(from_fn_with_state(state.clone(), auth::require_admin));
     let mut router = Router::new()
         .merge(read)
@@ -248,6 +257,11 @@ pub enum ServeError {
 /// end then, and the call returns once every connection has closed.
 ///
 /// Refuses a non-loopback listener without tokens unless the configuration allows it.
+/// Serving goes through [`freshen_http::serve`]: on loopback only `localhost`, IP
+/// addresses and `allowed_hosts` are served (DNS rebinding); WebSocket upgrades and
+/// non-simple requests from a browser must come from the API's own origin or one of
+/// `cors_allow_origins`; slow or idle connections are closed after
+/// `header_timeout_ms`; at most `max_connections` are served at once.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -261,12 +275,12 @@ pub async fn serve(
     {
         return Err(ServeError::Unprotected(addr));
     }
+    let settings = inner.config.serving();
     let closing = state.clone();
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            closing.inner.closing.send_replace(true);
-        })
-        .await?;
+    freshen_http::serve(listener, app(state), settings, async move {
+        shutdown.await;
+        closing.inner.closing.send_replace(true);
+    })
+    .await?;
     Ok(())
 }

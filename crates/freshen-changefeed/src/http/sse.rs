@@ -141,7 +141,8 @@ pub(crate) async fn stream(
         core,
         after: settings.from,
         last_write: now,
-        deadline: settings.max_time.map(|t| now + t),
+        // `max_seconds` beyond what a clock can add means no deadline.
+        deadline: settings.max_time.and_then(|t| now.checked_add(t)),
         ending: Box::pin(s.ending()),
         sent: 0,
         first: Some(Bytes::from(format!("retry: {}\n\n", settings.retry_ms))),

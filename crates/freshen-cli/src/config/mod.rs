@@ -37,24 +37,8 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// `postgres://user:pw@host/db` → `postgres://user:***@host/db`; key=value strings too.
-pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((auth, host)) = rest.split_once('@')
-            && let Some((user, _)) = auth.split_once(':')
-        {
-            return format!("{scheme}://{user}:***@{host}");
-        }
-        return url.to_string();
-    }
-    url.split_whitespace()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-            _ => kv.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
+/// The one redaction routine of every adapter (see [`freshen::redact_url`]).
+pub use freshen::redact_url;
 
 /// How the replication slot is obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,6 +227,25 @@ pub enum LogFormat {
     Json,
 }
 
+/// `[http]`: the metrics, health and status listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Http {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Host and Origin rules, timeouts, the connection limit.
+    pub serving: freshen_http::Settings,
+}
+
+/// The longest duration any setting takes: a year. Every interval freshen runs on is
+/// far shorter, and a year keeps `now + interval` far from overflowing a clock, so a
+/// typo like "18446744073709551615s" is an error with its line, not a panic later.
+pub const MAX_DURATION: Duration = Duration::from_secs(31_557_600); // 365.25 days, "1year"
+
+/// The longest `status_interval`: an hour. PostgreSQL drops a replication connection
+/// that sends no feedback for `wal_sender_timeout` (60 s by default) unless asked for a
+/// reply; much longer than that only retains WAL.
+pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(3600);
+
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -253,7 +256,7 @@ pub struct Config {
     /// Where SQL runs (defaults to the source database).
     pub target: Target,
     /// Metrics/health listener; `None` when disabled.
-    pub http: Option<SocketAddr>,
+    pub http: Option<Http>,
     /// Log format.
     pub log: LogFormat,
     /// The views.
@@ -392,9 +395,8 @@ pub fn parse(
     let sinks = read_sinks(&mut r, root);
     let changefeed = root.t.get("changefeed").and_then(|item| {
         let cf: freshen_changefeed::ChangefeedConfig = r.serde_table(item, "changefeed", &[])?;
-        let line = r.line(item.span());
         for p in cf.problems() {
-            r.p.at_line(line, format!("in `changefeed`: {p}"));
+            r.problem_in(item, "changefeed", &p, None);
         }
         Some(cf)
     });
@@ -473,7 +475,7 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
         let kafka = kafka.filter(|k| {
             let problems = k.problems();
             for p in &problems {
-                r.p.at_line(kind.line, format!("in `source`: {p}"));
+                r.problem_in(item, "source", p, kind.line);
             }
             problems.is_empty()
         });
@@ -486,14 +488,17 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
         let pulsar = pulsar.filter(|p| {
             let problems = p.problems();
             for problem in &problems {
-                r.p.at_line(kind.line, format!("in `source`: {problem}"));
+                r.problem_in(item, "source", problem, kind.line);
             }
             problems.is_empty()
         });
         return (pulsar.map(|p| Source::Pulsar(Box::new(p))), ack);
     }
     r.known_keys(t, SOURCE_PG);
+    let before = r.p.list.len();
     let url = r.string(t, "url");
+    // A URL with a missing variable is not judged: its problem is the variable.
+    let expanded = r.p.list.len() == before;
     if url.is_none() && t.t.get("url").is_none() {
         r.missing(
             t,
@@ -530,7 +535,11 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             _ => PublicationMode::Create,
         });
     let status_interval = r
-        .duration(t, "status_interval")
+        .duration_within(
+            t,
+            "status_interval",
+            Duration::from_millis(1)..=MAX_STATUS_INTERVAL,
+        )
         .map_or(Duration::from_secs(1), |d| d.value);
     let mut tables = Vec::new();
     if let Some(list) = r.strings(t, "tables") {
@@ -544,6 +553,9 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             }
         }
     }
+    if let Some(u) = url.as_ref().filter(|_| expanded) {
+        check_url(r, "source.url", u);
+    }
     let source = url.map(|url| {
         Source::Postgres(PgSource {
             url: Secret(url.value),
@@ -556,6 +568,27 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
         })
     });
     (source, ack)
+}
+
+/// A PostgreSQL URL is parsed and checked here, so that `check --offline` rejects what
+/// `run` would. The parser's messages never quote a value.
+fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
+    let problems = match freshen_postgres::ConnectionConfig::from_url(&url.value) {
+        Ok(c) => c.problems(),
+        // One line per problem: the error lists them as "  - …" under a heading.
+        Err(e) => {
+            let text = e.to_string();
+            let items: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix("- "))
+                .map(str::to_owned)
+                .collect();
+            if items.is_empty() { vec![text] } else { items }
+        }
+    };
+    for p in problems {
+        r.p.at_line(url.line, format!("`{path}`: {p}"));
+    }
 }
 
 fn valid_identifier(s: &str) -> bool {
@@ -575,25 +608,75 @@ fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -
         return default_url.map(|url| Target { url, pool_size: 4 });
     };
     r.known_keys(t, &["url", "pool_size"]);
-    let url = r.string(t, "url").map(|s| Secret(s.value)).or(default_url);
+    let before = r.p.list.len();
+    let url = r.string(t, "url");
+    if let Some(u) = url.as_ref().filter(|_| r.p.list.len() == before) {
+        check_url(r, "target.url", u);
+    }
+    let url = url.map(|s| Secret(s.value)).or(default_url);
     let pool_size = r
         .int(t, "pool_size", 1..=1024)
         .map_or(4, |n| n.value as usize);
     url.map(|url| Target { url, pool_size })
 }
 
-fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<SocketAddr> {
+const HTTP: &[&str] = &[
+    "listen",
+    "allowed_hosts",
+    "header_timeout",
+    "request_timeout",
+    "max_connections",
+];
+
+fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
     let default = SocketAddr::from(([127, 0, 0, 1], 9187));
+    let mut serving = freshen_http::Settings::new("metrics");
+    // Prometheus and a few people: a small limit keeps descriptors for the databases.
+    serving.max_connections = 64;
     let Some(t) = r.table(root, "http", "http") else {
-        return Some(default);
+        return Some(Http {
+            listen: default,
+            serving,
+        });
     };
-    r.known_keys(t, &["listen"]);
-    let listen = r.string(t, "listen")?;
+    r.known_keys(t, HTTP);
+    if let Some(hosts) = r.strings(t, "allowed_hosts") {
+        for h in &hosts.value {
+            if let Some(why) = freshen_http::host_problem(h) {
+                r.p.at_line(hosts.line, format!("`http.allowed_hosts`: {why}"));
+            }
+        }
+        serving.allowed_hosts = hosts.value;
+    }
+    use freshen_http::limits as l;
+    if let Some(d) = r.duration_within(
+        t,
+        "header_timeout",
+        l::MIN_HEADER_TIMEOUT..=l::MAX_HEADER_TIMEOUT,
+    ) {
+        serving.header_timeout = d.value;
+    }
+    if let Some(d) = r.duration_within(
+        t,
+        "request_timeout",
+        l::MIN_REQUEST_TIMEOUT..=l::MAX_REQUEST_TIMEOUT,
+    ) {
+        serving.request_timeout = Some(d.value);
+    }
+    if let Some(n) = r.int(t, "max_connections", 1..=l::MAX_CONNECTIONS as i64) {
+        serving.max_connections = n.value as usize;
+    }
+    let Some(listen) = r.string(t, "listen") else {
+        return Some(Http {
+            listen: default,
+            serving,
+        });
+    };
     if listen.value == "off" {
         return None;
     }
     match listen.value.parse::<SocketAddr>() {
-        Ok(addr) => Some(addr),
+        Ok(listen) => Some(Http { listen, serving }),
         Err(_) => {
             r.p.at_line(
                 listen.line,
@@ -834,7 +917,7 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
         if let Some(sink) = sink {
             let problems = sink.problems();
             for p in &problems {
-                r.p.at_line(kind.line, format!("in `{path}`: {p}"));
+                r.problem_in(entry, &path, p, kind.line);
             }
             if problems.is_empty() {
                 out.push(Sink::Kafka(Box::new(sink)));

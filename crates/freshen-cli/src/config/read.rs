@@ -251,20 +251,50 @@ impl<'s, 'e> Reader<'s, 'e> {
         }
     }
 
-    /// An optional duration written like `"100ms"`, `"5s"`, `"1h 30m"`.
+    /// An optional duration written like `"100ms"`, `"5s"`, `"1h 30m"`, at most
+    /// [`MAX_DURATION`](super::MAX_DURATION).
     pub(crate) fn duration(&mut self, t: Tbl<'_>, key: &str) -> Option<Spanned<Duration>> {
+        self.duration_within(t, key, Duration::ZERO..=super::MAX_DURATION)
+    }
+
+    /// An optional duration within `range`.
+    pub(crate) fn duration_within(
+        &mut self,
+        t: Tbl<'_>,
+        key: &str,
+        range: std::ops::RangeInclusive<Duration>,
+    ) -> Option<Spanned<Duration>> {
         let s = self.string(t, key)?;
+        let path = join(t.path, key);
         match humantime::parse_duration(s.value.trim()) {
-            Ok(d) => Some(Spanned {
+            Ok(d) if range.contains(&d) => Some(Spanned {
                 value: d,
                 line: s.line,
             }),
+            Ok(_) => {
+                let bound = |d: &Duration| humantime::format_duration(*d).to_string();
+                let message = if range.start().is_zero() {
+                    format!(
+                        "`{path}` must be at most {}, not `{}`",
+                        bound(range.end()),
+                        s.value
+                    )
+                } else {
+                    format!(
+                        "`{path}` must be between {} and {}, not `{}`",
+                        bound(range.start()),
+                        bound(range.end()),
+                        s.value
+                    )
+                };
+                self.p.at_line(s.line, message);
+                None
+            }
             Err(e) => {
                 self.p.at_line(
                     s.line,
                     format!(
-                        "`{}` is not a duration (`{}`: {e}); write e.g. \"100ms\", \"5s\", \"1h\"",
-                        join(t.path, key),
+                        "`{path}` is not a duration (`{}`: {e}); write e.g. \"100ms\", \"5s\", \"1h\"",
                         s.value
                     ),
                 );
@@ -391,6 +421,41 @@ impl<'s, 'e> Reader<'s, 'e> {
             }
             _ => {}
         }
+    }
+
+    /// Records `message`, a problem another crate's `problems()` found in the table
+    /// `item` (at `path`), on the line of the field it names: messages start with the
+    /// field's name, bare (`max_batch must …`) or dotted from the top
+    /// (`changefeed.http.max_limit: …`). Otherwise on `fallback`, else the table's line.
+    pub(crate) fn problem_in(
+        &mut self,
+        item: &Item,
+        path: &str,
+        message: &str,
+        fallback: Option<usize>,
+    ) {
+        let first = message
+            .split(|c: char| c.is_whitespace() || c == ':')
+            .next()
+            .unwrap_or("");
+        let dotted = first
+            .strip_prefix(path)
+            .and_then(|f| f.strip_prefix('.'))
+            .unwrap_or(first);
+        let mut at = Some(item);
+        let mut span = None;
+        for part in dotted.split('.') {
+            at = at.and_then(|i| i.get(part));
+            match at.and_then(Item::span) {
+                Some(s) => span = Some(s),
+                None => break,
+            }
+        }
+        let line = match span {
+            Some(s) => self.line(Some(s)),
+            None => fallback.or_else(|| self.line(item.span())),
+        };
+        self.p.at_line(line, format!("in `{path}`: {message}"));
     }
 
     /// A table owned by another crate's configuration type: everything but `skip` is

@@ -345,3 +345,47 @@ async fn a_rebuild_abandoned_at_shutdown_is_cancelled_on_the_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_to_the_metrics_port_cannot_starve_rebuilds_of_descriptors() {
+    let pg = start_pg();
+    let mut c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &no_sweep(&pg.url(), &format!("127.0.0.1:{port}")),
+    );
+    // 256 descriptors in all; the metrics listener keeps at most 64 connections.
+    let run = spawn_run_limited(dir.path(), &cfg, 1, 256);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    // More idle connections than the process has descriptors, each sending half a
+    // request and then nothing (slowloris).
+    let mut idle = Vec::new();
+    for _ in 0..400 {
+        // Past the listener's backlog a connect waits for SYN retries: do not wait.
+        let connect = tokio::net::TcpStream::connect(("127.0.0.1", port));
+        if let Ok(Ok(mut s)) = tokio::time::timeout(Duration::from_millis(100), connect).await {
+            use tokio::io::AsyncWriteExt;
+            let _ = s
+                .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .await;
+            idle.push(s);
+        }
+    }
+    // The rebuilds still get their connections (new ones too: the pool is lazy and the
+    // server is restarted under them).
+    let mut r = Rng::new(0xfd);
+    workload(&mut c, &mut r, 100).await;
+    wait_equal(&c, Duration::from_secs(60)).await;
+    drop(idle);
+    let s = wait_status(&base, "served again", Duration::from_secs(30), |_| true).await;
+    for v in &s.views {
+        assert_eq!(v.poisoned, 0, "{v:?}");
+    }
+    let log = log_of(dir.path(), 1);
+    assert!(log.contains("connection"), "the limit was logged: {log}");
+    drop(run);
+}

@@ -159,6 +159,24 @@ impl Drop for Running {
     }
 }
 
+/// `freshen run -c path` with at most `nofile` open descriptors (`ulimit -n`), logging
+/// to a file in `dir`.
+pub fn spawn_run_limited(dir: &Path, config: &Path, n: u32, nofile: u32) -> Running {
+    let log = std::fs::File::create(dir.join(format!("run-{n}.log"))).expect("log file");
+    Running(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -n {nofile} && exec \"$0\" run -c \"$1\""))
+            .arg(env!("CARGO_BIN_EXE_freshen"))
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn freshen run"),
+    )
+}
+
 /// `freshen run -c path`, logging to a file in `dir`.
 pub fn spawn_run(dir: &Path, config: &Path, n: u32) -> Running {
     let log = std::fs::File::create(dir.join(format!("run-{n}.log"))).expect("log file");

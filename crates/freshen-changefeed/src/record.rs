@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use freshen::{Op, Row, RowEvent, Value};
+use freshen::{Op, Row, RowEvent, Value, clip};
 use serde_json::value::RawValue;
 
 const VERSION: u8 = 2;
@@ -457,17 +457,6 @@ fn json_str(s: &str, out: &mut Vec<u8>) {
     // serde_json's string escaping: fast and correct (control characters, quotes, \u2028
     // pass through as allowed by JSON).
     let _ = serde_json::to_writer(&mut *out, s);
-}
-
-fn clip(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// An event's key, `table:pk`, with the pk parts joined by `:` as ThemisDB joins the

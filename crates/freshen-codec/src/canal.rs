@@ -7,9 +7,9 @@ use serde::Deserialize;
 
 use crate::canal_types::ColType;
 use crate::columns::{TableCache, TableRef};
-use crate::error::clip;
 use crate::json::{Pairs, Scalar, Str};
 use crate::{Control, DecodeError, Decoded};
+use freshen::clip;
 
 type Image<'a> = Pairs<'a, Scalar<'a>>;
 

@@ -1,5 +1,6 @@
 //! `DecodeError`: why a message could not be turned into row events.
 
+use freshen::clip;
 use std::fmt;
 
 /// Why a message could not be decoded. The message is skipped and counted by the source
@@ -54,16 +55,4 @@ impl From<serde_json::Error> for DecodeError {
     fn from(e: serde_json::Error) -> DecodeError {
         DecodeError::Json(e)
     }
-}
-
-/// `s` cut to at most `max` bytes, on a character boundary.
-pub(crate) fn clip(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }

@@ -131,7 +131,7 @@ pub use histogram::HistogramSnapshot;
 pub use key::{Key, Parts, Quoted};
 pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
 pub use redact::{
-    MASK, SAFE_PARAMETERS, is_safe_parameter, parameter_name, redact_text, redact_url,
+    MASK, SAFE_PARAMETERS, clip, is_safe_parameter, parameter_name, redact_text, redact_url,
 };
 pub use refresher::{Handle, Quarantined, Refresher};
 pub use report::{BuildError, Report, RunError};

@@ -321,6 +321,20 @@ fn looks_secret(name: &str) -> bool {
     .any(|s| n.contains(s))
 }
 
+/// At most `max` bytes of `s`, cut at a character boundary: text from outside (a
+/// message that failed to decode, a server's error) is bounded before it reaches a log
+/// or a report.
+pub fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -278,6 +278,60 @@ async fn check_postgres_source(
     for view in &cfg.views {
         check_identity(&admin, view, report).await;
     }
+    if cfg.changefeed.is_some() {
+        check_changefeed_identity(&admin, &tables, report).await;
+    }
+}
+
+/// Tables whose changefeed events can lack an unchanged large value: under a replica
+/// identity other than FULL an UPDATE does not send a TOASTed column it left alone, and
+/// the changefeed fills it from the row's last image only when it has one.
+async fn check_changefeed_identity(admin: &PgAdmin, tables: &[TableName], report: &mut CheckReport) {
+    let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
+    let rows = match admin.pool().get().await {
+        Ok(c) => c
+            .query(freshen_changefeed::TOASTABLE_COLUMNS_SQL, &[&names])
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => {
+            report.push(Level::Error, "changefeed", "replica identity", e);
+            return;
+        }
+    };
+    let storage: Vec<freshen_changefeed::TableStorage> = rows
+        .iter()
+        .map(|r| freshen_changefeed::TableStorage {
+            schema: r.get(0),
+            table: r.get(1),
+            identity: r.get(2),
+            toastable: r.get(3),
+        })
+        .collect();
+    let advice = freshen_changefeed::needs_full_identity(&storage);
+    if advice.is_empty() {
+        report.push(
+            Level::Ok,
+            "changefeed",
+            "replica identity",
+            "every captured table sends whole rows (or has no out-of-line columns)",
+        );
+    }
+    for a in advice {
+        report.push(
+            Level::Warning,
+            "changefeed",
+            &a.table,
+            format!(
+                "an UPDATE that leaves {} alone does not send them: the changefeed fills them from the row's last image, and marks the event \"partial\" when it has none; to always send whole rows: {}",
+                a.columns.join(", "),
+                a.fix
+            ),
+        );
+    }
 }
 
 async fn check_slot(admin: &PgAdmin, slot: &str, mode: SlotMode, report: &mut CheckReport) {

@@ -70,6 +70,42 @@ async fn check_finds_weak_replica_identity_and_wrong_parameter_counts() {
     assert!(text.contains("0 error(s), 0 warning(s)"), "{text}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_changefeed_tables_whose_updates_can_leave_out_large_values() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    // docs keeps the default identity and has a TOASTable column; readings is FULL.
+    c.batch_execute("CREATE TABLE docs (id int PRIMARY KEY, body text)")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{}\n[changefeed]\npath = \"{}\"\n[changefeed.http]\nlisten = \"127.0.0.1:{}\"\n",
+        config(&pg.url(), "off").replace(
+            "publication = \"freshen_test\"",
+            "publication = \"freshen_test\"\ntables = [\"public.docs\"]"
+        ),
+        dir.path().join("feed.redb").display(),
+        free_port()
+    );
+    let cfg = write_config(dir.path(), &text);
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let f = findings(&out);
+    assert!(
+        has(&f, "warning", "changefeed", "ALTER TABLE \"public\".\"docs\" REPLICA IDENTITY FULL"),
+        "{f:#?}"
+    );
+    assert!(
+        !f.iter().any(|x| x["check"] == "changefeed" && x["subject"] == "public.readings"),
+        "a FULL table needs nothing: {f:#?}"
+    );
+}
+
 #[test]
 fn check_offline_lists_every_config_problem() {
     let dir = tempfile::tempdir().unwrap();

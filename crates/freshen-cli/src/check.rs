@@ -286,7 +286,11 @@ async fn check_postgres_source(
 /// Tables whose changefeed events can lack an unchanged large value: under a replica
 /// identity other than FULL an UPDATE does not send a TOASTed column it left alone, and
 /// the changefeed fills it from the row's last image only when it has one.
-async fn check_changefeed_identity(admin: &PgAdmin, tables: &[TableName], report: &mut CheckReport) {
+async fn check_changefeed_identity(
+    admin: &PgAdmin,
+    tables: &[TableName],
+    report: &mut CheckReport,
+) {
     let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
     let rows = match admin.pool().get().await {
         Ok(c) => c

@@ -97,11 +97,17 @@ async fn check_names_changefeed_tables_whose_updates_can_leave_out_large_values(
         .unwrap();
     let f = findings(&out);
     assert!(
-        has(&f, "warning", "changefeed", "ALTER TABLE \"public\".\"docs\" REPLICA IDENTITY FULL"),
+        has(
+            &f,
+            "warning",
+            "changefeed",
+            "ALTER TABLE \"public\".\"docs\" REPLICA IDENTITY FULL"
+        ),
         "{f:#?}"
     );
     assert!(
-        !f.iter().any(|x| x["check"] == "changefeed" && x["subject"] == "public.readings"),
+        !f.iter()
+            .any(|x| x["check"] == "changefeed" && x["subject"] == "public.readings"),
         "a FULL table needs nothing: {f:#?}"
     );
 }

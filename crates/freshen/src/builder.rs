@@ -224,6 +224,26 @@ impl Builder {
         if self.rebuild.is_none() {
             problems.push("a rebuild is required (Builder::rebuild)".into());
         }
+        // Nothing a refresher waits for needs more than a year, and bounding every
+        // duration keeps `now + d` far from the clock's end.
+        const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+        for (what, d) in [
+            ("coalesce", Some(self.coalesce)),
+            ("max_wait", Some(self.max_wait)),
+            ("backoff max", Some(self.backoff.max)),
+            ("shutdown_grace", Some(self.shutdown_grace)),
+            (
+                "reconcile interval",
+                self.reconcile.as_ref().map(|r| r.every),
+            ),
+            ("release_quarantined_after", self.release_quarantined_after),
+        ] {
+            if let Some(d) = d
+                && d > YEAR
+            {
+                problems.push(format!("{what} ({d:?}) must be at most a year"));
+            }
+        }
         if self.coalesce > self.max_wait {
             problems.push(format!(
                 "coalesce ({:?}) must not exceed max_wait ({:?})",

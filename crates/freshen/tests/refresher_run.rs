@@ -924,3 +924,21 @@ async fn a_bound_releases_a_quarantined_keys_holds_loudly() {
     );
     drop(feed);
 }
+
+#[test]
+fn durations_beyond_a_year_are_build_problems_not_panics() {
+    let (_feed, source) = channel(1);
+    let err = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&Log::default()))
+        .max_wait(Duration::from_secs(u64::MAX))
+        .reconcile(Duration::MAX, || async { Ok::<_, std::io::Error>(vec![]) })
+        .build()
+        .unwrap_err();
+    let problems = err.problems().join("\n");
+    assert!(
+        problems.contains("max_wait") && problems.contains("reconcile interval"),
+        "{problems}"
+    );
+}

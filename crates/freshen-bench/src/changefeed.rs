@@ -169,7 +169,7 @@ async fn serve(cf: &Changefeed) -> anyhow::Result<(SocketAddr, tokio::sync::ones
 async fn sse_client(addr: SocketAddr, from: u64, n: u64) -> anyhow::Result<()> {
     let mut s = TcpStream::connect(addr).await?;
     let req = format!(
-        "GET /changefeed/stream?from_seq={from}&max_events=1000 HTTP/1.1\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
+        "GET /changefeed/stream?from_seq={from}&max_events=1000 HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
     );
     s.write_all(req.as_bytes()).await?;
     // Sequences are contiguous, so the last complete `id:` seen says how far the stream
@@ -257,7 +257,7 @@ async fn poll_client(addr: SocketAddr, from: u64, n: u64) -> anyhow::Result<()> 
     let (mut from, mut got) = (from, 0u64);
     while got < n {
         let req =
-            format!("GET /changefeed?from_seq={from}&limit=1000 HTTP/1.1\r\nHost: bench\r\n\r\n");
+            format!("GET /changefeed?from_seq={from}&limit=1000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         s.write_all(req.as_bytes()).await?;
         response(&mut s, &mut buf, &mut body).await?;
         got += field(&body, "count").ok_or_else(|| anyhow::anyhow!("no count"))?;
@@ -319,7 +319,7 @@ async fn memory_per_connection(addr: SocketAddr, cf: &Changefeed, n: usize) -> a
             let latest = cf.latest_sequence();
             let mut s = TcpStream::connect(addr).await?;
             let req =
-                format!("GET /changefeed/stream?from_seq={latest} HTTP/1.1\r\nHost: bench\r\n\r\n");
+                format!("GET /changefeed/stream?from_seq={latest} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
             s.write_all(req.as_bytes()).await?;
             conns.push(s);
         }

@@ -1,0 +1,3 @@
+//! MySQL and MariaDB for freshen.
+
+pub mod binlog;

@@ -29,6 +29,9 @@ pub enum ErrorKind {
     Refused,
     /// An event could not be decoded.
     Decode,
+    /// A key part cannot be bound to its statement parameter (not a number where one
+    /// is declared): the key's own fault.
+    Key,
     /// A change a rebuild must see is not yet visible to new snapshots.
     NotVisible,
     /// The source was closed.
@@ -81,6 +84,13 @@ impl MySqlError {
         MySqlError::new(ErrorKind::Config, message)
     }
 
+    /// A server that is not set up for binlog capture, every problem with its fix.
+    pub(crate) fn setup(problems: &[String]) -> MySqlError {
+        let mut e = MySqlError::config("server setup for binlog capture", problems);
+        e.kind = ErrorKind::Setup;
+        e
+    }
+
     /// Wraps a driver error, keeping the server's error number and classifying it.
     pub(crate) fn driver(context: impl Into<String>, e: mysql_async::Error) -> MySqlError {
         let (kind, code) = match &e {
@@ -104,6 +114,13 @@ impl MySqlError {
         }
     }
 
+    /// The underlying error's text (the server's message), or the message.
+    pub(crate) fn source_text(&self) -> String {
+        self.source
+            .as_ref()
+            .map_or_else(|| self.message.clone(), |s| s.to_string())
+    }
+
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind
@@ -124,7 +141,7 @@ impl MySqlError {
             | ErrorKind::Setup
             | ErrorKind::Position
             | ErrorKind::Refused => Retry::Fix,
-            ErrorKind::Decode => Retry::Key,
+            ErrorKind::Decode | ErrorKind::Key => Retry::Key,
             ErrorKind::Server => self.code.map_or(Retry::Key, retry_for),
         }
     }

@@ -77,8 +77,8 @@ fn decode_into(
         let extra = usize::from(c.u16("rows event: extra data length")?);
         c.take(extra.saturating_sub(2), "rows event: extra data")?;
     }
-    let n = c.count(0, "rows event: column count")?;
-    if n != table.len() {
+    let n = c.lenenc("rows event: column count")?;
+    if n != table.len() as u64 {
         return Err(DecodeError::new(format!(
             "rows event for {}.{} has {n} columns but its table map has {}",
             table.schema,
@@ -86,6 +86,7 @@ fn decode_into(
             table.len()
         )));
     }
+    let n = table.len();
     let before_present = c.take(n.div_ceil(8), "rows event: columns bitmap")?;
     let after_present = if kind == RowsKind::Update {
         c.take(n.div_ceil(8), "rows event: after-image columns bitmap")?

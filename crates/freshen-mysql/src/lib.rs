@@ -13,6 +13,7 @@ mod server;
 mod source;
 mod store;
 
+pub use binlog::DdlKind;
 pub use config::{MySqlSourceConfig, ResumeBy, SecretUrl, redact_url};
 pub use enumerate::{MySqlEnumerate, connect_pool};
 pub use error::{ErrorKind, MySqlError, retry_for};

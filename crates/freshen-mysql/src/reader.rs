@@ -904,7 +904,11 @@ impl Reader {
         if !self.has_output() {
             return Ok(false);
         }
-        let events = std::mem::take(&mut self.batch);
+        // A fresh batch of the usual size: no regrowth per batch.
+        let events = std::mem::replace(
+            &mut self.batch,
+            Vec::with_capacity(self.cfg.batch_size.min(4096)),
+        );
         let skipped = std::mem::take(&mut self.skipped);
         let n = events.len() as u64;
         let ack = match self.batch_commit.take() {

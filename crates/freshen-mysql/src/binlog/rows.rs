@@ -93,6 +93,8 @@ fn decode_into(
     } else {
         before_present
     };
+    let before_count = (0..n).filter(|&i| bit(before_present, i)).count();
+    let after_count = (0..n).filter(|&i| bit(after_present, i)).count();
     let mut base = template.clone();
     base.op = kind.op();
     if base.pk_names.is_empty() {
@@ -100,14 +102,14 @@ fn decode_into(
     }
     let mut rows = 0;
     while !c.is_empty() {
-        let first = image(&mut c, table, before_present)?;
+        let first = image(&mut c, table, before_present, before_count)?;
         let mut e = base.clone();
         match kind {
             RowsKind::Write => e.new = Some(first),
             RowsKind::Delete => e.old = Some(first),
             RowsKind::Update => {
                 e.old = Some(first);
-                e.new = Some(image(&mut c, table, after_present)?);
+                e.new = Some(image(&mut c, table, after_present, after_count)?);
             }
         }
         if let Some(tx) = &mut e.tx {
@@ -127,9 +129,13 @@ fn bit(bits: &[u8], i: usize) -> bool {
 /// One row image: the NULL bitmap over the present columns, then their values.
 /// Columns the image leaves out (`binlog_row_image` MINIMAL/NOBLOB) are
 /// [`Value::Unchanged`].
-fn image(c: &mut Cursor<'_>, table: &TableMap, present: &[u8]) -> Result<Row, DecodeError> {
+fn image(
+    c: &mut Cursor<'_>,
+    table: &TableMap,
+    present: &[u8],
+    present_count: usize,
+) -> Result<Row, DecodeError> {
     let n = table.len();
-    let present_count = (0..n).filter(|&i| bit(present, i)).count();
     let nulls = c.take(present_count.div_ceil(8), "row image: NULL bitmap")?;
     let mut values = Vec::with_capacity(n);
     let mut p = 0;

@@ -101,6 +101,13 @@ fn decode_into(
         base.pk_names = table.primary_key.clone();
     }
     let mut rows = 0;
+    if before_count == 0 || after_count == 0 {
+        // An image of no columns takes no bytes: the rows would never end.
+        return Err(DecodeError::new(format!(
+            "rows event for {}.{} names no columns",
+            table.schema, table.table
+        )));
+    }
     while !c.is_empty() {
         let first = image(&mut c, table, before_present, before_count)?;
         let mut e = base.clone();
@@ -287,6 +294,17 @@ mod tests {
             )
             .is_err()
         );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn images_of_no_columns_are_errors_not_endless_loops() {
+        // Found by the fuzzer: an empty columns bitmap made every row zero bytes long.
+        let t = table();
+        let mut b = 9u64.to_le_bytes()[..6].to_vec();
+        b.extend_from_slice(&[1, 0, 3, 0b000, 0]);
+        let mut out = Vec::new();
+        assert!(decode_rows(RowsKind::Write, false, &b, &t, &template(), &mut out).is_err());
         assert!(out.is_empty());
     }
 

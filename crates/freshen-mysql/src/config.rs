@@ -26,9 +26,9 @@ impl SecretUrl {
         &self.0
     }
 
-    /// The URL with any password replaced by `***`.
+    /// The URL with any password replaced by `***` ([`freshen::redact_url`]).
     pub fn redacted(&self) -> String {
-        redact_url(&self.0)
+        freshen::redact_url(&self.0)
     }
 }
 
@@ -48,39 +48,6 @@ impl<'de> Deserialize<'de> for SecretUrl {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
         String::deserialize(d).map(SecretUrl)
     }
-}
-
-/// `scheme://user:password@host/…` → `scheme://user:***@host/…`; `password=…` query
-/// parameters too.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "***".into();
-    };
-    let (authority, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => format!("{userinfo}@{host}"),
-        },
-        None => authority.to_string(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let q: Vec<String> = query
-                .split('&')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => kv.to_string(),
-                })
-                .collect();
-            format!("{path}?{}", q.join("&"))
-        }
-        None => tail.to_string(),
-    };
-    format!("{scheme}://{authority}{tail}")
 }
 
 /// How a restart finds where to resume.
@@ -407,8 +374,7 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("u:***@h:3306/app?password=***"), "{shown}");
-        assert_eq!(redact_url("mysql://h/app"), "mysql://h/app");
-        assert_eq!(redact_url("not a url"), "***");
+        assert_eq!(SecretUrl::new("mysql://h/app").redacted(), "mysql://h/app");
     }
 
     #[test]

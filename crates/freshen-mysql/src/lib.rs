@@ -100,7 +100,7 @@ mod store;
 
 pub use binlog::DdlKind;
 pub use check::{Finding, Severity, check_source, check_statements};
-pub use config::{MySqlSourceConfig, ResumeBy, SecretUrl, redact_url};
+pub use config::{MySqlSourceConfig, ResumeBy, SecretUrl};
 pub use enumerate::{MySqlEnumerate, connect_pool};
 pub use error::{ErrorKind, MySqlError, retry_for};
 pub use mysql_async::Pool;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use freshen::{Ack, Batch, BoxError, Op, RowEvent, SourceError, Tx};
 use futures_util::{FutureExt, StreamExt};
@@ -340,7 +340,7 @@ impl Reader {
         let deadline = Duration::from_secs(self.cfg.reconnect_deadline_s);
         let mut attempt = 0u32;
         let mut failing_since: Option<Instant> = None;
-        let mut seed = seed();
+        let mut jitter = freshen::Jitter::from_clock();
         loop {
             let result = self.session(&mut ready).await;
             self.shared.streaming.store(false, Ordering::SeqCst);
@@ -373,7 +373,7 @@ impl Reader {
                         break;
                     }
                     self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
-                    let delay = backoff.delay(attempt, next_unit(&mut seed));
+                    let delay = backoff.delay(attempt, jitter.unit());
                     attempt = attempt.saturating_add(1);
                     let stop = &mut self.stop;
                     tokio::select! {
@@ -813,7 +813,7 @@ impl Reader {
                         schema: db.clone(),
                         table: table.clone(),
                         kind,
-                        statement: clip(q.statement, 500),
+                        statement: freshen::clip(q.statement, 500).to_string(),
                         position: position.clone(),
                     });
                     // Rows that vanished with the table (or under its old name) are
@@ -980,14 +980,6 @@ impl Reader {
     }
 }
 
-/// At most `n` characters of `s`.
-fn clip(s: &str, n: usize) -> String {
-    match s.char_indices().nth(n) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_string(),
-    }
-}
-
 /// Resolves once a stop is requested (or the source is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     loop {
@@ -998,21 +990,6 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
             return;
         }
     }
-}
-
-fn seed() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64)
-        | 1
-}
-
-/// xorshift draw in `[0, 1)` for reconnect jitter.
-fn next_unit(s: &mut u64) -> f64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    (*s >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The source-side view of queued events (decremented as batches are taken).

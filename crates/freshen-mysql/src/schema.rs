@@ -18,7 +18,7 @@ pub struct SchemaChange {
     pub table: String,
     /// What the statement does.
     pub kind: DdlKind,
-    /// The statement as logged (at most 500 characters).
+    /// The statement as logged (at most 500 bytes).
     pub statement: String,
     /// Where the statement starts in the binlog.
     pub position: FilePos,

@@ -84,7 +84,7 @@ pub(crate) fn opts(url: &str) -> Result<Opts, MySqlError> {
     let base = Opts::from_url(url).map_err(|_| {
         MySqlError::new(
             ErrorKind::Config,
-            format!("invalid MySQL URL {}", crate::redact_url(url)),
+            format!("invalid MySQL URL {}", freshen::redact_url(url)),
         )
     })?;
     Ok(OptsBuilder::from_opts(base)

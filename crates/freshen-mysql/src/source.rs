@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use freshen::{Batch, BeforeImage, BoxFuture, Capabilities, Source, SourceError};
+use freshen::{
+    Batch, BeforeImage, BoxFuture, Capabilities, Source, SourceError, SourceHealth, SourceProbe,
+};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Opts, Pool};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -65,13 +67,17 @@ pub struct Health {
     pub store_failures: u64,
 }
 
-/// A cloneable view of a running [`MySqlSource`]: health, lag, schema changes.
+/// A cloneable view of a running [`MySqlSource`]: health, lag, schema changes. Also the
+/// uniform [`SourceProbe`] every source offers (kind `mysql`; positions as
+/// `file index << 32 | offset`).
 #[derive(Clone)]
 pub struct MySqlHandle {
     shared: Arc<Shared>,
     schema_tx: broadcast::Sender<SchemaChange>,
     opts: Opts,
     name: String,
+    /// The last [`MySqlHandle::lag`] sample, for [`SourceProbe::health`].
+    sampled: Arc<std::sync::Mutex<Option<Result<Lag, String>>>>,
 }
 
 impl fmt::Debug for MySqlHandle {
@@ -169,6 +175,44 @@ impl MySqlHandle {
         Ok(Lag {
             bytes: behind(h.received),
             unconfirmed_bytes: behind(h.confirmed.map(|c| c.file_pos)),
+        })
+    }
+}
+
+impl SourceProbe for MySqlHandle {
+    fn kind(&self) -> &'static str {
+        "mysql"
+    }
+
+    fn health(&self) -> SourceHealth {
+        let h = MySqlHandle::health(self);
+        let sampled = lock(&self.sampled).clone();
+        let token = |p: Option<&FilePos>| p.and_then(FilePos::token);
+        let mut out = SourceHealth::default();
+        out.streaming = h.streaming;
+        out.last_error = h
+            .last_error
+            .clone()
+            .or_else(|| sampled.as_ref().and_then(|s| s.as_ref().err().cloned()));
+        out.reconnects = h.reconnects;
+        out.events = h.events;
+        out.skipped = h.skipped;
+        out.received = token(h.received.as_ref());
+        out.confirmed = token(h.confirmed.as_ref().map(|c| &c.file_pos));
+        out.head = token(h.server_end.as_ref());
+        // What a restart would replay (the server keeps it), as sampled; else what the
+        // heartbeat says within one file.
+        out.lag_bytes = match sampled {
+            Some(Ok(lag)) => Some(lag.unconfirmed_bytes),
+            _ => h.lag_bytes,
+        };
+        out
+    }
+
+    fn sample(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let lag = self.lag().await.map_err(|e| e.to_string());
+            *lock(&self.sampled) = Some(lag);
         })
     }
 }
@@ -279,6 +323,7 @@ impl MySqlSource {
                 schema_tx,
                 opts,
                 name,
+                sampled: Arc::default(),
             },
             capabilities,
             stop,

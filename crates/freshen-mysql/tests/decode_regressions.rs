@@ -57,7 +57,11 @@ fn row_image_regressions_decode_or_fail_cleanly() {
     assert!(!cases.is_empty());
     for (name, data) in cases {
         let n = row_image(&data);
-        assert!(n <= data.len() * 6, "{name}: {n} rows from {} bytes", data.len());
+        assert!(
+            n <= data.len() * 6,
+            "{name}: {n} rows from {} bytes",
+            data.len()
+        );
     }
 }
 

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use freshen::{Source, Value};
+use freshen::{Source, SourceProbe, Value};
 use freshen_mysql::ResumeBy;
 use mysql_async::prelude::Queryable;
 use support::*;
@@ -101,5 +101,15 @@ async fn a_quiet_database_stays_quiet() {
     let now = binlog_end(&mut c).await;
     assert_eq!(h.health().stores, stores, "{:?}", h.health());
     assert_eq!(now, settled, "the binlog grew while nothing happened");
+    // The uniform probe: nothing unconfirmed, received up to the server's end.
+    let probe: &dyn SourceProbe = &h;
+    assert_eq!(probe.kind(), "mysql");
+    probe.sample().await;
+    let p = probe.health();
+    assert_eq!(p.lag_bytes, Some(0), "{p:?}");
+    assert!(
+        p.streaming && p.received.is_some() && p.received == p.confirmed,
+        "{p:?}"
+    );
     src.close().await;
 }

@@ -3,6 +3,7 @@
 //! is in the binlog — the source delivers its row — while new snapshots do not see it.
 //! A rebuild without the guard recomputes the scope without the change (and nothing
 //! would dirty it again); the guarded rebuild waits until the commit is visible.
+//! And how rebuild failures are classified, from real server errors.
 
 mod support;
 
@@ -123,4 +124,54 @@ async fn a_rebuild_waits_until_the_dirtying_commit_is_visible() {
         stale, None,
         "the unguarded rebuild missed it (the hazard is real)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_classified_from_error_numbers() {
+    use freshen::{BoxError, Rebuild};
+    let db = server();
+    let mut c = sql(&db).await;
+    exec(
+        &mut c,
+        "CREATE TABLE app.src (dev VARCHAR(10) PRIMARY KEY, v INT);
+         CREATE TABLE app.dst (dev VARCHAR(10) PRIMARY KEY, v INT NOT NULL);
+         INSERT INTO app.src VALUES ('locked', 1), ('nulls', NULL);
+         SET GLOBAL innodb_lock_wait_timeout = 1",
+    )
+    .await;
+    let pool = connect_pool(&db.url("app"), 2).unwrap();
+    let rebuild = MySqlRebuild::builder(pool)
+        .statement("DELETE FROM app.dst WHERE dev = $1")
+        .statement("INSERT INTO app.dst SELECT dev, v FROM app.src WHERE dev = $1")
+        .build()
+        .await
+        .unwrap();
+    let due = |k: &str| Due {
+        key: Key::from(k),
+        txids: Vec::new(),
+    };
+    let classify = |e: freshen_mysql::MySqlError| rebuild.classify(&(Box::new(e) as BoxError));
+
+    // The key's data: a NULL into a NOT NULL column (1048).
+    let e = rebuild.run(&[due("nulls")]).await.unwrap_err();
+    assert_eq!(e.code(), Some(1048), "{e}");
+    assert_eq!(classify(e), Retry::Key);
+
+    // The path: a lock another session holds (lock wait timeout, 1205).
+    exec(&mut c, "INSERT INTO app.dst VALUES ('locked', 0)").await;
+    exec(
+        &mut c,
+        "START TRANSACTION; UPDATE app.dst SET v = 2 WHERE dev = 'locked'",
+    )
+    .await;
+    let e = rebuild.run(&[due("locked")]).await.unwrap_err();
+    assert_eq!(e.code(), Some(1205), "{e}");
+    assert_eq!(classify(e), Retry::Path);
+    exec(&mut c, "ROLLBACK").await;
+
+    // A person: the table is gone (1146).
+    exec(&mut c, "DROP TABLE app.src").await;
+    let e = rebuild.run(&[due("x")]).await.unwrap_err();
+    assert_eq!(e.code(), Some(1146), "{e}");
+    assert_eq!(classify(e), Retry::Fix);
 }

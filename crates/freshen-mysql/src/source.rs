@@ -271,7 +271,13 @@ impl MySqlSource {
         };
         store.prepare().await?;
         let stored = store.load(info.mariadb).await?;
+        let first_run = stored.is_none();
         let (start, by_gtid) = resume_point(&config, &info, stored)?;
+        if first_run {
+            // Stored before anything streams: a process killed before its first store
+            // must resume here, not at a later "current" position.
+            store.save(&start).await?;
+        }
         let before_image = match info.row_image.to_ascii_uppercase().as_str() {
             "FULL" | "NOBLOB" => BeforeImage::Full,
             _ => BeforeImage::KeyOnly,

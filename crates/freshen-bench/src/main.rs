@@ -8,6 +8,7 @@
 mod alloc;
 mod amplification;
 mod capture;
+mod capture_mysql;
 mod changefeed;
 mod codec;
 mod freshness;
@@ -47,6 +48,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "capture",
         about: "PostgreSQL capture: PgSource vs pg_recvlogical on copies of one unread slot; memory during a 1M-row transaction",
         run: capture::run,
+    },
+    Scenario {
+        name: "capture-mysql",
+        about: "MariaDB capture: MySqlSource vs mariadb-binlog --read-from-remote-server -v on one 1M-row transaction; memory; the row decoder alone",
+        run: capture_mysql::run,
     },
     Scenario {
         name: "changefeed",

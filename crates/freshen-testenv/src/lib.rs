@@ -10,6 +10,11 @@
 //!   Stop, kill and start it again for fault tests; dropping it stops it and removes
 //!   its directory.
 //!
+//! - [`MariaDbServer`]: a MariaDB server in a temporary directory with the row-based
+//!   binlog freshen reads (`binlog_format=ROW`, full row images and metadata, CRC32
+//!   checksums), on a free loopback port with its own socket. Stop, kill and start it
+//!   again like [`PgServer`].
+//!
 //! A missing server binary is an error that names the package to install, never a
 //! silent skip.
 //!
@@ -26,6 +31,7 @@
 mod broker;
 mod error;
 mod kafka;
+mod mariadb;
 mod postgres;
 mod pulsar;
 pub mod refresher;
@@ -33,5 +39,6 @@ pub mod support;
 
 pub use error::TestEnvError;
 pub use kafka::{KafkaFlavor, KafkaServer};
+pub use mariadb::{MariaDbServer, MariaDbServerBuilder};
 pub use postgres::{PgServer, PgServerBuilder, Shutdown};
 pub use pulsar::PulsarServer;

@@ -256,8 +256,9 @@ async fn poll_client(addr: SocketAddr, from: u64, n: u64) -> anyhow::Result<()> 
     let (mut buf, mut body) = (Vec::new(), Vec::new());
     let (mut from, mut got) = (from, 0u64);
     while got < n {
-        let req =
-            format!("GET /changefeed?from_seq={from}&limit=1000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        let req = format!(
+            "GET /changefeed?from_seq={from}&limit=1000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        );
         s.write_all(req.as_bytes()).await?;
         response(&mut s, &mut buf, &mut body).await?;
         got += field(&body, "count").ok_or_else(|| anyhow::anyhow!("no count"))?;
@@ -318,8 +319,9 @@ async fn memory_per_connection(addr: SocketAddr, cf: &Changefeed, n: usize) -> a
         for _ in 0..n {
             let latest = cf.latest_sequence();
             let mut s = TcpStream::connect(addr).await?;
-            let req =
-                format!("GET /changefeed/stream?from_seq={latest} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+            let req = format!(
+                "GET /changefeed/stream?from_seq={latest} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            );
             s.write_all(req.as_bytes()).await?;
             conns.push(s);
         }

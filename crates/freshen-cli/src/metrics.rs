@@ -61,6 +61,8 @@ pub mod names {
     pub const SOURCE_CONFIRMED: &str = "freshen_source_confirmed_lsn";
     /// Bytes of WAL the slot retains behind the server's current position.
     pub const SOURCE_LAG: &str = "freshen_source_lag_bytes";
+    /// Age of the oldest change received and not yet confirmed.
+    pub const SOURCE_LAG_SECONDS: &str = "freshen_source_lag_seconds";
     /// Reconnects of the source.
     pub const SOURCE_RECONNECTS: &str = "freshen_source_reconnects_total";
     /// Row events the source delivered.
@@ -73,7 +75,7 @@ const BUCKETS: &[f64] = &[
 ];
 
 /// What a source says about itself, for `/metrics`, `/healthz` and `/status`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SourceStatus {
     /// Source kind (`postgres`).
     pub kind: String,
@@ -87,6 +89,9 @@ pub struct SourceStatus {
     pub server_lsn: Option<u64>,
     /// Bytes retained behind the server's position.
     pub lag_bytes: Option<u64>,
+    /// Age of the oldest change received and not yet confirmed, in seconds.
+    #[serde(default)]
+    pub lag_seconds: Option<f64>,
     /// Slot state (`reserved`, `extended`, `unreserved`, `lost`).
     pub slot_status: Option<String>,
     /// Reconnects so far.
@@ -395,6 +400,15 @@ pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
             o.header(name, "gauge", help);
             o.sample(name, &kind, v);
         }
+    }
+    if let Some(v) = source.lag_seconds {
+        let name = names::SOURCE_LAG_SECONDS;
+        o.header(
+            name,
+            "gauge",
+            "Age of the oldest change received and not yet confirmed.",
+        );
+        o.sample(name, &kind, v);
     }
     o.0
 }

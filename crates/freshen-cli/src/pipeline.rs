@@ -105,6 +105,7 @@ impl Observe for Observer {
             confirmed_lsn: h.confirmed,
             server_lsn: h.head,
             lag_bytes: h.lag_bytes,
+            lag_seconds: h.lag_seconds,
             slot_status: h.retention,
             reconnects: h.reconnects,
             events: h.events,

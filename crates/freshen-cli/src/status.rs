@@ -51,7 +51,7 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
 pub fn render(s: &Status) -> String {
     let src = &s.source;
     let mut out = format!(
-        "freshen {}\nsource {}: {}  received {}  confirmed {}  lag {} bytes  slot {}  reconnects {}  events {}\n",
+        "freshen {}\nsource {}: {}  received {}  confirmed {}  lag {} bytes {} s  slot {}  reconnects {}  events {}\n",
         s.version,
         src.kind,
         if src.streaming {
@@ -62,6 +62,7 @@ pub fn render(s: &Status) -> String {
         opt(src.received_lsn.map(lsn)),
         opt(src.confirmed_lsn.map(lsn)),
         opt(src.lag_bytes),
+        opt(src.lag_seconds.map(|s| format!("{s:.1}"))),
         opt(src.slot_status.as_deref()),
         src.reconnects,
         src.events,

@@ -140,6 +140,15 @@ async fn a_key_failing_by_its_data_holds_its_transactions_and_heals_when_fixed()
     .await;
     let v = s.views.iter().find(|v| v.name == "device_totals").unwrap();
     assert_eq!(v.quarantined.len(), 1, "{v:?}");
+    // What the held transaction retains is reported in time, not only in bytes.
+    let s = wait_status(
+        &base,
+        "the retained change has an age",
+        Duration::from_secs(10),
+        |s| s.source.lag_seconds.is_some_and(|a| a > 0.0),
+    )
+    .await;
+    assert!(s.source.confirmed_lsn.is_some(), "{s:?}");
     assert_eq!(v.quarantined[0].key, "bad");
     assert!(
         v.quarantined[0].error.contains("22012"),

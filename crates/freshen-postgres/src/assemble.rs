@@ -22,6 +22,8 @@ pub(crate) struct Output {
     /// The `end_lsn` of the last commit in the batch: acknowledging the batch confirms
     /// this position.
     pub(crate) commit_end: Option<u64>,
+    /// Commit time of the first transaction this batch completes (with `commit_end`).
+    pub(crate) first_commit: Option<SystemTime>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +53,7 @@ pub(crate) struct Assembler {
     events: Vec<RowEvent>,
     skipped: Vec<BoxError>,
     commit_end: Option<u64>,
+    first_commit: Option<SystemTime>,
 }
 
 impl Assembler {
@@ -63,6 +66,7 @@ impl Assembler {
             events: Vec::with_capacity(batch_size.clamp(1, 4096)),
             skipped: Vec::new(),
             commit_end: None,
+            first_commit: None,
         }
     }
 
@@ -76,6 +80,7 @@ impl Assembler {
         self.events.clear();
         self.skipped.clear();
         self.commit_end = None;
+        self.first_commit = None;
     }
 
     /// Whether a transaction is open (its rows may be partly handed over).
@@ -101,6 +106,7 @@ impl Assembler {
             events,
             skipped: std::mem::take(&mut self.skipped),
             commit_end: self.commit_end.take(),
+            first_commit: self.first_commit.take(),
         })
     }
 
@@ -114,9 +120,12 @@ impl Assembler {
     }
 
     pub(crate) fn commit(&mut self, end_lsn: u64) -> Committed {
-        self.tx = None;
+        let tx = self.tx.take();
         if self.has_output() {
             self.commit_end = Some(end_lsn);
+            if self.first_commit.is_none() {
+                self.first_commit = tx.map(|t| t.commit_ts);
+            }
             Committed::InBatch
         } else {
             Committed::Empty(end_lsn)

@@ -53,6 +53,24 @@ pub(crate) struct Shared {
     /// Sequence number of the newest acknowledged commit batch.
     acked_seq: AtomicU64,
     ack_notify: Notify,
+    /// Handed-out commit batches not yet known to be acknowledged, with the commit time
+    /// of the first transaction each completes (oldest first, at most
+    /// [`UNCONFIRMED_TRACKED`]): the age of what the slot still retains.
+    unconfirmed: Mutex<std::collections::VecDeque<(u64, std::time::SystemTime)>>,
+}
+
+/// How many unacknowledged commit batches the age of the oldest is tracked over; past
+/// it the age is a lower bound (the newest batches are not recorded).
+const UNCONFIRMED_TRACKED: usize = 65_536;
+
+/// Commit time of the oldest transaction handed over and not yet acknowledged.
+pub(crate) fn oldest_unconfirmed(shared: &Shared) -> Option<std::time::SystemTime> {
+    let acked = shared.acked_seq.load(Ordering::SeqCst);
+    let mut q = shared.unconfirmed.lock().unwrap_or_else(|p| p.into_inner());
+    while q.front().is_some_and(|(seq, _)| *seq <= acked) {
+        q.pop_front();
+    }
+    q.front().map(|(_, t)| *t)
 }
 
 impl Shared {
@@ -463,6 +481,16 @@ impl Reader {
             Some(end) => {
                 self.handed_seq += 1;
                 let seq = self.handed_seq;
+                if let Some(t) = out.first_commit {
+                    let mut q = self
+                        .shared
+                        .unconfirmed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if q.len() < UNCONFIRMED_TRACKED {
+                        q.push_back((seq, t));
+                    }
+                }
                 let shared = Arc::clone(&self.shared);
                 Ack::new(move || {
                     shared.acked_end.fetch_max(end, Ordering::SeqCst);

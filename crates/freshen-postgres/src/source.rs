@@ -48,6 +48,9 @@ pub struct Health {
     /// The most events ever waiting between reader and consumer (a batch under
     /// construction adds at most `batch_size`): memory stays bounded by this.
     pub peak_queued_events: u64,
+    /// Commit time of the oldest transaction handed over and not yet acknowledged: the
+    /// slot retains WAL since about then. `None` when everything handed over is acked.
+    pub oldest_unconfirmed: Option<std::time::SystemTime>,
 }
 
 /// A cloneable view of a running [`PgSource`]: health, lag, and the
@@ -99,6 +102,7 @@ impl PgHandle {
             reconnects: s.reconnects.load(Ordering::Relaxed),
             queued_events: s.queued_events.load(Ordering::Relaxed),
             peak_queued_events: s.peak_queued_events.load(Ordering::Relaxed),
+            oldest_unconfirmed: reader::oldest_unconfirmed(s),
         }
     }
 
@@ -180,6 +184,10 @@ impl SourceProbe for PgHandle {
         out.confirmed = Some(h.confirmed_lsn.0);
         out.head = Some(h.server_lsn.0);
         out.lag_bytes = lag_bytes;
+        out.lag_seconds = h
+            .oldest_unconfirmed
+            .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+            .map(|d| d.as_secs_f64());
         out.retention = retention;
         out
     }

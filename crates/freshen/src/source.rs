@@ -220,6 +220,9 @@ pub struct SourceHealth {
     pub head: Option<u64>,
     /// How far behind the confirmed position is, in bytes (what the server retains).
     pub lag_bytes: Option<u64>,
+    /// How far behind in time: the age of the oldest change handed over and not yet
+    /// confirmed (its commit time). `None` when nothing is waiting or not known.
+    pub lag_seconds: Option<f64>,
     /// The upstream's state of the retained position (a slot's `wal_status`).
     pub retention: Option<String>,
 }

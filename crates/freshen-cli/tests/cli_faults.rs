@@ -56,15 +56,7 @@ async fn restarts_under_load_delay_rebuilds_and_quarantine_nothing() {
     let mut pg = start_pg();
     let mut c = connect(&pg.url()).await;
     c.batch_execute(SCHEMA).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let cfg = write_config(
-        dir.path(),
-        &no_sweep(&pg.url(), &format!("127.0.0.1:{port}")),
-    );
-    let mut run = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let Started { dir, base, mut run } = run_healthy(|http| no_sweep(&pg.url(), http), None).await;
     let mut r = Rng::new(0xfa17);
     workload(&mut c, &mut r, 50).await;
     wait_equal(&c, Duration::from_secs(30)).await;
@@ -114,19 +106,16 @@ async fn a_key_failing_by_its_data_holds_its_transactions_and_heals_when_fixed()
     let pg = start_pg();
     let c = connect(&pg.url()).await;
     c.batch_execute(SCHEMA).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     // device_totals divides by zero for a device with a negative reading.
-    let text = no_sweep(&pg.url(), &format!("127.0.0.1:{port}"))
-        .replace("coalesce = \"1s\"", "coalesce = \"20ms\"\npoison_after = 2\nbackoff = { base = \"20ms\", max = \"200ms\" }")
-        .replace(
-            "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
-            "INSERT INTO device_totals SELECT device, sum(value) / (CASE WHEN min(value) < 0 THEN 0 ELSE 1 END), count(*) FROM readings WHERE device = $1 GROUP BY device",
-        );
-    let cfg = write_config(dir.path(), &text);
-    let mut run = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let text = |http: &str| {
+        no_sweep(&pg.url(), http)
+            .replace("coalesce = \"1s\"", "coalesce = \"20ms\"\npoison_after = 2\nbackoff = { base = \"20ms\", max = \"200ms\" }")
+            .replace(
+                "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
+                "INSERT INTO device_totals SELECT device, sum(value) / (CASE WHEN min(value) < 0 THEN 0 ELSE 1 END), count(*) FROM readings WHERE device = $1 GROUP BY device",
+            )
+    };
+    let Started { dir, base, mut run } = run_healthy(text, None).await;
     c.batch_execute(
         "INSERT INTO readings (device, site, value) VALUES ('good', 's1', 5), ('bad', 's2', -1)",
     )
@@ -238,18 +227,14 @@ async fn a_target_on_another_cluster_rebuilds_from_the_source() {
     )
     .await
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let text = format!(
-        "{}\n[target]\nurl = \"{}\"\n",
-        no_sweep(&source.url(), &format!("127.0.0.1:{port}"))
-            .replace("coalesce = \"1s\"", "coalesce = \"20ms\""),
-        target.url()
-    );
-    let cfg = write_config(dir.path(), &text);
-    let mut run = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let text = |http: &str| {
+        format!(
+            "{}\n[target]\nurl = \"{}\"\n",
+            no_sweep(&source.url(), http).replace("coalesce = \"1s\"", "coalesce = \"20ms\""),
+            target.url()
+        )
+    };
+    let Started { dir, base, mut run } = run_healthy(text, None).await;
     let mut r = Rng::new(0xc1c1);
     workload(&mut s, &mut r, 150).await;
     // Truth is computed on the target too (through the foreign tables): equal means the
@@ -271,12 +256,7 @@ async fn a_table_dropped_from_the_publication_while_running_is_reported() {
     let pg = start_pg();
     let c = connect(&pg.url()).await;
     c.batch_execute(SCHEMA).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let cfg = write_config(dir.path(), &config(&pg.url(), &format!("127.0.0.1:{port}")));
-    let mut run = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let Started { dir, base, mut run } = run_healthy(|http| config(&pg.url(), http), None).await;
     c.batch_execute("ALTER PUBLICATION freshen_test DROP TABLE sites")
         .await
         .unwrap();
@@ -305,21 +285,22 @@ async fn a_rebuild_abandoned_at_shutdown_is_cancelled_on_the_server() {
     let pg = start_pg();
     let c = connect(&pg.url()).await;
     c.batch_execute(SCHEMA).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let text = config(&pg.url(), &format!("127.0.0.1:{port}"))
-        .replace(
-            "max_wait = \"500ms\"",
-            "max_wait = \"500ms\"\nshutdown_grace = \"500ms\"",
-        )
-        .replace(
-            "\"DELETE FROM device_totals WHERE device = $1\",",
-            "\"SELECT pg_sleep(120) WHERE $1::text IS NOT NULL\",",
-        );
-    let cfg = write_config(dir.path(), &text);
-    let mut run = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let text = |http: &str| {
+        config(&pg.url(), http)
+            .replace(
+                "max_wait = \"500ms\"",
+                "max_wait = \"500ms\"\nshutdown_grace = \"500ms\"",
+            )
+            .replace(
+                "\"DELETE FROM device_totals WHERE device = $1\",",
+                "\"SELECT pg_sleep(120) WHERE $1::text IS NOT NULL\",",
+            )
+    };
+    let Started {
+        dir,
+        base: _,
+        mut run,
+    } = run_healthy(text, None).await;
     c.batch_execute("INSERT INTO readings (device, site, value) VALUES ('d1', 's1', 1)")
         .await
         .unwrap();
@@ -360,16 +341,13 @@ async fn idle_connections_to_the_metrics_port_cannot_starve_rebuilds_of_descript
     let pg = start_pg();
     let mut c = connect(&pg.url()).await;
     c.batch_execute(SCHEMA).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let cfg = write_config(
-        dir.path(),
-        &no_sweep(&pg.url(), &format!("127.0.0.1:{port}")),
-    );
     // 256 descriptors in all; the metrics listener keeps at most 64 connections.
-    let run = spawn_run_limited(dir.path(), &cfg, 1, 256);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let Started { dir, base, run } = run_healthy(|http| no_sweep(&pg.url(), http), Some(256)).await;
+    let port: u16 = base
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port");
     // More idle connections than the process has descriptors, each sending half a
     // request and then nothing (slowloris).
     let mut idle = Vec::new();

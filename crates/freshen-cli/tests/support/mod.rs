@@ -159,6 +159,32 @@ impl Drop for Running {
     }
 }
 
+/// A `freshen run` on a config of its own, healthy; see [`run_healthy`].
+pub struct Started {
+    /// Where the config and the log are.
+    pub dir: tempfile::TempDir,
+    /// `http://127.0.0.1:port` of its HTTP listener.
+    pub base: String,
+    /// The process (killed when dropped).
+    pub run: Running,
+}
+
+/// Writes `text(listen)` (the config, given the `host:port` its HTTP listener should use)
+/// to a new directory, runs freshen on it — with at most `nofile` descriptors, if given —
+/// and waits for `/healthz` to say 200.
+pub async fn run_healthy(text: impl FnOnce(&str) -> String, nofile: Option<u32>) -> Started {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(dir.path(), &text(&format!("127.0.0.1:{port}")));
+    let run = match nofile {
+        Some(n) => spawn_run_limited(dir.path(), &cfg, 1, n),
+        None => spawn_run(dir.path(), &cfg, 1),
+    };
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    Started { dir, base, run }
+}
+
 /// `freshen run -c path` with at most `nofile` open descriptors (`ulimit -n`), logging
 /// to a file in `dir`.
 pub fn spawn_run_limited(dir: &Path, config: &Path, n: u32, nofile: u32) -> Running {

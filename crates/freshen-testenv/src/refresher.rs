@@ -52,6 +52,26 @@ impl Running {
     }
 }
 
+/// Polls the async `check` every 20 ms until it returns `Some`, and returns that; panics
+/// naming `what` after `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {secs}s waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls `cond` every 20 ms until it holds; panics naming `what` after [`DEADLINE`].
 pub async fn until(what: &str, cond: impl FnMut() -> bool) {
     until_within(what, DEADLINE, cond).await;

@@ -1,7 +1,6 @@
 //! Shared helpers for the integration tests: a real server, SQL clients, sources.
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::Future;
 use std::time::Duration;
 
 use freshen::{Batch, RowEvent, Source};
@@ -80,23 +79,9 @@ pub fn events(batches: &[Batch]) -> Vec<RowEvent> {
         .collect()
 }
 
-/// Polls `check` until it returns `Some` (panics with `what` after `secs`).
-pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {secs}s waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// Polls an async check with a deadline (the workspace's one helper).
+#[allow(unused_imports)]
+pub use freshen_testenv::refresher::eventually;
 
 /// The slot's `confirmed_flush_lsn`.
 pub async fn confirmed_flush(c: &Client, slot: &str) -> Lsn {

@@ -373,6 +373,9 @@ async fn idle_connections_to_the_metrics_port_cannot_starve_rebuilds_of_descript
         assert_eq!(v.poisoned, 0, "{v:?}");
     }
     let log = log_of(dir.path(), 1);
-    assert!(log.contains("connection"), "the limit was logged: {log}");
+    assert!(
+        log.contains("HTTP connection limit reached"),
+        "the limit was logged: {log}"
+    );
     drop(run);
 }

@@ -122,6 +122,10 @@ pub(crate) struct Runner {
     /// Quarantined keys holding acks, oldest first, for `release_quarantined_after`.
     holding: VecDeque<(std::time::Instant, Key)>,
     release_quarantined_after: Option<Duration>,
+    /// Entries of the shared quarantine list (this loop is its only writer): a
+    /// successful rebuild looks the key up there only when there are any, so the
+    /// success path takes no lock in the usual case.
+    quarantined: usize,
     source_done: bool,
     scratch: Vec<Key>,
 }
@@ -151,6 +155,7 @@ impl Runner {
             stall: None,
             holding: VecDeque::new(),
             release_quarantined_after: p.release_quarantined_after,
+            quarantined: 0,
             source_done: false,
             scratch: Vec::new(),
         };
@@ -601,6 +606,9 @@ impl Runner {
         let first = {
             let mut q = self.shared.quarantine();
             let first = !q.contains_key(&m.key);
+            if first {
+                self.quarantined += 1;
+            }
             q.insert(
                 m.key.clone(),
                 Quarantined {
@@ -626,8 +634,12 @@ impl Runner {
 
     /// Removes `key` from the quarantine list; true when it was there.
     fn unquarantine(&mut self, key: &Key) -> bool {
+        if self.quarantined == 0 {
+            return false;
+        }
         let was = self.shared.quarantine().remove(key).is_some();
         if was {
+            self.quarantined -= 1;
             self.holding.retain(|(_, k)| k != key);
         }
         was

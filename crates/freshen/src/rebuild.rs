@@ -58,6 +58,29 @@ pub trait Enumerate: Send + Sync + 'static {
     fn enumerate(&self, sink: KeySink) -> BoxFuture<'_, Result<(), BoxError>>;
 }
 
+/// A rebuild chosen at run time (a program that picks its target database from
+/// configuration).
+impl Rebuild for Box<dyn Rebuild> {
+    fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
+        (**self).rebuild(due)
+    }
+
+    fn max_batch(&self) -> usize {
+        (**self).max_batch()
+    }
+
+    fn classify(&self, error: &BoxError) -> Retry {
+        (**self).classify(error)
+    }
+}
+
+/// An enumeration chosen at run time.
+impl Enumerate for Box<dyn Enumerate> {
+    fn enumerate(&self, sink: KeySink) -> BoxFuture<'_, Result<(), BoxError>> {
+        (**self).enumerate(sink)
+    }
+}
+
 /// Where a reconcile sweep sends the keys it lists; each key joins the normal pipeline.
 #[derive(Debug, Clone)]
 pub struct KeySink {

@@ -10,7 +10,6 @@ use std::time::Duration;
 use anyhow::Context;
 use freshen::{Branch, Rebuild, Refresher, Report, SourceProbe, fanout};
 use freshen_changefeed::{AppState, Changefeed};
-use freshen_kafka::KafkaSink;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -23,6 +22,28 @@ use crate::target::Target;
 /// How often the slot's lag is sampled from the server.
 const LAG_SAMPLE: Duration = Duration::from_secs(5);
 
+/// A sink's run, started with its branch of the source and the shutdown signal.
+type SinkRun = Box<
+    dyn FnOnce(
+            Branch,
+            freshen::BoxFuture<'static, ()>,
+        ) -> freshen::BoxFuture<'static, anyhow::Result<()>>
+        + Send,
+>;
+
+/// Sets up `sink` (connects its producer) and returns how to run it.
+fn sink_run(sink: &Sink) -> anyhow::Result<SinkRun> {
+    match *sink {
+        #[cfg(feature = "kafka")]
+        Sink::Kafka(ref k) => {
+            let s = freshen_kafka::KafkaSink::new(k).context("cannot set up the Kafka sink")?;
+            Ok(Box::new(move |branch, stop| {
+                Box::pin(async move { s.run(branch, stop).await.map_err(Into::into) })
+            }))
+        }
+    }
+}
+
 struct ViewRun {
     name: String,
     refresher: Refresher,
@@ -33,7 +54,7 @@ struct ViewRun {
 /// are prepared, and [`Pipeline::run`] drives it.
 pub struct Pipeline {
     views: Vec<ViewRun>,
-    sinks: Vec<(KafkaSink, Branch)>,
+    sinks: Vec<(SinkRun, Branch)>,
     changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
     observer: Arc<Observer>,
 }
@@ -190,8 +211,8 @@ impl Pipeline {
             }
         }
         let mut sinks = Vec::new();
-        for Sink::Kafka(k) in &cfg.sinks {
-            sinks.push(KafkaSink::new(k).context("cannot set up the Kafka sink")?);
+        for sink in &cfg.sinks {
+            sinks.push(sink_run(sink)?);
         }
         let changefeed = match &cfg.changefeed {
             Some(c) => {
@@ -271,10 +292,10 @@ impl Pipeline {
             });
         }
         for (i, (sink, branch)) in self.sinks.into_iter().enumerate() {
-            let stop = stopped(stop_rx.clone());
+            let stop = Box::pin(stopped(stop_rx.clone()));
             tasks.spawn(async move {
-                let r = sink.run(branch, stop).await;
-                (format!("sink {i}"), r.map_err(Into::into))
+                let r = sink(branch, stop).await;
+                (format!("sink {i}"), r)
             });
         }
         if let Some((cf, branch, listener, state)) = self.changefeed {

@@ -44,10 +44,28 @@ const fn kind<T: DeserializeOwned + SourcePlug>(name: &'static str, database: bo
 /// Every source kind, in the order error messages list them.
 pub const KINDS: &[Kind] = &[
     kind::<freshen_postgres::PgSourceSettings>("postgres", true),
+    #[cfg(feature = "mysql")]
     kind::<freshen_mysql::MySqlSourceConfig>("mysql", true),
+    #[cfg(feature = "kafka")]
     kind::<freshen_kafka::KafkaSourceConfig>("kafka", false),
+    #[cfg(feature = "pulsar")]
     kind::<freshen_pulsar::PulsarSourceConfig>("pulsar", false),
 ];
+
+/// Kinds left out of this build, and the cargo feature of `freshen-cli` that adds each.
+const LEFT_OUT: &[(&str, &str)] = &[
+    #[cfg(not(feature = "mysql"))]
+    ("mysql", "mysql"),
+    #[cfg(not(feature = "kafka"))]
+    ("kafka", "kafka"),
+    #[cfg(not(feature = "pulsar"))]
+    ("pulsar", "pulsar"),
+];
+
+/// `Some((kind, feature))` when `name` is a kind this build left out.
+pub fn left_out(name: &str) -> Option<(&'static str, &'static str)> {
+    LEFT_OUT.iter().copied().find(|(k, _)| *k == name)
+}
 
 /// The registered kind called `name`.
 pub fn find(name: &str) -> Option<&'static Kind> {

@@ -31,6 +31,7 @@ impl Flavor {
 }
 
 /// What is wrong with a `mysql://` URL, never quoting it.
+#[cfg(feature = "mysql")]
 pub fn mysql_url_problems(url: &str) -> Vec<String> {
     let mut config = freshen_mysql::MySqlSourceConfig::new(url, "target");
     config.tables.clear();
@@ -48,6 +49,7 @@ pub enum Target {
     Postgres(freshen_postgres::Pool, Visibility),
     /// A MySQL/MariaDB pool, and whether it is the source server (so rebuilds can wait
     /// for the dirtying transactions to be visible).
+    #[cfg(feature = "mysql")]
     MySql(mysql_async::Pool, bool),
 }
 
@@ -55,6 +57,7 @@ impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Target::Postgres(..) => "Target::Postgres",
+            #[cfg(feature = "mysql")]
             Target::MySql(..) => "Target::MySql",
         })
     }
@@ -75,6 +78,7 @@ impl Target {
                 let visibility = postgres_visibility(source_url, url, &pool).await?;
                 Ok(Target::Postgres(pool, visibility))
             }
+            #[cfg(feature = "mysql")]
             Some(Flavor::MySql) => {
                 let pool = freshen_mysql::connect_pool(url, cfg.target.pool_size)
                     .context("cannot set up the target connection pool")?;
@@ -82,6 +86,12 @@ impl Target {
                 // them.
                 let same = source_url == Some(url);
                 Ok(Target::MySql(pool, same))
+            }
+            #[cfg(not(feature = "mysql"))]
+            Some(Flavor::MySql) => {
+                anyhow::bail!(
+                    "a MySQL target is not built into this freshen: build it with `--features mysql`"
+                )
             }
             None => anyhow::bail!("the target URL must be postgres:// or mysql://"),
         }
@@ -101,6 +111,7 @@ impl Target {
                 }
                 Box::new(b.build().await.with_context(what)?)
             }
+            #[cfg(feature = "mysql")]
             Target::MySql(pool, same) => {
                 if view.rebuild_batch.is_some() {
                     anyhow::bail!(
@@ -126,6 +137,7 @@ impl Target {
     pub fn enumerate(&self, sql: &str) -> Box<dyn Enumerate> {
         match self {
             Target::Postgres(pool, _) => Box::new(SqlEnumerate::new(pool.clone(), sql)),
+            #[cfg(feature = "mysql")]
             Target::MySql(pool, _) => {
                 Box::new(freshen_mysql::MySqlEnumerate::new(pool.clone(), sql))
             }
@@ -154,6 +166,7 @@ impl Target {
                 )
                 .await
             }
+            #[cfg(feature = "mysql")]
             Target::MySql(pool, _) => {
                 let mut all = view.rebuild.clone();
                 if let Some(r) = &view.reconcile {

@@ -28,6 +28,7 @@ pub type Source = std::sync::Arc<dyn freshen::plug::SourcePlug>;
 #[derive(Debug, Clone)]
 pub enum Sink {
     /// Every change to Kafka in Debezium's envelope.
+    #[cfg(feature = "kafka")]
     Kafka(Box<freshen_kafka::KafkaSinkConfig>),
 }
 
@@ -366,6 +367,18 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             "on-enqueue" => AckPolicy::OnEnqueue,
             _ => AckPolicy::AfterRebuild,
         });
+    if let Some((name, feature)) =
+        t.t.get("kind")
+            .and_then(|k| k.as_str())
+            .and_then(crate::sources::left_out)
+    {
+        let line = r.line(t.t.get("kind").and_then(|i| i.span()));
+        r.p.at_line(
+            line,
+            format!("`source.kind` \"{name}\" is not built into this freshen: build it with `--features {feature}`"),
+        );
+        return (None, ack);
+    }
     let names: Vec<&str> = crate::sources::KINDS.iter().map(|k| k.name).collect();
     let kind = r.choice(t, "kind", &names);
     if kind.is_none() && t.t.get("kind").is_none() {
@@ -389,7 +402,13 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
 fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
     let problems = match crate::target::Flavor::of(&url.value) {
         Some(crate::target::Flavor::Postgres) => freshen_postgres::url_problems(&url.value),
+        #[cfg(feature = "mysql")]
         Some(crate::target::Flavor::MySql) => crate::target::mysql_url_problems(&url.value),
+        #[cfg(not(feature = "mysql"))]
+        Some(crate::target::Flavor::MySql) => vec![
+            "a MySQL target is not built into this freshen: build it with `--features mysql`"
+                .into(),
+        ],
         None => vec![format!(
             "must be a postgres:// (or postgresql://) or mysql:// URL, not {}",
             redact_url(&url.value)
@@ -700,6 +719,7 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
             return Vec::new();
         }
     };
+    #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
     let mut out = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let path = format!("sinks[{i}]");
@@ -711,16 +731,25 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
             r.missing(t, "kind", "the sink type: \"kafka\"");
         }
         let Some(kind) = kind else { continue };
-        let sink: Option<freshen_kafka::KafkaSinkConfig> = r.serde_table(entry, &path, &["kind"]);
-        if let Some(sink) = sink {
-            let problems = sink.problems();
-            for p in &problems {
-                r.problem_in(entry, &path, p, kind.line);
-            }
-            if problems.is_empty() {
-                out.push(Sink::Kafka(Box::new(sink)));
+        #[cfg(feature = "kafka")]
+        {
+            let sink: Option<freshen_kafka::KafkaSinkConfig> =
+                r.serde_table(entry, &path, &["kind"]);
+            if let Some(sink) = sink {
+                let problems = sink.problems();
+                for p in &problems {
+                    r.problem_in(entry, &path, p, kind.line);
+                }
+                if problems.is_empty() {
+                    out.push(Sink::Kafka(Box::new(sink)));
+                }
             }
         }
+        #[cfg(not(feature = "kafka"))]
+        r.p.at_line(
+            kind.line,
+            format!("`{path}.kind` \"kafka\" is not built into this freshen: build it with `--features kafka`"),
+        );
     }
     out
 }

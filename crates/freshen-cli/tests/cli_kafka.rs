@@ -220,3 +220,102 @@ topic_mode = "single"
         .unwrap();
     assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
 }
+
+/// The same sink from a MySQL (MariaDB) binlog source: the envelope names the database
+/// and table, and the key is the primary key.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_changes_reach_a_kafka_sink_in_debezium_form() {
+    use mysql_async::prelude::Queryable;
+    let kafka = broker();
+    let db = freshen_testenv::MariaDbServer::start()
+        .unwrap_or_else(|e| panic!("MariaDB for this test (apt-get install mariadb-server): {e}"));
+    db.sql("CREATE DATABASE app").unwrap();
+    let mut c = mysql_async::Conn::from_url(db.url("app")).await.unwrap();
+    c.query_drop("CREATE TABLE app.orders (id BIGINT PRIMARY KEY, amount INT NOT NULL)")
+        .await
+        .unwrap();
+    create_topic(&kafka.bootstrap(), "mysql-changes").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "mysql"
+url = "{}"
+name = "sink"
+tables = ["app.orders"]
+
+[http]
+listen = "127.0.0.1:{port}"
+
+[[sinks]]
+kind = "kafka"
+brokers = "{}"
+topic = "mysql-changes"
+topic_mode = "single"
+"#,
+            db.url("app"),
+            kafka.bootstrap()
+        ),
+    );
+    let mut child = spawn_run(dir.path(), &cfg, 1);
+    wait_http(
+        &format!("http://127.0.0.1:{port}"),
+        "/healthz",
+        200,
+        DEADLINE,
+    )
+    .await;
+    for id in 0..10i64 {
+        c.exec_drop("INSERT INTO app.orders VALUES (?, 1)", (id,))
+            .await
+            .unwrap();
+    }
+    c.query_drop("UPDATE app.orders SET amount = 2 WHERE id = 7")
+        .await
+        .unwrap();
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("group.id", "mysql-reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["mysql-changes"]).unwrap();
+    let mut got: Vec<(Value, Value)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < 11 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} messages: {}",
+            got.len(),
+            log_of(dir.path(), 1)
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let key: Value = serde_json::from_slice(m.key().unwrap()).unwrap();
+            let value: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            got.push((key, value));
+        }
+    }
+    assert_eq!(
+        got.iter().filter(|(_, v)| v["op"] == "c").count(),
+        10,
+        "{got:?}"
+    );
+    let update = got
+        .iter()
+        .find(|(_, v)| v["op"] == "u")
+        .expect("the update");
+    assert_eq!(update.0, json!({"id": 7}), "key is the primary key as JSON");
+    assert_eq!(update.1["before"]["amount"], json!(1));
+    assert_eq!(update.1["after"]["amount"], json!(2));
+    assert_eq!(update.1["source"]["table"], json!("orders"));
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+}

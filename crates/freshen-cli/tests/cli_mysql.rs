@@ -207,3 +207,131 @@ async fn a_sigkilled_run_resumes_from_its_stored_position() {
     let log = log_of(dir.path(), 2);
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Every event of the changefeed at `base`, in sequence order.
+async fn feed(base: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut from = 0u64;
+    loop {
+        let (code, body) =
+            freshen_cli::status::get(base, &format!("/changefeed?from_seq={from}&limit=500"))
+                .await
+                .expect("the changefeed answers");
+        assert_eq!(code, 200, "{body}");
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let events = doc["events"].as_array().unwrap().clone();
+        let Some(last) = events.last() else {
+            return out;
+        };
+        from = last["sequence"].as_u64().unwrap();
+        out.extend(events);
+    }
+}
+
+/// The log replayed by key (a PUT sets the row, a DELETE removes it), as `id → value`.
+fn replay(events: &[serde_json::Value]) -> std::collections::BTreeMap<i64, i64> {
+    let mut rows = std::collections::BTreeMap::new();
+    for e in events {
+        let key = e["key"].as_str().unwrap();
+        let id: i64 = key.rsplit(':').next().unwrap().parse().unwrap();
+        match e["type"].as_str().unwrap() {
+            "PUT" => {
+                let doc: serde_json::Value =
+                    serde_json::from_str(e["value"].as_str().unwrap()).unwrap();
+                rows.insert(id, doc["value"].as_i64().unwrap());
+            }
+            "DELETE" => {
+                rows.remove(&id);
+            }
+            other => panic!("unexpected event type {other}"),
+        }
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_changefeed_logs_mysql_changes_and_replays_to_the_table() {
+    let db = server();
+    let mut c = conn(&db).await;
+    c.query_drop(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (http, feed_port) = (free_port(), free_port());
+    let base = format!("http://127.0.0.1:{feed_port}");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "mysql"
+url = "{}"
+name = "feed"
+tables = ["app.readings"]
+position_interval_ms = 20
+
+[http]
+listen = "127.0.0.1:{http}"
+
+[changefeed]
+path = "{}"
+
+[changefeed.http]
+listen = "127.0.0.1:{feed_port}"
+"#,
+            db.url("app"),
+            dir.path().join("feed.redb").display()
+        ),
+    );
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(
+        &format!("http://127.0.0.1:{http}"),
+        "/healthz",
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    workload(&mut c, &mut seed, 60).await;
+    run.kill().unwrap();
+    run.wait().unwrap();
+    workload(&mut c, &mut seed, 60).await;
+    let _run = spawn_run(dir.path(), &cfg, 2);
+    wait_http(
+        &format!("http://127.0.0.1:{http}"),
+        "/healthz",
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    workload(&mut c, &mut seed, 30).await;
+
+    let truth: std::collections::BTreeMap<i64, i64> = c
+        .query::<(i64, i64), _>("SELECT id, value FROM app.readings")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = feed(&base).await;
+        let replayed = replay(&events);
+        if replayed == truth {
+            assert!(
+                events
+                    .iter()
+                    .all(|e| e["key"].as_str().unwrap().starts_with("readings:")
+                        || e["key"].as_str().unwrap().starts_with("app.readings:")),
+                "{:?}",
+                events.first()
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the log replayed by key never equalled the table: {} events, {} rows replayed, {} in the table",
+            events.len(),
+            replayed.len(),
+            truth.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -133,6 +133,14 @@ async fn check_database(cfg: &Config, report: &mut CheckReport) {
         }
     };
     for view in &cfg.views {
-        report.findings.extend(target.check(view).await);
+        match target.view(view, Some(1)) {
+            Ok(pool) => report.findings.extend(pool.check(view).await),
+            Err(e) => report.push(
+                Level::Error,
+                "target",
+                cfg.target.url.redacted(),
+                freshen::redact_text(&format!("{e:#}")),
+            ),
+        }
     }
 }

@@ -17,7 +17,7 @@ use crate::config::{Config, Sink, View};
 use crate::http::Observe;
 use crate::metrics::{SourceStatus, ViewStats};
 use crate::scope::ViewScope;
-use crate::target::Target;
+use crate::target::{Target, ViewPool};
 
 /// How often the slot's lag is sampled from the server.
 const LAG_SAMPLE: Duration = Duration::from_secs(5);
@@ -148,9 +148,8 @@ impl Observe for Observer {
 
 fn refresher(
     view: &View,
-    rebuild: Box<dyn Rebuild>,
+    (pool, rebuild): (ViewPool, Box<dyn Rebuild>),
     source: Branch,
-    target: &Target,
     ack: freshen::AckPolicy,
 ) -> anyhow::Result<ViewRun> {
     let scope = ViewScope::new(view);
@@ -181,7 +180,7 @@ fn refresher(
             _ => tracing::warn!(view = %name, "{r}"),
         });
     if let Some(rec) = &view.reconcile {
-        b = b.reconcile_with(rec.every, target.enumerate(&rec.keys));
+        b = b.reconcile_with(rec.every, pool.enumerate(&rec.keys));
     }
     if let Some(d) = t.release_quarantined_after {
         b = b.release_quarantined_after(d);
@@ -207,7 +206,9 @@ impl Pipeline {
         let mut rebuilds = Vec::new();
         if let Some(target) = &target {
             for view in &cfg.views {
-                rebuilds.push(target.rebuild(view).await?);
+                let pool = target.view(view, cfg.target.pool_size)?;
+                let rebuild = pool.rebuild(view).await?;
+                rebuilds.push((pool, rebuild));
             }
         }
         let mut sinks = Vec::new();
@@ -239,13 +240,7 @@ impl Pipeline {
         let mut views = Vec::new();
         for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
             let branch = branches.next().expect("one branch per consumer");
-            views.push(refresher(
-                view,
-                rebuild,
-                branch,
-                target.as_ref().expect("a target when there are views"),
-                cfg.ack,
-            )?);
+            views.push(refresher(view, rebuild, branch, cfg.ack)?);
         }
         let sinks = sinks
             .into_iter()

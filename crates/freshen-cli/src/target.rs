@@ -42,15 +42,16 @@ pub fn mysql_url_problems(url: &str) -> Vec<String> {
         .collect()
 }
 
-/// A connected target.
+/// A target: where to connect, and how rebuilds there prove they see their changes.
+/// Each view gets a pool of its own ([`Target::view`]).
 #[derive(Clone)]
 pub enum Target {
-    /// A PostgreSQL pool, and how rebuilds there prove they see their changes.
-    Postgres(freshen_postgres::Pool, Visibility),
-    /// A MySQL/MariaDB pool, and whether it is the source server (so rebuilds can wait
-    /// for the dirtying transactions to be visible).
+    /// A PostgreSQL database.
+    Postgres(freshen_postgres::ConnectionConfig, Visibility),
+    /// A MySQL/MariaDB database (its URL), and whether it is the source server (so
+    /// rebuilds can wait for the dirtying transactions to be visible).
     #[cfg(feature = "mysql")]
-    MySql(mysql_async::Pool, bool),
+    MySql(String, bool),
 }
 
 impl std::fmt::Debug for Target {
@@ -63,9 +64,31 @@ impl std::fmt::Debug for Target {
     }
 }
 
+/// One view's connections to the target.
+#[derive(Clone)]
+pub enum ViewPool {
+    /// To PostgreSQL.
+    Postgres(freshen_postgres::Pool, Visibility),
+    /// To MySQL/MariaDB.
+    #[cfg(feature = "mysql")]
+    MySql(mysql_async::Pool, bool),
+}
+
+impl std::fmt::Debug for ViewPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ViewPool")
+    }
+}
+
+/// How many connections `view` opens: one per worker and one for its sweep, so its
+/// rebuilds never wait for a connection another view holds.
+fn pool_size(view: &View, cap: Option<usize>) -> usize {
+    let want = view.timing.workers + usize::from(view.reconcile.is_some());
+    cap.map_or(want, |c| want.min(c)).max(1)
+}
+
 impl Target {
-    /// Connects to `cfg`'s target (pools connect lazily) and decides how rebuilds
-    /// prove visibility.
+    /// Resolves `cfg`'s target and decides how rebuilds prove visibility.
     pub async fn connect(cfg: &Config) -> anyhow::Result<Target> {
         let url = cfg.target.url.expose();
         let source_url = cfg.source.database_url();
@@ -73,19 +96,17 @@ impl Target {
             Some(Flavor::Postgres) => {
                 let conn = freshen_postgres::ConnectionConfig::from_url(url)
                     .context("the target URL is not usable")?;
-                let pool = freshen_postgres::connect_pool(&conn, cfg.target.pool_size)
+                let probe = freshen_postgres::connect_pool(&conn, 1)
                     .context("cannot set up the target connection pool")?;
-                let visibility = postgres_visibility(source_url, url, &pool).await?;
-                Ok(Target::Postgres(pool, visibility))
+                let visibility = postgres_visibility(source_url, url, &probe).await?;
+                Ok(Target::Postgres(conn, visibility))
             }
             #[cfg(feature = "mysql")]
             Some(Flavor::MySql) => {
-                let pool = freshen_mysql::connect_pool(url, cfg.target.pool_size)
-                    .context("cannot set up the target connection pool")?;
                 // Positions are the source server's: only there can a rebuild wait for
                 // them.
                 let same = source_url == Some(url);
-                Ok(Target::MySql(pool, same))
+                Ok(Target::MySql(url.to_owned(), same))
             }
             #[cfg(not(feature = "mysql"))]
             Some(Flavor::MySql) => {
@@ -97,11 +118,35 @@ impl Target {
         }
     }
 
+    /// A pool for `view` alone (connections open lazily), its statements cancelled by
+    /// the server past the view's `statement_timeout` (PostgreSQL).
+    pub fn view(&self, view: &View, cap: Option<usize>) -> anyhow::Result<ViewPool> {
+        let size = pool_size(view, cap);
+        Ok(match self {
+            Target::Postgres(conn, visibility) => {
+                let mut conn = conn.clone();
+                conn.statement_timeout = view.timing.statement_timeout;
+                conn.application_name = format!("freshen {}", view.name);
+                let pool = freshen_postgres::connect_pool(&conn, size)
+                    .context("cannot set up the target connection pool")?;
+                ViewPool::Postgres(pool, visibility.clone())
+            }
+            #[cfg(feature = "mysql")]
+            Target::MySql(url, same) => ViewPool::MySql(
+                freshen_mysql::connect_pool(url, size)
+                    .context("cannot set up the target connection pool")?,
+                *same,
+            ),
+        })
+    }
+}
+
+impl ViewPool {
     /// The view's rebuild, its statements prepared.
     pub async fn rebuild(&self, view: &View) -> anyhow::Result<Box<dyn Rebuild>> {
         let what = || format!("view {}: the rebuild statements are not usable", view.name);
         Ok(match self {
-            Target::Postgres(pool, visibility) => {
+            ViewPool::Postgres(pool, visibility) => {
                 let mut b = SqlRebuild::builder(pool.clone())
                     .statements(view.rebuild.iter().cloned())
                     .visibility(visibility.clone())
@@ -112,7 +157,7 @@ impl Target {
                 Box::new(b.build().await.with_context(what)?)
             }
             #[cfg(feature = "mysql")]
-            Target::MySql(pool, same) => {
+            ViewPool::MySql(pool, same) => {
                 if view.rebuild_batch.is_some() {
                     anyhow::bail!(
                         "view {}: rebuild_batch (keys as arrays) is PostgreSQL's; on MySQL use keys_per_transaction",
@@ -136,9 +181,9 @@ impl Target {
     /// The view's reconcile listing.
     pub fn enumerate(&self, sql: &str) -> Box<dyn Enumerate> {
         match self {
-            Target::Postgres(pool, _) => Box::new(SqlEnumerate::new(pool.clone(), sql)),
+            ViewPool::Postgres(pool, _) => Box::new(SqlEnumerate::new(pool.clone(), sql)),
             #[cfg(feature = "mysql")]
-            Target::MySql(pool, _) => {
+            ViewPool::MySql(pool, _) => {
                 Box::new(freshen_mysql::MySqlEnumerate::new(pool.clone(), sql))
             }
         }
@@ -147,7 +192,7 @@ impl Target {
     /// What `check` finds about the view's statements.
     pub async fn check(&self, view: &View) -> Vec<Finding> {
         match self {
-            Target::Postgres(pool, _) => {
+            ViewPool::Postgres(pool, _) => {
                 let key: Vec<String> = view
                     .watch
                     .first()
@@ -167,7 +212,7 @@ impl Target {
                 .await
             }
             #[cfg(feature = "mysql")]
-            Target::MySql(pool, _) => {
+            ViewPool::MySql(pool, _) => {
                 let mut all = view.rebuild.clone();
                 if let Some(r) = &view.reconcile {
                     all.push(r.keys.clone());

@@ -379,3 +379,77 @@ async fn idle_connections_to_the_metrics_port_cannot_starve_rebuilds_of_descript
     );
     drop(run);
 }
+
+/// A derived table locked by someone else stalls only its own view: its rebuilds are
+/// cancelled by the server at `statement_timeout` and retried (a failure of the path,
+/// never a quarantine), `/healthz` names it, and the other view — with its own
+/// connections — keeps equal to truth. Released, the stalled view catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_derived_table_stalls_only_its_own_view() {
+    let pg = start_pg();
+    let mut c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let text = |http: &str| {
+        config(&pg.url(), http).replace(
+            "max_wait = \"500ms\"\n",
+            "max_wait = \"500ms\"\nstatement_timeout = \"300ms\"\nbackoff = { base = \"50ms\", max = \"300ms\" }\n",
+        )
+    };
+    let Started { dir, base, mut run } = run_healthy(text, None).await;
+    let mut r = Rng::new(0x10c4);
+    workload(&mut c, &mut r, 50).await;
+    wait_equal(&c, Duration::from_secs(30)).await;
+
+    let locker = connect(&pg.url()).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE device_totals IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    workload(&mut c, &mut r, 100).await;
+    // The other view keeps up while the lock is held (reading device_totals would
+    // wait for the lock too: only site_totals is compared).
+    let (_, derived, truth) = TRUTH[1];
+    let diff = format!(
+        "SELECT count(*) FROM (({derived} EXCEPT {truth}) UNION ALL ({truth} EXCEPT {derived})) d"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = c.query_one(&diff, &[]).await.unwrap().get(0);
+        if n == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "site_totals waited for device_totals' lock: {n} rows differ"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let health = wait_http(&base, "/healthz", 503, Duration::from_secs(15)).await;
+    assert!(
+        health.contains("device_totals") && !health.contains("site_totals"),
+        "/healthz names only the stalled view: {health}"
+    );
+    let s = wait_status(
+        &base,
+        "the timeouts are counted",
+        Duration::from_secs(10),
+        |s| {
+            s.views.iter().any(|v| {
+                v.name == "device_totals"
+                    && v.last_error.as_deref().is_some_and(|e| e.contains("57014"))
+            })
+        },
+    )
+    .await;
+    for v in &s.views {
+        assert_eq!(v.poisoned, 0, "a timeout never quarantines: {v:?}");
+    }
+
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    wait_equal(&c, Duration::from_secs(30)).await;
+    wait_http(&base, "/healthz", 200, Duration::from_secs(15)).await;
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let log = log_of(dir.path(), 1);
+    assert!(log.contains("device_totals"), "{log}");
+}

@@ -76,6 +76,9 @@ pub struct ConnectionConfig {
     pub application_name: String,
     /// How long a connection attempt may take.
     pub connect_timeout: Duration,
+    /// The server cancels a statement running longer than this (`statement_timeout`,
+    /// set for the session at connect); `None` keeps the server's setting.
+    pub statement_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for ConnectionConfig {
@@ -90,6 +93,7 @@ impl fmt::Debug for ConnectionConfig {
             .field("sslrootcert", &self.sslrootcert)
             .field("application_name", &self.application_name)
             .field("connect_timeout", &self.connect_timeout)
+            .field("statement_timeout", &self.statement_timeout)
             .finish()
     }
 }
@@ -106,6 +110,7 @@ impl Default for ConnectionConfig {
             sslrootcert: None,
             application_name: "freshen".into(),
             connect_timeout: Duration::from_secs(10),
+            statement_timeout: None,
         }
     }
 }
@@ -259,6 +264,10 @@ impl ConnectionConfig {
             });
         if let Some(pw) = &self.password {
             c.password(pw);
+        }
+        if let Some(t) = self.statement_timeout {
+            // A startup option: no extra round trip per connection or statement.
+            c.options(format!("-c statement_timeout={}", t.as_millis().max(1)));
         }
         c
     }

@@ -52,6 +52,9 @@ pub struct Timing {
     /// Without a reconcile sweep, how long a quarantined key may hold its transactions
     /// unconfirmed before they are released unrebuilt (default: until it rebuilds).
     pub release_quarantined_after: Option<Duration>,
+    /// The target cancels a rebuild statement running longer than this (a failure of
+    /// the path: retried with backoff, never a quarantine); `None` when `"0s"`.
+    pub statement_timeout: Option<Duration>,
 }
 
 impl Default for Timing {
@@ -65,6 +68,7 @@ impl Default for Timing {
             backoff_max: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             release_quarantined_after: None,
+            statement_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -136,8 +140,10 @@ impl View {
 pub struct Target {
     /// Connection URL.
     pub url: Secret,
-    /// Pooled connections.
-    pub pool_size: usize,
+    /// The most connections one view opens (`None`: its workers, plus one for its
+    /// reconcile sweep). Each view has its own pool, so a slow or locked view never
+    /// takes another's connections.
+    pub pool_size: Option<usize>,
 }
 
 /// Log line format.
@@ -233,6 +239,7 @@ const TIMING: &[&str] = &[
     "backoff",
     "shutdown_grace",
     "release_quarantined_after",
+    "statement_timeout",
 ];
 const VIEW: &[&str] = &[
     "name",
@@ -248,6 +255,7 @@ const VIEW: &[&str] = &[
     "backoff",
     "shutdown_grace",
     "release_quarantined_after",
+    "statement_timeout",
 ];
 
 /// Reads and validates `path`, expanding `${VAR}` from the process environment.
@@ -335,7 +343,7 @@ pub fn parse(
             ack: ack.unwrap_or_default(),
             target: target.unwrap_or(Target {
                 url: Secret::new(String::new()),
-                pool_size: 1,
+                pool_size: None,
             }),
             http,
             log,
@@ -422,7 +430,10 @@ fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
 fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Option<Target> {
     let default_url = source.and_then(|s| s.database_url()).map(Secret::new);
     let Some(t) = r.table(root, "target", "target") else {
-        return default_url.map(|url| Target { url, pool_size: 4 });
+        return default_url.map(|url| Target {
+            url,
+            pool_size: None,
+        });
     };
     r.known_keys(t, &["url", "pool_size"]);
     let before = r.p.list.len();
@@ -431,9 +442,7 @@ fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -
         check_url(r, "target.url", u);
     }
     let url = url.map(|s| Secret::new(s.value)).or(default_url);
-    let pool_size = r
-        .int(t, "pool_size", 1..=1024)
-        .map_or(4, |n| n.value as usize);
+    let pool_size = r.int(t, "pool_size", 1..=1024).map(|n| n.value as usize);
     url.map(|url| Target { url, pool_size })
 }
 
@@ -537,6 +546,9 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
     }
     if let Some(d) = r.duration(t, "release_quarantined_after") {
         out.release_quarantined_after = Some(d.value);
+    }
+    if let Some(d) = r.duration(t, "statement_timeout") {
+        out.statement_timeout = (!d.value.is_zero()).then_some(d.value);
     }
     let path = format!(
         "{}{}backoff",

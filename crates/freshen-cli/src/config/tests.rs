@@ -65,7 +65,7 @@ fn a_good_file_resolves_with_defaults_and_overrides() {
     let shown = format!("{:?}", c.source);
     assert!(shown.contains("slot_mode: Create"), "{shown}");
     assert!(!shown.contains("s3cret"), "{shown}");
-    assert_eq!(c.target.pool_size, 8);
+    assert_eq!(c.target.pool_size, Some(8));
     assert_eq!(c.target.url.expose(), "postgres://app:s3cret@replica/app");
     assert_eq!(
         c.http.as_ref().map(|h| h.listen),

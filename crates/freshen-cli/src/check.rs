@@ -108,6 +108,17 @@ pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
             cfg.watched_tables().len()
         ),
     );
+    // What each view relies on that the source cannot give: known without I/O.
+    let caps = cfg.source.capabilities();
+    for view in &cfg.views {
+        let reliance = freshen::plug::Reliance {
+            view: &view.name,
+            sweep: view.reconcile.as_ref().map(|r| r.every),
+        };
+        report
+            .findings
+            .extend(freshen::plug::gaps(cfg.source.kind(), &caps, &reliance));
+    }
     if !offline {
         check_database(&cfg, &mut report).await;
     }

@@ -149,8 +149,72 @@ fn run_rejects_a_bad_file_with_exit_code_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("`source.kind` must be one of `postgres`, `mysql`, `kafka`, `pulsar`"),
+        err.contains("`source.kind` must be one of `postgres`") && err.contains("not `oracle`"),
         "{err}"
     );
     assert!(err.contains("needs `views`"), "{err}");
+}
+
+/// Offline, `check` says per view what it relies on that its source cannot give: a
+/// temporary slot loses changes at a restart (an error without a sweep, a warning with
+/// one); a complete source is one `ok` line.
+#[test]
+fn check_names_what_a_view_relies_on_that_the_source_cannot_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |slot_mode: &str| {
+        format!(
+            r#"
+[source]
+kind = "postgres"
+url = "postgres://app@127.0.0.1:1/app"
+slot_mode = "{slot_mode}"
+
+[[views]]
+name = "unswept"
+watch = [{{ table = "t", key = ["a"] }}]
+rebuild = ["SELECT $1"]
+
+[[views]]
+name = "swept"
+watch = [{{ table = "t", key = ["a"] }}]
+rebuild = ["SELECT $1"]
+reconcile = {{ every = "10m", keys = "SELECT a FROM t" }}
+"#
+        )
+    };
+    let run = |slot_mode: &str| {
+        let cfg = write_config(dir.path(), &text(slot_mode));
+        let out = freshen()
+            .args(["check", "--offline", "--json", "-c"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        (out.status.code(), findings(&out))
+    };
+    let (code, f) = run("temporary");
+    assert_eq!(code, Some(1), "{f:?}");
+    let contract: Vec<&Value> = f.iter().filter(|x| x["check"] == "contract").collect();
+    assert!(
+        contract.iter().any(|x| x["level"] == "error"
+            && x["subject"] == "view unswept"
+            && x["message"].as_str().unwrap().contains("restart")),
+        "{contract:?}"
+    );
+    assert!(
+        contract.iter().any(|x| x["level"] == "warning"
+            && x["subject"] == "view swept"
+            && x["message"].as_str().unwrap().contains("every 10m")),
+        "{contract:?}"
+    );
+    let (code, f) = run("create");
+    assert_eq!(code, Some(0), "{f:?}");
+    assert!(
+        has(
+            &f,
+            "ok",
+            "contract",
+            "postgres gives what the view relies on"
+        ),
+        "{f:?}"
+    );
 }

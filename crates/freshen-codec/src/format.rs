@@ -24,6 +24,24 @@ impl Format {
             Format::Debezium => "debezium",
         }
     }
+
+    /// What change events in this format guarantee, whatever carries them: deletes and
+    /// truncates (both formats have them), and a replay from the broker's committed
+    /// position. canal-json's former row is whole (TiCDC sends it); Debezium's depends on
+    /// the upstream's settings, so none is promised. Messages are per row: no
+    /// transaction boundaries.
+    pub fn capabilities(self) -> freshen::Capabilities {
+        freshen::Capabilities {
+            before_image: match self {
+                Format::CanalJson => freshen::BeforeImage::Full,
+                Format::Debezium => freshen::BeforeImage::None,
+            },
+            deletes: true,
+            truncates: true,
+            recoverable: true,
+            ..freshen::Capabilities::NONE
+        }
+    }
 }
 
 impl std::fmt::Display for Format {

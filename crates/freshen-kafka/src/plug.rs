@@ -16,6 +16,10 @@ impl SourcePlug for KafkaSourceConfig {
         KafkaSourceConfig::problems(self)
     }
 
+    fn capabilities(&self) -> freshen::Capabilities {
+        self.format.capabilities()
+    }
+
     fn check<'a>(&'a self, _plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>> {
         // Reaching the brokers proves little (topics and ACLs are per request) and
         // would make `check` hang on an unreachable cluster: say what is read instead.

@@ -5,9 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use freshen::{
-    Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, RowEvent, Source, SourceError,
-};
+use freshen::{Ack, Batch, BoxError, BoxFuture, Capabilities, RowEvent, Source, SourceError};
 use freshen_codec::{DecodeError, Decoder, Format};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -386,17 +384,7 @@ impl Source for KafkaSource {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            // canal-json's old image is whole (TiCDC sends it; Canal's changed columns are
-            // merged over the new row). Debezium's depends on the upstream's settings.
-            before_image: match self.format {
-                Format::CanalJson => BeforeImage::Full,
-                _ => BeforeImage::None,
-            },
-            recoverable: true,
-            snapshot: false,
-            cursor: false,
-        }
+        self.format.capabilities()
     }
 
     fn close(&mut self) -> BoxFuture<'_, ()> {

@@ -50,6 +50,10 @@ impl SourcePlug for MySqlSourceConfig {
         Some(self.url.expose())
     }
 
+    fn capabilities(&self) -> freshen::Capabilities {
+        crate::source::capabilities()
+    }
+
     fn check<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>> {
         Box::pin(async move {
             let mut found = check_source(&self.for_plan(plan)).await;

@@ -284,8 +284,7 @@ impl MySqlSource {
         };
         let capabilities = Capabilities {
             before_image,
-            recoverable: true,
-            ..Capabilities::default()
+            ..capabilities()
         };
         let shared = Arc::new(Shared::default());
         let (schema_tx, _) = broadcast::channel(64);
@@ -429,6 +428,21 @@ fn resume_point(
             )
         }
     })
+}
+
+/// What the row-based binlog guarantees: whole former rows (with
+/// `binlog_row_image=FULL`, which `check` verifies), deletes, TRUNCATE and other DDL of
+/// watched tables, transaction boundaries (XID), and a stored resume position.
+pub(crate) fn capabilities() -> Capabilities {
+    Capabilities {
+        before_image: BeforeImage::Full,
+        deletes: true,
+        truncates: true,
+        recoverable: true,
+        transactions: true,
+        schema_changes: true,
+        ..Capabilities::NONE
+    }
 }
 
 impl Drop for MySqlSource {

@@ -203,6 +203,10 @@ impl SourcePlug for PgSourceSettings {
         Some(self.url.expose())
     }
 
+    fn capabilities(&self) -> freshen::Capabilities {
+        crate::source::capabilities(self.slot_mode.into())
+    }
+
     fn drop_upstream(&self) -> BoxFuture<'_, Result<Vec<String>, BoxError>> {
         Box::pin(async move {
             let admin = PgAdmin::connect(&self.connection()?).await?;

@@ -280,8 +280,7 @@ impl PgSource {
             .unwrap_or(BeforeImage::KeyOnly);
         let capabilities = Capabilities {
             before_image,
-            recoverable: config.slot_mode != SlotMode::Temporary,
-            ..Capabilities::default()
+            ..capabilities(config.slot_mode)
         };
         let primary_keys = identities
             .iter()
@@ -361,6 +360,23 @@ impl PgSource {
         self.shutdown().await;
         let slot = self.handle.slot.clone();
         self.handle.admin.drop_slot(&slot).await
+    }
+}
+
+/// What logical replication through pgoutput guarantees: deletes, truncates and
+/// transaction boundaries always; the former row as the table's replica identity
+/// allows (whole with FULL); a replay after a restart unless the slot is temporary.
+pub(crate) fn capabilities(slot_mode: SlotMode) -> Capabilities {
+    Capabilities {
+        before_image: BeforeImage::Full,
+        before_image_per_table: true,
+        deletes: true,
+        truncates: true,
+        recoverable: slot_mode != SlotMode::Temporary,
+        transactions: true,
+        // Relation messages carry the columns; a changed relation is not reported yet.
+        schema_changes: false,
+        ..Capabilities::NONE
     }
 }
 

@@ -16,6 +16,10 @@ impl SourcePlug for PulsarSourceConfig {
         PulsarSourceConfig::problems(self)
     }
 
+    fn capabilities(&self) -> freshen::Capabilities {
+        self.format.capabilities()
+    }
+
     fn check<'a>(&'a self, _plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>> {
         // A subscription is only proven by subscribing, which would take the
         // failover slot from a running instance: say what is read instead.

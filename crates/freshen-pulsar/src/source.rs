@@ -6,10 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use freshen::{
-    Ack, Backoff, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, RowEvent, Source,
-    SourceError,
+    Ack, Backoff, Batch, BoxError, BoxFuture, Capabilities, RowEvent, Source, SourceError,
 };
-use freshen_codec::{Decoder, Format};
+use freshen_codec::Decoder;
 
 use crate::Error;
 use crate::config::PulsarSourceConfig;
@@ -479,15 +478,7 @@ impl Source for PulsarSource {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            before_image: match self.config.format {
-                Format::CanalJson => BeforeImage::Full,
-                _ => BeforeImage::None,
-            },
-            recoverable: true,
-            snapshot: false,
-            cursor: false,
-        }
+        self.config.format.capabilities()
     }
 
     fn close(&mut self) -> BoxFuture<'_, ()> {

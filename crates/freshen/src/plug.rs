@@ -16,7 +16,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::source::{BoxError, BoxFuture, Source, SourceProbe};
+use std::time::Duration;
+
+use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};
 
 /// One table a view watches, and the columns its scope key is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +172,10 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// What this source guarantees, as configured (static per kind; e.g. a temporary
+    /// slot is not recoverable). [`gaps`] turns it into what `check` reports per view.
+    fn capabilities(&self) -> Capabilities;
+
     /// What `freshen check` reports about the source: reachable, set up for capture,
     /// privileges, and what the plan relies on that the source cannot give.
     fn check<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>>;
@@ -186,5 +192,189 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
         Box::pin(async move {
             Err(format!("a {kind} source keeps nothing upstream that `drop` could remove").into())
         })
+    }
+}
+
+/// What a view relies on from its source beyond the rows themselves, for [`gaps`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reliance<'a> {
+    /// The view's name.
+    pub view: &'a str,
+    /// How often its reconcile sweep runs, if it has one: the sweep covers every gap in
+    /// the source's guarantees, once per period.
+    pub sweep: Option<Duration>,
+}
+
+/// What `check` says about one view and its source: each guarantee the view relies on
+/// that the source (`kind`, `caps`) cannot give, and what covers the gap — a warning when
+/// the reconcile sweep covers it (the view is then stale for up to a sweep period), an
+/// error when nothing does and the view can keep wrong rows for ever. One `ok` finding
+/// when nothing is missing.
+///
+/// ```
+/// use std::time::Duration;
+/// use freshen::Capabilities;
+/// use freshen::plug::{Level, Reliance, gaps};
+///
+/// let found = gaps("kafka", &Capabilities::NONE, &Reliance { view: "totals", sweep: None });
+/// assert!(found.iter().any(|f| f.level == Level::Error && f.message.contains("deletes")));
+/// let swept = Reliance { view: "totals", sweep: Some(Duration::from_secs(600)) };
+/// assert!(gaps("kafka", &Capabilities::NONE, &swept).iter().all(|f| f.level != Level::Error));
+/// ```
+pub fn gaps(kind: &str, caps: &Capabilities, view: &Reliance<'_>) -> Vec<Finding> {
+    let subject = format!("view {}", view.view);
+    let mut out = Vec::new();
+    let mut gap = |missing: bool, what: &str, harm: &str| {
+        if !missing {
+            return;
+        }
+        out.push(match view.sweep {
+            Some(every) => Finding::warning(
+                "contract",
+                &subject,
+                format!(
+                    "{what} not given by a {kind} source: the reconcile sweep (every {}) heals it, so {harm} for up to that long",
+                    span(every)
+                ),
+            ),
+            None => Finding::error(
+                "contract",
+                &subject,
+                format!(
+                    "{what} not given by a {kind} source and the view has no reconcile sweep: {harm} until the key changes again; add `reconcile = {{ every = \"10m\", keys = \"…\" }}`"
+                ),
+            ),
+        });
+    };
+    gap(!caps.deletes, "deletes are", "a deleted row stays counted");
+    gap(
+        !caps.recoverable,
+        "a replay after a restart is",
+        "changes in flight at a crash are lost",
+    );
+    gap(
+        !caps.truncates,
+        "TRUNCATE is",
+        "a truncated table's rows stay in the view",
+    );
+    // A row that moves to another key dirties the key it left only with its former
+    // row; without one the old key keeps the row. Per-table images are the source's own
+    // check (it names the tables).
+    let moves = caps.before_image == BeforeImage::None;
+    if moves {
+        out.push(match view.sweep {
+            Some(every) => Finding::warning(
+                "contract",
+                &subject,
+                format!(
+                    "the former row of an update is not given by a {kind} source: a row whose key columns change leaves its old key stale until the reconcile sweep (every {})",
+                    span(every)
+                ),
+            ),
+            None => Finding::warning(
+                "contract",
+                &subject,
+                format!(
+                    "the former row of an update is not given by a {kind} source: if the key columns ever change, the old key keeps the row (nothing sweeps this view); add a reconcile sweep unless they never change"
+                ),
+            ),
+        });
+    }
+    if out.is_empty() {
+        let mut given = vec!["deletes", "truncates", "replay after a restart"];
+        if caps.before_image != BeforeImage::None {
+            given.push("former rows");
+        }
+        out.push(Finding::ok(
+            "contract",
+            subject,
+            format!("{kind} gives what the view relies on: {}", given.join(", ")),
+        ));
+    }
+    out
+}
+
+/// A period as a configuration writes it: `10m`, `1h30m`, `500ms`.
+fn span(d: Duration) -> String {
+    let ms = d.as_millis();
+    if !ms.is_multiple_of(1000) || ms == 0 {
+        return format!("{ms}ms");
+    }
+    let s = ms / 1000;
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    let mut out = String::new();
+    for (n, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn levels(caps: &Capabilities, sweep: Option<Duration>) -> Vec<Level> {
+        gaps("x", caps, &Reliance { view: "v", sweep })
+            .iter()
+            .map(|f| f.level)
+            .collect()
+    }
+
+    #[test]
+    fn periods_read_as_written() {
+        assert_eq!(span(Duration::from_secs(600)), "10m");
+        assert_eq!(span(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(span(Duration::from_millis(1500)), "1500ms");
+    }
+
+    #[test]
+    fn a_sweep_turns_every_gap_into_a_warning() {
+        let none = Capabilities::NONE;
+        assert_eq!(
+            levels(&none, None),
+            [Level::Error, Level::Error, Level::Error, Level::Warning]
+        );
+        assert_eq!(
+            levels(&none, Some(Duration::from_secs(60))),
+            [Level::Warning; 4]
+        );
+    }
+
+    #[test]
+    fn a_complete_source_is_one_ok() {
+        let all = Capabilities {
+            before_image: BeforeImage::KeyOnly,
+            deletes: true,
+            truncates: true,
+            recoverable: true,
+            ..Capabilities::NONE
+        };
+        let found = gaps(
+            "postgres",
+            &all,
+            &Reliance {
+                view: "v",
+                sweep: None,
+            },
+        );
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].level, Level::Ok);
+        assert!(found[0].message.contains("former rows"));
+        let temporary = Capabilities {
+            recoverable: false,
+            ..all
+        };
+        let found = gaps(
+            "postgres",
+            &temporary,
+            &Reliance {
+                view: "v",
+                sweep: None,
+            },
+        );
+        assert_eq!(found.len(), 1);
+        assert!(found[0].message.contains("restart"), "{found:?}");
     }
 }

@@ -162,29 +162,55 @@ pub enum BeforeImage {
     None,
 }
 
-/// What a source can guarantee, so that `freshen check` can say what a configuration
-/// cannot.
+/// What a source kind guarantees — static data per kind (adjusted by its configuration
+/// where that changes a promise) — so that `freshen check` can say what a view relies on
+/// that its source cannot give, and what covers the gap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// How much of the former row updates and deletes carry.
+    /// How much of the former row updates and deletes carry (what lets a row that moves
+    /// to another key dirty the key it left).
     pub before_image: BeforeImage,
+    /// Whether the former image can vary per table (PostgreSQL's replica identity):
+    /// then `before_image` is the best case and the source's own check names the tables.
+    pub before_image_per_table: bool,
+    /// Whether deleted rows arrive as events.
+    pub deletes: bool,
+    /// Whether a TRUNCATE of a table arrives (as an [`Op::Truncate`](crate::Op) event).
+    pub truncates: bool,
     /// Whether unacknowledged batches are replayed after a restart (a replication slot,
-    /// a committed consumer offset). Without it only the reconcile sweep heals a crash.
+    /// a committed consumer offset, a stored binlog position). Without it only the
+    /// reconcile sweep heals a crash.
     pub recoverable: bool,
+    /// Whether changes arrive with their transaction's boundaries (one acknowledgement
+    /// per transaction, commit order).
+    pub transactions: bool,
+    /// Whether schema changes of watched tables are reported.
+    pub schema_changes: bool,
     /// Whether the source can deliver the current contents as events (a snapshot).
     pub snapshot: bool,
     /// Whether the source polls a cursor column instead of reading a change log.
     pub cursor: bool,
 }
 
+impl Capabilities {
+    /// A log of row changes that gives nothing more than the rows themselves; sources
+    /// start from it and say what they add.
+    pub const NONE: Capabilities = Capabilities {
+        before_image: BeforeImage::None,
+        before_image_per_table: false,
+        deletes: false,
+        truncates: false,
+        recoverable: false,
+        transactions: false,
+        schema_changes: false,
+        snapshot: false,
+        cursor: false,
+    };
+}
+
 impl Default for Capabilities {
     fn default() -> Capabilities {
-        Capabilities {
-            before_image: BeforeImage::None,
-            recoverable: false,
-            snapshot: false,
-            cursor: false,
-        }
+        Capabilities::NONE
     }
 }
 

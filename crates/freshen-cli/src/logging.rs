@@ -1,4 +1,7 @@
-//! Logs via `tracing`: `RUST_LOG` filters (default `info`), text or JSON lines.
+//! Logs via `tracing`: `RUST_LOG` filters (default `info`), text or JSON lines, colour
+//! only when stderr is a terminal (a log file or journald gets plain text).
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -11,7 +14,8 @@ pub fn init(format: LogFormat, default: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false);
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -174,7 +174,7 @@ fn refresher(
             | Report::QuarantineReleased { .. } => {
                 tracing::error!(view = %name, "{r}")
             }
-            Report::Recovered { .. } | Report::Revived { .. } => {
+            Report::Recovered { .. } | Report::Revived { .. } | Report::Swept { .. } => {
                 tracing::info!(view = %name, "{r}")
             }
             _ => tracing::warn!(view = %name, "{r}"),

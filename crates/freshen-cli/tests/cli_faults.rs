@@ -452,4 +452,16 @@ async fn a_locked_derived_table_stalls_only_its_own_view() {
     run.wait().unwrap();
     let log = log_of(dir.path(), 1);
     assert!(log.contains("device_totals"), "{log}");
+    // Lifecycle lines an operator follows, in plain text (the log is not a terminal).
+    for line in [
+        "created the replication slot",
+        "created the publication",
+        "reconcile sweep listed",
+    ] {
+        assert!(log.contains(line), "{line:?} missing from\n{log}");
+    }
+    assert!(
+        !log.contains('\x1b'),
+        "no colour codes in a log file:\n{log}"
+    );
 }

@@ -379,13 +379,16 @@ impl PgAdmin {
             return Ok(());
         }
         let info = match self.slot(name).await? {
-            Some(info) => info,
+            Some(info) => {
+                tracing::info!(slot = %name, confirmed = ?info.confirmed_flush_lsn, "reusing the replication slot");
+                info
+            }
             None if mode == SlotMode::MustExist => {
                 return Err(slot_missing(name));
             }
             None => {
                 match self.create_slot(name).await {
-                    Ok(()) => {}
+                    Ok(()) => tracing::info!(slot = %name, "created the replication slot"),
                     // Created by someone else meanwhile: validate theirs.
                     Err(e) if e.sqlstate() == Some("42710") => {}
                     Err(e) => return Err(e),
@@ -530,7 +533,10 @@ impl PgAdmin {
     ) -> Result<(), PgError> {
         let existing = self.publication(name).await?;
         let p = match existing {
-            Some(p) => p,
+            Some(p) => {
+                tracing::info!(publication = %name, "reusing the publication");
+                p
+            }
             None if mode == PublicationMode::MustExist => {
                 return Err(PgError::new(
                     ErrorKind::Setup,

@@ -86,6 +86,14 @@ pub enum Report<'a> {
         /// The table.
         table: &'a str,
     },
+    /// A reconcile sweep listed every key (each joins the normal pipeline: its rebuilds
+    /// follow). Not a problem: a lifecycle line for the operator.
+    Swept {
+        /// Keys listed.
+        keys: u64,
+        /// How long listing took.
+        took: Duration,
+    },
 }
 
 impl fmt::Display for Report<'_> {
@@ -154,6 +162,11 @@ impl fmt::Display for Report<'_> {
                     "reconcile sweep failed, retrying in {retry_in:?}: {error}"
                 )
             }
+            Report::Swept { keys, took } => write!(
+                f,
+                "reconcile sweep listed {keys} key(s) in {:.1}s",
+                took.as_secs_f64()
+            ),
             Report::TruncateIgnored { schema, table } => write!(
                 f,
                 "{schema}.{table} was truncated but no reconcile sweep is configured: its derived rows may be stale"

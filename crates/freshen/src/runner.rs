@@ -100,6 +100,9 @@ struct Stall {
 }
 
 pub(crate) struct Runner {
+    /// Keys the running sweep listed so far, and when it began (for its report).
+    sweep_listed: u64,
+    sweep_began: Option<Instant>,
     scope: ScopeFn,
     rebuild: Arc<dyn Rebuild>,
     max_batch: usize,
@@ -139,6 +142,8 @@ impl Runner {
             rebuild: p.rebuild,
             workers: p.workers,
             sweeper: Sweeper::new(p.reconcile, now),
+            sweep_listed: 0,
+            sweep_began: None,
             report: p.report,
             grace: p.grace,
             shared,
@@ -389,6 +394,8 @@ impl Runner {
         let pin = self.sweeper.covering();
         let st = &self.shared.stats;
         Recorder::add(&st.reconcile_keys, keys.len() as u64);
+        self.sweep_listed += keys.len() as u64;
+        self.sweep_began.get_or_insert_with(Instant::now);
         for key in keys.drain(..) {
             let mark = self.dirty.revive(&key, now);
             if mark == Mark::Revived {
@@ -407,6 +414,12 @@ impl Runner {
         match self.sweeper.finish(self.source_done, &self.backoff).await {
             Finished::Listed { unpin } => {
                 Recorder::add(&self.shared.stats.reconciles, 1);
+                let keys = std::mem::take(&mut self.sweep_listed);
+                let took = self
+                    .sweep_began
+                    .take()
+                    .map_or(Duration::ZERO, |t| t.elapsed());
+                self.report(Report::Swept { keys, took });
                 if let Some(t) = &mut self.tracker {
                     for id in unpin {
                         t.unhold_batch(id);
@@ -415,6 +428,8 @@ impl Runner {
             }
             Finished::Failed { error, retry_in } => {
                 Recorder::add(&self.shared.stats.reconcile_failures, 1);
+                self.sweep_listed = 0;
+                self.sweep_began = None;
                 self.report(Report::ReconcileFailed {
                     error: &error,
                     retry_in,

@@ -38,7 +38,7 @@ pub struct Status {
 pub struct ViewStatus {
     /// View name.
     pub name: String,
-    /// Row events received.
+    /// Row events of the tables this view watches.
     pub events: u64,
     /// Messages skipped.
     pub skipped: u64,
@@ -117,7 +117,7 @@ impl From<&ViewStats> for ViewStatus {
         let s = &v.stats;
         ViewStatus {
             name: v.name.clone(),
-            events: s.events_received,
+            events: v.events,
             skipped: s.events_skipped,
             keys_marked: s.keys_marked,
             unscoped: v.unscoped,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// Names of every exported metric.
 pub mod names {
-    /// Row events received, per view.
+    /// Row events of the tables a view watches, per view.
     pub const EVENTS: &str = "freshen_events_total";
     /// Undecodable messages skipped, per view.
     pub const SKIPPED: &str = "freshen_events_skipped_total";
@@ -113,6 +113,8 @@ pub struct ViewStats {
     pub name: String,
     /// Snapshot.
     pub stats: Stats,
+    /// Row events of the tables this view watches.
+    pub events: u64,
     /// Changes that could not be scoped (see [`names::UNSCOPED`]).
     pub unscoped: u64,
     /// Quarantined keys (at most [`QUARANTINE_SHOWN`]).
@@ -192,9 +194,12 @@ type Get = fn(&ViewStats) -> f64;
 
 /// Per-view metrics with one sample each: name, type, help, value.
 const PER_VIEW: &[(&str, &str, &str, Get)] = &[
-    (names::EVENTS, "counter", "Row events received.", |v| {
-        v.stats.events_received as f64
-    }),
+    (
+        names::EVENTS,
+        "counter",
+        "Row events of the tables the view watches.",
+        |v| v.events as f64,
+    ),
     (
         names::SKIPPED,
         "counter",
@@ -428,6 +433,7 @@ mod tests {
             &[ViewStats {
                 name: "device\"totals".into(),
                 stats,
+                events: 10,
                 unscoped: 2,
                 quarantined: Vec::new(),
             }],

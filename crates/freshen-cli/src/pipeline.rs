@@ -99,6 +99,7 @@ impl Observe for Observer {
             .map(|(name, h, scope)| ViewStats {
                 name: name.clone(),
                 stats: h.stats(),
+                events: scope.events(),
                 unscoped: scope.unscoped(),
                 quarantined: h
                     .quarantined()

@@ -19,6 +19,8 @@ pub struct ViewScope {
     view: String,
     /// (schema, table, key columns); views watch a handful of tables, so a scan is fastest.
     tables: Vec<(String, String, Vec<String>)>,
+    /// Events of the tables this view watches (the source delivers every view's).
+    watched: AtomicU64,
     unscoped: AtomicU64,
     warned: Mutex<Vec<(String, String)>>,
 }
@@ -33,6 +35,7 @@ impl ViewScope {
                 .iter()
                 .map(|w| (w.schema.clone(), w.table.clone(), w.key.clone()))
                 .collect(),
+            watched: AtomicU64::new(0),
             unscoped: AtomicU64::new(0),
             warned: Mutex::new(Vec::new()),
         })
@@ -43,6 +46,11 @@ impl ViewScope {
         self.tables
             .iter()
             .any(|(s, t, _)| *s == table.schema && *t == table.name)
+    }
+
+    /// Events of the tables this view watches.
+    pub fn events(&self) -> u64 {
+        self.watched.load(Relaxed)
     }
 
     /// Events of watched tables that gave no key.
@@ -58,6 +66,9 @@ impl ViewScope {
             .iter()
             .find(|(s, t, _)| **s == *event.schema && **t == *event.table)
             .map(|(_, _, columns)| columns);
+        if columns.is_some() {
+            self.watched.fetch_add(1, Relaxed);
+        }
         let mut keys = columns
             .map(|c| event.scope_keys(c))
             .into_iter()
@@ -136,8 +147,11 @@ mod tests {
         );
         let other = RowEvent::new("public", "other", Op::Insert)
             .with_new(Row::from_pairs([("device", Value::from("d1"))]));
-        assert_eq!(s.keys(&other).count(), 0);
+        for _ in 0..24 {
+            assert_eq!(s.keys(&other).count(), 0);
+        }
         assert_eq!(s.unscoped(), 0, "unwatched tables are not unscoped");
+        assert_eq!(s.events(), 2, "only the watched tables' events count");
     }
 
     #[test]

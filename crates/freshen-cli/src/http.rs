@@ -64,6 +64,14 @@ pub struct ViewStatus {
     pub freshness_p50_ms: Option<f64>,
     /// Freshness-lag 99th percentile, milliseconds.
     pub freshness_p99_ms: Option<f64>,
+    /// Freshness-lag median over the last minute, milliseconds (`None`: nothing rebuilt
+    /// in it). Lifetime figures are dominated by the start-up sweep; these move with
+    /// live changes.
+    #[serde(default)]
+    pub recent_p50_ms: Option<f64>,
+    /// Freshness-lag 99th percentile over the last minute, milliseconds.
+    #[serde(default)]
+    pub recent_p99_ms: Option<f64>,
     /// Seconds since the last rebuild.
     pub last_rebuild_age_s: Option<f64>,
     /// Failed rebuilds that were not the key's fault (outages, timeouts).
@@ -130,6 +138,8 @@ impl From<&ViewStats> for ViewStatus {
             unacked_batches: s.unacked_batches,
             freshness_p50_ms: ms(s.freshness.p50()),
             freshness_p99_ms: ms(s.freshness.p99()),
+            recent_p50_ms: ms(v.recent.as_ref().and_then(|h| h.p50())),
+            recent_p99_ms: ms(v.recent.as_ref().and_then(|h| h.p99())),
             last_rebuild_age_s: age(s.last_rebuild),
             path_failures: s.path_failures,
             stalled_for_s: age(s.stalled_since),

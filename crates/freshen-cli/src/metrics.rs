@@ -115,6 +115,8 @@ pub struct ViewStats {
     pub stats: Stats,
     /// Row events of the tables this view watches.
     pub events: u64,
+    /// Freshness over the last minute (see [`crate::pipeline::RECENT`]).
+    pub recent: Option<freshen::HistogramSnapshot>,
     /// Changes that could not be scoped (see [`names::UNSCOPED`]).
     pub unscoped: u64,
     /// Quarantined keys (at most [`QUARANTINE_SHOWN`]).
@@ -434,6 +436,7 @@ mod tests {
                 name: "device\"totals".into(),
                 stats,
                 events: 10,
+                recent: None,
                 unscoped: 2,
                 quarantined: Vec::new(),
             }],

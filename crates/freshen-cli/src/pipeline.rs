@@ -19,8 +19,12 @@ use crate::metrics::{SourceStatus, ViewStats};
 use crate::scope::ViewScope;
 use crate::target::{Target, ViewPool};
 
-/// How often the slot's lag is sampled from the server.
+/// How often the slot's lag is sampled from the server (and the views' freshness, for
+/// the recent window).
 const LAG_SAMPLE: Duration = Duration::from_secs(5);
+
+/// The window of the recent freshness figures.
+pub const RECENT: Duration = Duration::from_secs(60);
 
 /// A sink's run, started with its branch of the source and the shutdown signal.
 type SinkRun = Box<
@@ -77,6 +81,10 @@ pub struct Observer {
     views: Vec<(String, freshen::Handle, Arc<ViewScope>)>,
     source: Arc<dyn SourceProbe>,
     running: AtomicBool,
+    /// Per view, freshness snapshots of the last [`RECENT`] (oldest first).
+    windows: std::sync::Mutex<
+        Vec<std::collections::VecDeque<(std::time::Instant, freshen::HistogramSnapshot)>>,
+    >,
 }
 
 impl std::fmt::Debug for Observer {
@@ -86,6 +94,30 @@ impl std::fmt::Debug for Observer {
 }
 
 impl Observer {
+    /// Records each view's freshness now, keeping what the recent window needs.
+    fn sample_windows(&self) {
+        let now = std::time::Instant::now();
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        for ((_, h, _), w) in self.views.iter().zip(windows.iter_mut()) {
+            w.push_back((now, h.stats().freshness));
+            // Keep one snapshot at or before the window's start.
+            while w.len() > 2 && w[1].0 + RECENT <= now {
+                w.pop_front();
+            }
+        }
+    }
+
+    /// Each view's freshness since the oldest snapshot of the window.
+    fn recent(
+        &self,
+        i: usize,
+        now: &freshen::HistogramSnapshot,
+    ) -> Option<freshen::HistogramSnapshot> {
+        let windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, oldest) = windows.get(i)?.front()?;
+        Some(now.since(oldest))
+    }
+
     /// The source's health handle.
     pub fn source_probe(&self) -> Arc<dyn SourceProbe> {
         self.source.clone()
@@ -96,16 +128,21 @@ impl Observe for Observer {
     fn views(&self) -> Vec<ViewStats> {
         self.views
             .iter()
-            .map(|(name, h, scope)| ViewStats {
-                name: name.clone(),
-                stats: h.stats(),
-                events: scope.events(),
-                unscoped: scope.unscoped(),
-                quarantined: h
-                    .quarantined()
-                    .into_iter()
-                    .take(crate::metrics::QUARANTINE_SHOWN)
-                    .collect(),
+            .enumerate()
+            .map(|(i, (name, h, scope))| {
+                let stats = h.stats();
+                ViewStats {
+                    name: name.clone(),
+                    recent: self.recent(i, &stats.freshness),
+                    stats,
+                    events: scope.events(),
+                    unscoped: scope.unscoped(),
+                    quarantined: h
+                        .quarantined()
+                        .into_iter()
+                        .take(crate::metrics::QUARANTINE_SHOWN)
+                        .collect(),
+                }
             })
             .collect()
     }
@@ -258,6 +295,7 @@ impl Pipeline {
                 .collect(),
             source: probe,
             running: AtomicBool::new(true),
+            windows: std::sync::Mutex::new(vec![std::collections::VecDeque::new(); views.len()]),
         });
         Ok(Pipeline {
             views,
@@ -310,11 +348,12 @@ impl Pipeline {
                 ("changefeed".to_string(), r.map(|_| ()).map_err(Into::into))
             });
         }
-        let probe = self.observer.source.clone();
+        let observer = self.observer.clone();
         let mut lag_rx = stop_rx.clone();
         let sampler = tokio::spawn(async move {
             loop {
-                probe.sample().await;
+                observer.sample_windows();
+                observer.source.sample().await;
                 tokio::select! {
                     _ = tokio::time::sleep(LAG_SAMPLE) => {}
                     _ = lag_rx.wait_for(|s| *s) => break,

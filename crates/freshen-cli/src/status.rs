@@ -71,12 +71,20 @@ pub fn render(s: &Status) -> String {
         out.push_str(&format!("last error: {e}\n"));
     }
     out.push_str(&format!(
-        "\n{:<24} {:>10} {:>10} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
-        "view", "events", "rebuilds", "failed", "dirty", "poisoned", "p50 ms", "p99 ms"
+        "\n{:<24} {:>10} {:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10}\n",
+        "view",
+        "events",
+        "rebuilds",
+        "failed",
+        "dirty",
+        "poisoned",
+        "p50 ms",
+        "p99 ms",
+        "1m p99 ms"
     ));
     for v in &s.views {
         out.push_str(&format!(
-            "{:<24} {:>10} {:>10} {:>8} {:>8} {:>8} {:>10} {:>10}\n",
+            "{:<24} {:>10} {:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10}\n",
             v.name,
             v.events,
             v.rebuilds_ok,
@@ -85,6 +93,7 @@ pub fn render(s: &Status) -> String {
             v.poisoned,
             opt(v.freshness_p50_ms.map(|m| format!("{m:.1}"))),
             opt(v.freshness_p99_ms.map(|m| format!("{m:.1}"))),
+            opt(v.recent_p99_ms.map(|m| format!("{m:.1}"))),
         ));
     }
     out

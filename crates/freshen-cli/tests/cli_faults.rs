@@ -448,6 +448,16 @@ async fn a_locked_derived_table_stalls_only_its_own_view() {
     locker.batch_execute("ROLLBACK").await.unwrap();
     wait_equal(&c, Duration::from_secs(30)).await;
     wait_http(&base, "/healthz", 200, Duration::from_secs(15)).await;
+    // The recent window shows the stall the lifetime median hides.
+    let s = wait_status(&base, "a recent freshness", Duration::from_secs(15), |s| {
+        s.views.iter().all(|v| v.recent_p99_ms.is_some())
+    })
+    .await;
+    let d = s.views.iter().find(|v| v.name == "device_totals").unwrap();
+    assert!(
+        d.recent_p99_ms.unwrap() >= 300.0,
+        "rebuilds waited out at least one statement_timeout: {d:?}"
+    );
     run.kill().unwrap();
     run.wait().unwrap();
     let log = log_of(dir.path(), 1);

@@ -109,6 +109,22 @@ impl HistogramSnapshot {
         Some(self.max())
     }
 
+    /// What was recorded after `earlier` (a snapshot of the same histogram taken
+    /// before): the distribution of a recent window. Its maximum is the lifetime one,
+    /// an upper bound (quantiles never exceed it).
+    pub fn since(&self, earlier: &HistogramSnapshot) -> HistogramSnapshot {
+        HistogramSnapshot {
+            counts: self
+                .counts
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| n.saturating_sub(earlier.counts.get(i).copied().unwrap_or(0)))
+                .collect(),
+            sum_us: self.sum_us.saturating_sub(earlier.sum_us),
+            max_us: self.max_us,
+        }
+    }
+
     /// Median.
     pub fn p50(&self) -> Option<Duration> {
         self.quantile(0.5)
@@ -150,6 +166,27 @@ mod tests {
             assert_eq!(bucket_of(lower_bound(b + 1) - 1), b);
         }
         assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn a_window_holds_only_what_came_after_the_earlier_snapshot() {
+        let h = Histogram::new();
+        for _ in 0..1000 {
+            h.record(Duration::from_secs(5)); // a start-up sweep's slow rebuilds
+        }
+        let before = h.snapshot();
+        for _ in 0..10 {
+            h.record(Duration::from_millis(20));
+        }
+        let recent = h.snapshot().since(&before);
+        assert_eq!(recent.count(), 10);
+        let p99 = recent.p99().unwrap();
+        assert!(p99 <= Duration::from_millis(22), "{p99:?}");
+        assert!(
+            h.snapshot().p50().unwrap() >= Duration::from_secs(4),
+            "lifetime"
+        );
+        assert_eq!(recent.sum(), Duration::from_millis(200));
     }
 
     #[test]

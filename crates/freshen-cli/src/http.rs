@@ -74,6 +74,10 @@ pub struct ViewStatus {
     pub recent_p99_ms: Option<f64>,
     /// Seconds since the last rebuild.
     pub last_rebuild_age_s: Option<f64>,
+    /// Seconds the longest-waiting change has waited for its rebuild (`None`: nothing
+    /// waits).
+    #[serde(default)]
+    pub oldest_waiting_s: Option<f64>,
     /// Failed rebuilds that were not the key's fault (outages, timeouts).
     #[serde(default)]
     pub path_failures: u64,
@@ -141,6 +145,7 @@ impl From<&ViewStats> for ViewStatus {
             recent_p50_ms: ms(v.recent.as_ref().and_then(|h| h.p50())),
             recent_p99_ms: ms(v.recent.as_ref().and_then(|h| h.p99())),
             last_rebuild_age_s: age(s.last_rebuild),
+            oldest_waiting_s: age(s.oldest_waiting),
             path_failures: s.path_failures,
             stalled_for_s: age(s.stalled_since),
             stall_error: s.stall.as_ref().map(|(_, e)| freshen::redact_text(e)),

@@ -115,6 +115,8 @@ pub struct ViewStats {
     pub stats: Stats,
     /// Row events of the tables this view watches.
     pub events: u64,
+    /// A change waiting longer than this makes the view unhealthy (`stale_after`).
+    pub stale_after: Option<std::time::Duration>,
     /// Freshness over the last minute (see [`crate::pipeline::RECENT`]).
     pub recent: Option<freshen::HistogramSnapshot>,
     /// Changes that could not be scoped (see [`names::UNSCOPED`]).
@@ -127,10 +129,24 @@ pub struct ViewStats {
 pub const QUARANTINE_SHOWN: usize = 20;
 
 impl ViewStats {
-    /// Why this view is unhealthy, if it is: rebuilds stalled by an outage, or keys
-    /// quarantined while holding their transactions unconfirmed.
+    /// Why this view is unhealthy, if it is: rebuilds stalled by an outage, a change
+    /// waiting longer than `stale_after`, or keys quarantined while holding their
+    /// transactions unconfirmed.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
+        if let (Some(bound), Some(since)) = (self.stale_after, self.stats.oldest_waiting) {
+            let age = SystemTime::now().duration_since(since).unwrap_or_default();
+            if age > bound {
+                out.push(format!(
+                    "view {}: a change has waited {:.0}s for its rebuild (stale_after is {:.0}s; {} key(s) waiting, {} rebuilding)",
+                    self.name,
+                    age.as_secs_f64(),
+                    bound.as_secs_f64(),
+                    self.stats.dirty,
+                    self.stats.in_flight
+                ));
+            }
+        }
         if let (Some(since), Some((retry, error))) = (self.stats.stalled_since, &self.stats.stall) {
             let age = SystemTime::now().duration_since(since).unwrap_or_default();
             let what = match retry {
@@ -425,6 +441,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_change_waiting_past_stale_after_makes_the_view_unhealthy() {
+        let mut stats = Stats::default();
+        stats.oldest_waiting = Some(SystemTime::now() - std::time::Duration::from_secs(20));
+        stats.dirty = 3;
+        let mut v = ViewStats {
+            name: "totals".into(),
+            stats,
+            events: 0,
+            stale_after: Some(std::time::Duration::from_secs(10)),
+            recent: None,
+            unscoped: 0,
+            quarantined: Vec::new(),
+        };
+        let p = v.problems();
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].contains("view totals") && p[0].contains("3 key(s) waiting"),
+            "{p:?}"
+        );
+        v.stale_after = Some(std::time::Duration::from_secs(60));
+        assert!(v.problems().is_empty());
+        v.stale_after = None;
+        assert!(v.problems().is_empty(), "\"0s\" turns the bound off");
+    }
+
+    #[test]
     fn renders_counters_gauges_and_a_histogram_per_view() {
         let mut stats = Stats::default();
         stats.events_received = 10;
@@ -436,6 +478,7 @@ mod tests {
                 name: "device\"totals".into(),
                 stats,
                 events: 10,
+                stale_after: None,
                 recent: None,
                 unscoped: 2,
                 quarantined: Vec::new(),

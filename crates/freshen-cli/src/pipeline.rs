@@ -50,6 +50,7 @@ fn sink_run(sink: &Sink) -> anyhow::Result<SinkRun> {
 
 struct ViewRun {
     name: String,
+    stale_after: Option<Duration>,
     refresher: Refresher,
     scope: Arc<ViewScope>,
 }
@@ -78,7 +79,9 @@ impl std::fmt::Debug for Pipeline {
 
 /// The views' handles and the source's health, for `/metrics`, `/status` and the demo.
 pub struct Observer {
-    views: Vec<(String, freshen::Handle, Arc<ViewScope>)>,
+    /// Per view: name, handle, scope, and how long a change may wait before the view
+    /// counts as stale.
+    views: Vec<(String, freshen::Handle, Arc<ViewScope>, Option<Duration>)>,
     source: Arc<dyn SourceProbe>,
     running: AtomicBool,
     /// Per view, freshness snapshots of the last [`RECENT`] (oldest first).
@@ -98,7 +101,7 @@ impl Observer {
     fn sample_windows(&self) {
         let now = std::time::Instant::now();
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        for ((_, h, _), w) in self.views.iter().zip(windows.iter_mut()) {
+        for ((_, h, _, _), w) in self.views.iter().zip(windows.iter_mut()) {
             w.push_back((now, h.stats().freshness));
             // Keep one snapshot at or before the window's start.
             while w.len() > 2 && w[1].0 + RECENT <= now {
@@ -129,13 +132,14 @@ impl Observe for Observer {
         self.views
             .iter()
             .enumerate()
-            .map(|(i, (name, h, scope))| {
+            .map(|(i, (name, h, scope, stale_after))| {
                 let stats = h.stats();
                 ViewStats {
                     name: name.clone(),
                     recent: self.recent(i, &stats.freshness),
                     stats,
                     events: scope.events(),
+                    stale_after: *stale_after,
                     unscoped: scope.unscoped(),
                     quarantined: h
                         .quarantined()
@@ -172,8 +176,8 @@ impl Observe for Observer {
                         let views: Vec<&str> = self
                             .views
                             .iter()
-                            .filter(|(_, _, scope)| scope.watches(&t))
-                            .map(|(n, _, _)| n.as_str())
+                            .filter(|(_, _, scope, _)| scope.watches(&t))
+                            .map(|(n, _, _, _)| n.as_str())
                             .collect();
                         format!("{} (views: {})", p.message, views.join(", "))
                     }
@@ -228,6 +232,7 @@ fn refresher(
         .map_err(|e| anyhow::anyhow!("view {}: {e}", view.name))?;
     Ok(ViewRun {
         name: view.name.clone(),
+        stale_after: view.timing.stale_after,
         refresher,
         scope,
     })
@@ -291,7 +296,14 @@ impl Pipeline {
         let observer = Arc::new(Observer {
             views: views
                 .iter()
-                .map(|v| (v.name.clone(), v.refresher.handle(), v.scope.clone()))
+                .map(|v| {
+                    (
+                        v.name.clone(),
+                        v.refresher.handle(),
+                        v.scope.clone(),
+                        v.stale_after,
+                    )
+                })
                 .collect(),
             source: probe,
             running: AtomicBool::new(true),

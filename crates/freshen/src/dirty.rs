@@ -543,6 +543,26 @@ impl DirtySet {
             .filter_map(|s| s.key.as_ref())
     }
 
+    /// When the longest-waiting change still unrebuilt dirtied its key: the first mark
+    /// of the oldest dirty, retrying or re-marked key (`None` when nothing waits).
+    /// A scan of every slot: call it seldom (a status sample), not per event.
+    pub fn oldest_waiting(&self) -> Option<Instant> {
+        if self.queued == 0 {
+            return None;
+        }
+        self.slots
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.state,
+                    State::Dirty | State::Backoff | State::RunningRedirty
+                ) && s.key.is_some()
+            })
+            .map(|s| s.first)
+            .min()
+            .map(|ns| self.instant(ns))
+    }
+
     /// Keys waiting to be rebuilt (dirty or waiting to retry).
     pub fn queued(&self) -> usize {
         self.queued
@@ -575,6 +595,35 @@ impl DirtySet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oldest_waiting_key_is_the_first_marked_still_unrebuilt() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut set = DirtySet::new(
+            DirtyConfig {
+                coalesce: ms(10),
+                max_wait: ms(100),
+                ..Default::default()
+            },
+            t0,
+        );
+        assert_eq!(set.oldest_waiting(), None);
+        set.mark(&Key::from("a"), t0 + ms(1));
+        set.mark(&Key::from("b"), t0 + ms(5));
+        set.mark(&Key::from("a"), t0 + ms(8));
+        assert_eq!(set.oldest_waiting(), Some(t0 + ms(1)));
+        // b's quiet period ends first (a was marked again at 8 ms).
+        let first = set.pop_ready(t0 + ms(16)).unwrap();
+        assert_eq!(first.key, Key::from("b"));
+        assert_eq!(set.oldest_waiting(), Some(t0 + ms(1)), "a still waits");
+        set.complete(&first.key, Outcome::Rebuilt, t0 + ms(17));
+        let second = set.pop_ready(t0 + ms(20)).unwrap();
+        assert_eq!(second.key, Key::from("a"));
+        assert_eq!(set.oldest_waiting(), None, "a running key is not waiting");
+        set.complete(&second.key, Outcome::Rebuilt, t0 + ms(21));
+        assert_eq!(set.oldest_waiting(), None);
+    }
 
     const MS: Duration = Duration::from_millis(1);
 

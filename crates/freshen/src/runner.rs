@@ -99,7 +99,12 @@ struct Stall {
     since: std::time::Instant,
 }
 
+/// How often the oldest waiting change is looked up for [`Stats`](crate::Stats).
+const OLDEST_SAMPLE: Duration = Duration::from_secs(1);
+
 pub(crate) struct Runner {
+    /// When the oldest waiting change was last looked up.
+    oldest_sampled: Option<Instant>,
     /// Keys the running sweep listed so far, and when it began (for its report).
     sweep_listed: u64,
     sweep_began: Option<Instant>,
@@ -143,6 +148,7 @@ impl Runner {
             workers: p.workers,
             sweeper: Sweeper::new(p.reconcile, now),
             sweep_listed: 0,
+            oldest_sampled: None,
             sweep_began: None,
             report: p.report,
             grace: p.grace,
@@ -712,8 +718,17 @@ impl Runner {
         Recorder::add(&self.shared.stats.batches_acked, n);
     }
 
-    fn publish_gauges(&self) {
+    fn publish_gauges(&mut self) {
         let st = &self.shared.stats;
+        // The oldest waiting change takes a scan of every key: once a second at most.
+        // (Nothing waiting is known at once: a stale reading must not outlive it.)
+        let now = Instant::now();
+        if self.dirty.queued() == 0 {
+            st.set_oldest_waiting(None);
+        } else if self.oldest_sampled.is_none_or(|t| now >= t + OLDEST_SAMPLE) {
+            self.oldest_sampled = Some(now);
+            st.set_oldest_waiting(self.dirty.oldest_waiting());
+        }
         Recorder::set(&st.dirty, self.dirty.queued() as u64);
         Recorder::set(&st.in_flight, self.dirty.running() as u64);
         Recorder::set(&st.poisoned, self.dirty.poisoned() as u64);

@@ -66,6 +66,9 @@ pub struct Stats {
     pub last_event: Option<SystemTime>,
     /// When the last rebuild succeeded.
     pub last_rebuild: Option<SystemTime>,
+    /// When the change that has waited longest for its rebuild dirtied its key
+    /// (sampled about once a second). `None` when nothing waits.
+    pub oldest_waiting: Option<SystemTime>,
     /// Since when rebuilds fail for a reason that is not the key's (an outage): no
     /// rebuild has succeeded since. `None` when the way to the database works.
     pub stalled_since: Option<SystemTime>,
@@ -109,6 +112,8 @@ pub(crate) struct Recorder {
     /// activity it records); 0 = never.
     pub(crate) last_event_ns: AtomicU64,
     pub(crate) last_rebuild_ns: AtomicU64,
+    /// Nanoseconds since the Unix epoch of the oldest waiting change; 0 = none.
+    pub(crate) oldest_waiting_ns: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) freshness: Histogram,
     /// Rarely written: on a failure, on a stall's start and end.
@@ -160,6 +165,7 @@ impl Recorder {
             unacked_batches: z(),
             last_event_ns: z(),
             last_rebuild_ns: z(),
+            oldest_waiting_ns: z(),
             wakeups: z(),
             freshness: Histogram::new(),
             trouble: Mutex::new(Trouble::default()),
@@ -176,6 +182,18 @@ impl Recorder {
 
     pub(crate) fn touch_event(&self) {
         self.last_event_ns.store(now_ns(), Relaxed);
+    }
+
+    /// Records the oldest waiting change's first mark (a monotonic instant, stored as
+    /// wall-clock time for readers).
+    pub(crate) fn set_oldest_waiting(&self, at: Option<std::time::Instant>) {
+        let ns = at.map_or(0, |t| {
+            let wall = SystemTime::now() - t.elapsed();
+            wall.duration_since(UNIX_EPOCH).map_or(1, |d| {
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+            })
+        });
+        self.oldest_waiting_ns.store(ns, Relaxed);
     }
 
     pub(crate) fn touch_rebuild(&self) {
@@ -219,6 +237,7 @@ impl Recorder {
             unacked_batches: g(&self.unacked_batches),
             last_event: time_of(g(&self.last_event_ns)),
             last_rebuild: time_of(g(&self.last_rebuild_ns)),
+            oldest_waiting: time_of(g(&self.oldest_waiting_ns)),
             stalled_since: trouble.stalled_since,
             stall: trouble.stall,
             last_error: trouble.last_error,

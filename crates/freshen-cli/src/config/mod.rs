@@ -55,6 +55,9 @@ pub struct Timing {
     /// The target cancels a rebuild statement running longer than this (a failure of
     /// the path: retried with backoff, never a quarantine); `None` when `"0s"`.
     pub statement_timeout: Option<Duration>,
+    /// A change waiting longer than this for its rebuild makes `/healthz` unhealthy
+    /// naming the view; `None` when `"0s"`.
+    pub stale_after: Option<Duration>,
 }
 
 impl Default for Timing {
@@ -69,6 +72,7 @@ impl Default for Timing {
             shutdown_grace: Duration::from_secs(10),
             release_quarantined_after: None,
             statement_timeout: Some(Duration::from_secs(30)),
+            stale_after: Some(Duration::from_secs(600)),
         }
     }
 }
@@ -240,6 +244,7 @@ const TIMING: &[&str] = &[
     "shutdown_grace",
     "release_quarantined_after",
     "statement_timeout",
+    "stale_after",
 ];
 const VIEW: &[&str] = &[
     "name",
@@ -256,6 +261,7 @@ const VIEW: &[&str] = &[
     "shutdown_grace",
     "release_quarantined_after",
     "statement_timeout",
+    "stale_after",
 ];
 
 /// Reads and validates `path`, expanding `${VAR}` from the process environment.
@@ -549,6 +555,9 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
     }
     if let Some(d) = r.duration(t, "statement_timeout") {
         out.statement_timeout = (!d.value.is_zero()).then_some(d.value);
+    }
+    if let Some(d) = r.duration(t, "stale_after") {
+        out.stale_after = (!d.value.is_zero()).then_some(d.value);
     }
     let path = format!(
         "{}{}backoff",

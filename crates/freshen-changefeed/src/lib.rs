@@ -131,13 +131,14 @@ mod log;
 mod metrics;
 mod record;
 mod retention;
+mod snapshot;
 mod store;
 mod writer;
 
 pub use capture::{CaptureError, CaptureReport};
 pub use config::{
     ChangefeedConfig, Durability, GroupDefaults, HttpConfig, Keep, RetentionConfig, Scope,
-    TokenConfig, Unacknowledged,
+    SnapshotMode, TokenConfig, Unacknowledged,
 };
 pub use error::Error;
 pub use filter::Filter;
@@ -145,4 +146,5 @@ pub use groups::{Gap, GroupInfo, GroupSpec, Start};
 pub use http::{AppState, ServeError, app, serve};
 pub use identity::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
 pub use log::{Changefeed, Event, Stats};
+pub use snapshot::{SnapshotProgress, SnapshotSource, SnapshotState};
 pub use writer::AppendOutcome;

@@ -102,7 +102,7 @@ impl Core {
         }
     }
 
-    fn submit(&self, request: Request) -> Result<(), Error> {
+    pub(crate) fn submit(&self, request: Request) -> Result<(), Error> {
         let requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         match requests.as_ref() {
             Some(tx) => tx.send(request).map_err(|_| self.closed_error()),
@@ -247,6 +247,8 @@ pub(crate) async fn newer_than(rx: &mut watch::Receiver<u64>, after: u64) {
 pub struct Changefeed {
     pub(crate) core: Arc<Core>,
     pub(crate) groups: Arc<Groups>,
+    /// Snapshot progress, the chunk in flight, the driver's tables.
+    pub(crate) snapshots: Arc<crate::snapshot::Snapshots>,
     /// The latest-per-key index is kept: unchanged values can be filled in.
     key_index: bool,
 }
@@ -274,6 +276,13 @@ impl Changefeed {
             .await
             .map_err(|e| Error::Invalid(format!("opening the store panicked: {e}")))??;
         let db = Arc::new(db);
+        let stored = store::snapshots(&db)?;
+        let snapshots = Arc::new(crate::snapshot::Snapshots::new(
+            config.snapshot,
+            config.snapshot_chunk_rows,
+            Duration::from_millis(config.snapshot_pause_ms),
+            stored,
+        ));
         let published = Arc::new(Published {
             latest: watch::Sender::new(state.last),
             oldest: AtomicU64::new(state.oldest),
@@ -302,6 +311,7 @@ impl Changefeed {
         let cf = Changefeed {
             core,
             groups,
+            snapshots,
             key_index: config.key_index,
         };
         crate::retention::spawn(&cf, config.retention.clone());

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use freshen::{BoxError, Op, RowEvent, Tx};
+use freshen::{BoxError, Op, RowEvent, StreamMark, Tx};
 
 use crate::pgoutput::{self, Message, OldImage};
 use crate::rows::{Relations, Table};
@@ -19,6 +19,8 @@ use crate::xid::{XidClock, pg_time};
 pub(crate) struct Output {
     pub(crate) events: Vec<RowEvent>,
     pub(crate) skipped: Vec<BoxError>,
+    /// Logical decoding messages among the events, in stream order.
+    pub(crate) marks: Vec<StreamMark>,
     /// The `end_lsn` of the last commit in the batch: acknowledging the batch confirms
     /// this position.
     pub(crate) commit_end: Option<u64>,
@@ -52,9 +54,14 @@ pub(crate) struct Assembler {
     tx: Option<OpenTx>,
     events: Vec<RowEvent>,
     skipped: Vec<BoxError>,
+    marks: Vec<StreamMark>,
     commit_end: Option<u64>,
     first_commit: Option<SystemTime>,
 }
+
+/// The most bytes of a logical decoding message's content handed over: markers are
+/// small, and a huge message written by someone else must not grow a batch unboundedly.
+pub(crate) const MAX_MARK_BYTES: usize = 64 * 1024;
 
 impl Assembler {
     pub(crate) fn new(relations: Relations, xids: XidClock, batch_size: usize) -> Assembler {
@@ -65,6 +72,7 @@ impl Assembler {
             tx: None,
             events: Vec::with_capacity(batch_size.clamp(1, 4096)),
             skipped: Vec::new(),
+            marks: Vec::new(),
             commit_end: None,
             first_commit: None,
         }
@@ -79,6 +87,7 @@ impl Assembler {
         self.tx = None;
         self.events.clear();
         self.skipped.clear();
+        self.marks.clear();
         self.commit_end = None;
         self.first_commit = None;
     }
@@ -90,7 +99,7 @@ impl Assembler {
 
     /// Whether anything is waiting in the batch under construction.
     pub(crate) fn has_output(&self) -> bool {
-        !self.events.is_empty() || !self.skipped.is_empty()
+        !self.events.is_empty() || !self.skipped.is_empty() || !self.marks.is_empty()
     }
 
     /// Closes the batch under construction, if it holds anything.
@@ -105,6 +114,7 @@ impl Assembler {
         Some(Output {
             events,
             skipped: std::mem::take(&mut self.skipped),
+            marks: std::mem::take(&mut self.marks),
             commit_end: self.commit_end.take(),
             first_commit: self.first_commit.take(),
         })
@@ -130,6 +140,17 @@ impl Assembler {
         } else {
             Committed::Empty(end_lsn)
         }
+    }
+
+    /// A logical decoding message (`pg_logical_emit_message`), kept in stream order
+    /// among the events. Its content is cut at [`MAX_MARK_BYTES`].
+    pub(crate) fn mark(&mut self, prefix: &str, content: &[u8], lsn: u64) {
+        self.marks.push(StreamMark {
+            at: self.events.len(),
+            prefix: prefix.into(),
+            content: content[..content.len().min(MAX_MARK_BYTES)].into(),
+            position: lsn,
+        });
     }
 
     /// Decodes one change message. Returns a full batch to hand over first when the

@@ -18,6 +18,10 @@
 //!   typed parameters, after checking the snapshot sees every transaction that dirtied
 //!   the key.
 //! - [`SqlEnumerate`]: a [`freshen::Enumerate`] that streams keys from a query.
+//! - [`TableReader`], [`write_watermark`]: a table's rows in primary-key chunks with
+//!   the snapshot each was read under, and watermarks written into the WAL, for
+//!   snapshots interleaved with the stream (the changefeed's DBLog snapshots). The
+//!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
 //!
 //! # Example
 //!
@@ -77,6 +81,7 @@ mod quote;
 mod reader;
 mod rebuild;
 mod rows;
+mod snapshot;
 mod source;
 mod tls;
 mod xid;
@@ -97,4 +102,5 @@ pub use pgoutput::DecodeError;
 pub use pool::connect_pool;
 pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility};
+pub use snapshot::{Chunk, TableReader, WATERMARK_PREFIX, XidSnapshot, write_watermark};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};

@@ -64,6 +64,7 @@ pub fn fanout(source: impl Source, branches: usize) -> Vec<Branch> {
 }
 
 fn split(batch: Batch, n: usize) -> Vec<Batch> {
+    let marks = batch.marks().to_vec();
     let (events, skipped, ack) = batch.into_parts();
     let remaining = Arc::new(AtomicUsize::new(n));
     let upstream = Arc::new(Mutex::new(Some(ack)));
@@ -79,11 +80,10 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
                     }
                 }
             });
-            skipped
-                .iter()
-                .fold(Batch::shared(events.clone(), ack), |b, e| {
-                    b.with_skipped(e.to_string())
-                })
+            skipped.iter().fold(
+                Batch::shared(events.clone(), ack).with_marks(marks.clone()),
+                |b, e| b.with_skipped(e.to_string()),
+            )
         })
         .collect()
 }

@@ -40,6 +40,8 @@ pub struct Pipeline {
     views: Vec<ViewRun>,
     sinks: Vec<(KafkaSink, Branch)>,
     changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
+    /// Where the changefeed's snapshots read from (a PostgreSQL source only).
+    snapshots: Option<freshen_changefeed::SnapshotSource>,
     observer: Arc<Observer>,
 }
 
@@ -349,6 +351,23 @@ impl Pipeline {
             .into_iter()
             .map(|s| (s, branches.next().expect("one branch per consumer")))
             .collect();
+        let snapshots = match (&cfg.source, &cfg.changefeed) {
+            (Source::Postgres(pg), Some(_)) => {
+                let conn = connection(pg.url.expose(), "source")?;
+                let pool = freshen_postgres::connect_pool(&conn, 1)
+                    .context("cannot set up the snapshot connection")?;
+                let tables = cfg
+                    .watched_tables()
+                    .into_iter()
+                    .map(|(schema, table)| freshen_postgres::TableName::new(schema, table))
+                    .collect();
+                Some(freshen_changefeed::SnapshotSource::new(pool, tables))
+            }
+            (_, Some(c)) if c.snapshot != freshen_changefeed::SnapshotMode::Never => {
+                anyhow::bail!("changefeed.snapshot: snapshots read from a PostgreSQL source");
+            }
+            _ => None,
+        };
         let changefeed = changefeed.map(|(cf, listener, state)| {
             let branch = branches.next().expect("one branch per consumer");
             (cf, branch, listener, state)
@@ -366,6 +385,7 @@ impl Pipeline {
             views,
             sinks,
             changefeed,
+            snapshots,
             observer,
         })
     }
@@ -406,6 +426,14 @@ impl Pipeline {
                 let r = freshen_changefeed::serve(listener, state, stop).await;
                 ("changefeed http".to_string(), r.map_err(Into::into))
             });
+            if let Some(source) = self.snapshots {
+                let stop = stopped(stop_rx.clone());
+                let cf = cf.clone();
+                tasks.spawn(async move {
+                    let r = cf.run_snapshots(source, stop).await;
+                    ("changefeed snapshots".to_string(), r.map_err(Into::into))
+                });
+            }
             let stop = stopped(stop_rx.clone());
             tasks.spawn(async move {
                 let r = cf.capture(branch, stop).await;

@@ -303,6 +303,35 @@ mod tests {
     }
 
     #[test]
+    fn marks_keep_their_place_among_the_rows_and_hold_the_commit() {
+        let mut a = asm(10);
+        a.begin(500, 90, 0);
+        a.change(&insert(1, &[Some(Some("1")), Some(Some("a")), None]));
+        a.mark("freshen.watermark", b"w1", 505);
+        a.change(&insert(1, &[Some(Some("2")), Some(Some("b")), None]));
+        assert_eq!(a.commit(520), Committed::InBatch);
+        let out = a.take().unwrap();
+        assert_eq!(out.commit_end, Some(520));
+        assert_eq!(out.marks.len(), 1);
+        let m = &out.marks[0];
+        assert_eq!(
+            (m.at, &*m.prefix, &*m.content, m.position),
+            (1, "freshen.watermark", &b"w1"[..], 505)
+        );
+        // A transaction holding only a mark is not empty: its batch carries the commit.
+        a.begin(600, 91, 0);
+        a.mark("freshen.watermark", &vec![b'x'; MAX_MARK_BYTES + 10], 605);
+        assert_eq!(a.commit(620), Committed::InBatch);
+        let out = a.take().unwrap();
+        assert!(out.events.is_empty());
+        assert_eq!(
+            out.marks[0].content.len(),
+            MAX_MARK_BYTES,
+            "cut, not unbounded"
+        );
+    }
+
+    #[test]
     fn events_carry_transaction_metadata() {
         let mut a = asm(10);
         a.begin(500, 90, 0);

@@ -148,3 +148,28 @@ impl Source for Branch {
         Box::pin(async {})
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StreamMark;
+
+    #[tokio::test]
+    async fn every_branch_gets_the_stream_marks() {
+        let (feed, source) = crate::channel(2);
+        let mut branches = fanout(source, 2);
+        let mark = StreamMark {
+            at: 0,
+            prefix: "p".into(),
+            content: b"c"[..].into(),
+            position: 9,
+        };
+        feed.send(Batch::new(Vec::new(), Ack::none()).with_marks(vec![mark.clone()]))
+            .await
+            .unwrap();
+        for b in &mut branches {
+            let got = b.next_batch().await.unwrap().unwrap();
+            assert_eq!(got.marks(), [mark.clone()]);
+        }
+    }
+}

@@ -64,6 +64,8 @@ impl writer::Publish for Arc<Published> {
         metrics::add(&self.metrics.filled, t.filled);
         metrics::add(&self.metrics.partial, t.partial);
         metrics::add(&self.metrics.compacted, t.compacted);
+        metrics::add(&self.metrics.snapshot_rows, t.snapshot_rows);
+        metrics::add(&self.metrics.snapshot_dropped, t.snapshot_dropped);
         self.latest.send_if_modified(|l| {
             let changed = *l != s.last;
             *l = s.last;

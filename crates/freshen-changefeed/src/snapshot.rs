@@ -122,6 +122,12 @@ impl SnapshotProgress {
     }
 }
 
+/// The high watermark's content for chunk `id` (the low one says `low`: the writer
+/// needs only its position, and it must not end the chunk).
+fn high_mark(id: &str) -> String {
+    format!("{id} high")
+}
+
 fn store_key(schema: &str, table: &str) -> String {
     format!("{schema}\0{table}")
 }
@@ -220,7 +226,7 @@ impl Snapshots {
     fn take_at(&self, mark: &StreamMark) -> Option<InFlight> {
         let mut g = self.lock_in_flight();
         if g.as_ref()
-            .is_some_and(|f| f.id.as_bytes() == &*mark.content)
+            .is_some_and(|f| high_mark(&f.id).as_bytes() == &*mark.content)
         {
             g.take()
         } else {
@@ -426,6 +432,7 @@ impl Changefeed {
                 Err(ChunkError::Source(e)) => {
                     tracing::warn!(error = %e, "changefeed snapshot: reading the source failed; retrying");
                     self.snapshots.set_error(&key, e);
+                    crate::metrics::inc(&self.core.metrics().snapshot_errors);
                     let delay = backoff.delay(failures, jitter.unit());
                     failures = failures.saturating_add(1);
                     tokio::select! {
@@ -488,7 +495,7 @@ impl Changefeed {
             s.counter.fetch_add(1, Ordering::Relaxed)
         );
         let src = |e: freshen_postgres::PgError| ChunkError::Source(e.to_string());
-        let low = freshen_postgres::write_watermark(&source.pool, &id, false)
+        let low = freshen_postgres::write_watermark(&source.pool, &format!("{id} low"), false)
             .await
             .map_err(src)?;
         let chunk = reader
@@ -519,7 +526,8 @@ impl Changefeed {
             truncated: false,
             reply,
         });
-        if let Err(e) = freshen_postgres::write_watermark(&source.pool, &id, true).await {
+        if let Err(e) = freshen_postgres::write_watermark(&source.pool, &high_mark(&id), true).await
+        {
             s.unregister(&id);
             return Err(src(e));
         }

@@ -155,6 +155,8 @@ pub(crate) struct Tally {
     pub(crate) filled: u64,
     pub(crate) partial: u64,
     pub(crate) compacted: u64,
+    pub(crate) snapshot_rows: u64,
+    pub(crate) snapshot_dropped: u64,
 }
 
 /// Where the writer publishes what it committed.
@@ -513,6 +515,8 @@ fn apply(
             tx.open_table(SNAPSHOTS)?
                 .insert(progress.store_key().as_str(), progress.to_json().as_slice())?;
             work.tally.appended += appended;
+            work.tally.snapshot_rows += appended;
+            work.tally.snapshot_dropped += dropped;
             Reply::Chunk(reply, progress)
         }
     })

@@ -64,6 +64,8 @@ pub struct Observer {
     source: Arc<dyn SourceProbe>,
     /// The PostgreSQL source's own handle, for what only it has (the demo's lag).
     postgres: Option<PgHandle>,
+    /// The changefeed, for its snapshot progress.
+    changefeed: Option<Changefeed>,
     running: AtomicBool,
 }
 
@@ -81,6 +83,13 @@ impl Observer {
 }
 
 impl Observe for Observer {
+    fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
+        self.changefeed
+            .as_ref()
+            .map(Changefeed::snapshot_status)
+            .unwrap_or_default()
+    }
+
     fn views(&self) -> Vec<ViewStats> {
         self.views
             .iter()
@@ -379,6 +388,7 @@ impl Pipeline {
                 .collect(),
             source: probe,
             postgres,
+            changefeed: changefeed.as_ref().map(|(cf, ..)| cf.clone()),
             running: AtomicBool::new(true),
         });
         Ok(Pipeline {

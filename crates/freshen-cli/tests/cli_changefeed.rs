@@ -203,6 +203,13 @@ async fn an_initial_snapshot_reads_the_existing_rows_through_the_binary() {
     assert_eq!(state["orders:450"], 450);
     let reads = events.iter().filter(|e| e["op"] == "read").count();
     assert!(reads >= 449, "{reads} read events");
+    // The binary's /status shows the progress too.
+    let (_, body) = freshen_cli::status::get(&format!("http://127.0.0.1:{http}"), "/status")
+        .await
+        .expect("/status answers");
+    let status: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["snapshots"][0]["state"], "done", "{status}");
+    assert_eq!(status["snapshots"][0]["rows"], reads, "{status}");
     assert!(events.iter().all(|e| e["type"] == "PUT"));
     run.kill().unwrap();
     run.wait().unwrap();

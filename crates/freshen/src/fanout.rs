@@ -169,7 +169,7 @@ mod tests {
             .unwrap();
         for b in &mut branches {
             let got = b.next_batch().await.unwrap().unwrap();
-            assert_eq!(got.marks(), [mark.clone()]);
+            assert_eq!(got.marks(), std::slice::from_ref(&mark));
         }
     }
 }

@@ -85,14 +85,12 @@ async fn snapshot(
     cf: &Changefeed,
     table: &str,
 ) -> anyhow::Result<(SnapshotProgress, Duration, u64)> {
-    let before = progress(cf, table).map_or(0, |p| p.rows);
     reset_peak();
     let started = Instant::now();
     cf.request_snapshot(&[table.to_owned()]).await?;
     loop {
+        // A request starts the table over: its counts are this snapshot's.
         if let Some(p) = progress(cf, table).filter(|p| p.state == SnapshotState::Done) {
-            let mut p = p;
-            p.rows -= before.min(p.rows);
             return Ok((p, started.elapsed(), status_kib("VmHWM:")));
         }
         anyhow::ensure!(
@@ -199,7 +197,6 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
     let b = bench.clone();
     let l = load.clone();
     let quiet = tokio::task::spawn_blocking(move || b.run(&script(), &l)).await??;
-    let before = progress(&cf, "snap").map_or(0, |p| p.rows);
     let started = Instant::now();
     cf.request_snapshot(&["snap".to_owned()]).await?;
     let b = bench.clone();
@@ -227,7 +224,7 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
         "–".into(),
         "–".into(),
     ]);
-    let read = done.rows.saturating_sub(before);
+    let read = done.rows;
     w.row(vec![
         format!(
             "capture running, snapshot of snap under way (ran {} of the {} pgbench window)",

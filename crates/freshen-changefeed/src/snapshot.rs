@@ -137,7 +137,9 @@ fn store_key(schema: &str, table: &str) -> String {
 pub(crate) struct ChunkCheck {
     /// What the chunk's SELECT saw.
     pub(crate) snapshot: XidSnapshot,
-    /// The low watermark's WAL position.
+    /// The low watermark's WAL position (the end of its record, as
+    /// `pg_logical_emit_message` returns it: a transaction whose commit record starts
+    /// there or later committed after it).
     pub(crate) low: u64,
 }
 

@@ -542,7 +542,7 @@ fn changed_since(
     };
     Ok(RecordRef::parse(v.value())
         .and_then(|r| record::position_of(&r))
-        .is_some_and(|(lsn, xid)| lsn > check.low || !check.snapshot.sees(xid)))
+        .is_some_and(|(lsn, xid)| lsn >= check.low || !check.snapshot.sees(xid)))
 }
 
 /// Removes the index entry of a deleted record when it still names it.

@@ -54,11 +54,14 @@ async fn fill(c: &Client, table: &str, rows: u64) -> anyhow::Result<()> {
     c.batch_execute(&format!(
         "CREATE TABLE {table} (id bigint PRIMARY KEY, n int NOT NULL, note text NOT NULL);
          INSERT INTO {table} SELECT g, g % 1000, md5(g::text) || md5((g * 7)::text)
-           FROM generate_series(1, {rows}) g;
-         VACUUM ANALYZE {table};"
+           FROM generate_series(1, {rows}) g;"
     ))
     .await
-    .context("filling the table")
+    .context("filling the table")?;
+    // On its own: VACUUM cannot run in the implicit transaction of a multi-statement query.
+    c.batch_execute(&format!("VACUUM ANALYZE {table}"))
+        .await
+        .context("vacuuming the table")
 }
 
 /// `COPY (SELECT * FROM table) TO STDOUT`: rows and time.

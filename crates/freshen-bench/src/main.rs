@@ -17,6 +17,7 @@ mod kafka;
 mod report;
 mod scan;
 mod scheduler;
+mod snapshot;
 mod workload;
 mod write_tax;
 
@@ -58,6 +59,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "changefeed",
         about: "changefeed: durable append (group commit vs one commit per event); long-poll and SSE delivery to 1 and 100 clients; memory per connection",
         run: changefeed::run,
+    },
+    Scenario {
+        name: "snapshot",
+        about: "changefeed snapshot rows/s vs COPY (SELECT …) TO STDOUT of the same table; peak RSS at two table sizes; writers' TPS with and without a snapshot",
+        run: snapshot::run,
     },
     Scenario {
         name: "codec",

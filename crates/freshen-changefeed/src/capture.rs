@@ -42,7 +42,8 @@ pub enum CaptureError {
     Log(#[from] Error),
 }
 
-type Pending = (oneshot::Receiver<Result<AppendOutcome, Error>>, Ack);
+/// A batch's appends (more than one when snapshot watermarks split it) and its ack.
+type Pending = (Vec<oneshot::Receiver<Result<AppendOutcome, Error>>>, Ack);
 
 impl Changefeed {
     /// Appends every batch of `source` to the log, acknowledging each batch only once
@@ -81,6 +82,12 @@ impl Changefeed {
                 }
                 Some(Ok(b)) => b,
             };
+            let marks: Vec<freshen::StreamMark> = batch
+                .marks()
+                .iter()
+                .filter(|m| crate::snapshot::Snapshots::is_watermark(m))
+                .cloned()
+                .collect();
             let (events, skipped, ack) = batch.into_parts();
             for e in &skipped {
                 tracing::warn!(error = %e, "changefeed capture skipped a message the source could not decode");
@@ -90,14 +97,14 @@ impl Changefeed {
                 report.last_skip = Some(last.to_string());
                 metrics::add(&self.core.metrics().source_skipped, skipped.len() as u64);
             }
-            let receipt = match self.submit_append(&events) {
+            let receipts = match self.submit_split(&events, &marks) {
                 Ok(r) => r,
                 Err(e) => {
                     failed = Some(e.into());
                     break;
                 }
             };
-            if tx.send((receipt, ack)).await.is_err() {
+            if tx.send((receipts, ack)).await.is_err() {
                 break;
             }
         }
@@ -122,18 +129,49 @@ impl Changefeed {
     }
 }
 
+impl Changefeed {
+    /// Queues a batch's events for the writer; a snapshot chunk whose high watermark is
+    /// among `marks` goes right behind the events before it.
+    fn submit_split(
+        &self,
+        events: &[freshen::RowEvent],
+        marks: &[freshen::StreamMark],
+    ) -> Result<Vec<oneshot::Receiver<Result<AppendOutcome, Error>>>, Error> {
+        self.snapshots.note_truncates(events);
+        if marks.is_empty() {
+            return Ok(vec![self.submit_append(events)?]);
+        }
+        let mut receipts = Vec::with_capacity(marks.len() + 1);
+        let mut from = 0;
+        for m in marks {
+            let at = m.at.clamp(from, events.len());
+            if at > from {
+                receipts.push(self.submit_append(&events[from..at])?);
+                from = at;
+            }
+            self.submit_chunk_at(m)?;
+        }
+        if from < events.len() || receipts.is_empty() {
+            receipts.push(self.submit_append(&events[from..])?);
+        }
+        Ok(receipts)
+    }
+}
+
 /// Acknowledges batches in order as their appends become durable.
 async fn acknowledge(
     cf: Changefeed,
     mut rx: mpsc::Receiver<Pending>,
 ) -> Result<(u64, u64, u64), Error> {
     let (mut batches, mut appended, mut duplicates) = (0, 0, 0);
-    while let Some((receipt, ack)) = rx.recv().await {
-        let outcome = cf.core.wait(receipt).await?;
+    while let Some((receipts, ack)) = rx.recv().await {
+        for receipt in receipts {
+            let outcome = cf.core.wait(receipt).await?;
+            appended += outcome.appended;
+            duplicates += outcome.duplicates;
+        }
         ack.ack();
         batches += 1;
-        appended += outcome.appended;
-        duplicates += outcome.duplicates;
     }
     Ok((batches, appended, duplicates))
 }

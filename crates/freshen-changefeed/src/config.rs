@@ -4,6 +4,9 @@
 //! [changefeed]
 //! path = "/var/lib/freshen/changefeed.redb"
 //! durability = "fsync"          # or "none" (tests, throwaway feeds)
+//! snapshot = "initial"          # read existing rows on first start (default "never")
+//! snapshot_chunk_rows = 10000   # rows per chunk SELECT
+//! snapshot_pause_ms = 0         # pause between chunks (less load on the source)
 //!
 //! [changefeed.retention]
 //! max_age_secs = 604800          # 7 days
@@ -55,6 +58,17 @@ pub struct ChangefeedConfig {
     /// off saves one index write per appended event.
     #[serde(default = "defaults::key_index")]
     pub key_index: bool,
+    /// Whether the rows that already exist are read into the log (as `read` events),
+    /// not only the changes from now on.
+    #[serde(default)]
+    pub snapshot: SnapshotMode,
+    /// Rows per snapshot chunk (one primary-key-ordered SELECT each).
+    #[serde(default = "defaults::snapshot_chunk_rows")]
+    pub snapshot_chunk_rows: usize,
+    /// Pause between snapshot chunks, in milliseconds: bounds the load a snapshot puts
+    /// on the source.
+    #[serde(default)]
+    pub snapshot_pause_ms: u64,
     /// How long events are kept.
     #[serde(default)]
     pub retention: RetentionConfig,
@@ -75,6 +89,9 @@ impl ChangefeedConfig {
             commit_delay_ms: 0,
             max_commit_events: defaults::max_commit_events(),
             key_index: defaults::key_index(),
+            snapshot: SnapshotMode::default(),
+            snapshot_chunk_rows: defaults::snapshot_chunk_rows(),
+            snapshot_pause_ms: 0,
             retention: RetentionConfig::default(),
             groups: GroupDefaults::default(),
             http: HttpConfig::default(),
@@ -96,6 +113,24 @@ impl ChangefeedConfig {
         if self.retention.keep == Keep::LatestPerKey && !self.key_index {
             p.push(
                 "changefeed.retention.keep: \"latest-per-key\" needs key_index = true".to_owned(),
+            );
+        }
+        if !(1..=limits::MAX_CHUNK_ROWS).contains(&self.snapshot_chunk_rows) {
+            p.push(format!(
+                "changefeed.snapshot_chunk_rows: between 1 and {}",
+                limits::MAX_CHUNK_ROWS
+            ));
+        }
+        if self.snapshot_pause_ms > limits::HOUR_MS {
+            p.push(format!(
+                "changefeed.snapshot_pause_ms: at most {} (an hour)",
+                limits::HOUR_MS
+            ));
+        }
+        if self.snapshot == SnapshotMode::Initial && !self.key_index {
+            p.push(
+                "changefeed.snapshot: \"initial\" needs key_index = true (a chunk's rows are checked against each row's latest event)"
+                    .to_owned(),
             );
         }
         if self.max_commit_events > limits::MAX_COMMIT_EVENTS {
@@ -156,6 +191,19 @@ pub enum Durability {
     /// After the commit, without fsync: a crash (even of the process alone) may lose the
     /// latest appends, which the source no longer replays. For tests and throwaway feeds.
     None,
+}
+
+/// Whether the changefeed reads the rows that already exist (a snapshot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SnapshotMode {
+    /// Only changes from now on; snapshots run when asked for
+    /// (`POST /changefeed/snapshot`).
+    #[default]
+    Never,
+    /// On start, every captured table without a completed snapshot is read (and an
+    /// unfinished one resumes), then changes stream as usual.
+    Initial,
 }
 
 /// Which events retention keeps, beyond its limits.
@@ -515,6 +563,8 @@ pub(crate) mod limits {
     pub(crate) const HOUR_MS: u64 = 3_600_000;
     /// Events in one response, frame or window: responses are built in memory.
     pub(crate) const MAX_EVENTS_PER_RESPONSE: usize = 1_000_000;
+    /// Rows in one snapshot chunk (a chunk is held in memory until its watermark).
+    pub(crate) const MAX_CHUNK_ROWS: usize = 1_000_000;
     /// Events in one group commit (a commit is one store transaction held in memory).
     pub(crate) const MAX_COMMIT_EVENTS: usize = 10_000_000;
 }
@@ -527,6 +577,9 @@ mod defaults {
     }
     pub(super) fn key_index() -> bool {
         true
+    }
+    pub(super) fn snapshot_chunk_rows() -> usize {
+        10_000
     }
     pub(super) fn tombstone_secs() -> u64 {
         86_400
@@ -612,6 +665,34 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_parse_and_need_the_key_index() {
+        let c: ChangefeedConfig = serde_json::from_value(serde_json::json!({
+            "path": "x", "snapshot": "initial", "snapshot_chunk_rows": 500, "snapshot_pause_ms": 20
+        }))
+        .unwrap();
+        assert_eq!(c.snapshot, SnapshotMode::Initial);
+        assert_eq!((c.snapshot_chunk_rows, c.snapshot_pause_ms), (500, 20));
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+        let mut c = c;
+        c.key_index = false;
+        c.snapshot_chunk_rows = 0;
+        let p = c.problems();
+        assert!(
+            p.iter().any(|m| m.starts_with("changefeed.snapshot:")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("changefeed.snapshot_chunk_rows:")),
+            "{p:?}"
+        );
+        let e = serde_json::from_value::<ChangefeedConfig>(
+            serde_json::json!({"path": "x", "snapshot": "always"}),
+        );
+        assert!(e.unwrap_err().to_string().contains("always"));
+    }
+
+    #[test]
     fn compaction_needs_the_key_index() {
         let mut c = ChangefeedConfig::new("x");
         c.retention.keep = Keep::LatestPerKey;
@@ -626,6 +707,7 @@ mod tests {
         let c: ChangefeedConfig = serde_json::from_value(serde_json::json!({
             "path": "x",
             "max_commit_events": huge,
+            "snapshot_chunk_rows": huge, "snapshot_pause_ms": huge,
             "retention": {"max_age_secs": huge, "interval_secs": huge},
             "groups": {"visibility_timeout_ms": huge},
             "http": {
@@ -640,6 +722,8 @@ mod tests {
         let p = c.problems();
         for field in [
             "max_commit_events",
+            "snapshot_chunk_rows",
+            "snapshot_pause_ms",
             "retention.max_age_secs",
             "retention.interval_secs",
             "groups.visibility_timeout_ms",

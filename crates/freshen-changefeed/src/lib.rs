@@ -35,6 +35,10 @@
 //! - Compaction: `keep = "latest-per-key"` keeps the last event of each row (a DELETE
 //!   stays as a tombstone for `tombstone_secs`), so a new consumer builds a table's
 //!   state from the log alone.
+//! - Snapshots: the rows that already exist, read into the log as `read` events while
+//!   changes keep streaming ([`Changefeed::run_snapshots`] next to
+//!   [`Changefeed::capture`] on a PostgreSQL source; `snapshot = "initial"`, or
+//!   `POST /changefeed/snapshot`). See "Snapshots" below.
 //!
 //! # What a change means, replayed by key
 //!
@@ -64,13 +68,51 @@
 //!   `event: gap` on Server-Sent Events, an `{"action":"gap"}` frame on WebSocket.
 //!   Compaction's holes are not gaps: each row's latest event is still there.
 //!
+//! # Snapshots
+//!
+//! DBLog's algorithm, without table locks. For each chunk of a table, in primary-key
+//! order: a *low watermark* is written into the WAL (`pg_logical_emit_message`, not
+//! transactional: its position is known at once); the chunk is read
+//! (`WHERE (pk) > $last ORDER BY pk LIMIT snapshot_chunk_rows`, the last key bound as
+//! parameters) in a REPEATABLE READ transaction whose snapshot (`xmin`, `xmax`, running
+//! xids) is kept with the rows; then a *high watermark* is written (transactional: it is
+//! streamed in commit order with every other transaction). The PostgreSQL source hands
+//! logical decoding messages over in stream order ([`freshen::StreamMark`]).
+//!
+//! When the capture loop meets the high watermark, the events before it are already
+//! queued for the writer, and the chunk goes right behind them. The writer checks each
+//! row against the row's latest event in the log (the latest-per-key index, so a
+//! snapshot needs `key_index = true`): if that event committed after the low watermark
+//! (DBLog's window), or in a transaction the chunk's snapshot did not see — WAL order is
+//! not visibility order, so a transaction can be in the WAL before the low watermark and
+//! still be invisible to the SELECT — the row is dropped: the live event is already in
+//! the log, and what follows it streams after. The other rows are appended as events
+//! with `"op":"read"` (`type` `PUT`, no `lsn`/`xid`), and the table's progress (the
+//! chunk's last key, counts) is written in the same commit. Hence:
+//!
+//! - a `read` event never shows a row older than a change already in the log, and a
+//!   consumer applying the log by key ends with the table;
+//! - a crash resumes after the last committed chunk; the chunk in flight is read again
+//!   (at-least-once: a row may appear twice, never stale);
+//! - memory holds one chunk; `snapshot_pause_ms` spaces chunks out to bound the load on
+//!   the source;
+//! - a TRUNCATE while a chunk is in flight ends that table's snapshot (whatever exists
+//!   after it streams live).
+//!
+//! Progress is in [`Changefeed::snapshot_status`], `GET /changefeed/snapshot`,
+//! `/changefeed/stats` and the metrics (`snapshot_rows_total`,
+//! `snapshot_dropped_rows_total`, `snapshot_errors_total`). Failures reading the source
+//! are retried with backoff and shown as the table's `last_error`. Filters by operation
+//! count a `read` as an `insert`.
+//!
 //! # Event JSON
 //!
 //! ThemisDB's fields — `sequence`, `type` (`PUT`, `DELETE`), `key` (`table:pk`, the
 //! primary-key values joined by `:`), `value` (the new row as JSON text; `null` for a
 //! DELETE), `timestamp_ms` (commit time when the source gives it, else append time),
 //! `metadata` (`table`, `pk`), `before_snapshot` / `after_snapshot` (row JSON text, when
-//! known) — plus ours: `op` (`insert`, `update`, `delete`, `truncate`), `schema`,
+//! known) — plus ours: `op` (`insert`, `update`, `delete`, `truncate`, and `read` for a
+//! row read by a snapshot, a `PUT`), `schema`,
 //! `table`, `lsn` (`X/X`) and `xid` when the source gives them, and `unchanged_columns`
 //! (columns the source did not send because they did not change and the log had no
 //! earlier image of; they are left out of the row JSON rather than shown as `null`)
@@ -130,17 +172,19 @@ mod log;
 mod metrics;
 mod record;
 mod retention;
+mod snapshot;
 mod store;
 mod writer;
 
 pub use capture::{CaptureError, CaptureReport};
 pub use config::{
     ChangefeedConfig, Durability, GroupDefaults, HttpConfig, Keep, RetentionConfig, Scope,
-    TokenConfig, Unacknowledged,
+    SnapshotMode, TokenConfig, Unacknowledged,
 };
 pub use error::Error;
 pub use filter::Filter;
 pub use groups::{Gap, GroupInfo, GroupSpec, Start};
 pub use http::{AppState, ServeError, app, serve};
 pub use log::{Changefeed, Event, Stats};
+pub use snapshot::{SnapshotProgress, SnapshotSource, SnapshotState};
 pub use writer::AppendOutcome;

@@ -64,6 +64,8 @@ impl writer::Publish for Arc<Published> {
         metrics::add(&self.metrics.filled, t.filled);
         metrics::add(&self.metrics.partial, t.partial);
         metrics::add(&self.metrics.compacted, t.compacted);
+        metrics::add(&self.metrics.snapshot_rows, t.snapshot_rows);
+        metrics::add(&self.metrics.snapshot_dropped, t.snapshot_dropped);
         self.latest.send_if_modified(|l| {
             let changed = *l != s.last;
             *l = s.last;
@@ -102,7 +104,7 @@ impl Core {
         }
     }
 
-    fn submit(&self, request: Request) -> Result<(), Error> {
+    pub(crate) fn submit(&self, request: Request) -> Result<(), Error> {
         let requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         match requests.as_ref() {
             Some(tx) => tx.send(request).map_err(|_| self.closed_error()),
@@ -247,6 +249,8 @@ pub(crate) async fn newer_than(rx: &mut watch::Receiver<u64>, after: u64) {
 pub struct Changefeed {
     pub(crate) core: Arc<Core>,
     pub(crate) groups: Arc<Groups>,
+    /// Snapshot progress, the chunk in flight, the driver's tables.
+    pub(crate) snapshots: Arc<crate::snapshot::Snapshots>,
     /// The latest-per-key index is kept: unchanged values can be filled in.
     key_index: bool,
 }
@@ -274,6 +278,13 @@ impl Changefeed {
             .await
             .map_err(|e| Error::Invalid(format!("opening the store panicked: {e}")))??;
         let db = Arc::new(db);
+        let stored = store::snapshots(&db)?;
+        let snapshots = Arc::new(crate::snapshot::Snapshots::new(
+            config.snapshot,
+            config.snapshot_chunk_rows,
+            Duration::from_millis(config.snapshot_pause_ms),
+            stored,
+        ));
         let published = Arc::new(Published {
             latest: watch::Sender::new(state.last),
             oldest: AtomicU64::new(state.oldest),
@@ -302,6 +313,7 @@ impl Changefeed {
         let cf = Changefeed {
             core,
             groups,
+            snapshots,
             key_index: config.key_index,
         };
         crate::retention::spawn(&cf, config.retention.clone());

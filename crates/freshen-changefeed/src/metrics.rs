@@ -12,6 +12,9 @@ pub(crate) struct Metrics {
     pub(crate) filled: AtomicU64,
     pub(crate) partial: AtomicU64,
     pub(crate) compacted: AtomicU64,
+    pub(crate) snapshot_rows: AtomicU64,
+    pub(crate) snapshot_dropped: AtomicU64,
+    pub(crate) snapshot_errors: AtomicU64,
     pub(crate) group_gap_sequences: AtomicU64,
     pub(crate) commits: AtomicU64,
     pub(crate) commit_micros: AtomicU64,
@@ -148,6 +151,21 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
         "partial_events_total",
         "Events appended with values still unknown (\"partial\":true): set REPLICA IDENTITY FULL on their tables.",
         &m.partial,
+    );
+    o.counter(
+        "snapshot_rows_total",
+        "Rows a snapshot appended as read events.",
+        &m.snapshot_rows,
+    );
+    o.counter(
+        "snapshot_dropped_rows_total",
+        "Rows a snapshot dropped because they changed while their chunk was in flight (the live event is in the log).",
+        &m.snapshot_dropped,
+    );
+    o.counter(
+        "snapshot_errors_total",
+        "Snapshot chunks that failed reading the source (retried with backoff).",
+        &m.snapshot_errors,
     );
     o.counter(
         "compacted_events_total",

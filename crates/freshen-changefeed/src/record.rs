@@ -41,6 +41,28 @@ pub(crate) struct Extra<'a> {
     pub(crate) old_key: Option<&'a str>,
     /// The row's last image, for values the source left out as unchanged.
     pub(crate) fill: Option<&'a Fill>,
+    /// A row read by a snapshot: `op` is `read` (Debezium's `r`), `type` stays `PUT`.
+    pub(crate) read: bool,
+}
+
+/// The source position a stored record carries (its `lsn` and `xid`), when it has one:
+/// a snapshot's `read` events and sources without transactions have none.
+///
+/// Found by searching the body for the top-level fields: inside the JSON string values
+/// every quote is escaped, so `,"lsn":"` cannot occur there.
+pub(crate) fn position_of(r: &RecordRef<'_>) -> Option<(u64, u64)> {
+    let body = std::str::from_utf8(r.body).ok()?;
+    let at = body.rfind(",\"lsn\":\"")?;
+    let rest = &body[at + 8..];
+    let (lsn, rest) = rest.split_once('"')?;
+    let (hi, lo) = lsn.split_once('/')?;
+    let lsn = (u64::from(u32::from_str_radix(hi, 16).ok()?) << 32)
+        | u64::from(u32::from_str_radix(lo, 16).ok()?);
+    let rest = rest.strip_prefix(",\"xid\":")?;
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    Some((lsn, rest[..end].parse().ok()?))
 }
 
 /// The latest-per-key index's key for a row: `schema \0 table \0 pk`. PostgreSQL and
@@ -320,7 +342,7 @@ impl Encoder {
             out.extend_from_within(value);
         }
         out.extend_from_slice(b",\"op\":");
-        json_str(e.op.as_str(), out);
+        json_str(if extra.read { "read" } else { e.op.as_str() }, out);
         out.extend_from_slice(b",\"schema\":");
         json_str(&e.schema, out);
         out.extend_from_slice(b",\"table\":");
@@ -545,6 +567,42 @@ mod tests {
 
     fn row(pairs: &[(&str, Value)]) -> Row {
         Row::from_pairs(pairs.iter().cloned())
+    }
+
+    #[test]
+    fn reads_are_puts_and_positions_are_found_in_the_body() {
+        let mut enc = Encoder::default();
+        let tricky = r#"x,"lsn":"0/1","xid":5"#;
+        let e = RowEvent::new("public", "orders", Op::Insert)
+            .with_pk(["id"])
+            .with_new(row(&[("id", Value::Int(1)), ("note", Value::text(tricky))]));
+        let read = enc.encode_with(
+            &e,
+            7,
+            Extra {
+                read: true,
+                ..Extra::default()
+            },
+        );
+        let j = parse(&read, 1);
+        assert_eq!(
+            (j["type"].as_str(), j["op"].as_str()),
+            (Some("PUT"), Some("read"))
+        );
+        // A value that looks like a position is not one: only escaped quotes inside.
+        assert_eq!(position_of(&RecordRef::parse(&read).unwrap()), None);
+        let live = enc.encode(
+            &e.clone().with_tx(Tx {
+                id: 4_294_967_300,
+                commit: 0x1_6B37_4D48,
+                index: 0,
+            }),
+            7,
+        );
+        assert_eq!(
+            position_of(&RecordRef::parse(&live).unwrap()),
+            Some((0x1_6B37_4D48, 4_294_967_300))
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! | `groups`       | group           | the group's definition and cursor (JSON) |
 //! | `leases`       | (group, seq)    | an event in flight in the group (JSON)  |
 //! | `dead_letters` | (group, seq)    | a dead letter: JSON header + the record |
+//! | `snapshots`    | `schema\0table` | a table's snapshot progress (JSON)      |
 //!
 //! All writes go through the single writer thread (`writer.rs`); reads run anywhere.
 
@@ -24,6 +25,7 @@ pub(crate) const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("gr
 pub(crate) const LEASES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("leases");
 pub(crate) const DEAD: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("dead_letters");
 pub(crate) const LATEST: TableDefinition<&str, u64> = TableDefinition::new("latest");
+pub(crate) const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 
 const FORMAT: &[u8] = &[1];
 pub(crate) const META_FORMAT: &str = "format";
@@ -130,6 +132,7 @@ pub(crate) fn open(path: &Path, key_index: bool) -> Result<(Database, LogState),
         tx.open_table(GROUPS)?;
         tx.open_table(LEASES)?;
         tx.open_table(DEAD)?;
+        tx.open_table(SNAPSHOTS)?;
         let mut latest = tx.open_table(LATEST)?;
         if key_index {
             let upto = meta
@@ -254,4 +257,16 @@ pub(crate) fn compaction_candidates(
         }
     }
     Ok((out, last))
+}
+
+/// Every table's stored snapshot progress: (`schema\0table`, JSON).
+pub(crate) fn snapshots(db: &Database) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    let tx = db.begin_read()?;
+    let table = tx.open_table(SNAPSHOTS)?;
+    let mut out = Vec::new();
+    for item in table.iter()? {
+        let (k, v) = item?;
+        out.push((k.value().to_owned(), v.value().to_vec()));
+    }
+    Ok(out)
 }

@@ -14,7 +14,8 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::record::{self, Encoder, Extra, RecordRef};
-use crate::store::{self, DEAD, EVENTS, GROUPS, LATEST, LEASES, LogState, META};
+use crate::snapshot::{ChunkCheck, SnapshotProgress};
+use crate::store::{self, DEAD, EVENTS, GROUPS, LATEST, LEASES, LogState, META, SNAPSHOTS};
 use crate::{Durability, Error};
 
 /// What an append did.
@@ -92,6 +93,11 @@ pub(crate) enum WriteOp {
     DeleteAllDead {
         group: String,
     },
+    /// Records a table's snapshot progress.
+    PutSnapshot {
+        key: String,
+        value: Vec<u8>,
+    },
 }
 
 pub(crate) enum Request {
@@ -114,6 +120,15 @@ pub(crate) enum Request {
     Compact {
         seqs: Vec<u64>,
         reply: oneshot::Sender<Result<u64, Error>>,
+    },
+    /// A snapshot chunk at its high watermark: appends the rows whose latest event the
+    /// chunk's snapshot saw (as `read` events), drops the others, and records the
+    /// table's progress in the same commit.
+    Chunk {
+        rows: Vec<RowEvent>,
+        check: ChunkCheck,
+        progress: SnapshotProgress,
+        reply: oneshot::Sender<Result<SnapshotProgress, Error>>,
     },
 }
 
@@ -140,6 +155,8 @@ pub(crate) struct Tally {
     pub(crate) filled: u64,
     pub(crate) partial: u64,
     pub(crate) compacted: u64,
+    pub(crate) snapshot_rows: u64,
+    pub(crate) snapshot_dropped: u64,
 }
 
 /// Where the writer publishes what it committed.
@@ -165,6 +182,10 @@ enum Reply {
     Append(oneshot::Sender<Result<AppendOutcome, Error>>, AppendOutcome),
     Write(oneshot::Sender<Result<(), Error>>),
     Truncate(oneshot::Sender<Result<u64, Error>>, u64),
+    Chunk(
+        oneshot::Sender<Result<SnapshotProgress, Error>>,
+        SnapshotProgress,
+    ),
 }
 
 /// The writer's working state for one commit.
@@ -181,6 +202,7 @@ impl Reply {
             Reply::Append(tx, outcome) => tx.send(Ok(outcome)).map_err(drop),
             Reply::Write(tx) => tx.send(Ok(())).map_err(drop),
             Reply::Truncate(tx, n) => tx.send(Ok(n)).map_err(drop),
+            Reply::Chunk(tx, p) => tx.send(Ok(p)).map_err(drop),
         };
     }
 
@@ -192,6 +214,7 @@ impl Reply {
             Reply::Append(tx, _) => tx.send(Err(err())).map_err(drop),
             Reply::Write(tx) => tx.send(Err(err())).map_err(drop),
             Reply::Truncate(tx, _) => tx.send(Err(err())).map_err(drop),
+            Reply::Chunk(tx, _) => tx.send(Err(err())).map_err(drop),
         };
     }
 }
@@ -280,6 +303,9 @@ fn fail(r: Request, reason: &str) {
         Request::Truncate { reply, .. } | Request::Compact { reply, .. } => {
             Reply::Truncate(reply, 0).send_err(reason)
         }
+        Request::Chunk {
+            reply, progress, ..
+        } => Reply::Chunk(reply, progress).send_err(reason),
     }
 }
 
@@ -289,6 +315,7 @@ fn batch_events(r: &Request) -> usize {
         Request::Write { ops, .. } => ops.len().max(1),
         Request::Truncate { .. } => 1,
         Request::Compact { seqs, .. } => seqs.len().max(1),
+        Request::Chunk { rows, .. } => rows.len().max(1),
     }
 }
 
@@ -440,7 +467,82 @@ fn apply(
             work.tally.compacted += deleted;
             Reply::Truncate(reply, deleted)
         }
+        Request::Chunk {
+            rows,
+            check,
+            mut progress,
+            reply,
+        } => {
+            let mut appended = 0;
+            let mut dropped = 0;
+            if !rows.is_empty() {
+                let mut events = tx.open_table(EVENTS)?;
+                let mut latest = tx.open_table(LATEST)?;
+                let now = record::unix_ms(std::time::SystemTime::now());
+                for row in rows {
+                    let key = record::index_key_of(&row);
+                    if changed_since(&events, &latest, &key, &check)? {
+                        dropped += 1;
+                        continue;
+                    }
+                    let r = work.encoder.encode_with(
+                        &row,
+                        now,
+                        Extra {
+                            read: true,
+                            ..Extra::default()
+                        },
+                    );
+                    next.last += 1;
+                    if next.oldest > next.last {
+                        next.oldest = next.last;
+                    }
+                    events.insert(next.last, r.as_slice())?;
+                    if work.settings.key_index
+                        && let Some(rec) = RecordRef::parse(&r)
+                    {
+                        store::index(&mut latest, next.last, &rec)?;
+                    }
+                    next.size += store::stored_size(r.len());
+                    next.count += 1;
+                    appended += 1;
+                }
+                write_meta(tx, next, work.settings.key_index)?;
+            }
+            progress.rows += appended;
+            progress.dropped += dropped;
+            progress.chunks += 1;
+            tx.open_table(SNAPSHOTS)?
+                .insert(progress.store_key().as_str(), progress.to_json().as_slice())?;
+            work.tally.appended += appended;
+            work.tally.snapshot_rows += appended;
+            work.tally.snapshot_dropped += dropped;
+            Reply::Chunk(reply, progress)
+        }
     })
+}
+
+/// Whether the row under index key `key` changed in a way the chunk's rows may not
+/// show: its latest event (every event before the high watermark is in the log by now)
+/// committed after the low watermark (DBLog's window), or in a transaction the chunk's
+/// snapshot did not see (committed before the low watermark in the WAL but not yet
+/// visible when the chunk was read: WAL order is not visibility order). Either way the
+/// live event already in the log is the row's state, and the chunk's row is dropped.
+fn changed_since(
+    events: &redb::Table<'_, u64, &'static [u8]>,
+    latest: &redb::Table<'_, &'static str, u64>,
+    key: &str,
+    check: &ChunkCheck,
+) -> Result<bool, Error> {
+    let Some(seq) = latest.get(key)?.map(|s| s.value()) else {
+        return Ok(false);
+    };
+    let Some(v) = events.get(seq)? else {
+        return Ok(false);
+    };
+    Ok(RecordRef::parse(v.value())
+        .and_then(|r| record::position_of(&r))
+        .is_some_and(|(lsn, xid)| lsn >= check.low || !check.snapshot.sees(xid)))
 }
 
 /// Removes the index entry of a deleted record when it still names it.
@@ -522,6 +624,10 @@ fn write_op(tx: &WriteTransaction, op: WriteOp) -> Result<(), Error> {
             let g = group.as_str();
             tx.open_table(DEAD)?
                 .retain_in((g, 0)..=(g, u64::MAX), |_, _| false)?;
+        }
+        WriteOp::PutSnapshot { key, value } => {
+            tx.open_table(SNAPSHOTS)?
+                .insert(key.as_str(), value.as_slice())?;
         }
     }
     Ok(())

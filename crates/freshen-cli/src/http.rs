@@ -20,6 +20,10 @@ pub trait Observe: Send + Sync + 'static {
     fn views(&self) -> Vec<ViewStats>;
     /// The source's health.
     fn source(&self) -> SourceStatus;
+    /// The changefeed's snapshot progress, table by table (none without a changefeed).
+    fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
+        Vec::new()
+    }
 }
 
 /// The `/status` document.
@@ -31,6 +35,9 @@ pub struct Status {
     pub source: SourceStatus,
     /// Each view.
     pub views: Vec<ViewStatus>,
+    /// The changefeed's snapshots, table by table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<freshen_changefeed::SnapshotProgress>,
 }
 
 /// One view in `/status`.
@@ -174,6 +181,7 @@ pub fn status(o: &dyn Observe) -> Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
         source,
         views: o.views().iter().map(ViewStatus::from).collect(),
+        snapshots: o.snapshots(),
     }
 }
 

@@ -61,6 +61,8 @@ pub struct Pipeline {
     views: Vec<ViewRun>,
     sinks: Vec<(SinkRun, Branch)>,
     changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
+    /// Where the changefeed's snapshots read from (a PostgreSQL source only).
+    snapshots: Option<freshen_changefeed::SnapshotSource>,
     observer: Arc<Observer>,
 }
 
@@ -83,6 +85,8 @@ pub struct Observer {
     /// counts as stale.
     views: Vec<(String, freshen::Handle, Arc<ViewScope>, Option<Duration>)>,
     source: Arc<dyn SourceProbe>,
+    /// The changefeed, for its snapshot progress.
+    changefeed: Option<Changefeed>,
     running: AtomicBool,
     /// Per view, freshness snapshots of the last [`RECENT`] (oldest first).
     windows: std::sync::Mutex<
@@ -128,6 +132,13 @@ impl Observer {
 }
 
 impl Observe for Observer {
+    fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
+        self.changefeed
+            .as_ref()
+            .map(Changefeed::snapshot_status)
+            .unwrap_or_default()
+    }
+
     fn views(&self) -> Vec<ViewStats> {
         self.views
             .iter()
@@ -289,6 +300,30 @@ impl Pipeline {
             .into_iter()
             .map(|s| (s, branches.next().expect("one branch per consumer")))
             .collect();
+        // Snapshots read rows with SQL from a PostgreSQL source, the one whose WAL
+        // carries their watermarks.
+        let postgres_source = cfg
+            .source
+            .database_url()
+            .filter(|u| crate::target::Flavor::of(u) == Some(crate::target::Flavor::Postgres));
+        let snapshots = match (postgres_source, &cfg.changefeed) {
+            (Some(url), Some(_)) => {
+                let conn = freshen_postgres::ConnectionConfig::from_url(url)
+                    .context("the source URL is not usable")?;
+                let pool = freshen_postgres::connect_pool(&conn, 1)
+                    .context("cannot set up the snapshot connection")?;
+                let tables = cfg
+                    .watched_tables()
+                    .into_iter()
+                    .map(|(schema, table)| freshen_postgres::TableName::new(schema, table))
+                    .collect();
+                Some(freshen_changefeed::SnapshotSource::new(pool, tables))
+            }
+            (_, Some(c)) if c.snapshot != freshen_changefeed::SnapshotMode::Never => {
+                anyhow::bail!("changefeed.snapshot: snapshots read from a PostgreSQL source");
+            }
+            _ => None,
+        };
         let changefeed = changefeed.map(|(cf, listener, state)| {
             let branch = branches.next().expect("one branch per consumer");
             (cf, branch, listener, state)
@@ -306,6 +341,7 @@ impl Pipeline {
                 })
                 .collect(),
             source: probe,
+            changefeed: changefeed.as_ref().map(|(cf, ..)| cf.clone()),
             running: AtomicBool::new(true),
             windows: std::sync::Mutex::new(vec![std::collections::VecDeque::new(); views.len()]),
         });
@@ -313,6 +349,7 @@ impl Pipeline {
             views,
             sinks,
             changefeed,
+            snapshots,
             observer,
         })
     }
@@ -353,6 +390,14 @@ impl Pipeline {
                 let r = freshen_changefeed::serve(listener, state, stop).await;
                 ("changefeed http".to_string(), r.map_err(Into::into))
             });
+            if let Some(source) = self.snapshots {
+                let stop = stopped(stop_rx.clone());
+                let cf = cf.clone();
+                tasks.spawn(async move {
+                    let r = cf.run_snapshots(source, stop).await;
+                    ("changefeed snapshots".to_string(), r.map_err(Into::into))
+                });
+            }
             let stop = stopped(stop_rx.clone());
             tasks.spawn(async move {
                 let r = cf.capture(branch, stop).await;

@@ -143,3 +143,74 @@ async fn every_committed_change_is_logged_once_in_order_across_a_sigkill() {
         log_of(dir.path(), 2)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initial_snapshot_reads_the_existing_rows_through_the_binary() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, amount int NOT NULL);
+         INSERT INTO orders SELECT g, g FROM generate_series(1, 450) g;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (http, feed) = (free_port(), free_port());
+    let text = config(&pg.url(), http, feed, &dir.path().join("feed.redb")).replace(
+        "durability = \"fsync\"",
+        "durability = \"fsync\"\nsnapshot = \"initial\"\nsnapshot_chunk_rows = 100",
+    );
+    let cfg = write_config(dir.path(), &text);
+    let base = format!("http://127.0.0.1:{feed}");
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/changefeed/snapshot", 200, Duration::from_secs(30)).await;
+    // A change while the snapshot may still run: it is logged live.
+    c.execute("UPDATE orders SET amount = -1 WHERE id = 7", &[])
+        .await
+        .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, body) = freshen_cli::status::get(&base, "/changefeed/snapshot")
+            .await
+            .expect("changefeed answers");
+        let doc: Value = serde_json::from_str(&body).unwrap();
+        if doc["snapshots"][0]["state"] == "done" {
+            assert_eq!(doc["snapshots"][0]["table"], "orders", "{doc}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the snapshot did not finish: {doc}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let events = loop {
+        let events = read_all(&base).await;
+        if events.iter().any(|e| e["op"] == "update") || Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut state = std::collections::BTreeMap::new();
+    for e in &events {
+        let row: Value = serde_json::from_str(e["value"].as_str().unwrap()).unwrap();
+        state.insert(e["key"].as_str().unwrap().to_owned(), row["amount"].clone());
+    }
+    assert_eq!(state.len(), 450, "every existing row is in the log");
+    assert_eq!(state["orders:7"], -1, "the live change wins");
+    assert_eq!(state["orders:450"], 450);
+    let reads = events.iter().filter(|e| e["op"] == "read").count();
+    assert!(reads >= 449, "{reads} read events");
+    // The binary's /status shows the progress too.
+    let (_, body) = freshen_cli::status::get(&format!("http://127.0.0.1:{http}"), "/status")
+        .await
+        .expect("/status answers");
+    let status: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["snapshots"][0]["state"], "done", "{status}");
+    assert_eq!(status["snapshots"][0]["rows"], reads, "{status}");
+    assert!(events.iter().all(|e| e["type"] == "PUT"));
+    run.kill().unwrap();
+    run.wait().unwrap();
+}

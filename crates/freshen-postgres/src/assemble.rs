@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use freshen::{BoxError, Op, RowEvent, Tx};
+use freshen::{BoxError, Op, RowEvent, StreamMark, Tx};
 
 use crate::pgoutput::{self, Message, OldImage};
 use crate::rows::{Relations, Table};
@@ -19,6 +19,8 @@ use crate::xid::{XidClock, pg_time};
 pub(crate) struct Output {
     pub(crate) events: Vec<RowEvent>,
     pub(crate) skipped: Vec<BoxError>,
+    /// Logical decoding messages among the events, in stream order.
+    pub(crate) marks: Vec<StreamMark>,
     /// The `end_lsn` of the last commit in the batch: acknowledging the batch confirms
     /// this position.
     pub(crate) commit_end: Option<u64>,
@@ -52,9 +54,14 @@ pub(crate) struct Assembler {
     tx: Option<OpenTx>,
     events: Vec<RowEvent>,
     skipped: Vec<BoxError>,
+    marks: Vec<StreamMark>,
     commit_end: Option<u64>,
     first_commit: Option<SystemTime>,
 }
+
+/// The most bytes of a logical decoding message's content handed over: markers are
+/// small, and a huge message written by someone else must not grow a batch unboundedly.
+pub(crate) const MAX_MARK_BYTES: usize = 64 * 1024;
 
 impl Assembler {
     pub(crate) fn new(relations: Relations, xids: XidClock, batch_size: usize) -> Assembler {
@@ -65,6 +72,7 @@ impl Assembler {
             tx: None,
             events: Vec::with_capacity(batch_size.clamp(1, 4096)),
             skipped: Vec::new(),
+            marks: Vec::new(),
             commit_end: None,
             first_commit: None,
         }
@@ -79,6 +87,7 @@ impl Assembler {
         self.tx = None;
         self.events.clear();
         self.skipped.clear();
+        self.marks.clear();
         self.commit_end = None;
         self.first_commit = None;
     }
@@ -90,7 +99,7 @@ impl Assembler {
 
     /// Whether anything is waiting in the batch under construction.
     pub(crate) fn has_output(&self) -> bool {
-        !self.events.is_empty() || !self.skipped.is_empty()
+        !self.events.is_empty() || !self.skipped.is_empty() || !self.marks.is_empty()
     }
 
     /// Closes the batch under construction, if it holds anything.
@@ -105,6 +114,7 @@ impl Assembler {
         Some(Output {
             events,
             skipped: std::mem::take(&mut self.skipped),
+            marks: std::mem::take(&mut self.marks),
             commit_end: self.commit_end.take(),
             first_commit: self.first_commit.take(),
         })
@@ -130,6 +140,17 @@ impl Assembler {
         } else {
             Committed::Empty(end_lsn)
         }
+    }
+
+    /// A logical decoding message (`pg_logical_emit_message`), kept in stream order
+    /// among the events. Its content is cut at [`MAX_MARK_BYTES`].
+    pub(crate) fn mark(&mut self, prefix: &str, content: &[u8], lsn: u64) {
+        self.marks.push(StreamMark {
+            at: self.events.len(),
+            prefix: prefix.into(),
+            content: content[..content.len().min(MAX_MARK_BYTES)].into(),
+            position: lsn,
+        });
     }
 
     /// Decodes one change message. Returns a full batch to hand over first when the
@@ -279,6 +300,35 @@ mod tests {
             .is_empty()
         );
         a
+    }
+
+    #[test]
+    fn marks_keep_their_place_among_the_rows_and_hold_the_commit() {
+        let mut a = asm(10);
+        a.begin(500, 90, 0);
+        a.change(&insert(1, &[Some(Some("1")), Some(Some("a")), None]));
+        a.mark("freshen.watermark", b"w1", 505);
+        a.change(&insert(1, &[Some(Some("2")), Some(Some("b")), None]));
+        assert_eq!(a.commit(520), Committed::InBatch);
+        let out = a.take().unwrap();
+        assert_eq!(out.commit_end, Some(520));
+        assert_eq!(out.marks.len(), 1);
+        let m = &out.marks[0];
+        assert_eq!(
+            (m.at, &*m.prefix, &*m.content, m.position),
+            (1, "freshen.watermark", &b"w1"[..], 505)
+        );
+        // A transaction holding only a mark is not empty: its batch carries the commit.
+        a.begin(600, 91, 0);
+        a.mark("freshen.watermark", &vec![b'x'; MAX_MARK_BYTES + 10], 605);
+        assert_eq!(a.commit(620), Committed::InBatch);
+        let out = a.take().unwrap();
+        assert!(out.events.is_empty());
+        assert_eq!(
+            out.marks[0].content.len(),
+            MAX_MARK_BYTES,
+            "cut, not unbounded"
+        );
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //!   typed parameters, after checking the snapshot sees every transaction that dirtied
 //!   the key.
 //! - [`SqlEnumerate`]: a [`freshen::Enumerate`] that streams keys from a query.
+//! - [`TableReader`], [`write_watermark`]: a table's rows in primary-key chunks with
+//!   the snapshot each was read under, and watermarks written into the WAL, for
+//!   snapshots interleaved with the stream (the changefeed's DBLog snapshots). The
+//!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
 //!
 //! # Example
 //!
@@ -79,6 +83,7 @@ mod reader;
 mod rebuild;
 mod rows;
 mod settings;
+mod snapshot;
 mod source;
 mod tls;
 mod toast;
@@ -101,5 +106,6 @@ pub use pool::connect_pool;
 pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility};
 pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
+pub use snapshot::{Chunk, TableReader, WATERMARK_PREFIX, XidSnapshot, write_watermark};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
 pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};

@@ -463,8 +463,17 @@ impl Reader {
                 self.advance(client);
             }
             ReplicationEvent::StoppedAt { .. } => return Ok(Some(Ended::Stopped)),
-            // Logical decoding messages carry no row changes.
-            _ => {}
+            // Markers written into the WAL (the changefeed's snapshot watermarks),
+            // handed over in stream order among the rows.
+            ReplicationEvent::Message {
+                lsn,
+                prefix,
+                content,
+                ..
+            } => {
+                self.shared.received_lsn.fetch_max(lsn.0, Ordering::Relaxed);
+                self.asm.mark(&prefix, &content, lsn.0);
+            }
         }
         Ok(None)
     }
@@ -500,7 +509,7 @@ impl Reader {
             }
             None => Ack::none(),
         };
-        let mut batch = Batch::new(out.events, ack);
+        let mut batch = Batch::new(out.events, ack).with_marks(out.marks);
         for e in out.skipped {
             batch = batch.with_skipped(e);
         }

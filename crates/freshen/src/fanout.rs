@@ -64,6 +64,7 @@ pub fn fanout(source: impl Source, branches: usize) -> Vec<Branch> {
 }
 
 fn split(batch: Batch, n: usize) -> Vec<Batch> {
+    let marks = batch.marks().to_vec();
     let (events, skipped, ack) = batch.into_parts();
     let remaining = Arc::new(AtomicUsize::new(n));
     let upstream = Arc::new(Mutex::new(Some(ack)));
@@ -79,11 +80,10 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
                     }
                 }
             });
-            skipped
-                .iter()
-                .fold(Batch::shared(events.clone(), ack), |b, e| {
-                    b.with_skipped(e.to_string())
-                })
+            skipped.iter().fold(
+                Batch::shared(events.clone(), ack).with_marks(marks.clone()),
+                |b, e| b.with_skipped(e.to_string()),
+            )
         })
         .collect()
 }
@@ -146,5 +146,30 @@ impl Source for Branch {
             }
         }
         Box::pin(async {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StreamMark;
+
+    #[tokio::test]
+    async fn every_branch_gets_the_stream_marks() {
+        let (feed, source) = crate::channel(2);
+        let mut branches = fanout(source, 2);
+        let mark = StreamMark {
+            at: 0,
+            prefix: "p".into(),
+            content: b"c"[..].into(),
+            position: 9,
+        };
+        feed.send(Batch::new(Vec::new(), Ack::none()).with_marks(vec![mark.clone()]))
+            .await
+            .unwrap();
+        for b in &mut branches {
+            let got = b.next_batch().await.unwrap().unwrap();
+            assert_eq!(got.marks(), std::slice::from_ref(&mark));
+        }
     }
 }

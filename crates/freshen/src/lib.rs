@@ -142,7 +142,7 @@ pub use report::{BuildError, Report, RunError};
 pub use retry::Retry;
 pub use source::{
     Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
-    SourceProbe, SourceProblem,
+    SourceProbe, SourceProblem, StreamMark,
 };
 pub use stats::Stats;
 

@@ -61,7 +61,28 @@ impl fmt::Debug for Ack {
 pub struct Batch {
     events: Arc<[RowEvent]>,
     skipped: Vec<BoxError>,
+    marks: Vec<StreamMark>,
     ack: Ack,
+}
+
+/// A marker written into the source's change stream by someone other than a row change
+/// (PostgreSQL's logical decoding messages, `pg_logical_emit_message`), delivered in
+/// stream order: it sits before the batch's event at index [`StreamMark::at`].
+///
+/// Consumers that order their own work against the stream use them (the changefeed's
+/// snapshot watermarks); others ignore them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMark {
+    /// Index in the batch's events of the first event after the mark (`events().len()`
+    /// when the mark comes after every event).
+    pub at: usize,
+    /// The writer's prefix (a namespace: marks with prefixes a consumer does not know
+    /// are not for it).
+    pub prefix: Box<str>,
+    /// The payload.
+    pub content: Box<[u8]>,
+    /// The mark's position in the source (a PostgreSQL LSN).
+    pub position: u64,
 }
 
 impl Batch {
@@ -70,6 +91,7 @@ impl Batch {
         Batch {
             events: events.into(),
             skipped: Vec::new(),
+            marks: Vec::new(),
             ack,
         }
     }
@@ -79,6 +101,7 @@ impl Batch {
         Batch {
             events,
             skipped: Vec::new(),
+            marks: Vec::new(),
             ack,
         }
     }
@@ -87,6 +110,17 @@ impl Batch {
     pub fn with_skipped(mut self, error: impl Into<BoxError>) -> Batch {
         self.skipped.push(error.into());
         self
+    }
+
+    /// Adds marks found in the stream among these events (see [`StreamMark`]).
+    pub fn with_marks(mut self, marks: Vec<StreamMark>) -> Batch {
+        self.marks = marks;
+        self
+    }
+
+    /// Marks found in the stream among the events, in stream order.
+    pub fn marks(&self) -> &[StreamMark] {
+        &self.marks
     }
 
     /// The row events, in source order.

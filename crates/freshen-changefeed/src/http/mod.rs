@@ -7,6 +7,8 @@
 //! | `GET /v2/cdc/stream` | read | WebSocket: subscribe, unsubscribe, ack |
 //! | `GET /changefeed/stats` | admin | `total_events`, `latest_sequence`, `oldest_sequence`, `total_size_bytes` |
 //! | `POST /changefeed/retention` | admin | `{"before_sequence": N}` deletes everything before N |
+//! | `GET /changefeed/snapshot` | read | each table's snapshot progress |
+//! | `POST /changefeed/snapshot` | admin | `{"tables": ["public.orders"]}` snapshots them (202) |
 //! | `GET /changefeed/groups` | read | consumer groups |
 //! | `POST /changefeed/groups` | admin | create a group |
 //! | `GET /changefeed/groups/{g}` | read | offset, lag, in flight, dead letters |
@@ -181,6 +183,7 @@ pub fn app(state: AppState) -> Router {
             "/changefeed/groups/{group}/dead-letters",
             get(groups::dead_letters),
         )
+        .route("/changefeed/snapshot", get(admin::snapshot_status))
         .route("/metrics", get(admin::metrics));
     let read = with_request_timeout(read, quick)
         .merge(with_request_timeout(read_waiting, waiting))
@@ -188,6 +191,7 @@ pub fn app(state: AppState) -> Router {
     let admin = Router::new()
         .route("/changefeed/stats", get(admin::stats))
         .route("/changefeed/retention", post(admin::retention))
+        .route("/changefeed/snapshot", post(admin::snapshot))
         .route("/changefeed/groups", post(groups::create))
         .route("/changefeed/groups/{group}", delete(groups::delete))
         .route(

@@ -1,0 +1,668 @@
+//! Snapshots: the rows that already exist, read into the log as `read` events while
+//! changes keep streaming (DBLog's watermark algorithm), resumable, one chunk at a time.
+//!
+//! For each chunk of a table, in primary-key order:
+//!
+//! 1. a *low watermark* is written into the WAL (a non-transactional logical decoding
+//!    message; its position is `low`);
+//! 2. the chunk is read: `WHERE (pk) > (last key) ORDER BY pk LIMIT n` in a
+//!    REPEATABLE READ transaction whose snapshot (`xmin`, `xmax`, running xids) is
+//!    kept with the rows;
+//! 3. the chunk is registered here and a *high watermark* is written (a transactional
+//!    message: streamed in commit order with every other transaction).
+//!
+//! The capture loop appends the stream's events as usual; when the high watermark comes
+//! by, every event before it is queued for the writer, and the chunk goes to the writer
+//! right behind them. There each row is checked against its row's latest event in the
+//! log (the latest-per-key index): if that event committed after `low` (DBLog's window)
+//! or in a transaction the chunk's snapshot did not see (WAL order is not visibility
+//! order: a transaction can be in the WAL before `low` and still invisible), the row is
+//! dropped — the live event is already in the log, and whatever follows it streams
+//! after. The other rows are appended as `read` events, and the table's progress (the
+//! chunk's last key) is recorded in the same commit. So a row never appears with a value
+//! older than a change already in the log, and a crash resumes after the last committed
+//! chunk (a chunk in flight is read again: at-least-once).
+//!
+//! A TRUNCATE of the table while a chunk is in flight ends the table's snapshot: every
+//! row that exists after it streams as a live event.
+//!
+//! At most one chunk is in flight, so memory is bounded by `snapshot_chunk_rows`, and
+//! `snapshot_pause_ms` spaces chunks out to bound the load on the source.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use freshen::{Backoff, Jitter, Op, RowEvent, StreamMark};
+use freshen_postgres::{Pool, TableName, TableReader, WATERMARK_PREFIX, XidSnapshot};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, oneshot};
+
+use crate::record::unix_ms;
+use crate::writer::{Request, WriteOp};
+use crate::{Changefeed, Error, SnapshotMode};
+
+/// How long a chunk waits for its high watermark to come back through the stream
+/// before it is read again (the capture loop may be reconnecting meanwhile).
+const WATERMARK_WAIT: Duration = Duration::from_secs(300);
+
+/// Where a table's snapshot stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SnapshotState {
+    /// Asked for; not started.
+    Pending,
+    /// Some chunks are in the log; resumes after `after`.
+    Running,
+    /// Every row was read (or the table was truncated meanwhile).
+    Done,
+}
+
+/// One table's snapshot progress, as stored with the log and shown by
+/// `GET /changefeed/snapshot`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SnapshotProgress {
+    /// The table's schema.
+    pub schema: String,
+    /// The table.
+    pub table: String,
+    /// Where it stands.
+    pub state: SnapshotState,
+    /// The primary key of the last row read (as text, in key order): the next chunk
+    /// starts after it.
+    pub after: Option<Vec<String>>,
+    /// Rows appended as `read` events.
+    pub rows: u64,
+    /// Rows dropped because their row changed while the chunk was in flight (the live
+    /// event is in the log instead).
+    pub dropped: u64,
+    /// Chunks committed.
+    pub chunks: u64,
+    /// When the snapshot was asked for (ms since the Unix epoch).
+    pub started_ms: u64,
+    /// When it ended.
+    pub finished_ms: Option<u64>,
+    /// The last failure reading from the source, until a chunk succeeds again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl SnapshotProgress {
+    fn new(t: &TableName, now: u64) -> SnapshotProgress {
+        SnapshotProgress {
+            schema: t.schema.clone(),
+            table: t.name.clone(),
+            state: SnapshotState::Pending,
+            after: None,
+            rows: 0,
+            dropped: 0,
+            chunks: 0,
+            started_ms: now,
+            finished_ms: None,
+            last_error: None,
+        }
+    }
+
+    pub(crate) fn store_key(&self) -> String {
+        store_key(&self.schema, &self.table)
+    }
+
+    pub(crate) fn to_json(&self) -> Vec<u8> {
+        let mut p = self.clone();
+        // Failures are for the status, not for the next run.
+        p.last_error = None;
+        serde_json::to_vec(&p).unwrap_or_default()
+    }
+
+    fn name(&self) -> TableName {
+        TableName::new(&self.schema, &self.table)
+    }
+}
+
+/// The high watermark's content for chunk `id` (the low one says `low`: the writer
+/// needs only its position, and it must not end the chunk).
+fn high_mark(id: &str) -> String {
+    format!("{id} high")
+}
+
+fn store_key(schema: &str, table: &str) -> String {
+    format!("{schema}\0{table}")
+}
+
+/// What the writer checks a chunk's rows against.
+#[derive(Debug, Clone)]
+pub(crate) struct ChunkCheck {
+    /// What the chunk's SELECT saw.
+    pub(crate) snapshot: XidSnapshot,
+    /// The low watermark's WAL position (the end of its record, as
+    /// `pg_logical_emit_message` returns it: a transaction whose commit record starts
+    /// there or later committed after it).
+    pub(crate) low: u64,
+}
+
+/// A chunk read and waiting for its high watermark.
+struct InFlight {
+    id: String,
+    rows: Vec<RowEvent>,
+    check: ChunkCheck,
+    /// The table's progress once the chunk is in the log (counts added by the writer).
+    next: SnapshotProgress,
+    /// A TRUNCATE of the table came by meanwhile.
+    truncated: bool,
+    reply: oneshot::Sender<Result<SnapshotProgress, Error>>,
+}
+
+/// The snapshot state a changefeed shares between its capture loop, the snapshot
+/// driver and the HTTP API.
+pub(crate) struct Snapshots {
+    mode: SnapshotMode,
+    chunk_rows: usize,
+    pause: Duration,
+    in_flight: Mutex<Option<InFlight>>,
+    progress: Mutex<BTreeMap<String, SnapshotProgress>>,
+    /// The tables the driver may read (the source's), once it runs.
+    tables: Mutex<Option<Vec<TableName>>>,
+    wake: Notify,
+    /// Distinguishes this process's watermarks from older runs' and other feeds'.
+    nonce: u64,
+    counter: AtomicU64,
+}
+
+impl Snapshots {
+    pub(crate) fn new(
+        mode: SnapshotMode,
+        chunk_rows: usize,
+        pause: Duration,
+        stored: Vec<(String, Vec<u8>)>,
+    ) -> Snapshots {
+        let progress = stored
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let p = serde_json::from_slice::<SnapshotProgress>(&v);
+                if let Err(e) = &p {
+                    tracing::warn!(error = %e, "changefeed: unreadable snapshot progress ignored");
+                }
+                Some((k, p.ok()?))
+            })
+            .collect();
+        Snapshots {
+            mode,
+            chunk_rows,
+            pause,
+            in_flight: Mutex::new(None),
+            progress: Mutex::new(progress),
+            tables: Mutex::new(None),
+            wake: Notify::new(),
+            nonce: Jitter::from_clock().next_u64(),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    fn lock_in_flight(&self) -> std::sync::MutexGuard<'_, Option<InFlight>> {
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_progress(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SnapshotProgress>> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a mark is one of ours (cheap: the capture loop asks for every mark).
+    pub(crate) fn is_watermark(mark: &StreamMark) -> bool {
+        &*mark.prefix == WATERMARK_PREFIX
+    }
+
+    /// Notes TRUNCATEs of the table whose chunk is in flight.
+    pub(crate) fn note_truncates(&self, events: &[RowEvent]) {
+        let mut g = self.lock_in_flight();
+        if let Some(f) = g.as_mut() {
+            f.truncated |= events.iter().any(|e| {
+                e.op == Op::Truncate && *e.schema == *f.next.schema && *e.table == *f.next.table
+            });
+        }
+    }
+
+    /// The in-flight chunk whose high watermark `mark` is, taken.
+    fn take_at(&self, mark: &StreamMark) -> Option<InFlight> {
+        let mut g = self.lock_in_flight();
+        if g.as_ref()
+            .is_some_and(|f| high_mark(&f.id).as_bytes() == &*mark.content)
+        {
+            g.take()
+        } else {
+            None
+        }
+    }
+
+    fn unregister(&self, id: &str) {
+        let mut g = self.lock_in_flight();
+        if g.as_ref().is_some_and(|f| f.id == id) {
+            *g = None;
+        }
+    }
+
+    fn set(&self, p: SnapshotProgress) {
+        self.lock_progress().insert(p.store_key(), p);
+    }
+
+    /// The next table to read: unfinished ones, by name.
+    fn next_table(&self) -> Option<SnapshotProgress> {
+        self.lock_progress()
+            .values()
+            .find(|p| p.state != SnapshotState::Done)
+            .cloned()
+    }
+
+    fn set_error(&self, key: &str, error: String) {
+        if let Some(p) = self.lock_progress().get_mut(key) {
+            p.last_error = Some(error);
+        }
+    }
+}
+
+/// Where snapshots read from: the source database (a pool of SQL connections) and the
+/// tables the changefeed captures (only those: a table the stream does not carry could
+/// not be checked against its changes).
+#[derive(Debug, Clone)]
+pub struct SnapshotSource {
+    pool: Pool,
+    tables: Vec<TableName>,
+}
+
+impl SnapshotSource {
+    /// Reads from `pool`, for `tables`.
+    pub fn new(pool: Pool, tables: Vec<TableName>) -> SnapshotSource {
+        SnapshotSource { pool, tables }
+    }
+}
+
+/// Why one chunk did not make it into the log.
+enum ChunkError {
+    Stopped,
+    Source(String),
+    Log(Error),
+}
+
+impl Changefeed {
+    /// Each table's snapshot progress, by name.
+    pub fn snapshot_status(&self) -> Vec<SnapshotProgress> {
+        self.snapshots.lock_progress().values().cloned().collect()
+    }
+
+    /// Asks for snapshots of `tables` (`schema.table`, or a table name the captured
+    /// tables hold once): each one not already pending or running starts over from
+    /// its first row. Answers every named table's progress. Needs
+    /// [`Changefeed::run_snapshots`] running; unknown tables are an error naming them
+    /// all.
+    pub async fn request_snapshot(
+        &self,
+        tables: &[String],
+    ) -> Result<Vec<SnapshotProgress>, Error> {
+        let known = self
+            .snapshots
+            .tables
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                Error::Invalid(
+                    "snapshots need the changefeed to capture from PostgreSQL".to_owned(),
+                )
+            })?;
+        if tables.is_empty() {
+            return Err(Error::Invalid(
+                "tables: name at least one table to snapshot".to_owned(),
+            ));
+        }
+        let mut resolved = Vec::new();
+        let mut unknown = Vec::new();
+        for name in tables {
+            let hits: Vec<&TableName> = known
+                .iter()
+                .filter(|t| t.to_string() == *name || t.name == *name)
+                .collect();
+            match hits.as_slice() {
+                [one] => resolved.push((*one).clone()),
+                _ => unknown.push(name.as_str()),
+            }
+        }
+        if !unknown.is_empty() {
+            let known: Vec<String> = known.iter().map(ToString::to_string).collect();
+            return Err(Error::Invalid(format!(
+                "tables: not captured by this changefeed (or ambiguous): {}; captured: {}",
+                unknown.join(", "),
+                known.join(", ")
+            )));
+        }
+        self.begin_snapshots(&resolved).await?;
+        let p = self.snapshots.lock_progress();
+        Ok(resolved
+            .iter()
+            .filter_map(|t| p.get(&store_key(&t.schema, &t.name)).cloned())
+            .collect())
+    }
+
+    /// Records `tables` as pending (unless already under way) and wakes the driver.
+    async fn begin_snapshots(&self, tables: &[TableName]) -> Result<(), Error> {
+        let now = unix_ms(SystemTime::now());
+        let mut fresh = Vec::new();
+        {
+            let p = self.snapshots.lock_progress();
+            for t in tables {
+                let under_way = p
+                    .get(&store_key(&t.schema, &t.name))
+                    .is_some_and(|p| p.state != SnapshotState::Done);
+                if !under_way {
+                    fresh.push(SnapshotProgress::new(t, now));
+                }
+            }
+        }
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let ops = fresh
+            .iter()
+            .map(|p| WriteOp::PutSnapshot {
+                key: p.store_key(),
+                value: p.to_json(),
+            })
+            .collect();
+        let rx = self.core.write_submit(ops)?;
+        self.core.wait(rx).await?;
+        for p in fresh {
+            tracing::info!(table = %p.name(), "changefeed snapshot requested");
+            self.snapshots.set(p);
+        }
+        self.snapshots.wake.notify_one();
+        Ok(())
+    }
+
+    /// Runs snapshots until `shutdown` completes: with `snapshot = "initial"`, first
+    /// every table of `source` that has no snapshot yet; unfinished ones resume after
+    /// their last committed chunk; then those asked for
+    /// ([`Changefeed::request_snapshot`], `POST /changefeed/snapshot`).
+    ///
+    /// Needs [`Changefeed::capture`] running on the PostgreSQL source that streams these
+    /// tables: a chunk goes into the log when its high watermark comes through that
+    /// stream. Failures reading the source are retried with backoff and shown in the
+    /// progress (`last_error`); only the log failing ends the run.
+    pub async fn run_snapshots(
+        &self,
+        source: SnapshotSource,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), Error> {
+        tokio::pin!(shutdown);
+        *self
+            .snapshots
+            .tables
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(source.tables.clone());
+        if self.snapshots.mode == SnapshotMode::Initial {
+            let missing: Vec<TableName> = {
+                let p = self.snapshots.lock_progress();
+                source
+                    .tables
+                    .iter()
+                    .filter(|t| !p.contains_key(&store_key(&t.schema, &t.name)))
+                    .cloned()
+                    .collect()
+            };
+            self.begin_snapshots(&missing).await?;
+        }
+        let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+        let mut jitter = Jitter::from_clock();
+        let mut failures = 0u32;
+        loop {
+            let Some(progress) = self.snapshots.next_table() else {
+                let woken = self.snapshots.wake.notified();
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    () = woken => continue,
+                }
+            };
+            let key = progress.store_key();
+            let result = tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                r = self.snapshot_table(&source, progress) => r,
+            };
+            match result {
+                Ok(()) => failures = 0,
+                Err(ChunkError::Stopped) => return Ok(()),
+                Err(ChunkError::Log(e)) => return Err(e),
+                Err(ChunkError::Source(e)) => {
+                    tracing::warn!(error = %e, "changefeed snapshot: reading the source failed; retrying");
+                    self.snapshots.set_error(&key, e);
+                    crate::metrics::inc(&self.core.metrics().snapshot_errors);
+                    let delay = backoff.delay(failures, jitter.unit());
+                    failures = failures.saturating_add(1);
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads one table to its end, chunk by chunk.
+    async fn snapshot_table(
+        &self,
+        source: &SnapshotSource,
+        mut progress: SnapshotProgress,
+    ) -> Result<(), ChunkError> {
+        let table = progress.name();
+        let reader = TableReader::new(source.pool.clone(), table.clone())
+            .await
+            .map_err(|e| ChunkError::Source(e.to_string()))?;
+        match &progress.after {
+            None => tracing::info!(table = %table, "changefeed snapshot starting"),
+            Some(after) => tracing::info!(
+                table = %table, after = ?after, rows = progress.rows,
+                "changefeed snapshot resuming after its last committed chunk"
+            ),
+        }
+        loop {
+            progress = self.chunk(source, &reader, progress).await?;
+            tracing::debug!(
+                table = %table, rows = progress.rows, dropped = progress.dropped,
+                chunks = progress.chunks, "changefeed snapshot chunk committed"
+            );
+            if progress.state == SnapshotState::Done {
+                tracing::info!(
+                    table = %table, rows = progress.rows, dropped = progress.dropped,
+                    chunks = progress.chunks, "changefeed snapshot done"
+                );
+                return Ok(());
+            }
+            if !self.snapshots.pause.is_zero() {
+                tokio::time::sleep(self.snapshots.pause).await;
+            }
+        }
+    }
+
+    /// One chunk: low watermark, SELECT, high watermark, and its commit by the capture
+    /// loop. Returns the table's progress after it.
+    async fn chunk(
+        &self,
+        source: &SnapshotSource,
+        reader: &TableReader,
+        progress: SnapshotProgress,
+    ) -> Result<SnapshotProgress, ChunkError> {
+        let s = &self.snapshots;
+        let id = format!(
+            "{:016x}:{}",
+            s.nonce,
+            s.counter.fetch_add(1, Ordering::Relaxed)
+        );
+        let src = |e: freshen_postgres::PgError| ChunkError::Source(e.to_string());
+        let low = freshen_postgres::write_watermark(&source.pool, &format!("{id} low"), false)
+            .await
+            .map_err(src)?;
+        let chunk = reader
+            .read_chunk(progress.after.as_deref(), s.chunk_rows)
+            .await
+            .map_err(src)?;
+        let complete = chunk.rows.len() < s.chunk_rows;
+        let mut next = progress.clone();
+        next.last_error = None;
+        if chunk.last_key.is_some() {
+            next.after = chunk.last_key;
+        }
+        if complete {
+            next.state = SnapshotState::Done;
+            next.finished_ms = Some(unix_ms(SystemTime::now()));
+        } else {
+            next.state = SnapshotState::Running;
+        }
+        let (reply, rx) = oneshot::channel();
+        *s.lock_in_flight() = Some(InFlight {
+            id: id.clone(),
+            rows: chunk.rows,
+            check: ChunkCheck {
+                snapshot: chunk.snapshot,
+                low: low.0,
+            },
+            next,
+            truncated: false,
+            reply,
+        });
+        if let Err(e) = freshen_postgres::write_watermark(&source.pool, &high_mark(&id), true).await
+        {
+            s.unregister(&id);
+            return Err(src(e));
+        }
+        let stop = self.core.stopping();
+        let outcome = tokio::select! {
+            r = rx => r.map_err(|_| ChunkError::Stopped)?,
+            () = tokio::time::sleep(WATERMARK_WAIT) => {
+                s.unregister(&id);
+                return Err(ChunkError::Source(format!(
+                    "the high watermark did not come through the stream within {}s; is the capture running?",
+                    WATERMARK_WAIT.as_secs()
+                )));
+            }
+            () = stopped(stop) => {
+                s.unregister(&id);
+                return Err(ChunkError::Stopped);
+            }
+        };
+        let p = outcome.map_err(ChunkError::Log)?;
+        s.set(p.clone());
+        Ok(p)
+    }
+
+    /// Queues the chunk whose high watermark `mark` is (if it is one of this process's
+    /// chunks) for the writer, behind every event queued before it.
+    pub(crate) fn submit_chunk_at(&self, mark: &StreamMark) -> Result<(), Error> {
+        let Some(f) = self.snapshots.take_at(mark) else {
+            return Ok(());
+        };
+        let (rows, progress) = if f.truncated {
+            let mut p = f.next;
+            p.state = SnapshotState::Done;
+            p.finished_ms = Some(unix_ms(SystemTime::now()));
+            tracing::info!(table = %p.name(), "changefeed snapshot: the table was truncated meanwhile; every row from now on streams live");
+            (Vec::new(), p)
+        } else {
+            (f.rows, f.next)
+        };
+        self.core.submit(Request::Chunk {
+            rows,
+            check: f.check,
+            progress,
+            reply: f.reply,
+        })
+    }
+}
+
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use freshen::{Row, Tx, Value};
+
+    use super::*;
+    use crate::{ChangefeedConfig, Filter};
+
+    fn row(id: i64, v: &str) -> RowEvent {
+        RowEvent::new("public", "t", Op::Insert)
+            .with_pk(["id"])
+            .with_new(Row::from_pairs([
+                ("id", Value::Int(id)),
+                ("v", Value::text(v)),
+            ]))
+    }
+
+    /// The writer's check, one row per case: what the log's latest event for the row says
+    /// decides whether the chunk's row goes in.
+    #[tokio::test]
+    async fn a_chunk_row_goes_in_only_when_its_latest_event_was_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let cf = Changefeed::open(&ChangefeedConfig::new(dir.path().join("f.redb")))
+            .await
+            .unwrap();
+        let live = |id: i64, xid: u64, commit: u64| {
+            row(id, "live").with_tx(Tx {
+                id: xid,
+                commit,
+                index: 0,
+            })
+        };
+        cf.append(&[
+            // Before the low watermark (1000), seen by the snapshot: the chunk has it.
+            live(1, 10, 500),
+            // Before the low watermark in the WAL, but still running for the snapshot.
+            live(2, 12, 600),
+            // After the low watermark (DBLog's window).
+            live(3, 11, 1000),
+        ])
+        .await
+        .unwrap();
+        let snapshot = XidSnapshot {
+            xmin: 11,
+            xmax: 20,
+            xip: vec![12],
+        };
+        let (reply, rx) = oneshot::channel();
+        let progress = SnapshotProgress::new(&TableName::new("public", "t"), 0);
+        cf.core
+            .submit(Request::Chunk {
+                rows: (1..=4).map(|id| row(id, "chunk")).collect(),
+                check: ChunkCheck {
+                    snapshot,
+                    low: 1000,
+                },
+                progress,
+                reply,
+            })
+            .unwrap();
+        let p = cf.core.wait(rx).await.unwrap();
+        assert_eq!((p.rows, p.dropped, p.chunks), (2, 2, 1));
+        let reads: Vec<String> = cf
+            .read(0, 100, &Filter::default())
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.json.contains(r#""op":"read""#))
+            .map(|e| {
+                let j: serde_json::Value = serde_json::from_str(&e.json).unwrap();
+                j["key"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        // Row 1: its latest event is in the chunk's view; row 4: no event at all.
+        assert_eq!(reads, ["t:1", "t:4"]);
+        // Stored with the log: a reopened changefeed resumes from it.
+        cf.close().await;
+        drop(cf);
+        let cf = Changefeed::open(&ChangefeedConfig::new(dir.path().join("f.redb")))
+            .await
+            .unwrap();
+        let stored = cf.snapshot_status();
+        assert_eq!(stored.len(), 1);
+        assert_eq!((stored[0].rows, stored[0].dropped), (2, 2));
+        cf.close().await;
+    }
+}

@@ -57,8 +57,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Exit 0 if a running instance's `/healthz` says healthy, 1 (printing why) if not: a
-    /// health check that needs no HTTP client in the image.
+    /// Exit 0 while a running instance's /healthz answers 200, else 1 saying why (a
+    /// container's health check, with no HTTP client in the image).
     Health {
         /// The instance's HTTP address.
         #[arg(long, default_value = "http://127.0.0.1:9187")]

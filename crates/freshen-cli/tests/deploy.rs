@@ -1,10 +1,15 @@
 //! The files of `deploy/`, exercised: the systemd unit passes `systemd-analyze verify`
-//! with its `ExecStart` on the binary under test, and the container image is built with
-//! podman from `deploy/Containerfile` (on local Debian base images made with mmdebstrap,
-//! since no registry of images is reachable from a test) and runs `freshen` in it.
+//! with its `ExecStart` on the binary under test, and runs it — hardening and all — under
+//! systemd in a podman container against a real PostgreSQL; the container image is built
+//! with podman from `deploy/Containerfile` (on local Debian base images made with
+//! mmdebstrap, since no registry of images is reachable from a test) and runs `freshen` in
+//! it.
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -167,8 +172,9 @@ fn image_exists(name: &str) -> bool {
 }
 
 /// Imports a Debian 12 minbase root file system with `include` (and `hook`, an mmdebstrap
-/// customize hook) as `name`, unless it exists.
-fn debian_image(name: &str, include: &str, hook: Option<&str>, env: &[&str]) {
+/// customize hook) as `name` with the Containerfile instructions `changes`, unless it
+/// exists.
+fn debian_image(name: &str, include: &str, hook: Option<&str>, changes: &[&str]) {
     if image_exists(name) {
         return;
     }
@@ -185,8 +191,8 @@ fn debian_image(name: &str, include: &str, hook: Option<&str>, env: &[&str]) {
     ok(m.args(["bookworm"]).arg(&tar));
     let mut import = podman();
     import.arg("import");
-    for e in env {
-        import.args(["--change", &format!("ENV {e}")]);
+    for c in changes {
+        import.args(["--change", c]);
     }
     ok(import.arg(&tar).arg(name));
 }
@@ -204,8 +210,11 @@ fn the_container_image_builds_and_runs_freshen_check() {
     let sysroot = ok(Command::new("rustc").args(["--print", "sysroot"]));
     let tag = rustc.split_whitespace().nth(1).unwrap_or("unknown");
     let rust = format!("localhost/freshen-test/rust:{tag}-bookworm");
+    // The build stage fetches crates.io over TLS: it trusts what this machine trusts (an
+    // egress proxy's CA, say).
     let copy = format!(
-        "mkdir -p \"$1/usr/local/rust\" && cp -a {0}/bin {0}/lib \"$1/usr/local/rust/\"",
+        "mkdir -p \"$1/usr/local/rust\" && cp -a {0}/bin {0}/lib \"$1/usr/local/rust/\" \
+         && cp /etc/ssl/certs/ca-certificates.crt \"$1/etc/ssl/certs/ca-certificates.crt\"",
         sysroot.trim()
     );
     debian_image(
@@ -213,8 +222,8 @@ fn the_container_image_builds_and_runs_freshen_check() {
         "ca-certificates,gcc,libc6-dev,binutils",
         Some(&copy),
         &[
-            "PATH=/usr/local/rust/bin:/usr/local/cargo/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "CARGO_HOME=/usr/local/cargo",
+            "ENV PATH=/usr/local/rust/bin:/usr/local/cargo/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "ENV CARGO_HOME=/usr/local/cargo",
         ],
     );
 
@@ -303,4 +312,187 @@ fn the_container_image_builds_and_runs_freshen_check() {
             "/var/lib/freshen",
         ]));
     assert_eq!(owner.trim().split(' ').next(), Some("10001"), "{owner}");
+}
+
+/// A container removed when dropped, so a failing test leaves none behind.
+struct Container(String);
+
+impl Container {
+    fn exec(&self, args: &[&str]) -> Output {
+        run(podman().args(["exec", &self.0]).args(args))
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let out = self.exec(&["sh", "-c", script]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn copy(&self, from: &Path, to: &str) {
+        ok(podman().arg("cp").arg(from).arg(format!("{}:{to}", self.0)));
+    }
+
+    /// `systemctl show -p <property> --value freshen`.
+    fn unit(&self, property: &str) -> String {
+        self.sh(&format!("systemctl show -p {property} --value freshen"))
+    }
+
+    /// Polls `property` of the unit until it is `want`, or fails after `within`.
+    fn until_unit(&self, property: &str, want: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.unit(property);
+            if now == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{property} stayed `{now}`, not `{want}`:\n{}",
+                self.sh("journalctl -u freshen --no-pager | tail -30")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = podman().args(["rm", "-f", "-t", "0", &self.0]).output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_systemd_unit_runs_freshen_hardened_under_systemd() {
+    need("podman", "podman");
+    need("runc", "runc");
+    need("mmdebstrap", "mmdebstrap");
+    let image = "localhost/freshen-test/systemd:bookworm";
+    debian_image(image, "systemd,systemd-sysv,dbus", None, &[]);
+
+    let pg = support::start_pg();
+    let db = support::connect(&pg.url()).await;
+    db.batch_execute(support::SCHEMA).await.unwrap();
+    db.batch_execute("INSERT INTO readings (device, site, value) SELECT 'd' || (g % 7), 's1', g FROM generate_series(1, 100) g")
+        .await
+        .unwrap();
+
+    // systemd as the container's init. Privileged, because the unit's own namespaces
+    // (ProtectSystem, PrivateTmp, …) need mounts; the host's network, to reach the
+    // test's PostgreSQL and let the test reach /healthz.
+    let name = format!("freshen-test-systemd-{}", std::process::id());
+    ok(podman()
+        .args([
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--privileged",
+            "--systemd=always",
+        ])
+        .args(["--network", "host"])
+        .args(ULIMITS)
+        .args([image, "/sbin/init"]));
+    let c = Container(name);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let state = c.sh("systemctl is-system-running");
+        if state == "running" || state == "degraded" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "systemd did not come up: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Installed as deploy/README.md says: the binary, the example configuration (on a
+    // free port), the secret in the environment file, the unit as it is.
+    let port = support::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        read("deploy/freshen.toml").replace("127.0.0.1:9187", &format!("127.0.0.1:{port}"));
+    assert!(config.contains(&format!("127.0.0.1:{port}")));
+    std::fs::write(dir.path().join("freshen.toml"), &config).unwrap();
+    std::fs::write(
+        dir.path().join("freshen.env"),
+        format!("DATABASE_URL={}\n", pg.url()),
+    )
+    .unwrap();
+    c.sh("mkdir -p /etc/freshen");
+    c.copy(
+        Path::new(env!("CARGO_BIN_EXE_freshen")),
+        "/usr/local/bin/freshen",
+    );
+    c.copy(
+        &dir.path().join("freshen.toml"),
+        "/etc/freshen/freshen.toml",
+    );
+    c.copy(&dir.path().join("freshen.env"), "/etc/freshen/freshen.env");
+    c.copy(
+        &repo().join("deploy/freshen.service"),
+        "/etc/systemd/system/freshen.service",
+    );
+    c.sh("chmod 0600 /etc/freshen/freshen.env && systemctl daemon-reload");
+    let started = c.exec(&["systemctl", "start", "freshen"]);
+    assert!(started.status.success(), "{started:?}");
+
+    support::wait_http(&base, "/healthz", 200, Duration::from_secs(60)).await;
+    // It keeps the example's derived table fresh.
+    db.batch_execute("INSERT INTO readings (device, site, value) SELECT 'd' || (g % 5), 's2', g * 3 FROM generate_series(1, 50) g; DELETE FROM readings WHERE id % 11 = 0")
+        .await
+        .unwrap();
+    let differ = "SELECT count(*) FROM ((SELECT device, total, n FROM device_totals EXCEPT SELECT device, sum(value)::bigint, count(*) FROM readings GROUP BY device) UNION ALL (SELECT device, sum(value)::bigint, count(*) FROM readings GROUP BY device EXCEPT SELECT device, total, n FROM device_totals)) d";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: i64 = db.query_one(differ, &[]).await.unwrap().get(0);
+        if n == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "device_totals never matched: {n} rows differ"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // As its own unprivileged user, with no capabilities.
+    let pid = c.unit("MainPID");
+    let status = c.sh(&format!("cat /proc/{pid}/status"));
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    assert_ne!(field("Uid:"), "0", "{status}");
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("CapBnd:"), "0000000000000000", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+
+    // Killed, it is restarted and healthy again.
+    c.exec(&["systemctl", "kill", "-s", "KILL", "freshen"]);
+    c.until_unit("NRestarts", "1", Duration::from_secs(30));
+    support::wait_http(&base, "/healthz", 200, Duration::from_secs(60)).await;
+
+    // SIGTERM stops it cleanly.
+    c.exec(&["systemctl", "stop", "freshen"]);
+    c.until_unit("ActiveState", "inactive", Duration::from_secs(40));
+    assert_eq!(c.unit("Result"), "success");
+
+    // A bad configuration (exit 2) fails the unit at once: no restart can fix it.
+    std::fs::write(
+        dir.path().join("freshen.toml"),
+        config.replace("slot = ", "slots = "),
+    )
+    .unwrap();
+    c.copy(
+        &dir.path().join("freshen.toml"),
+        "/etc/freshen/freshen.toml",
+    );
+    c.exec(&["systemctl", "start", "freshen"]);
+    c.until_unit("ActiveState", "failed", Duration::from_secs(30));
+    assert_eq!(c.unit("ExecMainStatus"), "2");
+    assert_eq!(c.unit("NRestarts"), "0");
 }

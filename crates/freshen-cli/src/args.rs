@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 /// Keep derived tables fresh from change-data-capture.
 #[derive(Debug, Parser)]
-#[command(name = "freshen", version, about, propagate_version = true)]
+#[command(name = "freshen", version = version(), about, propagate_version = true)]
 pub struct Args {
     /// What to do.
     #[command(subcommand)]
@@ -57,6 +57,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Exit 0 while a running instance's /healthz answers 200, else 1 saying why (a
+    /// container's health check, with no HTTP client in the image).
+    Health {
+        /// The instance's HTTP address.
+        #[arg(long, default_value = "http://127.0.0.1:9187")]
+        url: String,
+    },
+    /// Print the version and what this build can read (as `--version` does).
+    Version,
     /// Remove the replication slot (and the publication freshen created) so an abandoned
     /// pipeline never retains WAL.
     Drop {
@@ -64,4 +73,19 @@ pub enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
     },
+}
+
+/// This build's version and what it was built with, e.g. `0.1.0 (sources: postgres,
+/// mysql; changefeed)`: which sources a binary reads depends on its cargo features, so a
+/// user (or a bug report) can tell from the binary alone.
+pub fn version() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| {
+        let sources: Vec<&str> = crate::sources::KINDS.iter().map(|k| k.name).collect();
+        format!(
+            "{} (sources: {}; changefeed)",
+            env!("CARGO_PKG_VERSION"),
+            sources.join(", ")
+        )
+    })
 }

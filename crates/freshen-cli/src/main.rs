@@ -117,6 +117,18 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Health { url } => {
+            let (code, body) = status::get(&url, "/healthz").await?;
+            if code == 200 {
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!("{url}/healthz answered {code}: {}", body.trim_end());
+            Ok(ExitCode::FAILURE)
+        }
+        Command::Version => {
+            println!("freshen {}", freshen_cli::args::version());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Drop { config } => {
             let cfg = match config::load(&config) {
                 Ok(c) => c,

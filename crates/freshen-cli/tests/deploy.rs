@@ -197,7 +197,12 @@ fn debian_image(name: &str, include: &str, hook: Option<&str>, changes: &[&str])
     ok(import.arg(&tar).arg(name));
 }
 
+/// Builds the image from the Containerfile for real — a cold release build inside the
+/// container (22 min on this 2-core machine under load; seconds once its cache mount is
+/// warm). Too slow for every CI run, so it runs on demand:
+/// `cargo nextest run -p freshen-cli --test deploy --run-ignored all`.
 #[test]
+#[ignore = "a cold release build in a container: run with --run-ignored all"]
 fn the_container_image_builds_and_runs_freshen_check() {
     need("podman", "podman");
     need("runc", "runc");

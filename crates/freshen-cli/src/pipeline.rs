@@ -13,7 +13,7 @@ use freshen_changefeed::{AppState, Changefeed};
 use freshen_kafka::{KafkaSink, KafkaSource};
 use freshen_postgres::{
     ConnectionConfig, PgAdmin, PgHandle, PgSource, Pool, PublicationMode as PgPublicationMode,
-    SlotMode as PgSlotMode, SqlEnumerate, SqlRebuild, Visibility,
+    SlotMode as PgSlotMode, SqlEnumerate, SqlFanOut, SqlRebuild, Visibility,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -167,6 +167,33 @@ async fn visibility(cfg: &Config, target: &Pool) -> anyhow::Result<Visibility> {
     })
 }
 
+/// Prepares a view's fan-out statements, one per watch entry with `keys`.
+async fn prepare_fanouts(
+    view: &View,
+    pool: &Pool,
+    visibility: &Visibility,
+) -> anyhow::Result<Vec<SqlFanOut>> {
+    let mut out = Vec::new();
+    for w in view.fanouts() {
+        let sql = w.keys.clone().unwrap_or_default();
+        let fanout = SqlFanOut::builder(pool.clone(), sql)
+            .arity(view.arity())
+            .parent_arity(w.key.len())
+            .visibility(visibility.clone())
+            .build()
+            .await
+            .with_context(|| {
+                format!(
+                    "view {}: the `keys` statement of {} is not usable",
+                    view.name,
+                    w.qualified()
+                )
+            })?;
+        out.push(fanout);
+    }
+    Ok(out)
+}
+
 /// Prepares a view's rebuild statements (before anything starts streaming).
 async fn prepare(view: &View, pool: &Pool, visibility: &Visibility) -> anyhow::Result<SqlRebuild> {
     let mut rebuild = SqlRebuild::builder(pool.clone())
@@ -184,7 +211,7 @@ async fn prepare(view: &View, pool: &Pool, visibility: &Visibility) -> anyhow::R
 
 fn refresher(
     view: &View,
-    rebuild: SqlRebuild,
+    (rebuild, fanouts): (SqlRebuild, Vec<SqlFanOut>),
     source: Branch,
     pool: &Pool,
     ack: freshen::AckPolicy,
@@ -216,6 +243,10 @@ fn refresher(
             }
             _ => tracing::warn!(view = %name, "{r}"),
         });
+    for (i, fanout) in fanouts.into_iter().enumerate() {
+        let s = scope.clone();
+        b = b.fan_out(move |e| s.parent_keys(i, e), fanout);
+    }
     if let Some(rec) = &view.reconcile {
         b = b.reconcile_with(rec.every, SqlEnumerate::new(pool.clone(), rec.keys.clone()));
     }
@@ -292,7 +323,10 @@ impl Pipeline {
         if let Some(pool) = &pool {
             let visibility = visibility(cfg, pool).await?;
             for view in &cfg.views {
-                rebuilds.push(prepare(view, pool, &visibility).await?);
+                rebuilds.push((
+                    prepare(view, pool, &visibility).await?,
+                    prepare_fanouts(view, pool, &visibility).await?,
+                ));
             }
         }
         let mut sinks = Vec::new();

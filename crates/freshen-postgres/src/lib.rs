@@ -18,6 +18,8 @@
 //!   typed parameters, after checking the snapshot sees every transaction that dirtied
 //!   the key.
 //! - [`SqlEnumerate`]: a [`freshen::Enumerate`] that streams keys from a query.
+//! - [`SqlFanOut`]: a [`freshen::Expand`] that maps changed parent rows to view keys
+//!   with a query, in a snapshot that sees the change, page by page.
 //!
 //! # Example
 //!
@@ -69,6 +71,7 @@ mod assemble;
 mod config;
 mod enumerate;
 mod error;
+mod fanout;
 mod lsn;
 mod params;
 mod pgoutput;
@@ -92,6 +95,7 @@ pub use config::{
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
+pub use fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use lsn::{Lsn, ParseLsnError};
 pub use pgoutput::DecodeError;
 pub use pool::connect_pool;

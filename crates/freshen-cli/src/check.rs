@@ -72,6 +72,14 @@ impl CheckReport {
         });
     }
 
+    /// How many findings are warnings (`--deny-warnings` fails on any).
+    pub fn warnings(&self) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.level == Level::Warning)
+            .count()
+    }
+
     fn finish(mut self) -> CheckReport {
         self.ok = !self.findings.iter().any(|f| f.level == Level::Error);
         self
@@ -182,6 +190,112 @@ async fn check_database(cfg: &Config, report: &mut CheckReport) {
             report.findings.push(f);
         }
     }
+    match target.get().await {
+        Ok(client) => {
+            for view in &cfg.views {
+                let spec = view_spec(view);
+                for f in freshen_postgres::check::check_view(&client, &spec).await {
+                    report.findings.push(finding(f));
+                }
+            }
+        }
+        Err(e) => report.push(
+            Level::Error,
+            "target",
+            cfg.target.url.redacted(),
+            format!("cannot connect: {e}"),
+        ),
+    }
+}
+
+/// A view as freshen-postgres' checks take it.
+fn view_spec(view: &View) -> freshen_postgres::check::ViewSpec<'_> {
+    freshen_postgres::check::ViewSpec {
+        name: &view.name,
+        watch: view
+            .watch
+            .iter()
+            .map(|w| freshen_postgres::check::WatchSpec {
+                table: TableName::new(&w.schema, &w.table),
+                key: &w.key,
+                keys: w.keys.as_deref(),
+            })
+            .collect(),
+        rebuild: view.rebuild.iter().map(String::as_str).collect(),
+        batch: view.rebuild_batch.is_some(),
+        static_tables: view
+            .static_tables
+            .iter()
+            .map(|(s, t)| TableName::new(s, t))
+            .collect(),
+        reconcile: view.reconcile.is_some(),
+    }
+}
+
+fn finding(f: freshen_postgres::check::Finding) -> Finding {
+    use freshen_postgres::check::Severity;
+    Finding {
+        level: match f.severity {
+            Severity::Ok => Level::Ok,
+            Severity::Warning => Level::Warning,
+            Severity::Error => Level::Error,
+        },
+        check: f.check,
+        subject: f.subject,
+        message: f.message,
+    }
+}
+
+/// Publication safety and the privileges to create or extend it, from freshen-postgres.
+async fn check_publication_safety(
+    admin: &PgAdmin,
+    pg: &crate::config::PgSource,
+    tables: &[TableName],
+    report: &mut CheckReport,
+) {
+    let client = match admin.pool().get().await {
+        Ok(c) => c,
+        Err(e) => {
+            report.push(Level::Error, "publication", &pg.publication, e.to_string());
+            return;
+        }
+    };
+    match freshen_postgres::check::unpublishable(&client, tables).await {
+        Ok(bad) if bad.is_empty() => report.push(
+            Level::Ok,
+            "publication",
+            &pg.publication,
+            "every watched table can replicate UPDATE and DELETE",
+        ),
+        Ok(bad) => {
+            for b in bad {
+                report.push(
+                    Level::Error,
+                    "publication",
+                    b.table.to_string(),
+                    format!("freshen refuses to publish it: {b}"),
+                );
+            }
+        }
+        Err(e) => report.push(Level::Error, "publication", &pg.publication, e.to_string()),
+    }
+    // Creating the publication, or adding tables to it, needs ownership of the tables.
+    let to_add: Vec<TableName> = match admin.coverage(&pg.publication, tables).await {
+        Ok(None) if pg.publication_mode == PublicationMode::Create => tables.to_vec(),
+        Ok(Some(c)) => c.missing_tables,
+        _ => Vec::new(),
+    };
+    if to_add.is_empty() {
+        return;
+    }
+    match freshen_postgres::check::publication_privileges(&client, &to_add).await {
+        Ok(lacks) => {
+            for l in lacks {
+                report.push(Level::Error, "privilege", &pg.publication, l);
+            }
+        }
+        Err(e) => report.push(Level::Error, "privilege", &pg.publication, e.to_string()),
+    }
 }
 
 async fn check_postgres_source(
@@ -275,6 +389,7 @@ async fn check_postgres_source(
         },
         Err(e) => report.push(Level::Error, "publication", &pg.publication, e.to_string()),
     }
+    check_publication_safety(&admin, pg, &tables, report).await;
     for view in &cfg.views {
         check_identity(&admin, view, report).await;
     }
@@ -464,8 +579,8 @@ pub async fn check_statements(pool: &Pool, view: &View) -> Vec<Finding> {
                         message: format!(
                             "takes {} parameter(s) but the view's key has {arity} part(s) ({}): use $1..${arity}",
                             params.len(),
-                            view.watch
-                                .first()
+                            view.direct()
+                                .next()
                                 .map(|w| w.key.join(", "))
                                 .unwrap_or_default()
                         ),

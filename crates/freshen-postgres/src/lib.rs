@@ -68,7 +68,9 @@
 
 mod admin;
 mod assemble;
+pub mod check;
 mod config;
+pub mod depends;
 mod enumerate;
 mod error;
 mod fanout;

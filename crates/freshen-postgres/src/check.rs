@@ -503,6 +503,16 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
         match crate::depends::relations(client, sql).await {
             Ok(r) => {
                 written.extend(r.writes.clone());
+                for f in &r.opaque_functions {
+                    out.push(finding(
+                        Severity::Warning,
+                        "depends",
+                        format!("view {name} {what}"),
+                        format!(
+                            "calls {f}, whose body PostgreSQL does not track: the tables it reads cannot be checked. Watch them (or list them in `static`), or write it as a SQL-standard function (BEGIN ATOMIC … END) so check can see them"
+                        ),
+                    ));
+                }
                 found.push((what.clone(), r.reads));
             }
             Err(e) => out.push(finding(

@@ -22,6 +22,9 @@ pub struct Relations {
     pub reads: Vec<TableName>,
     /// Tables the statement modifies (INSERT, UPDATE, DELETE targets), sorted.
     pub writes: Vec<TableName>,
+    /// User functions it calls whose reads PostgreSQL cannot tell (a PL/pgSQL body, or
+    /// SQL not in the SQL-standard `BEGIN ATOMIC` form), `schema.name`.
+    pub opaque_functions: Vec<String>,
 }
 
 const PREPARED: &str = "freshen_depends";
@@ -50,7 +53,18 @@ pub async fn relations(client: &Client, sql: &str) -> Result<Relations, PgError>
     let mut writes = BTreeSet::new();
     let mut functions = BTreeSet::new();
     walk(&plan, &mut scans, &mut writes, &mut functions);
-    for (schema, name) in functions {
+    // A function called in an expression appears in the plan only as text of its
+    // output or filter: look for the catalog's user functions there by name.
+    let text = plan.to_string();
+    let mut opaque = BTreeSet::new();
+    for (schema, name, standard) in user_functions(client).await? {
+        let called = text.contains(&format!("{name}("));
+        if !called && !functions.contains(&(schema.clone(), name.clone())) {
+            continue;
+        }
+        if !standard {
+            opaque.insert(format!("{schema}.{name}"));
+        }
         for t in function_tables(client, &schema, &name).await? {
             scans.insert(t);
         }
@@ -70,7 +84,28 @@ pub async fn relations(client: &Client, sql: &str) -> Result<Relations, PgError>
     Ok(Relations {
         reads: reads.into_iter().collect(),
         writes: written.into_iter().collect(),
+        opaque_functions: opaque.into_iter().collect(),
     })
+}
+
+/// User functions (outside the system schemas): schema, name, and whether the body is
+/// SQL-standard (its dependencies recorded). C and internal functions read no tables.
+async fn user_functions(client: &Client) -> Result<Vec<(String, String, bool)>, PgError> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, p.proname::text, p.prosqlbody IS NOT NULL \
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             JOIN pg_language l ON l.oid = p.prolang \
+             WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') \
+               AND n.nspname NOT LIKE 'pg_toast%' AND l.lanname NOT IN ('c', 'internal')",
+            &[],
+        )
+        .await
+        .map_err(|e| PgError::sql("cannot list functions", e))?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
 }
 
 async fn explain(client: &Client, sql: &str, params: usize) -> Result<serde_json::Value, PgError> {

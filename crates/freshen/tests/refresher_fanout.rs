@@ -254,8 +254,8 @@ async fn a_crash_during_a_fan_out_or_its_rebuilds_acknowledges_nothing() {
         feed.send(acks.batch(1, vec![plan(None, "p")]))
             .await
             .unwrap();
-        let run = r.run(std::future::pending());
-        tokio::pin!(run);
+        // Boxed so that dropping it really ends the run (a pinned local would live on).
+        let mut run = Box::pin(r.run(std::future::pending()));
         if crash_after_fanout {
             gate.add_permits(1);
             waiting(
@@ -271,7 +271,7 @@ async fn a_crash_during_a_fan_out_or_its_rebuilds_acknowledges_nothing() {
             })
             .await;
         }
-        // The process dies: the run future is dropped mid-flight.
+        // The process dies: the run future is dropped mid-flight, its tasks aborted.
         drop(run);
         assert!(
             acks.list().is_empty(),

@@ -106,6 +106,11 @@ struct Job {
 /// streams through this and never sits in memory whole.
 const FANNED_BUFFER: usize = 4096;
 
+/// Keys waiting for a rebuild above which fanned keys are no longer taken in: a fan-out
+/// to millions of keys then waits (its query pauses between pages) while rebuilds drain
+/// the dirty set, so memory stays bounded whatever the fan-out's size.
+pub(crate) const FANNED_QUEUE_LIMIT: usize = 65_536;
+
 /// Rebuilds fail for a reason that is not the key's.
 struct Stall {
     since: std::time::Instant,
@@ -122,6 +127,8 @@ pub(crate) struct Runner {
     /// sends take that hold over before the call's own holds are released.
     expanding: HashMap<u64, Option<BatchId>>,
     calls: u64,
+    /// Fan-out calls running (they share `workers` with rebuilds).
+    fanning: usize,
     max_batch: usize,
     workers: usize,
     report: Option<ReportFn>,
@@ -163,6 +170,7 @@ impl Runner {
             fanned_rx,
             expanding: HashMap::new(),
             calls: 0,
+            fanning: 0,
             workers: p.workers,
             sweeper: Sweeper::new(p.reconcile, now),
             report: p.report,
@@ -236,11 +244,12 @@ impl Runner {
                 armed = Some(w);
             }
             let listing = self.sweeper.is_listing();
+            let take_fanned = fanning && self.takes_fanned();
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
                 Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
-                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if fanning => {
+                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if take_fanned => {
                     if n > 0 {
                         self.mark_fanned(&mut fanbuf);
                     }
@@ -295,6 +304,13 @@ impl Runner {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Whether fanned keys are taken in now: while the dirty set is below
+    /// [`FANNED_QUEUE_LIMIT`], and always when every worker runs a fan-out (none is left
+    /// to drain the dirty set: waiting would never end).
+    fn takes_fanned(&self) -> bool {
+        self.dirty.queued() < FANNED_QUEUE_LIMIT || self.fanning >= self.capacity()
     }
 
     fn drained(&self) -> bool {
@@ -552,6 +568,7 @@ impl Runner {
                     let hold = meta.iter().filter_map(|m| m.covered).min();
                     self.expanding.insert(call, hold);
                     let sink = KeySink::expansion(self.fanned_tx.clone(), call);
+                    self.fanning += 1;
                     self.jobs.spawn(async move {
                         let parents: Vec<Due> = due
                             .iter()
@@ -606,6 +623,7 @@ impl Runner {
         if job.stage.is_some() {
             self.drain_fanned();
             self.expanding.remove(&job.call);
+            self.fanning -= 1;
         }
         let meta = job.keys;
         let now = Instant::now().into_std();

@@ -366,3 +366,65 @@ async fn a_large_fan_out_streams_through_a_bounded_buffer() {
     assert_eq!(h.stats().fanout_keys, N as u64);
     assert_eq!(acks.list(), [1]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_fan_out_larger_than_the_queue_limit_waits_for_rebuilds_to_drain() {
+    // Above 65 536 dirty keys the refresher stops taking fanned keys until rebuilds
+    // drain some: the dirty set never holds the whole fan-out.
+    const N: usize = 200_000;
+    const LIMIT: u64 = 65_536;
+    let (feed, source) = channel(8);
+    let acks = Acks::default();
+    let rebuilt = Arc::new(AtomicUsize::new(0));
+    let children = Children {
+        batch: 8,
+        ..Children::default()
+    };
+    children
+        .map
+        .lock()
+        .unwrap()
+        .insert("huge".into(), (0..N).map(|i| format!("k{i}")).collect());
+    let count = rebuilt.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(device_scope)
+        .fan_out(plan_scope, children.clone())
+        .rebuild_batch(500, move |keys: Vec<Key>| {
+            let count = count.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                count.fetch_add(keys.len(), Ordering::SeqCst);
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .workers(2)
+        .coalesce(10 * MS)
+        .build()
+        .unwrap();
+    let h = r.handle();
+    feed.send(acks.batch(1, vec![plan(None, "huge")]))
+        .await
+        .unwrap();
+    drop(feed);
+    let mut run = Box::pin(r.run(std::future::pending()));
+    let mut peak = 0;
+    loop {
+        tokio::select! {
+            done = &mut run => {
+                done.unwrap();
+                break;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {
+                peak = peak.max(h.stats().dirty);
+            }
+        }
+    }
+    assert_eq!(rebuilt.load(Ordering::SeqCst), N);
+    assert_eq!(acks.list(), [1]);
+    assert!(peak > LIMIT / 2, "the test reached the limit: peak {peak}");
+    assert!(
+        peak <= LIMIT + 2 * 4096,
+        "the dirty set stayed near the limit: peak {peak}"
+    );
+}

@@ -337,11 +337,10 @@ impl Freshen {
         if let Some(t) = self.task.take() {
             t.await.context("the pipeline task panicked")??;
         }
-        if let Some(source) = self.observer.postgres() {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while source.health().running && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+        let source = self.observer.source_probe();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while source.health().streaming && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         Ok(())
     }

@@ -55,7 +55,7 @@
 //!   since the changefeed started, it was deleted, or retention removed its last
 //!   event), the event keeps `"unchanged_columns"` and says `"partial":true`: `value`
 //!   is then not the whole row. Never a `null` for an unknown value.
-//!   [`needs_full_identity`] (with [`TOASTABLE_COLUMNS_SQL`]) tells which tables need
+//!   `freshen check` (`freshen_postgres::needs_full_identity`) tells which tables need
 //!   `REPLICA IDENTITY FULL` to avoid partial events altogether.
 //! - **Gaps**: when events after a reader's position were deleted before it read them
 //!   (retention with `unacknowledged = "drop"`, or an explicit delete), the reader is
@@ -126,7 +126,6 @@ mod error;
 mod filter;
 mod groups;
 mod http;
-mod identity;
 mod log;
 mod metrics;
 mod record;
@@ -143,6 +142,5 @@ pub use error::Error;
 pub use filter::Filter;
 pub use groups::{Gap, GroupInfo, GroupSpec, Start};
 pub use http::{AppState, ServeError, app, serve};
-pub use identity::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
 pub use log::{Changefeed, Event, Stats};
 pub use writer::AppendOutcome;

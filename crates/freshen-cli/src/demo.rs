@@ -204,7 +204,7 @@ async fn writer(
             Err(e) => {
                 return Err(anyhow::anyhow!(
                     "a writer failed: {}",
-                    crate::check::db_message(&e)
+                    freshen_postgres::check::db_message(&e)
                 ));
             }
         }
@@ -434,14 +434,11 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     }
     println!("  total time {:.1}s", started.elapsed().as_secs_f64());
     // Let the replication reader and the pools go before the server does.
-    let source = observer
-        .postgres()
-        .expect("the demo runs on PostgreSQL")
-        .clone();
+    let source = observer.source_probe();
     drop(observer);
     drop(admin);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while source.health().running && Instant::now() < deadline {
+    while source.health().streaming && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(source);

@@ -13,4 +13,6 @@ pub mod logging;
 pub mod metrics;
 pub mod pipeline;
 pub mod scope;
+pub mod sources;
 pub mod status;
+pub mod target;

@@ -126,26 +126,9 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
             };
-            let d = drop::drop_pipeline(&cfg).await?;
-            let config::Source::Postgres(pg) = &cfg.source else {
-                unreachable!("drop_pipeline refuses other sources");
-            };
-            println!(
-                "slot {}: {}",
-                pg.slot,
-                if d.slot { "dropped" } else { "did not exist" }
-            );
-            println!(
-                "publication {}: {}",
-                pg.publication,
-                if d.publication {
-                    "dropped"
-                } else if d.kept_publication {
-                    "kept (not created by freshen)"
-                } else {
-                    "did not exist"
-                }
-            );
+            for line in drop::drop_pipeline(&cfg).await? {
+                println!("{line}");
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -8,25 +8,41 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use freshen::{Branch, Refresher, Report, SourceProbe, fanout};
+use freshen::{Branch, Expand, Rebuild, Refresher, Report, SourceProbe, fanout};
 use freshen_changefeed::{AppState, Changefeed};
-use freshen_kafka::{KafkaSink, KafkaSource};
-use freshen_postgres::{
-    ConnectionConfig, PgAdmin, PgHandle, PgSource, Pool, PublicationMode as PgPublicationMode,
-    SlotMode as PgSlotMode, SqlEnumerate, SqlFanOut, SqlRebuild, Visibility,
-};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::config::{
-    Config, PgSource as PgSourceConfig, PublicationMode, Sink, SlotMode, Source, View,
-};
+use crate::config::{Config, Sink, View};
 use crate::http::Observe;
 use crate::metrics::{SourceStatus, ViewStats};
 use crate::scope::ViewScope;
+use crate::target::Target;
 
 /// How often the slot's lag is sampled from the server.
 const LAG_SAMPLE: Duration = Duration::from_secs(5);
+
+/// A sink's run, started with its branch of the source and the shutdown signal.
+type SinkRun = Box<
+    dyn FnOnce(
+            Branch,
+            freshen::BoxFuture<'static, ()>,
+        ) -> freshen::BoxFuture<'static, anyhow::Result<()>>
+        + Send,
+>;
+
+/// Sets up `sink` (connects its producer) and returns how to run it.
+fn sink_run(sink: &Sink) -> anyhow::Result<SinkRun> {
+    match *sink {
+        #[cfg(feature = "kafka")]
+        Sink::Kafka(ref k) => {
+            let s = freshen_kafka::KafkaSink::new(k).context("cannot set up the Kafka sink")?;
+            Ok(Box::new(move |branch, stop| {
+                Box::pin(async move { s.run(branch, stop).await.map_err(Into::into) })
+            }))
+        }
+    }
+}
 
 struct ViewRun {
     name: String,
@@ -38,7 +54,7 @@ struct ViewRun {
 /// are prepared, and [`Pipeline::run`] drives it.
 pub struct Pipeline {
     views: Vec<ViewRun>,
-    sinks: Vec<(KafkaSink, Branch)>,
+    sinks: Vec<(SinkRun, Branch)>,
     changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
     observer: Arc<Observer>,
 }
@@ -60,8 +76,6 @@ impl std::fmt::Debug for Pipeline {
 pub struct Observer {
     views: Vec<(String, freshen::Handle, Arc<ViewScope>)>,
     source: Arc<dyn SourceProbe>,
-    /// The PostgreSQL source's own handle, for what only it has (the demo's lag).
-    postgres: Option<PgHandle>,
     running: AtomicBool,
 }
 
@@ -72,9 +86,9 @@ impl std::fmt::Debug for Observer {
 }
 
 impl Observer {
-    /// The PostgreSQL source's handle (health, lag), when the source is PostgreSQL.
-    pub fn postgres(&self) -> Option<&PgHandle> {
-        self.postgres.as_ref()
+    /// The source's health handle.
+    pub fn source_probe(&self) -> Arc<dyn SourceProbe> {
+        self.source.clone()
     }
 }
 
@@ -132,88 +146,11 @@ impl Observe for Observer {
     }
 }
 
-fn connection(url: &str, what: &str) -> anyhow::Result<ConnectionConfig> {
-    ConnectionConfig::from_url(url).with_context(|| format!("the {what} URL is not usable"))
-}
-
-/// How rebuilds prove they see the changes that dirtied their keys: transaction ids
-/// are the source cluster's, so they are checked in the rebuild's snapshot only where
-/// the target is that cluster (or a physical standby of it: same system identifier),
-/// and on the source otherwise. Broker sources carry no ids of the target's.
-async fn visibility(cfg: &Config, target: &Pool) -> anyhow::Result<Visibility> {
-    let Source::Postgres(pg) = &cfg.source else {
-        return Ok(Visibility::Off);
-    };
-    if pg.url.expose() == cfg.target.url.expose() {
-        return Ok(Visibility::InSnapshot);
-    }
-    let source = freshen_postgres::connect_pool(&connection(pg.url.expose(), "source")?, 2)
-        .context("cannot set up the source connection pool")?;
-    let (a, b) = (
-        PgAdmin::from_pool(source.clone()).system_identifier().await,
-        PgAdmin::from_pool(target.clone()).system_identifier().await,
-    );
-    Ok(match (a, b) {
-        (Ok(a), Ok(b)) if a == b => Visibility::InSnapshot,
-        (a, b) => {
-            tracing::info!(
-                same_cluster = false,
-                source = ?a.ok(),
-                target = ?b.ok(),
-                "the target is another cluster: rebuilds check on the source that the changes are visible before they run"
-            );
-            Visibility::OnSource(source)
-        }
-    })
-}
-
-/// Prepares a view's fan-out statements, one per watch entry with `keys`.
-async fn prepare_fanouts(
-    view: &View,
-    pool: &Pool,
-    visibility: &Visibility,
-) -> anyhow::Result<Vec<SqlFanOut>> {
-    let mut out = Vec::new();
-    for w in view.fanouts() {
-        let sql = w.keys.clone().unwrap_or_default();
-        let fanout = SqlFanOut::builder(pool.clone(), sql)
-            .arity(view.arity())
-            .parent_arity(w.key.len())
-            .visibility(visibility.clone())
-            .build()
-            .await
-            .with_context(|| {
-                format!(
-                    "view {}: the `keys` statement of {} is not usable",
-                    view.name,
-                    w.qualified()
-                )
-            })?;
-        out.push(fanout);
-    }
-    Ok(out)
-}
-
-/// Prepares a view's rebuild statements (before anything starts streaming).
-async fn prepare(view: &View, pool: &Pool, visibility: &Visibility) -> anyhow::Result<SqlRebuild> {
-    let mut rebuild = SqlRebuild::builder(pool.clone())
-        .statements(view.rebuild.iter().cloned())
-        .visibility(visibility.clone())
-        .keys_per_transaction(view.keys_per_transaction);
-    if let Some(n) = view.rebuild_batch {
-        rebuild = rebuild.batch(n);
-    }
-    rebuild
-        .build()
-        .await
-        .with_context(|| format!("view {}: the rebuild statements are not usable", view.name))
-}
-
 fn refresher(
     view: &View,
-    (rebuild, fanouts): (SqlRebuild, Vec<SqlFanOut>),
+    (rebuild, fanouts): (Box<dyn Rebuild>, Vec<Box<dyn Expand>>),
     source: Branch,
-    pool: &Pool,
+    target: &Target,
     ack: freshen::AckPolicy,
 ) -> anyhow::Result<ViewRun> {
     let scope = ViewScope::new(view);
@@ -248,7 +185,7 @@ fn refresher(
         b = b.fan_out(move |e| s.parent_keys(i, e), fanout);
     }
     if let Some(rec) = &view.reconcile {
-        b = b.reconcile_with(rec.every, SqlEnumerate::new(pool.clone(), rec.keys.clone()));
+        b = b.reconcile_with(rec.every, target.enumerate(&rec.keys));
     }
     if let Some(d) = t.release_quarantined_after {
         b = b.release_quarantined_after(d);
@@ -263,75 +200,23 @@ fn refresher(
     })
 }
 
-/// Starts the PostgreSQL source: warns about weak replica identity, creates or validates
-/// the publication (marking one it creates as freshen's) and the slot.
-async fn start_postgres(cfg: &Config, pg: &PgSourceConfig) -> anyhow::Result<PgSource> {
-    let slot_mode = match pg.slot_mode {
-        SlotMode::Create => PgSlotMode::CreateIfMissing,
-        SlotMode::Existing => PgSlotMode::MustExist,
-        SlotMode::Temporary => PgSlotMode::Temporary,
-    };
-    let publication_mode = match pg.publication_mode {
-        PublicationMode::Create => PgPublicationMode::CreateIfMissing,
-        PublicationMode::Existing => PgPublicationMode::MustExist,
-    };
-    let source_conn = connection(pg.url.expose(), "source")?;
-    let admin = PgAdmin::connect(&source_conn)
-        .await
-        .context("cannot connect to the source database")?;
-    for view in &cfg.views {
-        for w in &view.watch {
-            let table = freshen_postgres::TableName::new(&w.schema, &w.table);
-            let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
-            match admin.check_replica_identity(&table, &cols).await {
-                Ok(c) if !c.carries_old_scope => {
-                    tracing::warn!(view = %view.name, "{}", c.advice.unwrap_or_default())
-                }
-                Ok(_) => {}
-                Err(e) => anyhow::bail!("view {}: {e}", view.name),
-            }
-        }
-    }
-    let mut builder = PgSource::builder()
-        .connection(source_conn)
-        .slot(pg.slot.clone(), slot_mode)
-        .publication(pg.publication.clone(), publication_mode)
-        .status_interval(pg.status_interval);
-    for (schema, table) in cfg.watched_tables() {
-        builder = builder.table_name(freshen_postgres::TableName::new(&schema, &table));
-    }
-    let source = builder
-        .start()
-        .await
-        .context("cannot start the PostgreSQL source")?;
-    Ok(source)
-}
-
 impl Pipeline {
     /// Connects, creates or validates what the source needs, prepares every statement.
     pub async fn start(cfg: &Config) -> anyhow::Result<Pipeline> {
-        let pool = if cfg.views.is_empty() {
+        let target = if cfg.views.is_empty() {
             None
         } else {
-            let target = connection(cfg.target.url.expose(), "target")?;
-            Some(
-                freshen_postgres::connect_pool(&target, cfg.target.pool_size)
-                    .context("cannot set up the target connection pool")?,
-            )
+            Some(Target::connect(cfg).await?)
         };
         let mut rebuilds = Vec::new();
-        if let Some(pool) = &pool {
-            let visibility = visibility(cfg, pool).await?;
+        if let Some(target) = &target {
             for view in &cfg.views {
-                rebuilds.push((
-                    prepare(view, pool, &visibility).await?,
-                    prepare_fanouts(view, pool, &visibility).await?,
-                ));
+                rebuilds.push((target.rebuild(view).await?, target.fanouts(view).await?));
             }
         }
         let mut sinks = Vec::new();
-        for Sink::Kafka(k) in &cfg.sinks {
-            sinks.push(KafkaSink::new(k).context("cannot set up the Kafka sink")?);
+        for sink in &cfg.sinks {
+            sinks.push(sink_run(sink)?);
         }
         let changefeed = match &cfg.changefeed {
             Some(c) => {
@@ -348,25 +233,12 @@ impl Pipeline {
             }
             None => None,
         };
-        let (source, probe, postgres): (Box<dyn freshen::Source>, Arc<dyn SourceProbe>, _) =
-            match &cfg.source {
-                Source::Postgres(pg) => {
-                    let s = start_postgres(cfg, pg).await?;
-                    let h = s.handle();
-                    (Box::new(s), Arc::new(h.clone()), Some(h))
-                }
-                Source::Kafka(k) => {
-                    let s = KafkaSource::new(k).context("cannot start the Kafka source")?;
-                    let h = s.stats_handle();
-                    (Box::new(s), Arc::new(h), None)
-                }
-                Source::Pulsar(p) => {
-                    let s = freshen_pulsar::PulsarSource::new((**p).clone())
-                        .context("cannot start the Pulsar source")?;
-                    let h = s.stats_handle();
-                    (Box::new(s), Arc::new(h), None)
-                }
-            };
+        let kind = cfg.source.kind();
+        let freshen::plug::Started { source, probe } = cfg
+            .source
+            .start(&crate::sources::plan(cfg))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot start the {kind} source: {e}"))?;
         let mut branches = fanout(source, cfg.consumers()).into_iter();
         let mut views = Vec::new();
         for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
@@ -375,7 +247,7 @@ impl Pipeline {
                 view,
                 rebuild,
                 branch,
-                pool.as_ref().expect("pool"),
+                target.as_ref().expect("a target when there are views"),
                 cfg.ack,
             )?);
         }
@@ -393,7 +265,6 @@ impl Pipeline {
                 .map(|v| (v.name.clone(), v.refresher.handle(), v.scope.clone()))
                 .collect(),
             source: probe,
-            postgres,
             running: AtomicBool::new(true),
         });
         Ok(Pipeline {
@@ -425,10 +296,10 @@ impl Pipeline {
             });
         }
         for (i, (sink, branch)) in self.sinks.into_iter().enumerate() {
-            let stop = stopped(stop_rx.clone());
+            let stop = Box::pin(stopped(stop_rx.clone()));
             tasks.spawn(async move {
-                let r = sink.run(branch, stop).await;
-                (format!("sink {i}"), r.map_err(Into::into))
+                let r = sink(branch, stop).await;
+                (format!("sink {i}"), r)
             });
         }
         if let Some((cf, branch, listener, state)) = self.changefeed {

@@ -157,12 +157,12 @@ fn check_offline_lists_every_config_problem() {
 #[test]
 fn run_rejects_a_bad_file_with_exit_code_2() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), "[source]\nkind = \"mysql\"\n");
+    let cfg = write_config(dir.path(), "[source]\nkind = \"oracle\"\n");
     let out = freshen().args(["run", "-c"]).arg(&cfg).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("`source.kind` must be one of `postgres`, `kafka`, `pulsar`"),
+        err.contains("`source.kind` must be one of `postgres`, `mysql`, `kafka`, `pulsar`"),
         "{err}"
     );
     assert!(err.contains("needs `views`"), "{err}");

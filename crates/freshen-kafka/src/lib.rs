@@ -23,6 +23,7 @@ mod context;
 mod dead_letter;
 mod error;
 mod offsets;
+mod plug;
 mod sink;
 mod source;
 mod stats;

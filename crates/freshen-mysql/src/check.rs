@@ -3,8 +3,6 @@
 //! answers like a wrong password), the stored position, and that every statement
 //! prepares. Each finding says what is wrong and how to fix it.
 
-use std::fmt;
-
 use futures_util::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStreamRequest, Pool};
@@ -13,61 +11,58 @@ use crate::params;
 use crate::server::{self, ServerInfo};
 use crate::store::Store;
 use crate::{MySqlSourceConfig, ResumeBy};
+use freshen::plug::{Finding, Level};
 
-/// How serious a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Severity {
-    /// The source cannot work (or cannot keep its promises) until it is fixed.
-    Error,
-    /// It works, with a weaker guarantee the user should know about.
-    Warning,
+/// One thing found, with its fix; turned into a [`Finding`] (whose message says both)
+/// by the public functions, which know its subject.
+struct Found {
+    level: Level,
+    what: String,
+    fix: String,
 }
 
-/// One thing `check` found, with its fix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// Error or warning.
-    pub severity: Severity,
-    /// What is wrong.
-    pub what: String,
-    /// What to do about it.
-    pub fix: String,
-}
-
-impl Finding {
-    fn error(what: impl Into<String>, fix: impl Into<String>) -> Finding {
-        Finding {
-            severity: Severity::Error,
+impl Found {
+    fn error(what: impl Into<String>, fix: impl Into<String>) -> Found {
+        Found {
+            level: Level::Error,
             what: what.into(),
             fix: fix.into(),
         }
     }
 
-    fn warning(what: impl Into<String>, fix: impl Into<String>) -> Finding {
-        Finding {
-            severity: Severity::Warning,
+    fn warning(what: impl Into<String>, fix: impl Into<String>) -> Found {
+        Found {
+            level: Level::Warning,
             what: what.into(),
             fix: fix.into(),
         }
     }
-}
 
-impl fmt::Display for Finding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let level = match self.severity {
-            Severity::Error => "error",
-            Severity::Warning => "warning",
-        };
-        write!(f, "{level}: {} (fix: {})", self.what, self.fix)
+    fn into_finding(self, check: &'static str, subject: &str) -> Finding {
+        Finding::new(
+            self.level,
+            check,
+            subject,
+            format!("{}; fix: {}", self.what, self.fix),
+        )
     }
 }
 
 /// Checks everything the source needs from the server and the user.
 pub async fn check_source(config: &MySqlSourceConfig) -> Vec<Finding> {
-    let mut out: Vec<Finding> = config
+    let subject = config.url.redacted();
+    found_source(config)
+        .await
+        .into_iter()
+        .map(|f| f.into_finding("source", &subject))
+        .collect()
+}
+
+async fn found_source(config: &MySqlSourceConfig) -> Vec<Found> {
+    let mut out: Vec<Found> = config
         .problems()
         .into_iter()
-        .map(|p| Finding::error(p, "correct the [source] section"))
+        .map(|p| Found::error(p, "correct the [source] section"))
         .collect();
     if !out.is_empty() {
         return out;
@@ -75,7 +70,7 @@ pub async fn check_source(config: &MySqlSourceConfig) -> Vec<Finding> {
     let opts = match server::opts(config.url.expose()) {
         Ok(o) => o,
         Err(e) => {
-            out.push(Finding::error(e.to_string(), "correct the url"));
+            out.push(Found::error(e.to_string(), "correct the url"));
             return out;
         }
     };
@@ -83,14 +78,14 @@ pub async fn check_source(config: &MySqlSourceConfig) -> Vec<Finding> {
     let mut conn = match server::connect(&opts, "check").await {
         Ok(c) => c,
         Err(e) if e.code() == Some(1045) || e.kind() == crate::ErrorKind::Auth => {
-            out.push(Finding::error(
+            out.push(Found::error(
                 format!("the server refused user {user:?} (error 1045): wrong user or password"),
                 "correct the user and password in the url",
             ));
             return out;
         }
         Err(e) => {
-            out.push(Finding::error(
+            out.push(Found::error(
                 format!("cannot connect: {e}"),
                 "check the host and port, and that the server runs",
             ));
@@ -100,7 +95,7 @@ pub async fn check_source(config: &MySqlSourceConfig) -> Vec<Finding> {
     let info = match server::inspect(&mut conn).await {
         Ok(i) => i,
         Err(e) => {
-            out.push(Finding::error(
+            out.push(Found::error(
                 e.to_string(),
                 "grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB)",
             ));
@@ -115,15 +110,15 @@ pub async fn check_source(config: &MySqlSourceConfig) -> Vec<Finding> {
     out
 }
 
-fn settings(info: &ServerInfo, out: &mut Vec<Finding>) {
+fn settings(info: &ServerInfo, out: &mut Vec<Found>) {
     for p in info.blocking_problems() {
-        out.push(Finding::error(
+        out.push(Found::error(
             p,
             "change the server setting (and its configuration file, so it survives a restart)",
         ));
     }
     if !info.row_image.eq_ignore_ascii_case("FULL") && info.log_bin {
-        out.push(Finding::warning(
+        out.push(Found::warning(
             format!(
                 "binlog_row_image is {}: updates and deletes carry only the primary key of the former row, so a row that moves between scopes does not dirty its old scope",
                 info.row_image
@@ -132,35 +127,30 @@ fn settings(info: &ServerInfo, out: &mut Vec<Finding>) {
         ));
     }
     if info.checksum.eq_ignore_ascii_case("NONE") {
-        out.push(Finding::warning(
+        out.push(Found::warning(
             "binlog_checksum is NONE: a corrupted event would not be detected",
             "SET GLOBAL binlog_checksum = 'CRC32'",
         ));
     }
     if !info.has_gtids() {
-        out.push(Finding::warning(
+        out.push(Found::warning(
             format!("gtid_mode is {}: positions are stored as file and offset, which do not survive a failover to a replica", info.gtid_mode),
             "enable GTIDs (gtid_mode = ON, enforce_gtid_consistency = ON)",
         ));
     }
     if !info.mariadb {
-        out.push(Finding::warning(
+        out.push(Found::warning(
             format!("MySQL {} has no snapshot binlog position: rebuilds cannot wait until a dirtying commit is visible (MariaDB can)", info.version),
             "keep coalesce above the commit latency of semi-synchronous replication, and keep a reconcile sweep",
         ));
     }
 }
 
-async fn grants(
-    conn: &mut mysql_async::Conn,
-    info: &ServerInfo,
-    user: &str,
-    out: &mut Vec<Finding>,
-) {
+async fn grants(conn: &mut mysql_async::Conn, info: &ServerInfo, user: &str, out: &mut Vec<Found>) {
     let rows: Vec<String> = match conn.query("SHOW GRANTS FOR CURRENT_USER()").await {
         Ok(r) => r,
         Err(e) => {
-            out.push(Finding::warning(
+            out.push(Found::warning(
                 format!("cannot read the grants: {e}"),
                 "run check as the source's user",
             ));
@@ -171,7 +161,7 @@ async fn grants(
     let all = text.contains("GRANT ALL PRIVILEGES ON *.*");
     let has = |p: &str| all || text.contains(p);
     if !has("REPLICATION CLIENT") && !has("BINLOG MONITOR") && !has("SUPER") {
-        out.push(Finding::error(
+        out.push(Found::error(
             format!("user {user:?} cannot read the binlog position"),
             if info.mariadb {
                 format!("GRANT BINLOG MONITOR ON *.* TO '{user}'@'…'")
@@ -181,7 +171,7 @@ async fn grants(
         ));
     }
     if !has("SELECT") {
-        out.push(Finding::error(
+        out.push(Found::error(
             format!("user {user:?} has no SELECT grant"),
             format!("GRANT SELECT ON the watched databases TO '{user}'@'…'"),
         ));
@@ -195,7 +185,7 @@ async fn dump_probe(
     config: &MySqlSourceConfig,
     opts: &mysql_async::Opts,
     user: &str,
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     let Ok(mut conn) = server::connect(opts, "check").await else {
         return;
@@ -225,23 +215,23 @@ async fn dump_probe(
             let _ = stream.close().await;
         }
         Err(mysql_async::Error::Server(e)) => out.push(dump_refused(user, e.code)),
-        Err(e) => out.push(Finding::error(
+        Err(e) => out.push(Found::error(
             format!("the binlog dump failed: {e}"),
             "check the server's log",
         )),
     }
 }
 
-fn dump_refused(user: &str, code: u16) -> Finding {
+fn dump_refused(user: &str, code: u16) -> Found {
     match code {
-        1045 | 1227 => Finding::error(
+        1045 | 1227 => Found::error(
             format!(
                 "the server refused the binlog dump (error {code}) although user {user:?} logs in: \
                  the REPLICATION SLAVE grant is missing (not a wrong password)"
             ),
             format!("GRANT REPLICATION SLAVE ON *.* TO '{user}'@'…'"),
         ),
-        _ => Finding::error(
+        _ => Found::error(
             format!("the server refused the binlog dump (error {code})"),
             "check the server's log",
         ),
@@ -252,7 +242,7 @@ async fn stored_position(
     config: &MySqlSourceConfig,
     opts: &mysql_async::Opts,
     info: &ServerInfo,
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     let store = match &config.position_file {
         Some(p) => Store::file(p.clone(), &config.name),
@@ -268,7 +258,7 @@ async fn stored_position(
         Ok(None) => return,
         Err(e) if e.code() == Some(1146) => return,
         Err(e) => {
-            out.push(Finding::error(
+            out.push(Found::error(
                 e.to_string(),
                 "fix or remove the stored position",
             ));
@@ -288,7 +278,7 @@ async fn stored_position(
         .iter()
         .any(|r| r.get::<String, _>(0).as_deref() == Some(cp.file_pos.file.as_str()));
     if !present && !logs.is_empty() {
-        out.push(Finding::error(
+        out.push(Found::error(
             format!("the stored position {} is in a binlog the server no longer has: changes since then are lost to this source", cp.file_pos),
             "delete the source's row from the position table (it then starts at `start`) and run a reconcile sweep",
         ));
@@ -297,11 +287,19 @@ async fn stored_position(
 
 /// Checks that every statement has valid `$n` placeholders and prepares on the server.
 pub async fn check_statements(pool: &Pool, what: &str, statements: &[String]) -> Vec<Finding> {
+    found_statements(pool, what, statements)
+        .await
+        .into_iter()
+        .map(|f| f.into_finding("statement", what))
+        .collect()
+}
+
+async fn found_statements(pool: &Pool, what: &str, statements: &[String]) -> Vec<Found> {
     let mut out = Vec::new();
     let mut conn = match pool.get_conn().await {
         Ok(c) => c,
         Err(e) => {
-            out.push(Finding::error(
+            out.push(Found::error(
                 format!("{what}: cannot connect: {e}"),
                 "check the target url",
             ));
@@ -312,7 +310,7 @@ pub async fn check_statements(pool: &Pool, what: &str, statements: &[String]) ->
         let rewritten = match params::rewrite(sql) {
             Ok(r) => r,
             Err(e) => {
-                out.push(Finding::error(
+                out.push(Found::error(
                     format!("{what} statement {}: {e}", i + 1),
                     "correct the statement",
                 ));
@@ -320,7 +318,7 @@ pub async fn check_statements(pool: &Pool, what: &str, statements: &[String]) ->
             }
         };
         if let Err(e) = conn.prep(rewritten.sql.as_str()).await {
-            out.push(Finding::error(
+            out.push(Found::error(
                 format!("{what} statement {} does not prepare: {e}", i + 1),
                 "correct the statement (and check the user's grants on its tables)",
             ));

@@ -1,53 +1,17 @@
 //! `MySqlSourceConfig`: what the `freshen` binary reads from `[source]` with
 //! `kind = "mysql"`, and what Rust programs fill in.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use freshen::Backoff;
+use freshen::{Backoff, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
 use crate::position::Start;
 
-/// A connection URL that may hold a password: never printed (`Debug` and `Display`
-/// show the URL with the password replaced by `***`), never serialized.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SecretUrl(String);
-
-impl SecretUrl {
-    /// Wraps a URL.
-    pub fn new(url: impl Into<String>) -> SecretUrl {
-        SecretUrl(url.into())
-    }
-
-    /// The URL itself, password included: pass it to a client, never to a log.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The URL with any password replaced by `***` ([`freshen::redact_url`]).
-    pub fn redacted(&self) -> String {
-        freshen::redact_url(&self.0)
-    }
-}
-
-impl fmt::Debug for SecretUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.redacted())
-    }
-}
-
-impl fmt::Display for SecretUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
-    }
-}
-
-impl<'de> Deserialize<'de> for SecretUrl {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
-        String::deserialize(d).map(SecretUrl)
-    }
+/// Reads a [`SecretUrl`] from configuration.
+fn secret_url<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
+    String::deserialize(d).map(SecretUrl::new)
 }
 
 /// How a restart finds where to resume.
@@ -82,6 +46,7 @@ pub struct MySqlSourceConfig {
     /// `mysql://user:password@host:port/database`. The user needs REPLICATION SLAVE,
     /// REPLICATION CLIENT and SELECT (and, for the position table, CREATE, INSERT and
     /// UPDATE on it).
+    #[serde(deserialize_with = "secret_url")]
     pub url: SecretUrl,
     /// The name of this capture: its row in the position table (or its file). Two
     /// sources with one name would overwrite each other's position.

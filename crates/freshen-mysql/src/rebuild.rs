@@ -371,3 +371,52 @@ impl Rebuild for MySqlRebuild {
         }
     }
 }
+
+/// How the key parts read from `columns` of `database.table` bind, from the columns'
+/// types: integers as integers (signed or not, so keys above 2^53 compare exactly),
+/// binary strings as bytes, everything else as text. For a program that configures
+/// rebuilds from the watched table instead of declared types.
+pub async fn key_types_of(
+    pool: &Pool,
+    database: &str,
+    table: &str,
+    columns: &[String],
+) -> Result<Vec<KeyType>, MySqlError> {
+    let mut conn = pool
+        .get_conn()
+        .await
+        .map_err(|e| MySqlError::driver("cannot connect for the key types", e))?;
+    let rows: Vec<(String, String, String)> = conn
+        .exec(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (database, table),
+        )
+        .await
+        .map_err(|e| MySqlError::driver("cannot read the key columns' types", e))?;
+    columns
+        .iter()
+        .map(|c| {
+            let (_, data, full) = rows
+                .iter()
+                .find(|(name, _, _)| name.eq_ignore_ascii_case(c))
+                .ok_or_else(|| {
+                    MySqlError::new(
+                        ErrorKind::Config,
+                        format!("{database}.{table} has no column {c:?}"),
+                    )
+                })?;
+            let unsigned = full.to_ascii_lowercase().contains("unsigned");
+            Ok(match data.to_ascii_lowercase().as_str() {
+                "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint" if unsigned => {
+                    KeyType::Uint
+                }
+                "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint" => KeyType::Int,
+                "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => {
+                    KeyType::Bytes
+                }
+                _ => KeyType::Text,
+            })
+        })
+        .collect()
+}

@@ -4,7 +4,8 @@
 
 mod support;
 
-use freshen_mysql::{SecretUrl, Severity, check_source, check_statements, connect_pool};
+use freshen::plug::Level;
+use freshen_mysql::{SecretUrl, check_source, check_statements, connect_pool};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -12,10 +13,7 @@ async fn check_finds_what_a_person_must_fix() {
     let db = server();
     let cfg = config(&db, "chk", &["app.t"]);
     let good = check_source(&cfg).await;
-    assert!(
-        good.iter().all(|f| f.severity == Severity::Warning),
-        "{good:#?}"
-    );
+    assert!(good.iter().all(|f| f.level == Level::Warning), "{good:#?}");
 
     db.sql(
         "CREATE USER 'norepl'@'127.0.0.1' IDENTIFIED BY 'pw';
@@ -28,7 +26,7 @@ async fn check_finds_what_a_person_must_fix() {
     let found = check_source(&no_grant).await;
     let errors: Vec<String> = found
         .iter()
-        .filter(|f| f.severity == Severity::Error)
+        .filter(|f| f.level == Level::Error)
         .map(|f| f.to_string())
         .collect();
     assert_eq!(errors.len(), 1, "{found:#?}");
@@ -42,7 +40,7 @@ async fn check_finds_what_a_person_must_fix() {
     let found = check_source(&wrong).await;
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!(
-        found[0].what.contains("wrong user or password"),
+        found[0].message.contains("wrong user or password"),
         "{found:?}"
     );
     assert!(!found[0].to_string().contains("nope"));
@@ -58,12 +56,12 @@ async fn check_finds_what_a_person_must_fix() {
     assert_eq!(found.len(), 2, "{found:#?}");
     assert!(
         found[0]
-            .what
+            .message
             .starts_with("rebuild statement 2 does not prepare"),
         "{found:?}"
     );
     assert!(
-        found[1].what.contains("statement 3") && found[1].what.contains("$1"),
+        found[1].message.contains("statement 3") && found[1].message.contains("$1"),
         "{found:?}"
     );
 }

@@ -1,17 +1,416 @@
-//! What `freshen check` asks PostgreSQL, as functions of a client and plain inputs:
-//! whether a publication would break the application's writes, which relations a
-//! statement reads, which columns and types a watched table has, and whether the role
-//! may create the publication.
+//! What `freshen check` asks of PostgreSQL: a source set up for logical replication
+//! (wal_level, privilege, slot, publication, replica identities) and rebuild statements
+//! that prepare with the view's key. Every finding says what to do.
 
 use std::fmt;
 
+use freshen::plug::{Finding, Level, Plan};
 use tokio_postgres::Client;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{Kind, Type};
 
 use crate::PgError;
-use crate::TableName;
 use crate::error::ErrorKind;
-use crate::quote::quote_ident;
+use crate::settings::{PgSourceSettings, PublicationChoice, SlotChoice};
+use crate::{PgAdmin, Pool, TableName, quote_ident};
+
+/// A slot further behind than this is reported: an abandoned pipeline retains WAL.
+pub const LAG_WARNING_BYTES: u64 = 1 << 30;
+
+/// The source's findings for `plan`.
+pub(crate) async fn source(s: &PgSourceSettings, plan: &Plan) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let subject = s.url.redacted();
+    let conn = match s.connection() {
+        Ok(c) => c,
+        Err(e) => return vec![Finding::error("source", subject, e.to_string())],
+    };
+    let admin = match PgAdmin::connect(&conn).await {
+        Ok(a) => a,
+        Err(e) => {
+            return vec![Finding::error(
+                "source",
+                subject,
+                format!("cannot connect: {e}"),
+            )];
+        }
+    };
+    out.push(match admin.wal_level().await {
+        Ok(l) if l == "logical" => Finding::ok("wal_level", &subject, "logical"),
+        Ok(l) => Finding::error(
+            "wal_level",
+            &subject,
+            format!("wal_level is {l}; logical replication needs `wal_level = logical` in postgresql.conf and a restart"),
+        ),
+        Err(e) => Finding::error("wal_level", &subject, e.to_string()),
+    });
+    out.push(match admin.can_replicate().await {
+        Ok(true) => Finding::ok(
+            "privilege",
+            &subject,
+            format!("{} may replicate", conn.user),
+        ),
+        Ok(false) => Finding::error(
+            "privilege",
+            &subject,
+            format!(
+                "role {} lacks REPLICATION: ALTER ROLE {} WITH REPLICATION",
+                conn.user,
+                quote_ident(&conn.user)
+            ),
+        ),
+        Err(e) => Finding::error("privilege", &subject, e.to_string()),
+    });
+    out.push(slot(&admin, &s.slot, s.slot_mode).await);
+    let tables: Vec<TableName> = plan
+        .tables
+        .iter()
+        .map(|(schema, table)| TableName::new(schema, table))
+        .collect();
+    if let Some(f) = publication(&admin, s, &tables).await {
+        out.push(f);
+    }
+    out.extend(publication_safety(&admin, s, &tables).await);
+    for w in &plan.watched {
+        out.push(identity(&admin, w).await);
+    }
+    if plan.changefeed {
+        out.extend(partial_updates(&admin, &tables).await);
+    }
+    out
+}
+
+async fn slot(admin: &PgAdmin, slot: &str, mode: SlotChoice) -> Finding {
+    match admin.slot(slot).await {
+        Ok(None) => match mode {
+            SlotChoice::Existing => Finding::error(
+                "slot",
+                slot,
+                "does not exist and slot_mode = \"existing\": create it, or use slot_mode = \"create\"",
+            ),
+            SlotChoice::Temporary => Finding::ok("slot", slot, "temporary: created per session"),
+            SlotChoice::Create => Finding::ok("slot", slot, "will be created"),
+        },
+        Ok(Some(info)) if info.is_lost() => Finding::error(
+            "slot",
+            slot,
+            "was invalidated by the server (wal_status = lost): drop it with `freshen drop`, run again, and let the reconcile sweep rebuild",
+        ),
+        Ok(Some(info)) => {
+            let lag = info.lag_bytes.unwrap_or(0);
+            if info.active {
+                Finding::warning(
+                    "slot",
+                    slot,
+                    format!(
+                        "is in use by process {} — another freshen may be running on it",
+                        info.active_pid.map_or("?".into(), |p| p.to_string())
+                    ),
+                )
+            } else if lag > LAG_WARNING_BYTES {
+                Finding::warning(
+                    "slot",
+                    slot,
+                    format!(
+                        "exists, is idle and retains {} MiB of WAL: start `freshen run`, or `freshen drop` it if the pipeline is abandoned",
+                        lag >> 20
+                    ),
+                )
+            } else {
+                Finding::ok("slot", slot, format!("exists, {lag} bytes behind"))
+            }
+        }
+        Err(e) => Finding::error("slot", slot, e.to_string()),
+    }
+}
+
+fn quoted_list(tables: &[TableName]) -> String {
+    tables
+        .iter()
+        .map(TableName::quoted)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn publication(
+    admin: &PgAdmin,
+    s: &PgSourceSettings,
+    tables: &[TableName],
+) -> Option<Finding> {
+    let name = &s.publication;
+    Some(match admin.publication(name).await {
+        Ok(None) if s.publication_mode == PublicationChoice::Existing => Finding::error(
+            "publication",
+            name,
+            format!(
+                "does not exist and publication_mode = \"existing\": CREATE PUBLICATION {} FOR TABLE {}",
+                quote_ident(name),
+                quoted_list(tables)
+            ),
+        ),
+        Ok(None) => Finding::ok(
+            "publication",
+            name,
+            "will be created for the watched tables",
+        ),
+        Ok(Some(_)) => match admin.coverage(name, tables).await {
+            Ok(Some(c)) if c.is_complete() => Finding::ok(
+                "publication",
+                name,
+                "covers every watched table and operation",
+            ),
+            Ok(Some(c)) => {
+                let mut what = Vec::new();
+                if !c.missing_tables.is_empty() {
+                    what.push(format!(
+                        "lacks {}: ALTER PUBLICATION {} ADD TABLE {}",
+                        c.missing_tables
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        quote_ident(name),
+                        quoted_list(&c.missing_tables)
+                    ));
+                }
+                if !c.missing_operations.is_empty() {
+                    what.push(format!(
+                        "does not publish {}",
+                        c.missing_operations.join(", ")
+                    ));
+                }
+                Finding::error("publication", name, what.join("; "))
+            }
+            Ok(None) => return None,
+            Err(e) => Finding::error("publication", name, e.to_string()),
+        },
+        Err(e) => Finding::error("publication", name, e.to_string()),
+    })
+}
+
+async fn identity(admin: &PgAdmin, w: &freshen::plug::Watched) -> Finding {
+    let table = TableName::new(&w.schema, &w.table);
+    let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
+    match admin.check_replica_identity(&table, &cols).await {
+        Ok(c) if c.carries_old_scope => Finding::ok(
+            "replica_identity",
+            table.to_string(),
+            format!(
+                "{} carries the old key of view {}",
+                c.identity.identity, w.view
+            ),
+        ),
+        Ok(c) => Finding::warning(
+            "replica_identity",
+            table.to_string(),
+            format!(
+                "view {}: {}",
+                w.view,
+                c.advice
+                    .unwrap_or_else(|| "the old key is not carried".into())
+            ),
+        ),
+        Err(e) => Finding::error("replica_identity", table.to_string(), e.to_string()),
+    }
+}
+
+/// Tables whose changefeed events can lack an unchanged large value: under a replica
+/// identity other than FULL an UPDATE does not send a TOASTed column it left alone, and
+/// the changefeed fills it from the row's last image only when it has one.
+async fn partial_updates(admin: &PgAdmin, tables: &[TableName]) -> Vec<Finding> {
+    let advice = match admin.partial_updates(tables).await {
+        Ok(a) => a,
+        Err(e) => {
+            return vec![Finding::error(
+                "changefeed",
+                "replica identity",
+                e.to_string(),
+            )];
+        }
+    };
+    if advice.is_empty() {
+        return vec![Finding::ok(
+            "changefeed",
+            "replica identity",
+            "every captured table sends whole rows (or has no out-of-line columns)",
+        )];
+    }
+    advice
+        .into_iter()
+        .map(|a| {
+            Finding::warning(
+                "changefeed",
+                &a.table,
+                format!(
+                    "an UPDATE that leaves {} alone does not send them: the changefeed fills them from the row's last image, and marks the event \"partial\" when it has none; to always send whole rows: {}",
+                    a.columns.join(", "),
+                    a.fix
+                ),
+            )
+        })
+        .collect()
+}
+
+/// What a view asks of its rebuild statements, for [`statements`].
+#[derive(Debug, Clone, Copy)]
+pub struct StatementShape<'a> {
+    /// The view's name, for the findings' subjects.
+    pub view: &'a str,
+    /// Parts of the view's key.
+    pub arity: usize,
+    /// The key's columns as the first watch names them (for the message).
+    pub key_columns: &'a [String],
+    /// Whether keys are passed as arrays of parts (`rebuild_batch`).
+    pub batch: bool,
+}
+
+/// Prepares every rebuild statement and the reconcile query of a view on the target,
+/// checking parameters and columns against the view's key.
+pub async fn statements(
+    pool: &Pool,
+    shape: StatementShape<'_>,
+    rebuild: &[String],
+    reconcile: Option<&str>,
+) -> Vec<Finding> {
+    let view = shape.view;
+    let arity = shape.arity;
+    let client = match crate::pool::client(pool).await {
+        Ok(c) => c,
+        Err(e) => {
+            return vec![Finding::error(
+                "target",
+                view,
+                format!("cannot connect: {e}"),
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    for (i, sql) in rebuild.iter().enumerate() {
+        let subject = format!("view {view} rebuild[{i}]");
+        out.push(match client.prepare(sql).await {
+            Err(e) => Finding::error("statement", subject, format!("does not prepare: {}", db_message(&e))),
+            Ok(stmt) => {
+                let params = stmt.params();
+                let non_array: Vec<String> = params
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| !matches!(t.kind(), Kind::Array(_)))
+                    .map(|(n, t)| format!("${} is {}", n + 1, t.name()))
+                    .collect();
+                if params.len() != arity {
+                    Finding::error(
+                        "statement",
+                        subject,
+                        format!(
+                            "takes {} parameter(s) but the view's key has {arity} part(s) ({}): use $1..${arity}",
+                            params.len(),
+                            shape.key_columns.join(", ")
+                        ),
+                    )
+                } else if shape.batch && !non_array.is_empty() {
+                    Finding::error(
+                        "statement",
+                        subject,
+                        format!(
+                            "with rebuild_batch each parameter is an array of key parts (e.g. `= ANY($1)`), but {}",
+                            non_array.join(", ")
+                        ),
+                    )
+                } else {
+                    Finding::ok("statement", subject, format!("prepares with {arity} parameter(s)"))
+                }
+            }
+        });
+    }
+    if let Some(keys) = reconcile {
+        let subject = format!("view {view} reconcile.keys");
+        out.push(match client.prepare(keys).await {
+            Err(e) => Finding::error(
+                "statement",
+                subject,
+                format!("does not prepare: {}", db_message(&e)),
+            ),
+            Ok(stmt) if !stmt.params().is_empty() => {
+                Finding::error("statement", subject, "must not take parameters")
+            }
+            Ok(stmt) if stmt.columns().len() != arity => Finding::error(
+                "statement",
+                subject,
+                format!(
+                    "returns {} column(s) but the view's key has {arity} part(s)",
+                    stmt.columns().len()
+                ),
+            ),
+            Ok(_) => Finding::ok(
+                "statement",
+                subject,
+                format!("lists keys of {arity} part(s)"),
+            ),
+        });
+    }
+    out
+}
+
+/// The server's own message for a SQL error (tokio-postgres' Display is just "db error").
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut m = db.message().to_string();
+            if let Some(hint) = db.hint() {
+                m.push_str(&format!(" (hint: {hint})"));
+            }
+            m
+        }
+        None => e.to_string(),
+    }
+}
+
+/// Publication safety and the privileges to create or extend the publication.
+async fn publication_safety(
+    admin: &PgAdmin,
+    s: &PgSourceSettings,
+    tables: &[TableName],
+) -> Vec<Finding> {
+    let name = &s.publication;
+    let client = match admin.pool().get().await {
+        Ok(c) => c,
+        Err(e) => return vec![Finding::error("publication", name, e.to_string())],
+    };
+    let mut out = Vec::new();
+    match unpublishable(&client, tables).await {
+        Ok(bad) if bad.is_empty() => out.push(Finding::ok(
+            "publication",
+            name,
+            "every watched table can replicate UPDATE and DELETE",
+        )),
+        Ok(bad) => {
+            for b in bad {
+                out.push(Finding::error(
+                    "publication",
+                    b.table.to_string(),
+                    format!("freshen refuses to publish it: {b}"),
+                ));
+            }
+        }
+        Err(e) => out.push(Finding::error("publication", name, e.to_string())),
+    }
+    // Creating the publication, or adding tables to it, needs ownership of the tables.
+    let to_add: Vec<TableName> = match admin.coverage(name, tables).await {
+        Ok(None) if s.publication_mode == PublicationChoice::Create => tables.to_vec(),
+        Ok(Some(c)) => c.missing_tables,
+        _ => Vec::new(),
+    };
+    if !to_add.is_empty() {
+        match publication_privileges(&client, &to_add).await {
+            Ok(lacks) => {
+                for l in lacks {
+                    out.push(Finding::error("privilege", name, l));
+                }
+            }
+            Err(e) => out.push(Finding::error("privilege", name, e.to_string())),
+        }
+    }
+    out
+}
 
 /// A table (or a partition of a watched partitioned table) whose UPDATE and DELETE
 /// would fail once a publication publishes them: PostgreSQL refuses them for a table
@@ -284,38 +683,6 @@ pub async fn publication_privileges(
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn did_you_mean() {
-        let cols = ["id", "account_id", "plan_id", "seats"];
-        assert_eq!(closest("acount_id", cols), Some("account_id"));
-        assert_eq!(closest("plan", cols), Some("plan_id"));
-        assert_eq!(closest("zzzzzz", cols), None);
-    }
-
-    #[test]
-    fn key_types() {
-        let t = |name: &str, oid, category| TypeInfo {
-            name: name.into(),
-            oid,
-            category,
-        };
-        let text = t("text", 25, 'S');
-        let int8 = t("bigint", 20, 'N');
-        let int4 = t("integer", 23, 'N');
-        assert!(
-            key_fits(&text, &int8).is_some(),
-            "text into bigint fails at run time"
-        );
-        assert!(key_fits(&int8, &text).is_none());
-        assert!(key_fits(&int4, &int8).is_none());
-        assert!(key_fits(&int8, &int8).is_none());
-    }
-}
-
 /// A view as `check` sees it: plain inputs, no configuration types.
 #[derive(Debug, Clone)]
 pub struct ViewSpec<'a> {
@@ -344,37 +711,8 @@ pub struct WatchSpec<'a> {
     pub keys: Option<&'a str>,
 }
 
-/// How serious a [`Finding`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
-    /// Checked and fine.
-    Ok,
-    /// Works, but not as the user may expect.
-    Warning,
-    /// Will not work.
-    Error,
-}
-
-/// One thing [`check_view`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
-    /// How serious.
-    pub severity: Severity,
-    /// Which check (`key_column`, `key_type`, `depends`, `fanout`, `reconcile`).
-    pub check: &'static str,
-    /// What it is about.
-    pub subject: String,
-    /// What was found and what to do.
-    pub message: String,
-}
-
-fn finding(severity: Severity, check: &'static str, subject: String, message: String) -> Finding {
-    Finding {
-        severity,
-        check,
-        subject,
-        message,
-    }
+fn finding(level: Level, check: &'static str, subject: String, message: String) -> Finding {
+    Finding::new(level, check, subject, message)
 }
 
 /// Everything PostgreSQL can tell about a view before it runs: its key columns exist
@@ -387,7 +725,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
     let name = view.name;
     if !view.reconcile {
         out.push(finding(
-            Severity::Warning,
+            Level::Warning,
             "reconcile",
             format!("view {name}"),
             "has no `reconcile`: no start-up backfill (rows that exist before the first change stay missing) and no TRUNCATE heal (a truncated watched table leaves its rows); add reconcile = { every = \"1h\", keys = \"SELECT …\" }".into(),
@@ -416,12 +754,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
         let cols = match columns(client, &w.table).await {
             Ok(c) => c,
             Err(e) => {
-                out.push(finding(
-                    Severity::Error,
-                    "key_column",
-                    subject,
-                    e.to_string(),
-                ));
+                out.push(finding(Level::Error, "key_column", subject, e.to_string()));
                 continue;
             }
         };
@@ -434,7 +767,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
                         .map(|c| format!(" (did you mean `{c}`?)"))
                         .unwrap_or_default();
                     out.push(finding(
-                        Severity::Error,
+                        Level::Error,
                         "key_column",
                         subject.clone(),
                         format!(
@@ -505,7 +838,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
                 written.extend(r.writes.clone());
                 for f in &r.opaque_functions {
                     out.push(finding(
-                        Severity::Warning,
+                        Level::Warning,
                         "depends",
                         format!("view {name} {what}"),
                         format!(
@@ -516,7 +849,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
                 found.push((what.clone(), r.reads));
             }
             Err(e) => out.push(finding(
-                Severity::Error,
+                Level::Error,
                 "depends",
                 format!("view {name} {what}"),
                 format!("cannot tell which tables it reads: {e}"),
@@ -535,7 +868,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
         }
         if missing.is_empty() {
             out.push(finding(
-                Severity::Ok,
+                Level::Ok,
                 "depends",
                 subject,
                 "reads only watched or static tables".into(),
@@ -553,7 +886,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
                     .to_string(),
             };
             out.push(finding(
-                Severity::Error,
+                Level::Error,
                 "depends",
                 subject.clone(),
                 format!(
@@ -577,7 +910,7 @@ fn type_findings(
         let Some(param) = params.get(j) else { continue };
         if let Some(why) = key_fits(ty, param) {
             out.push(finding(
-                Severity::Error,
+                Level::Error,
                 "key_type",
                 subject.to_owned(),
                 format!(
@@ -608,7 +941,7 @@ async fn fanout_findings(
         Ok(s) => s,
         Err(e) => {
             out.push(finding(
-                Severity::Error,
+                Level::Error,
                 "fanout",
                 subject.to_owned(),
                 format!(
@@ -621,7 +954,7 @@ async fn fanout_findings(
     };
     if stmt.params().len() > w.key.len() {
         out.push(finding(
-            Severity::Error,
+            Level::Error,
             "fanout",
             subject.to_owned(),
             format!(
@@ -650,7 +983,7 @@ async fn fanout_findings(
     let arity = rebuild_params.iter().map(Vec::len).max().unwrap_or(0);
     if stmt.columns().len() != arity && arity > 0 {
         out.push(finding(
-            Severity::Error,
+            Level::Error,
             "fanout",
             subject.to_owned(),
             format!(
@@ -681,7 +1014,7 @@ async fn fanout_findings(
         }
     }
     out.push(finding(
-        Severity::Ok,
+        Level::Ok,
         "fanout",
         subject.to_owned(),
         format!(
@@ -690,4 +1023,37 @@ async fn fanout_findings(
             names.join(", ")
         ),
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn did_you_mean() {
+        let cols = ["id", "account_id", "plan_id", "seats"];
+        assert_eq!(closest("acount_id", cols), Some("account_id"));
+        assert_eq!(closest("seat", cols), Some("seats"));
+        assert_eq!(closest("plan_di", cols), Some("plan_id"));
+        assert_eq!(closest("zzzzzz", cols), None);
+    }
+
+    #[test]
+    fn key_types() {
+        let t = |name: &str, oid, category| TypeInfo {
+            name: name.into(),
+            oid,
+            category,
+        };
+        let text = t("text", 25, 'S');
+        let int8 = t("bigint", 20, 'N');
+        let int4 = t("integer", 23, 'N');
+        assert!(
+            key_fits(&text, &int8).is_some(),
+            "text into bigint fails at run time"
+        );
+        assert!(key_fits(&int8, &text).is_none());
+        assert!(key_fits(&int4, &int8).is_none());
+        assert!(key_fits(&int8, &int8).is_none());
+    }
 }

@@ -82,8 +82,10 @@ mod quote;
 mod reader;
 mod rebuild;
 mod rows;
+mod settings;
 mod source;
 mod tls;
+mod toast;
 mod xid;
 
 pub use admin::{
@@ -103,4 +105,6 @@ pub use pgoutput::DecodeError;
 pub use pool::connect_pool;
 pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility};
+pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
+pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};

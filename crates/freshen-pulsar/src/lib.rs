@@ -32,6 +32,7 @@ mod connection;
 mod error;
 mod frame;
 mod lookup;
+mod plug;
 mod producer;
 mod proto;
 mod source;

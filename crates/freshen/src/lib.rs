@@ -94,8 +94,10 @@
 //! - **One error type** whose `retry()` gives a [`Retry`] read from codes (SQLSTATE,
 //!   error numbers, broker codes), never from message text; a rebuild helper overrides
 //!   [`Rebuild::classify`] with it, so an outage is never blamed on a key.
-//! - **Check hooks**: functions the binary's `check` calls to verify the upstream
-//!   setup, each finding with its fix.
+//! - **[`plug::SourcePlug`] on the config type**: the one trait through which a program
+//!   that reads configuration files validates, checks ([`plug::Finding`]s, each with its
+//!   fix) and starts the source against a [`plug::Plan`] (which tables each view watches
+//!   by which key columns). The `freshen` binary registers each kind with one line.
 //! - **Test support** in `freshen-testenv` (a throwaway real server, the refresher
 //!   running on a task, polling with deadlines), never a mock.
 //!
@@ -114,6 +116,7 @@ mod heap;
 mod histogram;
 mod index;
 mod key;
+pub mod plug;
 mod rebuild;
 mod redact;
 mod refresher;
@@ -135,7 +138,8 @@ pub use histogram::HistogramSnapshot;
 pub use key::{Key, Parts, Quoted};
 pub use rebuild::{Due, Enumerate, Expand, KeySink, Rebuild, SinkClosed};
 pub use redact::{
-    MASK, SAFE_PARAMETERS, clip, is_safe_parameter, parameter_name, redact_text, redact_url,
+    MASK, SAFE_PARAMETERS, SecretUrl, clip, is_safe_parameter, parameter_name, redact_text,
+    redact_url,
 };
 pub use refresher::{Handle, Quarantined, Refresher};
 pub use report::{BuildError, Report, RunError};

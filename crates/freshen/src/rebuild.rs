@@ -94,6 +94,48 @@ pub trait Enumerate: Send + Sync + 'static {
     fn enumerate(&self, sink: KeySink) -> BoxFuture<'_, Result<(), BoxError>>;
 }
 
+/// A rebuild chosen at run time (a program that picks its target database from
+/// configuration).
+impl Rebuild for Box<dyn Rebuild> {
+    fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
+        (**self).rebuild(due)
+    }
+
+    fn max_batch(&self) -> usize {
+        (**self).max_batch()
+    }
+
+    fn classify(&self, error: &BoxError) -> Retry {
+        (**self).classify(error)
+    }
+}
+
+/// A fan-out chosen at run time.
+impl Expand for Box<dyn Expand> {
+    fn expand<'a>(
+        &'a self,
+        due: &'a [Due],
+        sink: &'a KeySink,
+    ) -> BoxFuture<'a, Result<(), BoxError>> {
+        (**self).expand(due, sink)
+    }
+
+    fn max_batch(&self) -> usize {
+        (**self).max_batch()
+    }
+
+    fn classify(&self, error: &BoxError) -> Retry {
+        (**self).classify(error)
+    }
+}
+
+/// An enumeration chosen at run time.
+impl Enumerate for Box<dyn Enumerate> {
+    fn enumerate(&self, sink: KeySink) -> BoxFuture<'_, Result<(), BoxError>> {
+        (**self).enumerate(sink)
+    }
+}
+
 /// Where a reconcile sweep or a fan-out sends the keys it lists; each key joins the
 /// normal pipeline. Sending waits while the refresher catches up, so a large listing
 /// streams with bounded memory.

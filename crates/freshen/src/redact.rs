@@ -21,6 +21,8 @@
 //!   secret) is replaced as well.
 //! - Anything else that is not empty (no `://` and no `=`) is replaced whole.
 
+use std::fmt;
+
 /// Parameter names whose values are shown: connection settings that never hold a
 /// secret (libpq's, MySQL's and the brokers' common ones). Compared ignoring case.
 pub const SAFE_PARAMETERS: &[&str] = &[
@@ -333,6 +335,41 @@ pub fn clip(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// A connection URL that may hold a password: never printed (`Debug` and `Display`
+/// show the URL with the password replaced by `***`), never serialized. One type
+/// for every crate, so a URL read from configuration cannot reach a log by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    /// Wraps a URL.
+    pub fn new(url: impl Into<String>) -> SecretUrl {
+        SecretUrl(url.into())
+    }
+
+    /// The URL itself, password included: pass it to a client, never to a log.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced by `***` ([`redact_url`]).
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.redacted())
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
 }
 
 #[cfg(test)]

@@ -2,9 +2,8 @@
 //! line), then resolve into the settings the program runs with.
 
 mod problems;
-mod read;
+pub(crate) mod read;
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -15,97 +14,21 @@ pub use problems::ConfigError;
 use problems::Problem;
 use read::{Reader, Tbl};
 
-/// A secret (a connection URL with a password): never printed, never logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret itself, for the one place that needs it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// The URL with any password replaced, safe for logs.
-    pub fn redacted(&self) -> String {
-        redact_url(&self.0)
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Secret({})", self.redacted())
-    }
-}
+/// A connection URL that may hold a password: never printed, never logged.
+pub use freshen::SecretUrl as Secret;
 
 /// The one redaction routine of every adapter (see [`freshen::redact_url`]).
 pub use freshen::redact_url;
 
-/// How the replication slot is obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SlotMode {
-    /// Create it when missing, reuse it otherwise (the default).
-    Create,
-    /// It must exist already.
-    Existing,
-    /// A temporary slot that disappears with the connection (at-least-once is lost on
-    /// restart: pair it with a reconcile sweep).
-    Temporary,
-}
-
-/// How the publication is obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PublicationMode {
-    /// Create it for the watched tables when missing (the default).
-    Create,
-    /// It must exist and cover the watched tables.
-    Existing,
-}
-
-/// `[source] kind = "postgres"`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PgSource {
-    /// Connection URL (may hold a password).
-    pub url: Secret,
-    /// Replication slot name.
-    pub slot: String,
-    /// Publication name.
-    pub publication: String,
-    /// Slot lifecycle.
-    pub slot_mode: SlotMode,
-    /// Publication lifecycle.
-    pub publication_mode: PublicationMode,
-    /// How often feedback is sent to the server.
-    pub status_interval: Duration,
-    /// Tables captured besides the views' (for the changefeed and sinks), `schema.table`.
-    pub tables: Vec<(String, String)>,
-}
-
-/// Where changes come from.
-#[derive(Debug, Clone)]
-pub enum Source {
-    /// PostgreSQL logical replication.
-    Postgres(PgSource),
-    /// A Kafka consumer group reading canal-json or Debezium JSON.
-    Kafka(Box<freshen_kafka::KafkaSourceConfig>),
-    /// A Pulsar failover subscription reading TiCDC canal-json.
-    Pulsar(Box<freshen_pulsar::PulsarSourceConfig>),
-}
-
-impl Source {
-    /// The kind's name, as in the file.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Source::Postgres(_) => "postgres",
-            Source::Kafka(_) => "kafka",
-            Source::Pulsar(_) => "pulsar",
-        }
-    }
-}
+/// Where changes come from: a registered kind's configuration (see
+/// [`crate::sources`]).
+pub type Source = std::sync::Arc<dyn freshen::plug::SourcePlug>;
 
 /// Where captured changes are published besides the views.
 #[derive(Debug, Clone)]
 pub enum Sink {
     /// Every change to Kafka in Debezium's envelope.
+    #[cfg(feature = "kafka")]
     Kafka(Box<freshen_kafka::KafkaSinkConfig>),
 }
 
@@ -288,10 +211,7 @@ impl Config {
     /// Every watched table, each once, in first-seen order, then the source's extra
     /// captured tables.
     pub fn watched_tables(&self) -> Vec<(String, String)> {
-        let extra = match &self.source {
-            Source::Postgres(pg) => pg.tables.clone(),
-            Source::Kafka(_) | Source::Pulsar(_) => Vec::new(),
-        };
+        let extra = self.source.tables();
         let mut out: Vec<(String, String)> = Vec::new();
         let views = self
             .views
@@ -321,17 +241,6 @@ const TOP: &[&str] = &[
     "views",
     "sinks",
     "changefeed",
-];
-const SOURCE_PG: &[&str] = &[
-    "kind",
-    "url",
-    "slot",
-    "publication",
-    "ack",
-    "slot_mode",
-    "publication_mode",
-    "status_interval",
-    "tables",
 ];
 const TIMING: &[&str] = &[
     "coalesce",
@@ -429,12 +338,13 @@ pub fn parse(
         .t
         .get("source")
         .and_then(|s| s.get("kind"))
-        .and_then(|k| k.as_str());
-    if target.is_none() && !views.is_empty() && kind.is_some_and(|k| k != "postgres") {
+        .and_then(|k| k.as_str())
+        .and_then(crate::sources::find);
+    if target.is_none() && !views.is_empty() && kind.is_some_and(|k| !k.database) {
         r.missing(
             root,
             "target",
-            "a [target] url: where rebuild and reconcile SQL runs (only a PostgreSQL source provides a default)",
+            "a [target] url: where rebuild and reconcile SQL runs (only a database source provides a default: its own)",
         );
     }
     match (source, target, r.p.list.is_empty()) {
@@ -442,7 +352,7 @@ pub fn parse(
             source,
             ack: ack.unwrap_or_default(),
             target: target.unwrap_or(Target {
-                url: Secret(String::new()),
+                url: Secret::new(String::new()),
                 pool_size: 1,
             }),
             http,
@@ -475,153 +385,60 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             "on-enqueue" => AckPolicy::OnEnqueue,
             _ => AckPolicy::AfterRebuild,
         });
-    let kind = r.choice(t, "kind", &["postgres", "kafka", "pulsar"]);
+    if let Some((name, feature)) =
+        t.t.get("kind")
+            .and_then(|k| k.as_str())
+            .and_then(crate::sources::left_out)
+    {
+        let line = r.line(t.t.get("kind").and_then(|i| i.span()));
+        r.p.at_line(
+            line,
+            format!("`source.kind` \"{name}\" is not built into this freshen: build it with `--features {feature}`"),
+        );
+        return (None, ack);
+    }
+    let names: Vec<&str> = crate::sources::KINDS.iter().map(|k| k.name).collect();
+    let kind = r.choice(t, "kind", &names);
     if kind.is_none() && t.t.get("kind").is_none() {
+        let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
         r.missing(
             t,
             "kind",
-            "the source type: \"postgres\", \"kafka\" or \"pulsar\"",
+            &format!("the source type: {}", quoted.join(", ")),
         );
     }
     let Some(kind) = kind else {
         return (None, ack);
     };
-    if kind.value == "kafka" {
-        let item = root.t.get("source").expect("read above");
-        let kafka: Option<freshen_kafka::KafkaSourceConfig> =
-            r.serde_table(item, "source", &["kind", "ack"]);
-        let kafka = kafka.filter(|k| {
-            let problems = k.problems();
-            for p in &problems {
-                r.problem_in(item, "source", p, kind.line);
-            }
-            problems.is_empty()
-        });
-        return (kafka.map(|k| Source::Kafka(Box::new(k))), ack);
-    }
-    if kind.value == "pulsar" {
-        let item = root.t.get("source").expect("read above");
-        let pulsar: Option<freshen_pulsar::PulsarSourceConfig> =
-            r.serde_table(item, "source", &["kind", "ack"]);
-        let pulsar = pulsar.filter(|p| {
-            let problems = p.problems();
-            for problem in &problems {
-                r.problem_in(item, "source", problem, kind.line);
-            }
-            problems.is_empty()
-        });
-        return (pulsar.map(|p| Source::Pulsar(Box::new(p))), ack);
-    }
-    r.known_keys(t, SOURCE_PG);
-    let before = r.p.list.len();
-    let url = r.string(t, "url");
-    // A URL with a missing variable is not judged: its problem is the variable.
-    let expanded = r.p.list.len() == before;
-    if url.is_none() && t.t.get("url").is_none() {
-        r.missing(
-            t,
-            "url",
-            "the database to capture from, e.g. \"${DATABASE_URL}\"",
-        );
-    }
-    let slot = r
-        .string(t, "slot")
-        .map_or_else(|| "freshen".into(), |s| s.value);
-    let publication = r
-        .string(t, "publication")
-        .map_or_else(|| "freshen".into(), |s| s.value);
-    for (what, name) in [("slot", &slot), ("publication", &publication)] {
-        if !valid_identifier(name) {
-            let line = r.line(t.t.get(what).and_then(|i| i.span()));
-            r.p.at_line(
-                line,
-                format!("`source.{what}` must be a lower-case identifier (letters, digits, _), not `{name}`"),
-            );
-        }
-    }
-    let slot_mode = r
-        .choice(t, "slot_mode", &["create", "existing", "temporary"])
-        .map_or(SlotMode::Create, |s| match s.value.as_str() {
-            "existing" => SlotMode::Existing,
-            "temporary" => SlotMode::Temporary,
-            _ => SlotMode::Create,
-        });
-    let publication_mode = r
-        .choice(t, "publication_mode", &["create", "existing"])
-        .map_or(PublicationMode::Create, |s| match s.value.as_str() {
-            "existing" => PublicationMode::Existing,
-            _ => PublicationMode::Create,
-        });
-    let status_interval = r
-        .duration_within(
-            t,
-            "status_interval",
-            Duration::from_millis(1)..=MAX_STATUS_INTERVAL,
-        )
-        .map_or(Duration::from_secs(1), |d| d.value);
-    let mut tables = Vec::new();
-    if let Some(list) = r.strings(t, "tables") {
-        for name in list.value {
-            match split_table(&name) {
-                Some(st) => tables.push(st),
-                None => r.p.at_line(
-                    list.line,
-                    format!("`source.tables`: `{name}` is not a table name (\"schema.table\" or \"table\")"),
-                ),
-            }
-        }
-    }
-    if let Some(u) = url.as_ref().filter(|_| expanded) {
-        check_url(r, "source.url", u);
-    }
-    let source = url.map(|url| {
-        Source::Postgres(PgSource {
-            url: Secret(url.value),
-            slot,
-            publication,
-            slot_mode,
-            publication_mode,
-            status_interval,
-            tables,
-        })
-    });
+    let item = root.t.get("source").expect("read above");
+    let source = crate::sources::find(&kind.value).and_then(|k| k.read(r, item, kind.line));
     (source, ack)
 }
 
-/// A PostgreSQL URL is parsed and checked here, so that `check --offline` rejects what
-/// `run` would. The parser's messages never quote a value.
+/// A target URL is parsed and checked here, so that `check --offline` rejects what
+/// `run` would. The parsers' messages never quote a value.
 fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
-    let problems = match freshen_postgres::ConnectionConfig::from_url(&url.value) {
-        Ok(c) => c.problems(),
-        // One line per problem: the error lists them as "  - …" under a heading.
-        Err(e) => {
-            let text = e.to_string();
-            let items: Vec<String> = text
-                .lines()
-                .filter_map(|l| l.trim_start().strip_prefix("- "))
-                .map(str::to_owned)
-                .collect();
-            if items.is_empty() { vec![text] } else { items }
-        }
+    let problems = match crate::target::Flavor::of(&url.value) {
+        Some(crate::target::Flavor::Postgres) => freshen_postgres::url_problems(&url.value),
+        #[cfg(feature = "mysql")]
+        Some(crate::target::Flavor::MySql) => crate::target::mysql_url_problems(&url.value),
+        #[cfg(not(feature = "mysql"))]
+        Some(crate::target::Flavor::MySql) => vec![
+            "a MySQL target is not built into this freshen: build it with `--features mysql`"
+                .into(),
+        ],
+        None => vec![format!(
+            "must be a postgres:// (or postgresql://) or mysql:// URL, not {}",
+            redact_url(&url.value)
+        )],
     };
     for p in problems {
         r.p.at_line(url.line, format!("`{path}`: {p}"));
     }
 }
 
-fn valid_identifier(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !s.starts_with(|c: char| c.is_ascii_digit())
-}
-
 fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Option<Target> {
-    let default_url = match source {
-        Some(Source::Postgres(pg)) => Some(pg.url.clone()),
-        _ => None,
-    };
+    let default_url = source.and_then(|s| s.database_url()).map(Secret::new);
     let Some(t) = r.table(root, "target", "target") else {
         return default_url.map(|url| Target { url, pool_size: 4 });
     };
@@ -631,7 +448,7 @@ fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -
     if let Some(u) = url.as_ref().filter(|_| r.p.list.len() == before) {
         check_url(r, "target.url", u);
     }
-    let url = url.map(|s| Secret(s.value)).or(default_url);
+    let url = url.map(|s| Secret::new(s.value)).or(default_url);
     let pool_size = r
         .int(t, "pool_size", 1..=1024)
         .map_or(4, |n| n.value as usize);
@@ -943,6 +760,7 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
             return Vec::new();
         }
     };
+    #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
     let mut out = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let path = format!("sinks[{i}]");
@@ -954,16 +772,25 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
             r.missing(t, "kind", "the sink type: \"kafka\"");
         }
         let Some(kind) = kind else { continue };
-        let sink: Option<freshen_kafka::KafkaSinkConfig> = r.serde_table(entry, &path, &["kind"]);
-        if let Some(sink) = sink {
-            let problems = sink.problems();
-            for p in &problems {
-                r.problem_in(entry, &path, p, kind.line);
-            }
-            if problems.is_empty() {
-                out.push(Sink::Kafka(Box::new(sink)));
+        #[cfg(feature = "kafka")]
+        {
+            let sink: Option<freshen_kafka::KafkaSinkConfig> =
+                r.serde_table(entry, &path, &["kind"]);
+            if let Some(sink) = sink {
+                let problems = sink.problems();
+                for p in &problems {
+                    r.problem_in(entry, &path, p, kind.line);
+                }
+                if problems.is_empty() {
+                    out.push(Sink::Kafka(Box::new(sink)));
+                }
             }
         }
+        #[cfg(not(feature = "kafka"))]
+        r.p.at_line(
+            kind.line,
+            format!("`{path}.kind` \"kafka\" is not built into this freshen: build it with `--features kafka`"),
+        );
     }
     out
 }

@@ -477,11 +477,11 @@ impl<'s, 'e> Reader<'s, 'e> {
         }
         let before = self.p.list.len();
         self.expand_value(&mut value, path);
-        if self.p.list.len() > before {
-            return None;
-        }
+        // A missing variable is the value's problem; unknown keys and wrong types are
+        // still reported beside it, but the values are not judged.
+        let expanded = self.p.list.len() == before;
         match T::deserialize(value.into_deserializer()) {
-            Ok(v) => Some(v),
+            Ok(v) => expanded.then_some(v),
             Err(e) => {
                 let span = e.span().or_else(|| item.span());
                 self.p.at(span, format!("in `{path}`: {}", e.message()));

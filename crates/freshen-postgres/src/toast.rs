@@ -1,5 +1,5 @@
-//! Which PostgreSQL tables need `REPLICA IDENTITY FULL` for whole rows in the
-//! changefeed: for `freshen check`.
+//! Which tables need `REPLICA IDENTITY FULL` for an UPDATE to carry the whole row: for
+//! `freshen check` when a changefeed publishes whole rows.
 //!
 //! Under the default replica identity, an UPDATE that leaves a large (TOASTed) value
 //! unchanged does not send it. The changefeed fills such values from the row's last
@@ -8,8 +8,10 @@
 //! says `"partial":true`. A table whose replica identity is FULL always sends whole
 //! rows; a table without columns that can be stored out of line never leaves one out.
 //!
-//! The binary runs [`TOASTABLE_COLUMNS_SQL`] and passes the rows to
-//! [`needs_full_identity`]; this crate stays free of a PostgreSQL client.
+//! [`PgAdmin::partial_updates`](crate::PgAdmin::partial_updates) runs
+//! [`TOASTABLE_COLUMNS_SQL`] and passes the rows to [`needs_full_identity`] (pure).
+
+use crate::quote_ident;
 
 /// Lists, for the tables named in `$1` (a `text[]` of `schema.table`), the replica
 /// identity (`relreplident`: `d` default, `n` nothing, `f` full, `i` index) and the
@@ -73,7 +75,7 @@ impl std::fmt::Display for IdentityAdvice {
 /// `REPLICA IDENTITY FULL` for every changefeed event to carry the whole row.
 ///
 /// ```
-/// use freshen_changefeed::{TableStorage, needs_full_identity};
+/// use freshen_postgres::{TableStorage, needs_full_identity};
 /// let docs = TableStorage {
 ///     schema: "public".into(),
 ///     table: "docs".into(),
@@ -92,16 +94,36 @@ pub fn needs_full_identity(tables: &[TableStorage]) -> Vec<IdentityAdvice> {
             columns: t.toastable.clone(),
             fix: format!(
                 "ALTER TABLE {}.{} REPLICA IDENTITY FULL;",
-                quote(&t.schema),
-                quote(&t.table)
+                quote_ident(&t.schema),
+                quote_ident(&t.table)
             ),
         })
         .collect()
 }
 
-/// A quoted SQL identifier.
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
+impl crate::PgAdmin {
+    /// The tables of `tables` whose UPDATEs can leave unchanged large values out.
+    pub async fn partial_updates(
+        &self,
+        tables: &[crate::TableName],
+    ) -> Result<Vec<IdentityAdvice>, crate::PgError> {
+        let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
+        let client = crate::pool::client(self.pool()).await?;
+        let rows = client
+            .query(TOASTABLE_COLUMNS_SQL, &[&names])
+            .await
+            .map_err(|e| crate::PgError::sql("cannot read the tables' storage", e))?;
+        let storage: Vec<TableStorage> = rows
+            .iter()
+            .map(|r| TableStorage {
+                schema: r.get(0),
+                table: r.get(1),
+                identity: r.get(2),
+                toastable: r.get(3),
+            })
+            .collect();
+        Ok(needs_full_identity(&storage))
+    }
 }
 
 #[cfg(test)]

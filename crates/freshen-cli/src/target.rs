@@ -1,0 +1,297 @@
+//! Where rebuild and reconcile SQL runs: a PostgreSQL or a MySQL/MariaDB database,
+//! told apart by the URL's scheme. The statements are written the same way for both
+//! (`$1`, `$2`, … for the key's parts).
+
+use anyhow::Context;
+use freshen::plug::Finding;
+use freshen::{Enumerate, Expand, Rebuild};
+use freshen_postgres::{PgAdmin, SqlEnumerate, SqlFanOut, SqlRebuild, TableName, Visibility};
+
+use crate::config::{Config, View};
+
+/// The database family a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` (MySQL and MariaDB).
+    MySql,
+}
+
+impl Flavor {
+    /// The family of `url`, from its scheme; `None` for anything else.
+    pub fn of(url: &str) -> Option<Flavor> {
+        let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+        match scheme.as_str() {
+            "postgres" | "postgresql" => Some(Flavor::Postgres),
+            "mysql" | "mariadb" => Some(Flavor::MySql),
+            _ => None,
+        }
+    }
+}
+
+/// What is wrong with a `mysql://` URL, never quoting it.
+#[cfg(feature = "mysql")]
+pub fn mysql_url_problems(url: &str) -> Vec<String> {
+    let mut config = freshen_mysql::MySqlSourceConfig::new(url, "target");
+    config.tables.clear();
+    config
+        .problems()
+        .into_iter()
+        .filter(|p| p.starts_with("url"))
+        .collect()
+}
+
+/// A connected target.
+#[derive(Clone)]
+pub enum Target {
+    /// A PostgreSQL pool, and how rebuilds there prove they see their changes.
+    Postgres(freshen_postgres::Pool, Visibility),
+    /// A MySQL/MariaDB pool, and whether it is the source server (so rebuilds can wait
+    /// for the dirtying transactions to be visible).
+    #[cfg(feature = "mysql")]
+    MySql(mysql_async::Pool, bool),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Target::Postgres(..) => "Target::Postgres",
+            #[cfg(feature = "mysql")]
+            Target::MySql(..) => "Target::MySql",
+        })
+    }
+}
+
+impl Target {
+    /// Connects to `cfg`'s target (pools connect lazily) and decides how rebuilds
+    /// prove visibility.
+    pub async fn connect(cfg: &Config) -> anyhow::Result<Target> {
+        let url = cfg.target.url.expose();
+        let source_url = cfg.source.database_url();
+        match Flavor::of(url) {
+            Some(Flavor::Postgres) => {
+                let conn = freshen_postgres::ConnectionConfig::from_url(url)
+                    .context("the target URL is not usable")?;
+                let pool = freshen_postgres::connect_pool(&conn, cfg.target.pool_size)
+                    .context("cannot set up the target connection pool")?;
+                let visibility = postgres_visibility(source_url, url, &pool).await?;
+                Ok(Target::Postgres(pool, visibility))
+            }
+            #[cfg(feature = "mysql")]
+            Some(Flavor::MySql) => {
+                let pool = freshen_mysql::connect_pool(url, cfg.target.pool_size)
+                    .context("cannot set up the target connection pool")?;
+                // Positions are the source server's: only there can a rebuild wait for
+                // them.
+                let same = source_url == Some(url);
+                Ok(Target::MySql(pool, same))
+            }
+            #[cfg(not(feature = "mysql"))]
+            Some(Flavor::MySql) => {
+                anyhow::bail!(
+                    "a MySQL target is not built into this freshen: build it with `--features mysql`"
+                )
+            }
+            None => anyhow::bail!("the target URL must be postgres:// or mysql://"),
+        }
+    }
+
+    /// The view's rebuild, its statements prepared.
+    pub async fn rebuild(&self, view: &View) -> anyhow::Result<Box<dyn Rebuild>> {
+        let what = || format!("view {}: the rebuild statements are not usable", view.name);
+        Ok(match self {
+            Target::Postgres(pool, visibility) => {
+                let mut b = SqlRebuild::builder(pool.clone())
+                    .statements(view.rebuild.iter().cloned())
+                    .visibility(visibility.clone())
+                    .keys_per_transaction(view.keys_per_transaction);
+                if let Some(n) = view.rebuild_batch {
+                    b = b.batch(n);
+                }
+                Box::new(b.build().await.with_context(what)?)
+            }
+            #[cfg(feature = "mysql")]
+            Target::MySql(pool, same) => {
+                if view.rebuild_batch.is_some() {
+                    anyhow::bail!(
+                        "view {}: rebuild_batch (keys as arrays) is PostgreSQL's; on MySQL use keys_per_transaction",
+                        view.name
+                    );
+                }
+                let w = view.direct().next().context("a view watches a table")?;
+                let types = freshen_mysql::key_types_of(pool, &w.schema, &w.table, &w.key)
+                    .await
+                    .with_context(what)?;
+                let b = freshen_mysql::MySqlRebuild::builder(pool.clone())
+                    .statements(view.rebuild.iter().cloned())
+                    .key_types(types)
+                    .keys_per_transaction(view.keys_per_transaction)
+                    .check_visibility(*same);
+                Box::new(b.build().await.with_context(what)?)
+            }
+        })
+    }
+
+    /// The view's fan-outs, one per watch entry with `keys`, their statements prepared.
+    pub async fn fanouts(&self, view: &View) -> anyhow::Result<Vec<Box<dyn Expand>>> {
+        let mut out: Vec<Box<dyn Expand>> = Vec::new();
+        for w in view.fanouts() {
+            let what = || {
+                format!(
+                    "view {}: the `keys` statement of {} is not usable",
+                    view.name,
+                    w.qualified()
+                )
+            };
+            match self {
+                Target::Postgres(pool, visibility) => {
+                    let sql = w.keys.clone().unwrap_or_default();
+                    let fanout = SqlFanOut::builder(pool.clone(), sql)
+                        .arity(view.arity())
+                        .parent_arity(w.key.len())
+                        .visibility(visibility.clone())
+                        .build()
+                        .await
+                        .with_context(what)?;
+                    out.push(Box::new(fanout));
+                }
+                #[cfg(feature = "mysql")]
+                Target::MySql(..) => anyhow::bail!(
+                    "view {}: `keys` (a fan-out) is PostgreSQL's for now; {} cannot be mapped on MySQL",
+                    view.name,
+                    w.qualified()
+                ),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The view's reconcile listing.
+    pub fn enumerate(&self, sql: &str) -> Box<dyn Enumerate> {
+        match self {
+            Target::Postgres(pool, _) => Box::new(SqlEnumerate::new(pool.clone(), sql)),
+            #[cfg(feature = "mysql")]
+            Target::MySql(pool, _) => {
+                Box::new(freshen_mysql::MySqlEnumerate::new(pool.clone(), sql))
+            }
+        }
+    }
+
+    /// What `check` finds about the view's statements.
+    pub async fn check(&self, view: &View) -> Vec<Finding> {
+        match self {
+            Target::Postgres(pool, _) => {
+                let key: Vec<String> = view
+                    .direct()
+                    .next()
+                    .map(|w| w.key.clone())
+                    .unwrap_or_default();
+                let mut found = freshen_postgres::check::statements(
+                    pool,
+                    freshen_postgres::check::StatementShape {
+                        view: &view.name,
+                        arity: view.arity(),
+                        key_columns: &key,
+                        batch: view.rebuild_batch.is_some(),
+                    },
+                    &view.rebuild,
+                    view.reconcile.as_ref().map(|r| r.keys.as_str()),
+                )
+                .await;
+                match pool.get().await {
+                    Ok(client) => found.extend(
+                        freshen_postgres::check::check_view(&client, &view_spec(view)).await,
+                    ),
+                    Err(e) => found.push(Finding::error(
+                        "target",
+                        view.name.clone(),
+                        format!("cannot connect: {e}"),
+                    )),
+                }
+                found
+            }
+            #[cfg(feature = "mysql")]
+            Target::MySql(pool, _) => {
+                let mut all = view.rebuild.clone();
+                if let Some(r) = &view.reconcile {
+                    all.push(r.keys.clone());
+                }
+                let subject = format!("view {}", view.name);
+                let mut found = freshen_mysql::check_statements(pool, &subject, &all).await;
+                if found.is_empty() {
+                    found.push(Finding::ok(
+                        "statement",
+                        subject,
+                        format!("{} statement(s) prepare", all.len()),
+                    ));
+                }
+                found
+            }
+        }
+    }
+}
+
+/// A view as freshen-postgres' checks take it.
+fn view_spec(view: &View) -> freshen_postgres::check::ViewSpec<'_> {
+    freshen_postgres::check::ViewSpec {
+        name: &view.name,
+        watch: view
+            .watch
+            .iter()
+            .map(|w| freshen_postgres::check::WatchSpec {
+                table: TableName::new(&w.schema, &w.table),
+                key: &w.key,
+                keys: w.keys.as_deref(),
+            })
+            .collect(),
+        rebuild: view.rebuild.iter().map(String::as_str).collect(),
+        batch: view.rebuild_batch.is_some(),
+        static_tables: view
+            .static_tables
+            .iter()
+            .map(|(s, t)| TableName::new(s, t))
+            .collect(),
+        reconcile: view.reconcile.is_some(),
+    }
+}
+
+/// How PostgreSQL rebuilds prove they see the changes that dirtied their keys:
+/// transaction ids are the source cluster's, so they are checked in the rebuild's
+/// snapshot only where the target is that cluster (or a physical standby of it: same
+/// system identifier), and on the source otherwise. Broker sources and MySQL carry no
+/// ids of the target's.
+async fn postgres_visibility(
+    source: Option<&str>,
+    target: &str,
+    pool: &freshen_postgres::Pool,
+) -> anyhow::Result<Visibility> {
+    let Some(source) = source.filter(|s| Flavor::of(s) == Some(Flavor::Postgres)) else {
+        return Ok(Visibility::Off);
+    };
+    if source == target {
+        return Ok(Visibility::InSnapshot);
+    }
+    let conn = freshen_postgres::ConnectionConfig::from_url(source)
+        .context("the source URL is not usable")?;
+    let source_pool = freshen_postgres::connect_pool(&conn, 2)
+        .context("cannot set up the source connection pool")?;
+    let (a, b) = (
+        PgAdmin::from_pool(source_pool.clone())
+            .system_identifier()
+            .await,
+        PgAdmin::from_pool(pool.clone()).system_identifier().await,
+    );
+    Ok(match (a, b) {
+        (Ok(a), Ok(b)) if a == b => Visibility::InSnapshot,
+        (a, b) => {
+            tracing::info!(
+                same_cluster = false,
+                source = ?a.ok(),
+                target = ?b.ok(),
+                "the target is another cluster: rebuilds check on the source that the changes are visible before they run"
+            );
+            Visibility::OnSource(source_pool)
+        }
+    })
+}

@@ -1,0 +1,209 @@
+//! `freshen check` and `freshen run` with `[source] kind = "mysql"` on a real MariaDB:
+//! the binlog source, rebuilds and a reconcile sweep run on MariaDB from one TOML file;
+//! a SIGKILLed run resumes from its stored position and loses nothing.
+
+mod support;
+
+use std::time::Duration;
+
+use freshen_testenv::MariaDbServer;
+use mysql_async::prelude::Queryable;
+use support::*;
+
+const SCHEMA: &str = "
+    CREATE TABLE app.readings (id INT AUTO_INCREMENT PRIMARY KEY, device VARCHAR(20) NOT NULL, value INT NOT NULL);
+    CREATE TABLE app.rollup (device VARCHAR(20) PRIMARY KEY, n BIGINT NOT NULL, total BIGINT NOT NULL);
+    CREATE TABLE app.peaks (device VARCHAR(20) PRIMARY KEY, top INT NOT NULL)";
+
+/// The rollup of devices the workload writes (`d*`): no reconcile sweep keeps it, so
+/// only captured changes can make it right.
+const ROLLUP_TRUTH: &str = "SELECT device, count(*), CAST(sum(value) AS SIGNED) FROM app.readings \
+     WHERE device LIKE 'd%' GROUP BY device ORDER BY device";
+const ROLLUP: &str = "SELECT device, n, total FROM app.rollup ORDER BY device";
+/// Every device's peak, including the rows written before freshen first started: only
+/// the start-up sweep can find those.
+const PEAKS_TRUTH: &str =
+    "SELECT device, max(value), 0 FROM app.readings GROUP BY device ORDER BY device";
+const PEAKS: &str = "SELECT device, top, 0 FROM app.peaks ORDER BY device";
+
+fn server() -> MariaDbServer {
+    let db = MariaDbServer::start()
+        .unwrap_or_else(|e| panic!("MariaDB for this test (apt-get install mariadb-server): {e}"));
+    db.sql("CREATE DATABASE app").unwrap();
+    db
+}
+
+fn config(url: &str, http: &str) -> String {
+    format!(
+        r#"
+[source]
+kind = "mysql"
+url = "{url}"
+name = "cli"
+tables = ["app.readings"]
+position_interval_ms = 20
+heartbeat_ms = 100
+
+[http]
+listen = "{http}"
+
+[[views]]
+name = "rollup"
+watch = [{{ table = "app.readings", key = ["device"] }}]
+rebuild = [
+  "DELETE FROM app.rollup WHERE device = $1",
+  "INSERT INTO app.rollup SELECT device, count(*), sum(value) FROM app.readings WHERE device = $1 GROUP BY device",
+]
+coalesce = "10ms"
+max_wait = "100ms"
+
+[[views]]
+name = "peaks"
+watch = [{{ table = "app.readings", key = ["device"] }}]
+rebuild = [
+  "DELETE FROM app.peaks WHERE device = $1",
+  "INSERT INTO app.peaks SELECT device, max(value) FROM app.readings WHERE device = $1 GROUP BY device",
+]
+reconcile = {{ every = "1h", keys = "SELECT device FROM app.readings UNION SELECT device FROM app.peaks" }}
+coalesce = "10ms"
+max_wait = "100ms"
+"#
+    )
+}
+
+async fn conn(db: &MariaDbServer) -> mysql_async::Conn {
+    mysql_async::Conn::from_url(db.url("app"))
+        .await
+        .expect("connect for SQL")
+}
+
+async fn rows(c: &mut mysql_async::Conn, sql: &str) -> Vec<(String, i64, i64)> {
+    c.query(sql).await.unwrap()
+}
+
+/// `txs` transactions over devices `d0..d7`: inserts, moves between devices, value
+/// changes, deletes.
+async fn workload(c: &mut mysql_async::Conn, seed: &mut u64, txs: usize) {
+    let mut below = |n: u64| {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed % n
+    };
+    for _ in 0..txs {
+        let dev = below(8);
+        let k = below(11);
+        let sql = match below(10) {
+            0..=4 => format!(
+                "INSERT INTO app.readings (device, value) VALUES ('d{dev}', {}), ('d{}', {})",
+                below(100),
+                below(8),
+                below(100)
+            ),
+            5..=6 => format!(
+                "UPDATE app.readings SET device = 'd{dev}' WHERE device LIKE 'd%' AND id % 11 = {k}"
+            ),
+            7..=8 => format!(
+                "UPDATE app.readings SET value = value + 1 WHERE device LIKE 'd%' AND id % 11 = {k}"
+            ),
+            _ => format!("DELETE FROM app.readings WHERE device LIKE 'd%' AND id % 13 = {k}"),
+        };
+        c.query_drop(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+/// Polls until both derived tables equal their truth three times in a row.
+async fn converge(c: &mut mysql_async::Conn) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut stable = 0;
+    while stable < 3 {
+        let (rt, r) = (rows(c, ROLLUP_TRUTH).await, rows(c, ROLLUP).await);
+        let (pt, p) = (rows(c, PEAKS_TRUTH).await, rows(c, PEAKS).await);
+        if rt == r && pt == p {
+            stable += 1;
+        } else {
+            stable = 0;
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "derived tables never equalled the truth:\nrollup truth {rt:?}\nrollup       {r:?}\npeaks truth  {pt:?}\npeaks        {p:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_the_mysql_source_and_its_statements() {
+    let db = server();
+    let mut c = conn(&db).await;
+    c.query_drop(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let good = write_config(dir.path(), &config(&db.url("app"), "127.0.0.1:0"));
+    let out = freshen().args(["check", "-c"]).arg(&good).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("view rollup"), "{text}");
+
+    let bad = config(&db.url("app"), "127.0.0.1:0").replace(
+        "INSERT INTO app.peaks SELECT",
+        "INSERT INTO app.peakz SELECT",
+    );
+    let bad = write_config(dir.path(), &bad);
+    let out = freshen().args(["check", "-c"]).arg(&bad).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("error") && l.contains("view peaks") && l.contains("peakz")),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_run_resumes_from_its_stored_position() {
+    let db = server();
+    let mut c = conn(&db).await;
+    c.query_drop(SCHEMA).await.unwrap();
+    // Written before freshen ever ran: only the peaks view's start-up sweep sees them.
+    c.query_drop(
+        "INSERT INTO app.readings (device, value) VALUES ('old1', 5), ('old1', 9), ('old2', 3)",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &config(&db.url("app"), &format!("127.0.0.1:{port}")),
+    );
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    workload(&mut c, &mut seed, 80).await;
+    run.kill().unwrap();
+    run.wait().unwrap();
+    // Changes while nothing captures: the stored position brings them back.
+    workload(&mut c, &mut seed, 80).await;
+    let mut run = spawn_run(dir.path(), &cfg, 2);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    workload(&mut c, &mut seed, 40).await;
+    converge(&mut c).await;
+
+    let status = freshen_cli::status::fetch(&base).await.expect("/status");
+    assert_eq!(status.source.kind, "mysql");
+    assert!(status.source.events > 0, "{:?}", status.source);
+    for v in &status.views {
+        assert_eq!(v.rebuilds_failed, 0, "{v:?}");
+        assert!(v.rebuilds_ok > 0, "{v:?}");
+    }
+    let peaks = status.views.iter().find(|v| v.name == "peaks").unwrap();
+    assert!(peaks.reconciles >= 1, "{peaks:?}");
+    run.kill().unwrap();
+    let _ = run.wait();
+    let log = log_of(dir.path(), 2);
+    assert!(!log.contains("panicked"), "{log}");
+}

@@ -1,0 +1,304 @@
+//! `PgSourceSettings`: the `[source]` table with `kind = "postgres"` as the `freshen`
+//! binary reads it, and how it becomes a running [`PgSource`](crate::PgSource).
+//!
+//! The file's names and defaults live here, beside the source they configure, so the
+//! binary holds no PostgreSQL knowledge: it deserializes this type, lists
+//! [`problems`](PgSourceSettings::problems) with their lines, and plugs it in through
+//! [`freshen::plug::SourcePlug`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use freshen::plug::{Finding, Plan, SourcePlug, Started};
+use freshen::{BoxError, BoxFuture, SecretUrl};
+use serde::{Deserialize, Deserializer};
+
+use crate::config::{ConnectionConfig, MAX_STATUS_INTERVAL, PublicationMode, SlotMode, TableName};
+use crate::{PgAdmin, PgSource, PublicationDrop, check};
+
+/// The PostgreSQL logical-replication source, as configured in a file.
+///
+/// ```toml
+/// [source]
+/// kind = "postgres"
+/// url = "${DATABASE_URL}"
+/// slot = "freshen"                 # default
+/// publication = "freshen"          # default
+/// slot_mode = "create"             # or "existing", "temporary"
+/// publication_mode = "create"      # or "existing"
+/// status_interval = "1s"
+/// tables = ["public.orders"]       # captured besides the views' tables
+/// ```
+///
+/// `Debug` never shows the password.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PgSourceSettings {
+    /// Connection URL (may hold a password; `${VAR}` references are expanded by the
+    /// reader of the file).
+    #[serde(deserialize_with = "secret_url")]
+    pub url: SecretUrl,
+    /// Replication slot name (default `freshen`).
+    #[serde(default = "default_name")]
+    pub slot: String,
+    /// Publication name (default `freshen`).
+    #[serde(default = "default_name")]
+    pub publication: String,
+    /// Slot lifecycle: `"create"` when missing (default), `"existing"`, `"temporary"`.
+    #[serde(default)]
+    pub slot_mode: SlotChoice,
+    /// Publication lifecycle: `"create"` when missing (default), `"existing"`.
+    #[serde(default)]
+    pub publication_mode: PublicationChoice,
+    /// How often feedback is sent to the server (default `1s`, at most `1h`).
+    #[serde(default = "default_status_interval", deserialize_with = "duration")]
+    pub status_interval: Duration,
+    /// Tables captured besides the views' (for the changefeed and sinks): `schema.table`
+    /// or `table`, quoted parts kept as written, unquoted ones folded to lower case.
+    #[serde(default)]
+    pub tables: Vec<String>,
+}
+
+/// `slot_mode` as written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SlotChoice {
+    /// Create it when missing, reuse it otherwise.
+    #[default]
+    Create,
+    /// It must exist already.
+    Existing,
+    /// A temporary slot that disappears with the connection (a restart loses changes:
+    /// pair it with a reconcile sweep).
+    Temporary,
+}
+
+/// `publication_mode` as written in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PublicationChoice {
+    /// Create it for the watched tables when missing (marked as freshen's, so that
+    /// `freshen drop` may drop it).
+    #[default]
+    Create,
+    /// It must exist and cover the watched tables.
+    Existing,
+}
+
+impl From<SlotChoice> for SlotMode {
+    fn from(c: SlotChoice) -> SlotMode {
+        match c {
+            SlotChoice::Create => SlotMode::CreateIfMissing,
+            SlotChoice::Existing => SlotMode::MustExist,
+            SlotChoice::Temporary => SlotMode::Temporary,
+        }
+    }
+}
+
+impl From<PublicationChoice> for PublicationMode {
+    fn from(c: PublicationChoice) -> PublicationMode {
+        match c {
+            PublicationChoice::Create => PublicationMode::CreateIfMissing,
+            PublicationChoice::Existing => PublicationMode::MustExist,
+        }
+    }
+}
+
+fn default_name() -> String {
+    "freshen".into()
+}
+
+fn default_status_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn secret_url<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
+    String::deserialize(d).map(SecretUrl::new)
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s)
+        .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration ({e})")))
+}
+
+/// A slot or publication name freshen creates: what PostgreSQL accepts unquoted for a
+/// slot, so both print and compare the same everywhere.
+fn valid_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// The problems of a PostgreSQL URL, one per line, never quoting a value (the parser's
+/// messages never do).
+pub fn url_problems(url: &str) -> Vec<String> {
+    match ConnectionConfig::from_url(url) {
+        Ok(c) => c.problems(),
+        // The error lists its problems as "  - …" under a heading.
+        Err(e) => {
+            let text = e.to_string();
+            let items: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix("- "))
+                .map(str::to_owned)
+                .collect();
+            if items.is_empty() { vec![text] } else { items }
+        }
+    }
+}
+
+impl PgSourceSettings {
+    /// The source's tables of its own (`tables`), parsed.
+    pub fn table_names(&self) -> Vec<TableName> {
+        self.tables.iter().filter_map(|t| t.parse().ok()).collect()
+    }
+
+    /// The connection, parsed.
+    pub fn connection(&self) -> Result<ConnectionConfig, crate::PgError> {
+        ConnectionConfig::from_url(self.url.expose())
+    }
+}
+
+impl SourcePlug for PgSourceSettings {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        // A URL holding an unexpanded `${VAR}` is reported by the reader as the
+        // variable's problem; here it is judged as written.
+        for problem in url_problems(self.url.expose()) {
+            p.push(format!("url: {problem}"));
+        }
+        for (what, name) in [("slot", &self.slot), ("publication", &self.publication)] {
+            if !valid_identifier(name) {
+                p.push(format!(
+                    "{what}: must be a lower-case identifier (letters, digits, _), not `{name}`"
+                ));
+            }
+        }
+        if self.status_interval.is_zero() || self.status_interval > MAX_STATUS_INTERVAL {
+            p.push("status_interval: must be between 1ms and 1h".into());
+        }
+        for t in &self.tables {
+            if let Err(e) = t.parse::<TableName>() {
+                p.push(format!("tables: {e} (\"schema.table\" or \"table\")"));
+            }
+        }
+        p
+    }
+
+    fn tables(&self) -> Vec<(String, String)> {
+        self.table_names()
+            .into_iter()
+            .map(|t| (t.schema, t.name))
+            .collect()
+    }
+
+    fn database_url(&self) -> Option<&str> {
+        Some(self.url.expose())
+    }
+
+    fn drop_upstream(&self) -> BoxFuture<'_, Result<Vec<String>, BoxError>> {
+        Box::pin(async move {
+            let admin = PgAdmin::connect(&self.connection()?).await?;
+            let slot = admin.drop_slot(&self.slot).await?;
+            let publication = admin.drop_publication(&self.publication).await?;
+            Ok(vec![
+                format!(
+                    "slot {}: {}",
+                    self.slot,
+                    if slot { "dropped" } else { "did not exist" }
+                ),
+                format!(
+                    "publication {}: {}",
+                    self.publication,
+                    match publication {
+                        PublicationDrop::Dropped => "dropped",
+                        PublicationDrop::Kept => "kept (not created by freshen)",
+                        PublicationDrop::Missing => "did not exist",
+                    }
+                ),
+            ])
+        })
+    }
+
+    fn check<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>> {
+        Box::pin(check::source(self, plan))
+    }
+
+    fn start<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Result<Started, BoxError>> {
+        Box::pin(async move {
+            let connection = self.connection()?;
+            let admin = PgAdmin::connect(&connection).await?;
+            // A weak replica identity works, with a weaker promise: say so once.
+            for w in &plan.watched {
+                let table = TableName::new(&w.schema, &w.table);
+                let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
+                let c = admin
+                    .check_replica_identity(&table, &cols)
+                    .await
+                    .map_err(|e| format!("view {}: {e}", w.view))?;
+                if !c.carries_old_scope {
+                    tracing::warn!(view = %w.view, "{}", c.advice.unwrap_or_default());
+                }
+            }
+            let mut builder = PgSource::builder()
+                .connection(connection)
+                .slot(self.slot.clone(), self.slot_mode.into())
+                .publication(self.publication.clone(), self.publication_mode.into())
+                .status_interval(self.status_interval);
+            for (schema, table) in &plan.tables {
+                builder = builder.table_name(TableName::new(schema, table));
+            }
+            let source = builder.start().await?;
+            let probe = Arc::new(source.handle());
+            Ok(Started {
+                source: Box::new(source),
+                probe,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str) -> PgSourceSettings {
+        PgSourceSettings {
+            url: SecretUrl::new(url),
+            slot: default_name(),
+            publication: default_name(),
+            slot_mode: SlotChoice::default(),
+            publication_mode: PublicationChoice::default(),
+            status_interval: default_status_interval(),
+            tables: vec![],
+        }
+    }
+
+    #[test]
+    fn problems_name_their_field_and_never_the_password() {
+        let mut s = settings("postgres://app:hunter2@db/app?connect_timeout=99999");
+        s.slot = "Bad-Slot".into();
+        s.tables = vec!["a.b.c".into(), "\"Mixed\".t".into()];
+        s.status_interval = Duration::ZERO;
+        let p = s.problems();
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(p[0].starts_with("url: ") && p[0].contains("connect_timeout"));
+        assert!(p[1].starts_with("slot: ") && p[1].contains("Bad-Slot"));
+        assert!(p[2].starts_with("status_interval: "));
+        assert!(p[3].starts_with("tables: ") && p[3].contains("a.b.c"));
+        assert!(p.iter().all(|l| !l.contains("hunter2")));
+        assert_eq!(
+            s.tables(),
+            vec![("Mixed".to_string(), "t".to_string())],
+            "quoted parts keep their case"
+        );
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}

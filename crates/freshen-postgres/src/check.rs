@@ -292,7 +292,8 @@ mod tests {
     fn did_you_mean() {
         let cols = ["id", "account_id", "plan_id", "seats"];
         assert_eq!(closest("acount_id", cols), Some("account_id"));
-        assert_eq!(closest("plan", cols), Some("plan_id"));
+        assert_eq!(closest("seat", cols), Some("seats"));
+        assert_eq!(closest("plan_di", cols), Some("plan_id"));
         assert_eq!(closest("zzzzzz", cols), None);
     }
 

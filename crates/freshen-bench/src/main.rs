@@ -11,6 +11,7 @@ mod capture;
 mod capture_mysql;
 mod changefeed;
 mod codec;
+mod fanout;
 mod freshness;
 mod huge_tx;
 mod kafka;
@@ -89,6 +90,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "amplification",
         about: "rebuilds per event on Zipf hot keys for coalesce 0, 10 ms, 100 ms, 1 s vs one per event (triggers)",
         run: amplification::run,
+    },
+    Scenario {
+        name: "fanout",
+        about: "a plan's price change fanning out to 1k / 100k / 1M accounts: freshen's fan-out (settle time, rebuilds per fanned key, heap) vs a row trigger (writer latency)",
+        run: fanout::run,
     },
     Scenario {
         name: "huge-tx",

@@ -34,6 +34,9 @@ pub enum Command {
         /// Only validate the file; do not connect to the database.
         #[arg(long)]
         offline: bool,
+        /// Fail on warnings too (for CI).
+        #[arg(long)]
+        deny_warnings: bool,
     },
     /// See freshen work: a throwaway PostgreSQL, a live workload, two derived tables kept
     /// fresh and verified against truth at the end.

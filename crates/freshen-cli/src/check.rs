@@ -57,6 +57,14 @@ impl CheckReport {
             .push(Finding::new(level, check, subject, message));
     }
 
+    /// How many findings are warnings (`--deny-warnings` fails on any).
+    pub fn warnings(&self) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.level == Level::Warning)
+            .count()
+    }
+
     fn finish(mut self) -> CheckReport {
         self.ok = !self.findings.iter().any(|f| f.level == Level::Error);
         self

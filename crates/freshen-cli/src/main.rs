@@ -78,6 +78,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             config,
             json,
             offline,
+            deny_warnings,
         } => {
             let report = check::check(&config, offline).await;
             if json {
@@ -85,7 +86,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             } else {
                 print!("{}", report.render());
             }
-            Ok(if report.ok {
+            Ok(if report.ok && !(deny_warnings && report.warnings() > 0) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

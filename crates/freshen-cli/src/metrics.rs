@@ -33,6 +33,10 @@ pub mod names {
     pub const REBUILDS: &str = "freshen_rebuilds_total";
     /// Rebuild round trips, per view.
     pub const REBUILD_CALLS: &str = "freshen_rebuild_calls_total";
+    /// Fan-out calls finished (parent rows mapped to view keys), per view.
+    pub const FANOUT_CALLS: &str = "freshen_fanout_calls_total";
+    /// View keys sent by fan-outs, per view.
+    pub const FANOUT_KEYS: &str = "freshen_fanout_keys_total";
     /// Keys quarantined, per view.
     pub const POISONINGS: &str = "freshen_keys_poisoned_total";
     /// Reconcile sweeps by outcome, per view.
@@ -262,6 +266,18 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         "counter",
         "Rebuild round trips.",
         |v| v.stats.rebuild_calls as f64,
+    ),
+    (
+        names::FANOUT_CALLS,
+        "counter",
+        "Fan-out calls that mapped changed parent rows to view keys.",
+        |v| v.stats.fanout_calls as f64,
+    ),
+    (
+        names::FANOUT_KEYS,
+        "counter",
+        "View keys sent by fan-outs.",
+        |v| v.stats.fanout_keys as f64,
     ),
     (
         names::POISONINGS,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use freshen::{Branch, Rebuild, Refresher, Report, SourceProbe, fanout};
+use freshen::{Branch, Expand, Rebuild, Refresher, Report, SourceProbe, fanout};
 use freshen_changefeed::{AppState, Changefeed};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -201,7 +201,7 @@ impl Observe for Observer {
 
 fn refresher(
     view: &View,
-    (pool, rebuild): (ViewPool, Box<dyn Rebuild>),
+    (pool, rebuild, fanouts): (ViewPool, Box<dyn Rebuild>, Vec<Box<dyn Expand>>),
     source: Branch,
     ack: freshen::AckPolicy,
 ) -> anyhow::Result<ViewRun> {
@@ -232,6 +232,10 @@ fn refresher(
             }
             _ => tracing::warn!(view = %name, "{r}"),
         });
+    for (i, fanout) in fanouts.into_iter().enumerate() {
+        let s = scope.clone();
+        b = b.fan_out(move |e| s.parent_keys(i, e), fanout);
+    }
     if let Some(rec) = &view.reconcile {
         b = b.reconcile_with(rec.every, pool.enumerate(&rec.keys));
     }
@@ -262,7 +266,8 @@ impl Pipeline {
             for view in &cfg.views {
                 let pool = target.view(view, cfg.target.pool_size)?;
                 let rebuild = pool.rebuild(view).await?;
-                rebuilds.push((pool, rebuild));
+                let fanouts = pool.fanouts(view).await?;
+                rebuilds.push((pool, rebuild, fanouts));
             }
         }
         let mut sinks = Vec::new();

@@ -17,10 +17,13 @@ use crate::config::View;
 #[derive(Debug)]
 pub struct ViewScope {
     view: String,
-    /// (schema, table, key columns); views watch a handful of tables, so a scan is fastest.
+    /// (schema, table, key columns) of the tables that carry the view's key; views
+    /// watch a handful of tables, so a scan is fastest.
     tables: Vec<(String, String, Vec<String>)>,
     /// Events of the tables this view watches (the source delivers every view's).
     watched: AtomicU64,
+    /// The same for fan-out entries (their columns give a parent key), in config order.
+    parents: Vec<(String, String, Vec<String>)>,
     unscoped: AtomicU64,
     warned: Mutex<Vec<(String, String)>>,
 }
@@ -31,8 +34,11 @@ impl ViewScope {
         Arc::new(ViewScope {
             view: view.name.clone(),
             tables: view
-                .watch
-                .iter()
+                .direct()
+                .map(|w| (w.schema.clone(), w.table.clone(), w.key.clone()))
+                .collect(),
+            parents: view
+                .fanouts()
                 .map(|w| (w.schema.clone(), w.table.clone(), w.key.clone()))
                 .collect(),
             watched: AtomicU64::new(0),
@@ -45,6 +51,7 @@ impl ViewScope {
     pub fn watches(&self, table: &freshen_postgres::TableName) -> bool {
         self.tables
             .iter()
+            .chain(&self.parents)
             .any(|(s, t, _)| *s == table.schema && *t == table.name)
     }
 
@@ -61,8 +68,21 @@ impl ViewScope {
     /// The keys `event` dirties.
     /// Runs inline on the receive path: no allocation beyond the keys themselves.
     pub fn keys(&self, event: &RowEvent) -> impl Iterator<Item = Key> + use<> {
-        let columns = self
-            .tables
+        self.scoped(&self.tables, event)
+    }
+
+    /// The parent keys `event` dirties for fan-out entry `entry` (in the order of
+    /// [`View::fanouts`]): old and new, like [`keys`](Self::keys).
+    pub fn parent_keys(&self, entry: usize, event: &RowEvent) -> impl Iterator<Item = Key> + use<> {
+        self.scoped(&self.parents[entry..=entry], event)
+    }
+
+    fn scoped(
+        &self,
+        tables: &[(String, String, Vec<String>)],
+        event: &RowEvent,
+    ) -> impl Iterator<Item = Key> + use<> {
+        let columns = tables
             .iter()
             .find(|(s, t, _)| **s == *event.schema && **t == *event.table)
             .map(|(_, _, columns)| columns);
@@ -111,12 +131,21 @@ mod tests {
                     schema: "public".into(),
                     table: "readings".into(),
                     key: vec!["device".into()],
+                    keys: None,
                     line: None,
                 },
                 Watch {
                     schema: "public".into(),
                     table: "devices".into(),
                     key: vec!["id".into()],
+                    keys: None,
+                    line: None,
+                },
+                Watch {
+                    schema: "public".into(),
+                    table: "plans".into(),
+                    key: vec!["id".into()],
+                    keys: Some("SELECT device FROM readings WHERE plan = $1".into()),
                     line: None,
                 },
             ],
@@ -127,7 +156,25 @@ mod tests {
             timing: Timing::default(),
             line: None,
             rebuild_line: None,
+            static_tables: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_fan_out_entry_gives_parent_keys_not_view_keys() {
+        let s = ViewScope::new(&view());
+        let p = RowEvent::new("public", "plans", Op::Update)
+            .with_new(Row::from_pairs([("id", Value::Int(2))]))
+            .with_old(Row::from_pairs([("id", Value::Int(1))]));
+        assert_eq!(s.keys(&p).count(), 0, "a plan's id is not a device");
+        assert_eq!(
+            s.parent_keys(0, &p).collect::<Vec<_>>(),
+            vec![Key::from("2"), Key::from("1")]
+        );
+        let r = RowEvent::new("public", "readings", Op::Insert)
+            .with_new(Row::from_pairs([("device", Value::from("d1"))]));
+        assert_eq!(s.parent_keys(0, &r).count(), 0);
+        assert!(s.watches(&freshen_postgres::TableName::new("public", "plans")));
     }
 
     #[test]

@@ -4,8 +4,8 @@
 
 use anyhow::Context;
 use freshen::plug::Finding;
-use freshen::{Enumerate, Rebuild};
-use freshen_postgres::{PgAdmin, SqlEnumerate, SqlRebuild, Visibility};
+use freshen::{Enumerate, Expand, Rebuild};
+use freshen_postgres::{PgAdmin, SqlEnumerate, SqlFanOut, SqlRebuild, TableName, Visibility};
 
 use crate::config::{Config, View};
 
@@ -164,7 +164,7 @@ impl ViewPool {
                         view.name
                     );
                 }
-                let w = view.watch.first().context("a view watches a table")?;
+                let w = view.direct().next().context("a view watches a table")?;
                 let types = freshen_mysql::key_types_of(pool, &w.schema, &w.table, &w.key)
                     .await
                     .with_context(what)?;
@@ -176,6 +176,40 @@ impl ViewPool {
                 Box::new(b.build().await.with_context(what)?)
             }
         })
+    }
+
+    /// The view's fan-outs, one per watch entry with `keys`, their statements prepared.
+    pub async fn fanouts(&self, view: &View) -> anyhow::Result<Vec<Box<dyn Expand>>> {
+        let mut out: Vec<Box<dyn Expand>> = Vec::new();
+        for w in view.fanouts() {
+            let what = || {
+                format!(
+                    "view {}: the `keys` statement of {} is not usable",
+                    view.name,
+                    w.qualified()
+                )
+            };
+            match self {
+                ViewPool::Postgres(pool, visibility) => {
+                    let sql = w.keys.clone().unwrap_or_default();
+                    let fanout = SqlFanOut::builder(pool.clone(), sql)
+                        .arity(view.arity())
+                        .parent_arity(w.key.len())
+                        .visibility(visibility.clone())
+                        .build()
+                        .await
+                        .with_context(what)?;
+                    out.push(Box::new(fanout));
+                }
+                #[cfg(feature = "mysql")]
+                ViewPool::MySql(..) => anyhow::bail!(
+                    "view {}: `keys` (a fan-out) is PostgreSQL's for now; {} cannot be mapped on MySQL",
+                    view.name,
+                    w.qualified()
+                ),
+            }
+        }
+        Ok(out)
     }
 
     /// The view's reconcile listing.
@@ -194,11 +228,11 @@ impl ViewPool {
         match self {
             ViewPool::Postgres(pool, _) => {
                 let key: Vec<String> = view
-                    .watch
-                    .first()
+                    .direct()
+                    .next()
                     .map(|w| w.key.clone())
                     .unwrap_or_default();
-                freshen_postgres::check::statements(
+                let mut found = freshen_postgres::check::statements(
                     pool,
                     freshen_postgres::check::StatementShape {
                         view: &view.name,
@@ -209,7 +243,18 @@ impl ViewPool {
                     &view.rebuild,
                     view.reconcile.as_ref().map(|r| r.keys.as_str()),
                 )
-                .await
+                .await;
+                match pool.get().await {
+                    Ok(client) => found.extend(
+                        freshen_postgres::check::check_view(&client, &view_spec(view)).await,
+                    ),
+                    Err(e) => found.push(Finding::error(
+                        "target",
+                        view.name.clone(),
+                        format!("cannot connect: {e}"),
+                    )),
+                }
+                found
             }
             #[cfg(feature = "mysql")]
             ViewPool::MySql(pool, _) => {
@@ -229,6 +274,30 @@ impl ViewPool {
                 found
             }
         }
+    }
+}
+
+/// A view as freshen-postgres' checks take it.
+fn view_spec(view: &View) -> freshen_postgres::check::ViewSpec<'_> {
+    freshen_postgres::check::ViewSpec {
+        name: &view.name,
+        watch: view
+            .watch
+            .iter()
+            .map(|w| freshen_postgres::check::WatchSpec {
+                table: TableName::new(&w.schema, &w.table),
+                key: &w.key,
+                keys: w.keys.as_deref(),
+            })
+            .collect(),
+        rebuild: view.rebuild.iter().map(String::as_str).collect(),
+        batch: view.rebuild_batch.is_some(),
+        static_tables: view
+            .static_tables
+            .iter()
+            .map(|(s, t)| TableName::new(s, t))
+            .collect(),
+        reconcile: view.reconcile.is_some(),
     }
 }
 

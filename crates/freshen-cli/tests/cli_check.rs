@@ -3,6 +3,7 @@
 mod support;
 
 use serde_json::Value;
+use support::saas;
 use support::*;
 
 fn findings(out: &std::process::Output) -> Vec<Value> {
@@ -67,7 +68,19 @@ async fn check_finds_weak_replica_identity_and_wrong_parameter_counts() {
     let out = freshen().args(["check", "-c"]).arg(&good).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("0 error(s), 0 warning(s)"), "{text}");
+    // device_totals has no reconcile: warned, and a failure under --deny-warnings.
+    assert!(text.contains("0 error(s), 1 warning(s)"), "{text}");
+    assert!(text.contains("has no `reconcile`"), "{text}");
+    let strict = freshen()
+        .args(["check", "--deny-warnings", "-c"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(
+        strict.status.code(),
+        Some(1),
+        "--deny-warnings fails on a warning"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,5 +229,217 @@ reconcile = {{ every = "10m", keys = "SELECT a FROM t" }}
             "postgres gives what the view relies on"
         ),
         "{f:?}"
+    );
+}
+
+/// `check --json` on `text` (a config): the exit code and the findings.
+fn check_json(dir: &std::path::Path, text: &str) -> (Option<i32>, Vec<Value>) {
+    let cfg = write_config(dir, text);
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    (out.status.code(), findings(&out))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_accepts_the_saas_views_and_fails_on_each_mistake_with_its_fix() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(saas::SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let good = saas::config(&pg.url(), "off", "coalesce = \"20ms\"");
+    let (code, f) = check_json(dir.path(), &good);
+    let errors: Vec<&Value> = f.iter().filter(|x| x["level"] == "error").collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!(code, Some(0));
+    assert!(
+        has(&f, "ok", "fanout", "maps id to the view's key (account_id)"),
+        "{f:#?}"
+    );
+    assert!(
+        has(&f, "ok", "depends", "reads only watched or static tables"),
+        "{f:#?}"
+    );
+    assert!(
+        has(&f, "warning", "reconcile", "no start-up backfill"),
+        "{f:#?}"
+    );
+
+    // The MRR view reads plans but does not watch it: the fan-out entry is proposed.
+    let plans_line = "  { table = \"public.plans\", key = [\"id\"], keys = \"SELECT account_id FROM subscriptions WHERE plan_id = $1\" },\n";
+    assert!(good.contains(plans_line));
+    // The first view's entry only (account_search keeps its own).
+    let unwatched = good.replacen(plans_line, "", 1);
+    let (code, f) = check_json(dir.path(), &unwatched);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        has(
+            &f,
+            "error",
+            "depends",
+            "reads public.plans, which the view neither watches nor lists as static"
+        ),
+        "{f:#?}"
+    );
+    assert!(
+        has(
+            &f,
+            "error",
+            "depends",
+            "{ table = \"public.plans\", key = [\"id\"], keys = \"SELECT account_id FROM public.subscriptions WHERE plan_id = $1\" }"
+        ),
+        "{f:#?}"
+    );
+    // Declared static, it passes.
+    let declared = unwatched.replacen(
+        "name = \"account_mrr\"",
+        "name = \"account_mrr\"\nstatic = [\"public.plans\"]",
+        1,
+    );
+    let (_, f) = check_json(dir.path(), &declared);
+    assert!(
+        !f.iter()
+            .any(|x| x["level"] == "error" && x["check"] == "depends"),
+        "{f:#?}"
+    );
+
+    // A misspelled key column: did you mean.
+    let typo = good.replacen(
+        "{ table = \"public.subscriptions\", key = [\"account_id\"] }",
+        "{ table = \"public.subscriptions\", key = [\"acount_id\"] }",
+        1,
+    );
+    let (code, f) = check_json(dir.path(), &typo);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        has(
+            &f,
+            "error",
+            "key_column",
+            "has no column `acount_id` (did you mean `account_id`?)"
+        ),
+        "{f:#?}"
+    );
+
+    // A text key bound to a bigint parameter.
+    let text_key = good.replacen(
+        "{ table = \"public.accounts\", key = [\"id\"] }",
+        "{ table = \"public.accounts\", key = [\"name\"] }",
+        1,
+    );
+    let (code, f) = check_json(dir.path(), &text_key);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        has(
+            &f,
+            "error",
+            "key_type",
+            "`name` (text) is bound to $1 of rebuild[0], which PostgreSQL reads as bigint"
+        ),
+        "{f:#?}"
+    );
+
+    // A fan-out returning the wrong number of columns.
+    let wide = good.replacen(
+        "keys = \"SELECT account_id FROM subscriptions WHERE plan_id = $1\"",
+        "keys = \"SELECT account_id, seats FROM subscriptions WHERE plan_id = $1\"",
+        1,
+    );
+    let (code, f) = check_json(dir.path(), &wide);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        has(
+            &f,
+            "error",
+            "fanout",
+            "returns 2 column(s) but the view's key has 1 part(s)"
+        ),
+        "{f:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_run_refuse_a_publication_that_would_break_the_applications_writes() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    // A watched table without a primary key, and one with identity NOTHING.
+    c.batch_execute(
+        "CREATE TABLE events (device text NOT NULL, value bigint NOT NULL);
+         ALTER TABLE sites REPLICA IDENTITY NOTHING;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(&pg.url(), "off").replacen(
+        "watch = [{ table = \"public.readings\", key = [\"device\"] }]",
+        "watch = [{ table = \"public.readings\", key = [\"device\"] }, { table = \"public.events\", key = [\"device\"] }]",
+        1,
+    );
+    let (code, f) = check_json(dir.path(), &text);
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        has(
+            &f,
+            "error",
+            "publication",
+            "ALTER TABLE \"public\".\"events\" REPLICA IDENTITY FULL (or add a primary key)"
+        ),
+        "{f:#?}"
+    );
+    assert!(
+        has(&f, "error", "publication", "has REPLICA IDENTITY NOTHING"),
+        "{f:#?}"
+    );
+    // `run` refuses before creating anything, and the application's writes still work.
+    let cfg = write_config(dir.path(), &text);
+    let out = freshen().args(["run", "-c"]).arg(&cfg).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to create or use publication"),
+        "{err}"
+    );
+    let publications: i64 = c
+        .query_one("SELECT count(*) FROM pg_publication", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(publications, 0, "nothing was published");
+    c.batch_execute(
+        "INSERT INTO events VALUES ('d', 1); UPDATE events SET value = 2; DELETE FROM events;",
+    )
+    .await
+    .expect("the application's writes are untouched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_what_a_role_lacks_to_create_the_publication() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    c.batch_execute("CREATE ROLE app LOGIN; GRANT SELECT ON ALL TABLES IN SCHEMA public TO app;")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = pg.url().replacen("postgres@", "app@", 1);
+    assert_ne!(url, pg.url(), "the URL names its user");
+    let (code, f) = check_json(dir.path(), &config(&url, "off"));
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(has(&f, "error", "privilege", "lacks REPLICATION"), "{f:#?}");
+    assert!(
+        has(
+            &f,
+            "error",
+            "privilege",
+            "does not own public.readings (owner: postgres)"
+        ),
+        "{f:#?}"
+    );
+    assert!(
+        has(&f, "error", "privilege", "may not create a publication"),
+        "{f:#?}"
     );
 }

@@ -531,6 +531,15 @@ impl PgAdmin {
         tables: &[TableName],
         mode: PublicationMode,
     ) -> Result<(), PgError> {
+        {
+            // Before anything is published: a table that cannot replicate UPDATE and
+            // DELETE would have the application's writes fail, not freshen's.
+            let c = client(&self.pool).await?;
+            let bad = crate::check::unpublishable(&c, tables).await?;
+            if !bad.is_empty() {
+                return Err(crate::check::refuse_to_publish(name, &bad));
+            }
+        }
         let existing = self.publication(name).await?;
         let p = match existing {
             Some(p) => {
@@ -552,7 +561,9 @@ impl PgAdmin {
                 // Created and marked as freshen's in one transaction: `drop_publication`
                 // removes only publications that carry the mark.
                 let sql = format!(
-                    "BEGIN; CREATE PUBLICATION {name_q} FOR TABLE {}; COMMENT ON PUBLICATION {name_q} IS {}; COMMIT",
+                    // Via the partition root: a watched partitioned table's changes
+                    // arrive under its own name, whatever partition they hit.
+                    "BEGIN; CREATE PUBLICATION {name_q} FOR TABLE {} WITH (publish_via_partition_root = true); COMMENT ON PUBLICATION {name_q} IS {}; COMMIT",
                     list(tables),
                     quote_literal(CREATED_BY),
                     name_q = quote_ident(name),
@@ -579,6 +590,14 @@ impl PgAdmin {
         };
         let cov = coverage_of(&p, tables);
         let mut fixes = Vec::new();
+        let c = client(&self.pool).await?;
+        let partitioned = crate::check::partitioned(&c, &cov.missing_tables).await?;
+        if partitioned.iter().any(|p| *p) {
+            fixes.push(format!(
+                "it publishes a watched partitioned table through its partitions: run ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
+                quote_ident(name)
+            ));
+        }
         if !cov.missing_tables.is_empty() {
             fixes.push(format!(
                 "it does not include {}: run ALTER PUBLICATION {} ADD TABLE {}",

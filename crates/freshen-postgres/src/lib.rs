@@ -22,6 +22,8 @@
 //!   the snapshot each was read under, and watermarks written into the WAL, for
 //!   snapshots interleaved with the stream (the changefeed's DBLog snapshots). The
 //!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
+//! - [`SqlFanOut`]: a [`freshen::Expand`] that maps changed parent rows to view keys
+//!   with a query, in a snapshot that sees the change, page by page.
 //!
 //! # Example
 //!
@@ -72,8 +74,10 @@ mod admin;
 mod assemble;
 pub mod check;
 mod config;
+pub mod depends;
 mod enumerate;
 mod error;
+mod fanout;
 mod lsn;
 mod params;
 mod pgoutput;
@@ -100,6 +104,7 @@ pub use config::{
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
+pub use fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use lsn::{Lsn, ParseLsnError};
 pub use pgoutput::DecodeError;
 pub use pool::connect_pool;

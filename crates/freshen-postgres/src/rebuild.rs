@@ -34,7 +34,7 @@ use crate::error::ErrorKind;
 use crate::params::{TextParam, array_literal, check_scalar, element};
 use crate::pool::client;
 
-const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
+pub(crate) const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
                            WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())";
 
 /// Rebuilds keys with SQL: the statements run in order in one REPEATABLE READ
@@ -292,38 +292,12 @@ impl SqlRebuild {
         Ok(out)
     }
 
-    /// The distinct transaction ids behind `due`, as text for `$1::text[]`.
     fn txids(due: &[Due]) -> Vec<String> {
-        let mut ids: Vec<u64> = due.iter().flat_map(|d| d.txids.iter().copied()).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.iter().map(u64::to_string).collect()
+        txids(due)
     }
 
-    /// Waits until a new snapshot on the source sees every transaction in `txids`.
     async fn visible_on_source(&self, source: &Pool, txids: &[String]) -> Result<(), PgError> {
-        let c = client(source).await?;
-        let check = c
-            .prepare_cached(NOT_VISIBLE)
-            .await
-            .map_err(|e| PgError::sql("the visibility check does not prepare", e))?;
-        let deadline = tokio::time::Instant::now() + self.visibility_wait;
-        let mut pause = Duration::from_millis(2);
-        loop {
-            let unseen = c
-                .query(&check, &[&txids])
-                .await
-                .map_err(|e| PgError::sql("visibility check on the source failed", e))?;
-            if unseen.is_empty() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                let ids: Vec<String> = unseen.iter().map(|r| r.get(0)).collect();
-                return Err(not_visible(&ids, self.visibility_wait));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(50));
-        }
+        visible_on_source(source, txids, self.visibility_wait).await
     }
 
     async fn attempt(&self, due: &[Due]) -> Result<(), PgError> {
@@ -415,7 +389,45 @@ impl SqlRebuild {
     }
 }
 
-fn not_visible(ids: &[String], waited: Duration) -> PgError {
+/// The distinct transaction ids behind `due`, as text for `$1::text[]`.
+pub(crate) fn txids(due: &[Due]) -> Vec<String> {
+    let mut ids: Vec<u64> = due.iter().flat_map(|d| d.txids.iter().copied()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.iter().map(u64::to_string).collect()
+}
+
+/// Waits until a new snapshot on the source sees every transaction in `txids`.
+pub(crate) async fn visible_on_source(
+    source: &Pool,
+    txids: &[String],
+    wait: Duration,
+) -> Result<(), PgError> {
+    let c = client(source).await?;
+    let check = c
+        .prepare_cached(NOT_VISIBLE)
+        .await
+        .map_err(|e| PgError::sql("the visibility check does not prepare", e))?;
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let unseen = c
+            .query(&check, &[&txids])
+            .await
+            .map_err(|e| PgError::sql("visibility check on the source failed", e))?;
+        if unseen.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let ids: Vec<String> = unseen.iter().map(|r| r.get(0)).collect();
+            return Err(not_visible(&ids, wait));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+pub(crate) fn not_visible(ids: &[String], waited: Duration) -> PgError {
     PgError::new(
         ErrorKind::NotVisible,
         format!(
@@ -430,24 +442,24 @@ fn not_visible(ids: &[String], waited: Duration) -> PgError {
 /// A pooled connection that, dropped while armed (the refresher gave up on the rebuild
 /// mid-flight), cancels what it runs on the server and leaves the pool: a cancel that
 /// arrived after the connection went back to the pool could hit another rebuild.
-struct CancelOnDrop {
+pub(crate) struct CancelOnDrop {
     client: Option<deadpool_postgres::Object>,
     armed: bool,
 }
 
 impl CancelOnDrop {
-    fn new(client: deadpool_postgres::Object) -> CancelOnDrop {
+    pub(crate) fn new(client: deadpool_postgres::Object) -> CancelOnDrop {
         CancelOnDrop {
             client: Some(client),
             armed: true,
         }
     }
 
-    fn client(&mut self) -> &mut deadpool_postgres::Object {
+    pub(crate) fn client(&mut self) -> &mut deadpool_postgres::Object {
         self.client.as_mut().expect("held until dropped")
     }
 
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
 }

@@ -199,6 +199,7 @@ async fn a_rebuild_waits_until_the_dirtying_commit_is_visible() {
     let c = sql(&pg).await;
     c.batch_execute(
         "CREATE TABLE readings (dev text, v int);
+         ALTER TABLE readings REPLICA IDENTITY FULL;
          CREATE TABLE rollup (dev text PRIMARY KEY, total int8);",
     )
     .await

@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::ack::AckPolicy;
 use crate::backoff::Backoff;
 use crate::dirty::DirtyConfig;
-use crate::rebuild::{Batched, Enumerate, ListAll, PerKey, Rebuild};
-use crate::refresher::{Parts, Reconcile, ReportFn, ScopeFn, Shared};
+use crate::rebuild::{Batched, Enumerate, Expand, ListAll, PerKey, Rebuild};
+use crate::refresher::{FanOut, Parts, Reconcile, ReportFn, ScopeFn, Shared};
 use crate::{BoxError, BuildError, Key, Refresher, Report, RowEvent, Source};
 
 /// Configures a [`Refresher`]. `source`, `scope` and `rebuild` are required.
@@ -17,6 +17,7 @@ pub struct Builder {
     source: Option<Box<dyn Source>>,
     scope: Option<ScopeFn>,
     rebuild: Option<Arc<dyn Rebuild>>,
+    fanouts: Vec<FanOut>,
     coalesce: Duration,
     max_wait: Duration,
     workers: usize,
@@ -36,6 +37,7 @@ impl fmt::Debug for Builder {
             .field("source", &self.source.is_some())
             .field("scope", &self.scope.is_some())
             .field("rebuild", &self.rebuild.is_some())
+            .field("fanouts", &self.fanouts.len())
             .field("coalesce", &self.coalesce)
             .field("max_wait", &self.max_wait)
             .field("workers", &self.workers)
@@ -54,6 +56,7 @@ impl Default for Builder {
             source: None,
             scope: None,
             rebuild: None,
+            fanouts: Vec::new(),
             coalesce: d.coalesce,
             max_wait: d.max_wait,
             workers: 4,
@@ -87,6 +90,26 @@ impl Builder {
         self.scope = Some(Arc::new(move |e: &RowEvent, out: &mut Vec<Key>| {
             out.extend(scope(e))
         }));
+        self
+    }
+
+    /// Adds a key fan-out: `scope` maps a row change to *parent* keys (a changed plan's
+    /// id, old and new), which are debounced like keys and then mapped to the view's keys
+    /// by `expand`, off the receive path. See [`Expand`] for what is acknowledged when.
+    /// Call once per parent table; parent keys of different fan-outs never mix.
+    pub fn fan_out<F, I>(mut self, scope: F, expand: impl Expand) -> Builder
+    where
+        F: Fn(&RowEvent) -> I + Send + Sync + 'static,
+        I: IntoIterator<Item = Key>,
+    {
+        if expand.max_batch() == 0 {
+            self.problems
+                .push("a fan-out's max_batch must be at least 1".to_string());
+        }
+        self.fanouts.push(FanOut {
+            scope: Arc::new(move |e: &RowEvent, out: &mut Vec<Key>| out.extend(scope(e))),
+            expand: Arc::new(expand),
+        });
         self
     }
 
@@ -284,6 +307,7 @@ impl Builder {
                 source,
                 scope,
                 rebuild,
+                fanouts: self.fanouts,
                 dirty: DirtyConfig {
                     coalesce: self.coalesce,
                     max_wait: self.max_wait,

@@ -8,6 +8,11 @@ use std::sync::Arc;
 /// representation stays unambiguous for every input.
 const MARK: char = '\0';
 
+/// After [`MARK`], marks a fan-out's parent key (`MARK 'f' stage ':' parent`): user keys
+/// never take this form (their encoded parts start with `n` or `s`), so a parent key
+/// and a view key never share a slot in the scheduler or the acknowledgement tracker.
+const STAGE: char = 'f';
+
 /// The identity of one scope of a derived table: the value(s) a rebuild recomputes.
 ///
 /// A key is opaque, cheap to clone (one reference count) and compares by value. Most
@@ -82,11 +87,47 @@ impl Key {
         }
     }
 
+    /// A fan-out's parent key: `parent` in the namespace of fan-out `stage`.
+    pub(crate) fn staged(stage: usize, parent: &Key) -> Key {
+        Key(Arc::from(format!("{MARK}{STAGE}{stage}:{}", parent.0)))
+    }
+
+    /// For a parent key from [`staged`](Self::staged): its fan-out and the text of the
+    /// parent key itself.
+    fn stage_text(&self) -> Option<(usize, &str)> {
+        let rest = self.0.strip_prefix(MARK)?.strip_prefix(STAGE)?;
+        let (stage, parent) = rest.split_once(':')?;
+        Some((stage.parse().ok()?, parent))
+    }
+
+    /// For a parent key from [`staged`](Self::staged): its fan-out and the parent key.
+    pub(crate) fn stage(&self) -> Option<(usize, Key)> {
+        self.stage_text()
+            .map(|(stage, parent)| (stage, Key(Arc::from(parent))))
+    }
+
+    /// For a parent key from [`staged`](Self::staged): its fan-out.
+    pub(crate) fn stage_index(&self) -> Option<usize> {
+        self.stage_text().map(|(stage, _)| stage)
+    }
+
     /// The parts of the key in scope-column order (`None` is SQL NULL).
     pub fn parts(&self) -> Parts<'_> {
-        match self.0.strip_prefix(MARK) {
+        let text: &str = match self.stage_text() {
+            Some((_, parent)) => parent,
+            None => &self.0,
+        };
+        match text.strip_prefix(MARK) {
             Some(rest) => Parts(PartsInner::Encoded(rest)),
-            None => Parts(PartsInner::One(Some(&self.0))),
+            None => Parts(PartsInner::One(Some(text))),
+        }
+    }
+
+    /// Whether the key's text is in the encoded form (several parts, or NULL).
+    fn encoded(&self) -> bool {
+        match self.stage_text() {
+            Some((_, parent)) => parent.starts_with(MARK),
+            None => self.0.starts_with(MARK),
         }
     }
 
@@ -169,7 +210,10 @@ pub struct Quoted<'a>(&'a Key);
 impl fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts = self.0.parts();
-        let several = self.0.0.starts_with(MARK);
+        let several = self.0.encoded();
+        if let Some((stage, _)) = self.0.stage_text() {
+            write!(f, "fan-out {stage} ")?;
+        }
         if several {
             f.write_str("(")?;
         }
@@ -198,8 +242,11 @@ impl Key {
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.0.starts_with(MARK) {
-            return f.write_str(&self.0);
+        if let Some((stage, _)) = self.stage_text() {
+            write!(f, "fan-out {stage} ")?;
+        }
+        if !self.encoded() {
+            return f.write_str(self.as_str().unwrap_or_default());
         }
         f.write_str("(")?;
         for (i, part) in self.parts().enumerate() {
@@ -271,6 +318,23 @@ mod tests {
         assert_eq!(k.parts().collect::<Vec<_>>(), vec![Some("\0n")]);
         assert_ne!(k, Key::from_parts([None::<&str>]));
         assert_eq!(k, Key::from(String::from("\0n")));
+    }
+
+    #[test]
+    fn a_parent_key_has_its_own_namespace() {
+        for parent in [Key::from("5"), Key::from_parts([Some("a"), None])] {
+            let staged = Key::staged(2, &parent);
+            assert_ne!(staged, parent);
+            assert_ne!(staged, Key::staged(1, &parent));
+            assert_eq!(staged.stage(), Some((2, parent.clone())));
+            assert_eq!(
+                staged.parts().collect::<Vec<_>>(),
+                parent.parts().collect::<Vec<_>>()
+            );
+            assert_eq!(staged.to_string(), format!("fan-out 2 {parent}"));
+            assert_eq!(parent.stage(), None);
+        }
+        assert_eq!(Key::from("\0f1:x").stage(), None, "user text is escaped");
     }
 
     #[test]

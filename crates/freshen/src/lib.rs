@@ -18,6 +18,10 @@
 //! - [`Retry`]: whose fault a failure is. An outage (the *path*) delays rebuilds and
 //!   never quarantines a key; only the key's own data (its SQL raised) counts.
 //! - *Rebuild*: recompute one key, or up to N keys per call ([`Rebuild`]).
+//! - *Fan-out* ([`Expand`]): a table that does not carry the view's key (a plan, a
+//!   product) maps its changed rows to view keys through a query, off the receive path;
+//!   the parent rows are debounced like keys and their acknowledgements pass to the
+//!   keys they map to ([`Builder::fan_out`]).
 //! - *Reconcile*: list the live key universe ([`Enumerate`]) once at start, then on an
 //!   interval and right after a TRUNCATE; every key flows through the normal pipeline.
 //! - [`AckPolicy`]: acknowledge on enqueue (stateless; the sweep heals a crash) or after
@@ -132,7 +136,7 @@ pub use event::{Columns, Op, Row, RowEvent, Tx, Value};
 pub use fanout::{Branch, fanout};
 pub use histogram::HistogramSnapshot;
 pub use key::{Key, Parts, Quoted};
-pub use rebuild::{Due, Enumerate, KeySink, Rebuild, SinkClosed};
+pub use rebuild::{Due, Enumerate, Expand, KeySink, Rebuild, SinkClosed};
 pub use redact::{
     MASK, SAFE_PARAMETERS, SecretUrl, clip, is_safe_parameter, parameter_name, redact_text,
     redact_url,

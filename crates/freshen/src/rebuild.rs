@@ -1,4 +1,4 @@
-//! The two user callbacks that touch the database: `Rebuild` and `Enumerate`.
+//! The user callbacks that touch the database: `Rebuild`, `Expand` and `Enumerate`.
 
 use std::fmt;
 use std::future::Future;
@@ -51,6 +51,42 @@ pub trait Rebuild: Send + Sync + 'static {
     }
 }
 
+/// A key fan-out: maps changed *parent* rows (a plan, a product: a table that does not
+/// carry the view's key) to the view keys they affect, streaming them into a
+/// [`KeySink`]. Added with [`Builder::fan_out`](crate::Builder::fan_out).
+///
+/// Parent keys are scheduled like view keys (debounced, single flight, backoff,
+/// quarantine) but off the receive path, and up to [`max_batch`](Self::max_batch) of
+/// them are expanded in one call. Under [`AckPolicy::AfterRebuild`](crate::AckPolicy)
+/// every key sent takes over the holds of the parent keys of the call before they are
+/// released, so a transaction is confirmed only once its fan-out and every rebuild that
+/// fan-out caused have finished. A call that fails after sending some keys is retried
+/// whole (the keys it sent are rebuilt anyway: rebuilds are idempotent).
+///
+/// Visibility: the keys must be read from a snapshot that sees the transactions in
+/// [`Due::txids`]. The view keys sent inherit no transaction ids, because any snapshot
+/// taken later on the same server sees them too.
+pub trait Expand: Send + Sync + 'static {
+    /// Sends every view key that the parent keys in `due` map to, in their old and new
+    /// state alike (the refresher hands over both images' keys as parents).
+    fn expand<'a>(
+        &'a self,
+        due: &'a [Due],
+        sink: &'a KeySink,
+    ) -> BoxFuture<'a, Result<(), BoxError>>;
+
+    /// How many parent keys one call may take.
+    fn max_batch(&self) -> usize {
+        1
+    }
+
+    /// Whose fault a failure was, as [`Rebuild::classify`].
+    fn classify(&self, error: &BoxError) -> Retry {
+        let _ = error;
+        Retry::Key
+    }
+}
+
 /// Lists the live key universe for a reconcile sweep, streaming keys into a [`KeySink`].
 pub trait Enumerate: Send + Sync + 'static {
     /// Sends every key that should exist (and every key the derived table holds, so that
@@ -74,6 +110,25 @@ impl Rebuild for Box<dyn Rebuild> {
     }
 }
 
+/// A fan-out chosen at run time.
+impl Expand for Box<dyn Expand> {
+    fn expand<'a>(
+        &'a self,
+        due: &'a [Due],
+        sink: &'a KeySink,
+    ) -> BoxFuture<'a, Result<(), BoxError>> {
+        (**self).expand(due, sink)
+    }
+
+    fn max_batch(&self) -> usize {
+        (**self).max_batch()
+    }
+
+    fn classify(&self, error: &BoxError) -> Retry {
+        (**self).classify(error)
+    }
+}
+
 /// An enumeration chosen at run time.
 impl Enumerate for Box<dyn Enumerate> {
     fn enumerate(&self, sink: KeySink) -> BoxFuture<'_, Result<(), BoxError>> {
@@ -81,10 +136,19 @@ impl Enumerate for Box<dyn Enumerate> {
     }
 }
 
-/// Where a reconcile sweep sends the keys it lists; each key joins the normal pipeline.
+/// Where a reconcile sweep or a fan-out sends the keys it lists; each key joins the
+/// normal pipeline. Sending waits while the refresher catches up, so a large listing
+/// streams with bounded memory.
 #[derive(Debug, Clone)]
 pub struct KeySink {
-    tx: mpsc::Sender<Key>,
+    tx: Tx,
+}
+
+#[derive(Debug, Clone)]
+enum Tx {
+    Sweep(mpsc::Sender<Key>),
+    /// Tagged with the fan-out call, whose holds the keys take over.
+    Expand(mpsc::Sender<(u64, Key)>, u64),
 }
 
 /// The refresher stopped listening (it is shutting down); stop enumerating.
@@ -101,12 +165,21 @@ impl std::error::Error for SinkClosed {}
 
 impl KeySink {
     pub(crate) fn new(tx: mpsc::Sender<Key>) -> KeySink {
-        KeySink { tx }
+        KeySink { tx: Tx::Sweep(tx) }
+    }
+
+    pub(crate) fn expansion(tx: mpsc::Sender<(u64, Key)>, call: u64) -> KeySink {
+        KeySink {
+            tx: Tx::Expand(tx, call),
+        }
     }
 
     /// Sends one key, waiting while the refresher catches up.
     pub async fn send(&self, key: Key) -> Result<(), SinkClosed> {
-        self.tx.send(key).await.map_err(|_| SinkClosed)
+        match &self.tx {
+            Tx::Sweep(tx) => tx.send(key).await.map_err(|_| SinkClosed),
+            Tx::Expand(tx, call) => tx.send((*call, key)).await.map_err(|_| SinkClosed),
+        }
     }
 }
 

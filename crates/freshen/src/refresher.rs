@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use crate::ack::AckPolicy;
 use crate::dirty::DirtyConfig;
-use crate::rebuild::{Enumerate, Rebuild};
+use crate::rebuild::{Enumerate, Expand, Rebuild};
 use crate::runner::Runner;
 use crate::stats::Recorder;
 use crate::{Builder, Key, Report, RowEvent, RunError, Source, Stats};
@@ -25,11 +25,19 @@ pub(crate) struct Reconcile {
     pub(crate) enumerate: Arc<dyn Enumerate>,
 }
 
+/// A key fan-out: its own scope (parent keys) and what maps them to view keys.
+#[derive(Clone)]
+pub(crate) struct FanOut {
+    pub(crate) scope: ScopeFn,
+    pub(crate) expand: Arc<dyn Expand>,
+}
+
 /// Everything a run needs, from the builder.
 pub(crate) struct Parts {
     pub(crate) source: Box<dyn Source>,
     pub(crate) scope: ScopeFn,
     pub(crate) rebuild: Arc<dyn Rebuild>,
+    pub(crate) fanouts: Vec<FanOut>,
     pub(crate) dirty: DirtyConfig,
     pub(crate) workers: usize,
     pub(crate) reconcile: Option<Reconcile>,

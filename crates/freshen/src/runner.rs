@@ -30,8 +30,8 @@ use tokio::time::Instant;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::backoff::Backoff;
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
-use crate::rebuild::{Due, Rebuild};
-use crate::refresher::{Command, Parts, Quarantined, ReportFn, ScopeFn, Shared};
+use crate::rebuild::{Due, KeySink, Rebuild};
+use crate::refresher::{Command, FanOut, Parts, Quarantined, ReportFn, ScopeFn, Shared};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper, later};
 use crate::{
@@ -94,6 +94,23 @@ struct JobKey {
 
 type JobOutput = (Vec<Due>, Result<(), BoxError>);
 
+/// A running call: its keys, and for a fan-out call which fan-out and which call (the
+/// tag its keys arrive with).
+struct Job {
+    keys: Vec<JobKey>,
+    stage: Option<usize>,
+    call: u64,
+}
+
+/// How many fanned keys wait between a fan-out call and the loop: a large fan-out
+/// streams through this and never sits in memory whole.
+const FANNED_BUFFER: usize = 4096;
+
+/// Keys waiting for a rebuild above which fanned keys are no longer taken in: a fan-out
+/// to millions of keys then waits (its query pauses between pages) while rebuilds drain
+/// the dirty set, so memory stays bounded whatever the fan-out's size.
+pub(crate) const FANNED_QUEUE_LIMIT: usize = 65_536;
+
 /// Rebuilds fail for a reason that is not the key's.
 struct Stall {
     since: std::time::Instant,
@@ -110,6 +127,16 @@ pub(crate) struct Runner {
     sweep_began: Option<Instant>,
     scope: ScopeFn,
     rebuild: Arc<dyn Rebuild>,
+    fanouts: Vec<FanOut>,
+    /// Keys sent by running fan-out calls, tagged with the call.
+    fanned_tx: mpsc::Sender<(u64, Key)>,
+    fanned_rx: mpsc::Receiver<(u64, Key)>,
+    /// For each running fan-out call, the oldest batch its parent keys held: the keys it
+    /// sends take that hold over before the call's own holds are released.
+    expanding: HashMap<u64, Option<BatchId>>,
+    calls: u64,
+    /// Fan-out calls running (they share `workers` with rebuilds).
+    fanning: usize,
     max_batch: usize,
     workers: usize,
     report: Option<ReportFn>,
@@ -122,7 +149,7 @@ pub(crate) struct Runner {
     /// Transaction ids behind each dirty key, for the rebuild's visibility check.
     txids: HashMap<Key, Vec<u64>>,
     jobs: JoinSet<JobOutput>,
-    job_keys: HashMap<tokio::task::Id, Vec<JobKey>>,
+    job_keys: HashMap<tokio::task::Id, Job>,
     /// A retrying key popped while gathering a batch; it runs alone next.
     solo: Option<Ready>,
     sweeper: Sweeper,
@@ -141,10 +168,17 @@ pub(crate) struct Runner {
 impl Runner {
     pub(crate) fn new(p: Parts, shared: Arc<Shared>) -> (Runner, Box<dyn Source>) {
         let now = Instant::now();
+        let (fanned_tx, fanned_rx) = mpsc::channel(FANNED_BUFFER);
         let runner = Runner {
             max_batch: p.rebuild.max_batch().max(1),
             scope: p.scope,
             rebuild: p.rebuild,
+            fanouts: p.fanouts,
+            fanned_tx,
+            fanned_rx,
+            expanding: HashMap::new(),
+            calls: 0,
+            fanning: 0,
             workers: p.workers,
             sweeper: Sweeper::new(p.reconcile, now),
             sweep_listed: 0,
@@ -195,6 +229,8 @@ impl Runner {
         let sleep = tokio::time::sleep_until(Instant::now());
         tokio::pin!(sleep);
         let mut keybuf = Vec::with_capacity(1024);
+        let mut fanbuf = Vec::with_capacity(1024);
+        let fanning = !self.fanouts.is_empty();
         let mut failure = None;
         let mut armed: Option<Instant> = None;
         let shared = self.shared.clone();
@@ -219,10 +255,16 @@ impl Runner {
                 armed = Some(w);
             }
             let listing = self.sweeper.is_listing();
+            let take_fanned = fanning && self.takes_fanned();
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
                 Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
+                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if take_fanned => {
+                    if n > 0 {
+                        self.mark_fanned(&mut fanbuf);
+                    }
+                }
                 n = self.sweeper.recv(&mut keybuf), if listing => {
                     if n == 0 {
                         self.finish_sweep().await;
@@ -250,12 +292,19 @@ impl Runner {
         while !self.jobs.is_empty() {
             tokio::select! {
                 Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
+                // A fan-out call finishing in the grace period must not block on a full
+                // buffer; its keys keep its holds (nothing is rebuilt any more).
+                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if fanning => {
+                    if n > 0 {
+                        self.mark_fanned(&mut fanbuf);
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }
         self.release_acks();
         // Dropping a rebuild future cancels it (SqlRebuild cancels on the server).
-        let abandoned: usize = self.job_keys.values().map(Vec::len).sum();
+        let abandoned: usize = self.job_keys.values().map(|j| j.keys.len()).sum();
         Recorder::add(&self.shared.stats.abandoned, abandoned as u64);
         self.jobs.abort_all();
         while self.jobs.join_next().await.is_some() {}
@@ -266,6 +315,13 @@ impl Runner {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Whether fanned keys are taken in now: while the dirty set is below
+    /// [`FANNED_QUEUE_LIMIT`], and always when every worker runs a fan-out (none is left
+    /// to drain the dirty set: waiting would never end).
+    fn takes_fanned(&self) -> bool {
+        self.dirty.queued() < FANNED_QUEUE_LIMIT || self.fanning >= self.capacity()
     }
 
     fn drained(&self) -> bool {
@@ -344,6 +400,13 @@ impl Runner {
             for key in keys.drain(..) {
                 self.mark(key, now, id, event.tx.map(|t| t.id));
             }
+            for stage in 0..self.fanouts.len() {
+                (self.fanouts[stage].scope)(event, &mut keys);
+                for parent in keys.drain(..) {
+                    let key = Key::staged(stage, &parent);
+                    self.mark(key, now, id, event.tx.map(|t| t.id));
+                }
+            }
         }
         self.scratch = keys;
         if let Some(ack) = ack {
@@ -369,6 +432,18 @@ impl Runner {
             if ids.last() != Some(&txid) {
                 ids.push(txid);
             }
+        }
+    }
+
+    /// Marks keys sent by fan-out calls, each taking over its call's hold. A call that
+    /// already finished left no entry: it failed or was abandoned, and its parent keys
+    /// kept their holds, so its stragglers need none.
+    fn mark_fanned(&mut self, keys: &mut Vec<(u64, Key)>) {
+        let now = Instant::now().into_std();
+        Recorder::add(&self.shared.stats.fanout_keys, keys.len() as u64);
+        for (call, key) in keys.drain(..) {
+            let hold = self.expanding.get(&call).copied().flatten();
+            self.mark(key, now, hold, None);
         }
     }
 
@@ -470,13 +545,23 @@ impl Runner {
                 },
             };
             let alone = first.failures > 0;
+            let stage = first.key.stage_index();
+            let max_batch = match stage {
+                None => self.max_batch,
+                Some(i) => self
+                    .fanouts
+                    .get(i)
+                    .map_or(1, |f| f.expand.max_batch().max(1)),
+            };
             let (mut meta, mut due) = (Vec::new(), Vec::new());
             let (m, d) = self.start_key(first);
             meta.push(m);
             due.push(d);
-            while !alone && due.len() < self.max_batch {
+            while !alone && due.len() < max_batch {
                 match self.dirty.pop_ready(now) {
-                    Some(r) if r.failures > 0 => {
+                    // A retrying key runs alone; a key of another kind (a view key among
+                    // parent keys, or another fan-out's) starts the next call.
+                    Some(r) if r.failures > 0 || r.key.stage_index() != stage => {
                         self.solo = Some(r);
                         break;
                     }
@@ -488,14 +573,61 @@ impl Runner {
                     None => break,
                 }
             }
-            let rebuild = self.rebuild.clone();
-            let handle = self.jobs.spawn(async move {
-                let result = rebuild.rebuild(&due).await;
-                (due, result)
-            });
-            self.job_keys.insert(handle.id(), meta);
-            Recorder::add(&self.shared.stats.rebuild_calls, 1);
+            let call = self.calls;
+            self.calls += 1;
+            let handle = match stage {
+                None => {
+                    let rebuild = self.rebuild.clone();
+                    Recorder::add(&self.shared.stats.rebuild_calls, 1);
+                    self.jobs.spawn(async move {
+                        let result = rebuild.rebuild(&due).await;
+                        (due, result)
+                    })
+                }
+                Some(i) => {
+                    let expand = self.fanouts.get(i).map(|f| f.expand.clone());
+                    let hold = meta.iter().filter_map(|m| m.covered).min();
+                    self.expanding.insert(call, hold);
+                    let sink = KeySink::expansion(self.fanned_tx.clone(), call);
+                    self.fanning += 1;
+                    self.jobs.spawn(async move {
+                        let parents: Vec<Due> = due
+                            .iter()
+                            .map(|d| Due {
+                                key: d.key.stage().map_or_else(|| d.key.clone(), |(_, k)| k),
+                                txids: d.txids.clone(),
+                            })
+                            .collect();
+                        let result = match expand {
+                            Some(e) => e.expand(&parents, &sink).await,
+                            None => Err(format!("no fan-out {i} in this refresher").into()),
+                        };
+                        (due, result)
+                    })
+                }
+            };
+            self.job_keys.insert(
+                handle.id(),
+                Job {
+                    keys: meta,
+                    stage,
+                    call,
+                },
+            );
         }
+    }
+
+    /// Marks every key fan-out calls have sent so far: a call's keys are all in the
+    /// buffer once it has returned, and must take its hold before the call releases it.
+    fn drain_fanned(&mut self) {
+        let mut keys = Vec::new();
+        while let Ok(item) = self.fanned_rx.try_recv() {
+            keys.push(item);
+            if keys.len() >= 1024 {
+                self.mark_fanned(&mut keys);
+            }
+        }
+        self.mark_fanned(&mut keys);
     }
 
     fn finish_job(&mut self, done: Result<(tokio::task::Id, JobOutput), tokio::task::JoinError>) {
@@ -506,20 +638,34 @@ impl Runner {
                 (e.id(), Vec::new(), Err(error))
             }
         };
-        let Some(meta) = self.job_keys.remove(&id) else {
+        let Some(job) = self.job_keys.remove(&id) else {
             return;
         };
+        if job.stage.is_some() {
+            self.drain_fanned();
+            self.expanding.remove(&job.call);
+            self.fanning -= 1;
+        }
+        let meta = job.keys;
         let now = Instant::now().into_std();
         match result {
-            Ok(()) => self.succeeded(meta, now),
+            Ok(()) => {
+                if job.stage.is_some() {
+                    Recorder::add(&self.shared.stats.fanout_calls, 1);
+                }
+                self.succeeded(meta, job.stage.is_some(), now)
+            }
             Err(error) => {
-                let retry = self.rebuild.classify(&error);
+                let retry = match job.stage.and_then(|i| self.fanouts.get(i)) {
+                    Some(f) => f.expand.classify(&error),
+                    None => self.rebuild.classify(&error),
+                };
                 self.failed(meta, dues, retry, &error, now);
             }
         }
     }
 
-    fn succeeded(&mut self, meta: Vec<JobKey>, now: std::time::Instant) {
+    fn succeeded(&mut self, meta: Vec<JobKey>, fanout: bool, now: std::time::Instant) {
         let shared = self.shared.clone();
         let st = &shared.stats;
         if let Some(stall) = self.stall.take() {
@@ -541,9 +687,12 @@ impl Runner {
             if self.unquarantine(&m.key) {
                 self.report(Report::Revived { key: &m.key });
             }
-            st.freshness
-                .record(now.saturating_duration_since(m.first_dirty));
-            Recorder::add(&st.rebuilds_ok, 1);
+            // A fan-out rebuilt nothing yet: freshness is the view keys' own.
+            if !fanout {
+                st.freshness
+                    .record(now.saturating_duration_since(m.first_dirty));
+                Recorder::add(&st.rebuilds_ok, 1);
+            }
         }
         st.touch_rebuild();
     }

@@ -51,6 +51,10 @@ pub struct Stats {
     pub reconcile_failures: u64,
     /// Keys listed by reconcile sweeps.
     pub reconcile_keys: u64,
+    /// Fan-out calls that finished (each maps up to a batch of parent keys).
+    pub fanout_calls: u64,
+    /// View keys sent by fan-outs (before merging with keys already dirty).
+    pub fanout_keys: u64,
     /// Keys waiting for a rebuild (dirty or waiting to retry). Gauge.
     pub dirty: u64,
     /// Keys quarantined now. Gauge.
@@ -103,6 +107,8 @@ pub(crate) struct Recorder {
     pub(crate) reconciles: AtomicU64,
     pub(crate) reconcile_failures: AtomicU64,
     pub(crate) reconcile_keys: AtomicU64,
+    pub(crate) fanout_calls: AtomicU64,
+    pub(crate) fanout_keys: AtomicU64,
     pub(crate) dirty: AtomicU64,
     pub(crate) poisoned: AtomicU64,
     pub(crate) poisoned_holding: AtomicU64,
@@ -158,6 +164,8 @@ impl Recorder {
             reconciles: z(),
             reconcile_failures: z(),
             reconcile_keys: z(),
+            fanout_calls: z(),
+            fanout_keys: z(),
             dirty: z(),
             poisoned: z(),
             poisoned_holding: z(),
@@ -230,6 +238,8 @@ impl Recorder {
             reconciles: g(&self.reconciles),
             reconcile_failures: g(&self.reconcile_failures),
             reconcile_keys: g(&self.reconcile_keys),
+            fanout_calls: g(&self.fanout_calls),
+            fanout_keys: g(&self.fanout_keys),
             dirty: g(&self.dirty),
             poisoned: g(&self.poisoned),
             poisoned_holding: g(&self.poisoned_holding),

@@ -84,8 +84,11 @@ pub struct Watch {
     pub schema: String,
     /// Table.
     pub table: String,
-    /// Key columns, in `$1..$n` order.
+    /// Key columns, in `$1..$n` order: the view's key, or with `keys` the parent key.
     pub key: Vec<String>,
+    /// A key fan-out: SQL mapping the changed row's `key` columns (`$1..$n`) to the
+    /// view's keys (`SELECT account_id FROM subscriptions WHERE plan_id = $1`).
+    pub keys: Option<String>,
     /// Line in the file.
     pub line: Option<usize>,
 }
@@ -130,12 +133,26 @@ pub struct View {
     pub line: Option<usize>,
     /// Line of the `rebuild` list.
     pub rebuild_line: Option<usize>,
+    /// Tables the view reads but does not watch, on purpose (`static = [...]`): they
+    /// never change, or their changes are deliberately ignored. `schema.table`.
+    pub static_tables: Vec<(String, String)>,
 }
 
 impl View {
-    /// Number of key parts (`$1..$n`).
+    /// Number of key parts (`$1..$n`): the key of the watched tables that carry it
+    /// (fan-out entries carry a parent key instead).
     pub fn arity(&self) -> usize {
-        self.watch.first().map_or(0, |w| w.key.len())
+        self.direct().next().map_or(0, |w| w.key.len())
+    }
+
+    /// Watched tables that carry the view's key.
+    pub fn direct(&self) -> impl Iterator<Item = &Watch> {
+        self.watch.iter().filter(|w| w.keys.is_none())
+    }
+
+    /// Watched tables mapped to the view's keys by a `keys` statement.
+    pub fn fanouts(&self) -> impl Iterator<Item = &Watch> {
+        self.watch.iter().filter(|w| w.keys.is_some())
     }
 }
 
@@ -253,6 +270,7 @@ const VIEW: &[&str] = &[
     "rebuild_batch",
     "keys_per_transaction",
     "reconcile",
+    "static",
     "coalesce",
     "max_wait",
     "workers",
@@ -708,6 +726,28 @@ fn read_views(
                 keys: keys?.value,
             })
         });
+        let mut static_tables = Vec::new();
+        if let Some(list) = r.strings(t, "static") {
+            for name in &list.value {
+                match split_table(name) {
+                    Some(st) => static_tables.push(st),
+                    None => r.p.at_line(
+                        list.line,
+                        format!(
+                            "view `{vname}`: `static` entry `{name}` is not a table name (\"schema.table\" or \"table\")"
+                        ),
+                    ),
+                }
+            }
+        }
+        if !watch.is_empty() && watch.iter().all(|w| w.keys.is_some()) {
+            r.p.at_line(
+                line,
+                format!(
+                    "view `{vname}`: at least one watched table must carry the view's key (an entry without `keys`)"
+                ),
+            );
+        }
         let timing = read_timing(r, t, defaults);
         if let (Some(name), Some(rebuild)) = (name, rebuild) {
             out.push(View {
@@ -720,6 +760,7 @@ fn read_views(
                 timing,
                 line,
                 rebuild_line: rebuild.line,
+                static_tables,
             });
         }
     }
@@ -792,7 +833,7 @@ fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
     let mut out: Vec<Watch> = Vec::new();
     for (w, path) in &entries {
         let w = Tbl { path, ..*w };
-        r.known_keys(w, &["table", "key"]);
+        r.known_keys(w, &["table", "key", "keys"]);
         let line = r.line(w.span.map(|s| s..s));
         let table = r.string(w, "table");
         if table.is_none() && w.t.get("table").is_none() {
@@ -801,6 +842,15 @@ fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
         let key = r.strings(w, "key");
         if key.is_none() && w.t.get("key").is_none() {
             r.missing(w, "key", "the columns whose values form the view's key");
+        }
+        let keys = r.string(w, "keys");
+        if let Some(k) = &keys
+            && k.value.trim().is_empty()
+        {
+            r.p.at_line(
+                k.line,
+                format!("view `{view}`: `keys` must be a query returning the view's key"),
+            );
         }
         let (Some(table), Some(key)) = (table, key) else {
             continue;
@@ -822,7 +872,8 @@ fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
             );
             continue;
         };
-        if let Some(first) = out.first()
+        if let Some(first) = out.iter().find(|o| o.keys.is_none())
+            && keys.is_none()
             && first.key.len() != key.value.len()
         {
             r.p.at_line(
@@ -851,6 +902,7 @@ fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
             schema,
             table: table_name,
             key: key.value,
+            keys: keys.map(|k| k.value),
             line,
         });
     }

@@ -515,3 +515,74 @@ fn a_kind_left_out_of_the_build_names_its_feature() {
         }
     }
 }
+
+const JOINED: &str = r#"
+[source]
+kind = "postgres"
+url = "postgres://app@db/app"
+
+[[views]]
+name = "account_mrr"
+static = ["public.countries", "currencies"]
+watch = [
+  { table = "subscriptions", key = ["account_id"] },
+  { table = "plans", key = ["id"], keys = "SELECT account_id FROM subscriptions WHERE plan_id = $1" },
+]
+rebuild = ["SELECT $1"]
+"#;
+
+#[test]
+fn fan_out_entries_and_static_tables_are_read() {
+    let c = parse(JOINED, "f.toml", &env).unwrap();
+    let v = &c.views[0];
+    assert_eq!(v.arity(), 1);
+    assert_eq!(v.direct().count(), 1);
+    let f: Vec<&Watch> = v.fanouts().collect();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].table, "plans");
+    assert_eq!(
+        f[0].keys.as_deref(),
+        Some("SELECT account_id FROM subscriptions WHERE plan_id = $1")
+    );
+    assert_eq!(
+        v.static_tables,
+        [
+            ("public".to_string(), "countries".to_string()),
+            ("public".to_string(), "currencies".to_string())
+        ]
+    );
+    // A fan-out's parent key may differ in arity from the view's key.
+    let wide = JOINED.replace("key = [\"id\"]", "key = [\"id\", \"region\"]");
+    assert!(parse(&wide, "f.toml", &env).is_ok());
+}
+
+#[test]
+fn fan_out_mistakes_are_problems_with_lines() {
+    let only_fanout = JOINED.replace(
+        "  { table = \"subscriptions\", key = [\"account_id\"] },\n",
+        "",
+    );
+    let p = problems(&only_fanout);
+    assert!(
+        p.iter()
+            .any(|l| l.contains("at least one watched table must carry the view's key")),
+        "{p:?}"
+    );
+    let p = problems(&JOINED.replace(
+        "keys = \"SELECT account_id FROM subscriptions WHERE plan_id = $1\"",
+        "keys = \"  \"",
+    ));
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("f.toml:11:") && l.contains("`keys` must be a query")),
+        "{p:?}"
+    );
+    let p = problems(&JOINED.replace("\"currencies\"", "\"a.b.c\""));
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("f.toml:8:") && l.contains("`static` entry `a.b.c`")),
+        "{p:?}"
+    );
+    let p = problems(&JOINED.replace("keys = ", "kyes = "));
+    assert!(p.iter().any(|l| l.contains("kyes")), "{p:?}");
+}

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod saas;
+
 use freshen_testenv::PgServer;
 use tokio_postgres::{Client, NoTls};
 

@@ -1,0 +1,252 @@
+//! A SaaS schema whose read models join dimension tables: accounts, plans,
+//! subscriptions, invoices, invoice_lines, products; three views over it (one a
+//! three-table join, two with a dimension fan-out), none with a reconcile sweep; and a
+//! randomized workload that changes dimensions, moves children between parents and
+//! cascades deletes.
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use super::Rng;
+
+/// The source tables and the derived ones. Children carry FULL replica identity (their
+/// old parent id is a key); dimensions keep the default (their key is the primary key).
+pub const SCHEMA: &str = "
+CREATE TABLE accounts (id bigserial PRIMARY KEY, name text NOT NULL, region text NOT NULL);
+CREATE TABLE plans (id bigserial PRIMARY KEY, name text NOT NULL, price bigint NOT NULL);
+CREATE TABLE products (id bigserial PRIMARY KEY, name text NOT NULL);
+CREATE TABLE subscriptions (
+  id bigserial PRIMARY KEY,
+  account_id bigint NOT NULL REFERENCES accounts ON DELETE CASCADE,
+  plan_id bigint NOT NULL REFERENCES plans,
+  seats int NOT NULL);
+CREATE TABLE invoices (
+  id bigserial PRIMARY KEY,
+  account_id bigint NOT NULL REFERENCES accounts ON DELETE CASCADE,
+  voided boolean NOT NULL DEFAULT false);
+CREATE TABLE invoice_lines (
+  id bigserial PRIMARY KEY,
+  invoice_id bigint NOT NULL REFERENCES invoices ON DELETE CASCADE,
+  product_id bigint NOT NULL REFERENCES products,
+  amount bigint NOT NULL);
+CREATE INDEX ON subscriptions (plan_id);
+CREATE INDEX ON subscriptions (account_id);
+CREATE INDEX ON invoices (account_id);
+CREATE INDEX ON invoice_lines (invoice_id);
+CREATE INDEX ON invoice_lines (product_id);
+ALTER TABLE subscriptions REPLICA IDENTITY FULL;
+ALTER TABLE invoices REPLICA IDENTITY FULL;
+ALTER TABLE invoice_lines REPLICA IDENTITY FULL;
+CREATE TABLE account_mrr (account_id bigint PRIMARY KEY, mrr bigint NOT NULL);
+CREATE TABLE product_sales (product_id bigint PRIMARY KEY, name text NOT NULL, total bigint NOT NULL, lines bigint NOT NULL);
+CREATE TABLE account_search (account_id bigint PRIMARY KEY, name text NOT NULL, region text NOT NULL, plans text NOT NULL, open_invoices bigint NOT NULL);
+";
+
+const MRR: &str = "SELECT a.id, coalesce(sum(s.seats * p.price), 0)::bigint FROM accounts a LEFT JOIN subscriptions s ON s.account_id = a.id LEFT JOIN plans p ON p.id = s.plan_id";
+const SALES: &str = "SELECT p.id, p.name, coalesce(sum(l.amount) FILTER (WHERE NOT i.voided), 0)::bigint, count(l.id) FILTER (WHERE NOT i.voided) FROM products p LEFT JOIN invoice_lines l ON l.product_id = p.id LEFT JOIN invoices i ON i.id = l.invoice_id";
+const SEARCH: &str = "SELECT a.id, a.name, a.region, coalesce((SELECT string_agg(p.name, ',' ORDER BY p.name, s.id) FROM subscriptions s JOIN plans p ON p.id = s.plan_id WHERE s.account_id = a.id), ''), (SELECT count(*) FROM invoices i WHERE i.account_id = a.id AND NOT i.voided) FROM accounts a";
+
+/// The three views, with no reconcile sweep, and `extra` appended to `[defaults]`.
+pub fn config(url: &str, http: &str, timing: &str) -> String {
+    format!(
+        r#"
+[source]
+kind = "postgres"
+url = "{url}"
+slot = "freshen_saas"
+publication = "freshen_saas"
+
+[http]
+listen = "{http}"
+
+[defaults]
+{timing}
+
+[[views]]
+name = "account_mrr"
+watch = [
+  {{ table = "public.subscriptions", key = ["account_id"] }},
+  {{ table = "public.accounts", key = ["id"] }},
+  {{ table = "public.plans", key = ["id"], keys = "SELECT account_id FROM subscriptions WHERE plan_id = $1" }},
+]
+rebuild = [
+  "DELETE FROM account_mrr WHERE account_id = $1",
+  "INSERT INTO account_mrr {MRR} WHERE a.id = $1 GROUP BY a.id",
+]
+
+[[views]]
+name = "product_sales"
+watch = [
+  {{ table = "public.invoice_lines", key = ["product_id"] }},
+  {{ table = "public.products", key = ["id"] }},
+  {{ table = "public.invoices", key = ["id"], keys = "SELECT product_id FROM invoice_lines WHERE invoice_id = $1" }},
+]
+rebuild_batch = 32
+rebuild = [
+  "DELETE FROM product_sales WHERE product_id = ANY($1)",
+  "INSERT INTO product_sales {SALES} WHERE p.id = ANY($1) GROUP BY p.id, p.name",
+]
+
+[[views]]
+name = "account_search"
+watch = [
+  {{ table = "public.accounts", key = ["id"] }},
+  {{ table = "public.subscriptions", key = ["account_id"] }},
+  {{ table = "public.invoices", key = ["account_id"] }},
+  {{ table = "public.plans", key = ["id"], keys = "SELECT account_id FROM subscriptions WHERE plan_id = $1" }},
+]
+rebuild = [
+  "DELETE FROM account_search WHERE account_id = $1",
+  "INSERT INTO account_search {SEARCH} WHERE a.id = $1",
+]
+"#
+    )
+}
+
+/// (view, derived rows, truth).
+pub fn truth() -> [(&'static str, String, String); 3] {
+    [
+        (
+            "account_mrr",
+            "SELECT account_id, mrr FROM account_mrr".into(),
+            format!("{MRR} GROUP BY a.id"),
+        ),
+        (
+            "product_sales",
+            "SELECT product_id, name, total, lines FROM product_sales".into(),
+            format!("{SALES} GROUP BY p.id, p.name"),
+        ),
+        (
+            "account_search",
+            "SELECT account_id, name, region, plans, open_invoices FROM account_search".into(),
+            SEARCH.into(),
+        ),
+    ]
+}
+
+/// Rows that differ between each derived table and its truth.
+pub async fn differences(c: &Client) -> Vec<(&'static str, i64)> {
+    let mut out = Vec::new();
+    for (name, derived, truth) in truth() {
+        let sql = format!(
+            "SELECT count(*) FROM (({derived} EXCEPT {truth}) UNION ALL ({truth} EXCEPT {derived})) d"
+        );
+        let n: i64 = c.query_one(&sql, &[]).await.expect("compare").get(0);
+        out.push((name, n));
+    }
+    out
+}
+
+/// Polls until every derived table equals its truth, or fails after `within`.
+pub async fn wait_equal(c: &Client, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let d = differences(c).await;
+        if d.iter().all(|(_, n)| *n == 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "derived tables never matched a fresh computation: {d:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Dimensions to start from: 5 plans, 8 products, 20 accounts.
+pub async fn seed(c: &Client) {
+    c.batch_execute(
+        "INSERT INTO plans (name, price) SELECT 'plan' || g, 10 * g FROM generate_series(1, 5) g;
+         INSERT INTO products (name) SELECT 'product' || g FROM generate_series(1, 8) g;
+         INSERT INTO accounts (name, region) SELECT 'acct' || g, (ARRAY['eu','us','ap'])[1 + g % 3] FROM generate_series(1, 20) g;",
+    )
+    .await
+    .expect("seed");
+}
+
+/// A row of `table` picked by `n` (deterministic, never fails on an empty table: the
+/// statement then touches nothing).
+fn pick(table: &str, n: u64) -> String {
+    format!("(SELECT id FROM {table} ORDER BY (id * 7919 + {n}) % 1009, id LIMIT 1)")
+}
+
+/// `n` transactions of one to four random changes each.
+pub async fn workload(c: &mut Client, r: &mut Rng, n: usize) {
+    for _ in 0..n {
+        let tx = c.transaction().await.expect("begin");
+        for _ in 0..=r.below(4) {
+            let (a, b) = (r.below(1_000_000), r.below(1_000_000));
+            let v = 1 + r.below(50) as i64;
+            let sql = match r.below(16) {
+                // Dimension changes: fan out to every account or product under them.
+                0 | 1 => format!(
+                    "UPDATE plans SET price = {v} WHERE id = {}",
+                    pick("plans", a)
+                ),
+                2 => format!(
+                    "UPDATE plans SET name = 'plan-{v}' WHERE id = {}",
+                    pick("plans", a)
+                ),
+                3 => format!(
+                    "UPDATE invoices SET voided = NOT voided WHERE id = {}",
+                    pick("invoices", a)
+                ),
+                4 => format!(
+                    "UPDATE products SET name = 'product-{v}' WHERE id = {}",
+                    pick("products", a)
+                ),
+                5 => format!(
+                    "UPDATE accounts SET region = 'r{}', name = 'acct-{v}' WHERE id = {}",
+                    v % 4,
+                    pick("accounts", a)
+                ),
+                // Children created, moved between parents, deleted.
+                6 | 7 => format!(
+                    "INSERT INTO subscriptions (account_id, plan_id, seats) SELECT {}, {}, {v} WHERE EXISTS (SELECT FROM accounts)",
+                    pick("accounts", a),
+                    pick("plans", b)
+                ),
+                8 => format!(
+                    "UPDATE subscriptions SET plan_id = {} WHERE id = {}",
+                    pick("plans", b),
+                    pick("subscriptions", a)
+                ),
+                9 => format!(
+                    "UPDATE subscriptions SET account_id = {} WHERE id = {}",
+                    pick("accounts", b),
+                    pick("subscriptions", a)
+                ),
+                10 => format!(
+                    "INSERT INTO invoices (account_id) SELECT {} WHERE EXISTS (SELECT FROM accounts)",
+                    pick("accounts", a)
+                ),
+                11 | 12 => format!(
+                    "INSERT INTO invoice_lines (invoice_id, product_id, amount) SELECT {}, {}, {v} WHERE EXISTS (SELECT FROM invoices)",
+                    pick("invoices", a),
+                    pick("products", b)
+                ),
+                13 => format!(
+                    "UPDATE invoice_lines SET invoice_id = {}, product_id = {} WHERE id = {}",
+                    pick("invoices", b),
+                    pick("products", a),
+                    pick("invoice_lines", a)
+                ),
+                // Cascades: an account takes its subscriptions, invoices and their lines.
+                14 => match r.below(3) {
+                    0 => format!("DELETE FROM accounts WHERE id = {}", pick("accounts", a)),
+                    1 => format!("DELETE FROM invoices WHERE id = {}", pick("invoices", a)),
+                    _ => format!(
+                        "DELETE FROM subscriptions WHERE id = {}",
+                        pick("subscriptions", a)
+                    ),
+                },
+                _ => format!("INSERT INTO accounts (name, region) VALUES ('acct-new-{v}', 'eu')"),
+            };
+            tx.batch_execute(&sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        tx.commit().await.expect("commit");
+    }
+}

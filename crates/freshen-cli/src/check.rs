@@ -97,7 +97,12 @@ impl CheckReport {
 /// Checks the file at `path` and, unless `offline`, the databases it names.
 pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
     let mut report = CheckReport::default();
-    let cfg = match config::load(path) {
+    let loaded = if offline {
+        config::load_offline(path)
+    } else {
+        config::load(path)
+    };
+    let cfg = match loaded {
         Ok(cfg) => cfg,
         Err(e) => {
             for (place, message) in e.located() {
@@ -116,6 +121,18 @@ pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
             cfg.watched_tables().len()
         ),
     );
+    for (line, name, used) in &cfg.unset {
+        let place = match line {
+            Some(n) => format!("{}:{n}", path.display()),
+            None => path.display().to_string(),
+        };
+        report.push(
+            Level::Warning,
+            "config",
+            place,
+            format!("environment variable `{name}` is not set here (used by `{used}`): its value was not checked, and `run` needs it"),
+        );
+    }
     // What each view relies on that the source cannot give: known without I/O.
     let caps = cfg.source.capabilities();
     for view in &cfg.views {

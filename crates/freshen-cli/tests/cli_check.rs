@@ -141,16 +141,45 @@ fn check_offline_lists_every_config_problem() {
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
+        text.contains("freshen.toml:8: `views[0].coalesce` is not a duration"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("FRESHEN_TEST_UNSET_URL"),
+        "offline, an unset variable is not a problem: {text}"
+    );
+
+    // Without the mistake the file passes offline, the unset variable named as a
+    // warning; online the same file fails on it.
+    let cfg = write_config(
+        dir.path(),
+        "[source]\nkind = \"postgres\"\nurl = \"${FRESHEN_TEST_UNSET_URL}\"\n[[views]]\nname = \"v\"\nwatch = [{ table = \"t\", key = [\"a\"] }]\nrebuild = [\"SELECT $1\"]\nreconcile = { every = \"10m\", keys = \"SELECT a FROM t\" }\n",
+    );
+    let out = freshen()
+        .args(["check", "--offline", "-c"])
+        .arg(&cfg)
+        .env_remove("FRESHEN_TEST_UNSET_URL")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("warning")
+            && l.contains("freshen.toml:3")
+            && l.contains("environment variable `FRESHEN_TEST_UNSET_URL` is not set here")),
+        "{text}"
+    );
+    let out = freshen()
+        .args(["check", "-c"])
+        .arg(&cfg)
+        .env_remove("FRESHEN_TEST_UNSET_URL")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
         text.contains("environment variable `FRESHEN_TEST_UNSET_URL` is not set"),
         "{text}"
-    );
-    assert!(
-        text.contains("`views[0].coalesce` is not a duration"),
-        "{text}"
-    );
-    assert!(
-        text.contains("freshen.toml:3: ") && text.contains("freshen.toml:8: "),
-        "lines are given: {text}"
     );
 }
 

@@ -215,6 +215,9 @@ pub struct Config {
     pub sinks: Vec<Sink>,
     /// The durable changefeed, when configured.
     pub changefeed: Option<freshen_changefeed::ChangefeedConfig>,
+    /// Offline only: variables that are not set here, with their line and where they
+    /// are used (their values were not judged).
+    pub unset: Vec<(Option<usize>, String, String)>,
 }
 
 impl Config {
@@ -295,11 +298,35 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
     parse(&src, &file, &|name| std::env::var(name).ok())
 }
 
+/// Reads and validates `path` for `check --offline`: an unset `${VAR}` is no problem —
+/// the value using it is kept as written and not judged — and is listed in
+/// [`Config::unset`].
+pub fn load_offline(path: &std::path::Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        problems: vec![Problem {
+            line: None,
+            message: format!("cannot read the file: {e}"),
+        }],
+    })?;
+    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+}
+
 /// Parses and validates a configuration; `env` looks up `${VAR}` references.
 pub fn parse(
     src: &str,
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    parse_with(src, file, env, false)
+}
+
+fn parse_with(
+    src: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    offline: bool,
 ) -> Result<Config, ConfigError> {
     let doc = match Document::parse(src) {
         Ok(doc) => doc,
@@ -315,6 +342,9 @@ pub fn parse(
         }
     };
     let mut r = Reader::new(src, env);
+    if offline {
+        r = r.lenient();
+    }
     let root = Tbl {
         t: doc.as_table(),
         path: "",
@@ -335,8 +365,14 @@ pub fn parse(
     };
     let sinks = read_sinks(&mut r, root);
     let changefeed = root.t.get("changefeed").and_then(|item| {
+        let mark = r.mark();
         let cf: freshen_changefeed::ChangefeedConfig = r.serde_table(item, "changefeed", &[])?;
-        for p in cf.problems() {
+        let problems = if r.judged_since(mark) {
+            cf.problems()
+        } else {
+            Vec::new()
+        };
+        for p in problems {
             r.problem_in(item, "changefeed", &p, None);
         }
         Some(cf)
@@ -374,6 +410,11 @@ pub fn parse(
             views,
             sinks,
             changefeed,
+            unset: r
+                .unset
+                .iter()
+                .map(|(line, name, path)| (*line, name.clone(), path.clone()))
+                .collect(),
         }),
         _ => {
             let mut problems = r.p.list;
@@ -460,9 +501,9 @@ fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -
         });
     };
     r.known_keys(t, &["url", "pool_size"]);
-    let before = r.p.list.len();
+    let mark = r.mark();
     let url = r.string(t, "url");
-    if let Some(u) = url.as_ref().filter(|_| r.p.list.len() == before) {
+    if let Some(u) = url.as_ref().filter(|_| r.judged_since(mark)) {
         check_url(r, "target.url", u);
     }
     let url = url.map(|s| Secret::new(s.value)).or(default_url);
@@ -795,10 +836,15 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
         let Some(kind) = kind else { continue };
         #[cfg(feature = "kafka")]
         {
+            let mark = r.mark();
             let sink: Option<freshen_kafka::KafkaSinkConfig> =
                 r.serde_table(entry, &path, &["kind"]);
             if let Some(sink) = sink {
-                let problems = sink.problems();
+                let problems = if r.judged_since(mark) {
+                    sink.problems()
+                } else {
+                    Vec::new()
+                };
                 for p in &problems {
                     r.problem_in(entry, &path, p, kind.line);
                 }

@@ -29,6 +29,11 @@ type Env<'e> = &'e dyn Fn(&str) -> Option<String>;
 pub(crate) struct Reader<'s, 'e> {
     pub(crate) p: Problems<'s>,
     env: Env<'e>,
+    /// `check --offline`: an unset variable is not a problem; the value that uses it is
+    /// kept as written and not judged (`run` will judge it).
+    lenient: bool,
+    /// Unset variables met in lenient mode: (line, name, where used).
+    pub(crate) unset: Vec<(Option<usize>, String, String)>,
 }
 
 fn type_name(item: &Item) -> &'static str {
@@ -61,7 +66,27 @@ impl<'s, 'e> Reader<'s, 'e> {
         Reader {
             p: Problems::new(src),
             env,
+            lenient: false,
+            unset: Vec::new(),
         }
+    }
+
+    /// A reader for `check --offline`: unset variables are listed in
+    /// [`unset`](Self::unset), not reported as problems.
+    pub(crate) fn lenient(mut self) -> Self {
+        self.lenient = true;
+        self
+    }
+
+    /// A mark to compare with [`judged_since`](Self::judged_since).
+    pub(crate) fn mark(&self) -> (usize, usize) {
+        (self.p.list.len(), self.unset.len())
+    }
+
+    /// Whether everything read since `mark` was expanded without a problem, so that its
+    /// values can be judged.
+    pub(crate) fn judged_since(&self, mark: (usize, usize)) -> bool {
+        self.mark() == mark
     }
 
     pub(crate) fn line(&self, span: Option<Range<usize>>) -> Option<usize> {
@@ -137,6 +162,11 @@ impl<'s, 'e> Reader<'s, 'e> {
                         let name = &body[..end];
                         match (self.env)(name) {
                             Some(v) => out.push_str(&v),
+                            None if self.lenient => {
+                                let line = self.line(span.clone());
+                                self.unset.push((line, name.to_string(), path.to_string()));
+                                out.push_str(&rest[i..i + 3 + end]);
+                            }
                             None => self.p.at(
                                 span.clone(),
                                 format!(
@@ -478,7 +508,9 @@ impl<'s, 'e> Reader<'s, 'e> {
         let before = self.p.list.len();
         self.expand_value(&mut value, path);
         // A missing variable is the value's problem; unknown keys and wrong types are
-        // still reported beside it, but the values are not judged.
+        // still reported beside it, but the values are not judged. (Offline, an unset
+        // variable is no problem: the value is kept as written; the caller sees it
+        // through `judged_since` and does not judge it.)
         let expanded = self.p.list.len() == before;
         match T::deserialize(value.into_deserializer()) {
             Ok(v) => expanded.then_some(v),

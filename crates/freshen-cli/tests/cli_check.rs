@@ -472,3 +472,52 @@ async fn check_names_what_a_role_lacks_to_create_the_publication() {
         "{f:#?}"
     );
 }
+
+/// A connection that fails says why — the server refused the password, nothing listens
+/// — and never shows the password, even in a URL too malformed to parse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_failures_name_their_cause_and_hide_the_password() {
+    let pg = freshen_testenv::PgServer::builder()
+        .password("R1ghtSecret")
+        .start()
+        .expect("a throwaway PostgreSQL (apt-get install postgresql-15)");
+    let url = pg.url();
+    let (scheme_user, rest) = url.split_once('@').expect("a URL with credentials");
+    let user = scheme_user
+        .trim_start_matches("postgres://")
+        .split(':')
+        .next()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let view = "[[views]]\nname = \"v\"\nwatch = [{ table = \"t\", key = [\"a\"] }]\nrebuild = [\"SELECT $1\"]\nreconcile = { every = \"10m\", keys = \"SELECT a FROM t\" }\n";
+    let check = |source_url: &str| {
+        let cfg = write_config(
+            dir.path(),
+            &format!("[source]\nkind = \"postgres\"\nurl = \"{source_url}\"\n{view}"),
+        );
+        let out = freshen().args(["check", "-c"]).arg(&cfg).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = check(&format!("postgres://{user}:Wr0ngSecret@{rest}"));
+    assert!(!text.contains("R1ghtSecret"), "{text}");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("28P01") || text.contains("password authentication failed"),
+        "{text}"
+    );
+    assert!(!text.contains("Wr0ngSecret"), "{text}");
+
+    let port = free_port();
+    let (code, text) = check(&format!(
+        "postgres://{user}:Wr0ngSecret@127.0.0.1:{port}/app"
+    ));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(!text.contains("Wr0ngSecret"), "{text}");
+
+    let (code, text) = check("postgres://app:Wr0ngSecret@db:notaport/app");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(!text.contains("Wr0ngSecret"), "{text}");
+}

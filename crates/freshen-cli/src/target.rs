@@ -202,11 +202,22 @@ impl ViewPool {
                     out.push(Box::new(fanout));
                 }
                 #[cfg(feature = "mysql")]
-                ViewPool::MySql(..) => anyhow::bail!(
-                    "view {}: `keys` (a fan-out) is PostgreSQL's for now; {} cannot be mapped on MySQL",
-                    view.name,
-                    w.qualified()
-                ),
+                ViewPool::MySql(pool, same) => {
+                    let sql = w.keys.clone().unwrap_or_default();
+                    let types = freshen_mysql::key_types_of(pool, &w.schema, &w.table, &w.key)
+                        .await
+                        .with_context(what)?;
+                    let fanout = freshen_mysql::MySqlFanOut::new(
+                        pool.clone(),
+                        &sql,
+                        types,
+                        view.arity(),
+                        *same,
+                    )
+                    .await
+                    .with_context(what)?;
+                    out.push(Box::new(fanout));
+                }
             }
         }
         Ok(out)
@@ -262,6 +273,7 @@ impl ViewPool {
                 if let Some(r) = &view.reconcile {
                     all.push(r.keys.clone());
                 }
+                all.extend(view.fanouts().filter_map(|w| w.keys.clone()));
                 let subject = format!("view {}", view.name);
                 let mut found = freshen_mysql::check_statements(pool, &subject, &all).await;
                 if found.is_empty() {

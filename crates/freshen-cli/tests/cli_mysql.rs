@@ -335,3 +335,118 @@ listen = "127.0.0.1:{feed_port}"
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A dimension table on MariaDB: a plan's price change fans out through
+/// `subscriptions` to every account on the plan (no reconcile sweep: only the fan-out
+/// can make the view right), across a SIGKILL and restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_change_fans_out_to_its_accounts_on_mariadb() {
+    let db = server();
+    let mut c = conn(&db).await;
+    c.query_drop(
+        "CREATE TABLE app.plans (id INT PRIMARY KEY, price INT NOT NULL);
+         CREATE TABLE app.subs (id INT AUTO_INCREMENT PRIMARY KEY, account BIGINT NOT NULL, plan_id INT NOT NULL);
+         CREATE TABLE app.mrr (account BIGINT PRIMARY KEY, total BIGINT NOT NULL);
+         INSERT INTO app.plans VALUES (1, 10), (2, 20), (3, 30)",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "mysql"
+url = "{}"
+name = "fanout"
+position_interval_ms = 20
+
+[http]
+listen = "127.0.0.1:{port}"
+
+[[views]]
+name = "mrr"
+watch = [
+  {{ table = "app.subs", key = ["account"] }},
+  {{ table = "app.plans", key = ["id"], keys = "SELECT account FROM app.subs WHERE plan_id = $1" }},
+]
+rebuild = [
+  "DELETE FROM app.mrr WHERE account = $1",
+  "INSERT INTO app.mrr SELECT s.account, sum(p.price) FROM app.subs s JOIN app.plans p ON p.id = s.plan_id WHERE s.account = $1 GROUP BY s.account",
+]
+coalesce = "10ms"
+max_wait = "100ms"
+"#,
+            db.url("app")
+        ),
+    );
+    const TRUTH: &str = "SELECT s.account, CAST(sum(p.price) AS SIGNED), 0 FROM app.subs s JOIN app.plans p ON p.id = s.plan_id GROUP BY s.account ORDER BY 1";
+    const DERIVED: &str = "SELECT account, total, 0 FROM app.mrr ORDER BY 1";
+    let out = freshen().args(["check", "-c"]).arg(&cfg).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    let mut seed = 0x5eed_u64;
+    let mut below = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let step = |i: u64, below: &mut dyn FnMut(u64) -> u64| match below(4) {
+        0 | 1 => format!(
+            "INSERT INTO app.subs (account, plan_id) VALUES ({}, {})",
+            below(40),
+            1 + below(3)
+        ),
+        2 => format!(
+            "UPDATE app.plans SET price = price + {} WHERE id = {}",
+            1 + i % 5,
+            1 + below(3)
+        ),
+        _ => format!(
+            "UPDATE app.subs SET plan_id = {} WHERE id % 7 = {}",
+            1 + below(3),
+            below(7)
+        ),
+    };
+    for i in 0..120 {
+        c.query_drop(step(i, &mut below)).await.unwrap();
+    }
+    run.kill().unwrap();
+    run.wait().unwrap();
+    for i in 120..160 {
+        c.query_drop(step(i, &mut below)).await.unwrap();
+    }
+    let _run = spawn_run(dir.path(), &cfg, 2);
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    for i in 160..200 {
+        c.query_drop(step(i, &mut below)).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut stable = 0;
+    while stable < 3 {
+        let (t, d) = (rows(&mut c, TRUTH).await, rows(&mut c, DERIVED).await);
+        if t == d {
+            stable += 1;
+        } else {
+            stable = 0;
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "mrr never equalled the truth:\ntruth   {t:?}\nderived {d:?}\n{}",
+                log_of(dir.path(), 2)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = freshen_cli::status::fetch(&base).await.unwrap();
+    let v = &status.views[0];
+    assert_eq!(v.rebuilds_failed, 0, "{v:?}");
+}

@@ -46,7 +46,7 @@ impl fmt::Debug for MySqlEnumerate {
 }
 
 /// Whether a text-protocol column carries raw bytes (a binary string), not text.
-fn is_binary(col: &mysql_async::Column) -> bool {
+pub(crate) fn is_binary(col: &mysql_async::Column) -> bool {
     use ColumnType::*;
     col.character_set() == 63
         && matches!(
@@ -64,7 +64,7 @@ fn is_binary(col: &mysql_async::Column) -> bool {
 }
 
 /// One text-protocol value as a key part.
-fn part(v: &mysql_async::Value, binary: bool) -> Option<String> {
+pub(crate) fn part(v: &mysql_async::Value, binary: bool) -> Option<String> {
     match v {
         mysql_async::Value::NULL => None,
         mysql_async::Value::Bytes(b) if binary => Some(

@@ -29,6 +29,8 @@
 //!   InnoDB makes it visible (see the `rebuild` module docs). Failures are classified
 //!   from server error numbers ([`retry_for`]).
 //! - [`MySqlEnumerate`]: a [`freshen::Enumerate`] streaming keys from a query.
+//! - [`MySqlFanOut`]: a [`freshen::Expand`] mapping changed parent rows to view keys
+//!   with a query (a plan → its subscribed accounts), in a snapshot that sees the change.
 //! - [`check_source`], [`check_statements`]: what `freshen check` reports, each finding
 //!   with its fix.
 //!
@@ -89,6 +91,7 @@ mod check;
 mod config;
 mod enumerate;
 mod error;
+mod fanout;
 mod params;
 mod plug;
 mod position;
@@ -104,6 +107,7 @@ pub use check::{check_source, check_statements};
 pub use config::{MySqlSourceConfig, ResumeBy};
 pub use enumerate::{MySqlEnumerate, connect_pool};
 pub use error::{ErrorKind, MySqlError, retry_for};
+pub use fanout::MySqlFanOut;
 pub use freshen::SecretUrl;
 pub use mysql_async::Pool;
 pub use params::KeyType;

@@ -164,7 +164,7 @@ impl MySqlRebuildBuilder {
     }
 }
 
-async fn is_mariadb(pool: &Pool) -> Result<bool, MySqlError> {
+pub(crate) async fn is_mariadb(pool: &Pool) -> Result<bool, MySqlError> {
     let mut c = pool
         .get_conn()
         .await
@@ -281,10 +281,20 @@ impl MySqlRebuild {
         query(&mut c, "COMMIT", "cannot commit the rebuild").await
     }
 
-    /// Waits until a new snapshot sees every transaction that starts before `needed` in
-    /// the binlog, or fails with [`ErrorKind::NotVisible`] after `visibility_wait`.
     async fn wait_visible(&self, c: &mut Conn, needed: u64) -> Result<(), MySqlError> {
-        let deadline = tokio::time::Instant::now() + self.visibility_wait;
+        wait_visible(c, needed, self.visibility_wait).await
+    }
+}
+
+/// Waits until a new snapshot sees every transaction that starts before `needed` in the
+/// binlog, or fails with [`ErrorKind::NotVisible`] after `visibility_wait`.
+pub(crate) async fn wait_visible(
+    c: &mut Conn,
+    needed: u64,
+    visibility_wait: Duration,
+) -> Result<(), MySqlError> {
+    {
+        let deadline = tokio::time::Instant::now() + visibility_wait;
         let mut pause = Duration::from_millis(2);
         loop {
             query(
@@ -312,7 +322,7 @@ impl MySqlRebuild {
                          visible to new snapshots after {:?} (semi-synchronous replication \
                          waiting for a replica?); the rebuild will be retried",
                         token_text(needed),
-                        self.visibility_wait
+                        visibility_wait
                     ),
                 ));
             }
@@ -322,7 +332,7 @@ impl MySqlRebuild {
     }
 }
 
-async fn query(c: &mut Conn, sql: &str, what: &str) -> Result<(), MySqlError> {
+pub(crate) async fn query(c: &mut Conn, sql: &str, what: &str) -> Result<(), MySqlError> {
     c.query_drop(sql)
         .await
         .map_err(|e| MySqlError::driver(what.to_string(), e))

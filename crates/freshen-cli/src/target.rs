@@ -30,18 +30,6 @@ impl Flavor {
     }
 }
 
-/// What is wrong with a `mysql://` URL, never quoting it.
-#[cfg(feature = "mysql")]
-pub fn mysql_url_problems(url: &str) -> Vec<String> {
-    let mut config = freshen_mysql::MySqlSourceConfig::new(url, "target");
-    config.tables.clear();
-    config
-        .problems()
-        .into_iter()
-        .filter(|p| p.starts_with("url"))
-        .collect()
-}
-
 /// A target: where to connect, and how rebuilds there prove they see their changes.
 /// Each view gets a pool of its own ([`Target::view`]).
 #[derive(Clone)]

@@ -334,59 +334,37 @@ async fn check_accepts_the_saas_views_and_fails_on_each_mistake_with_its_fix() {
         "{f:#?}"
     );
 
-    // A misspelled key column: did you mean.
-    let typo = good.replacen(
-        "{ table = \"public.subscriptions\", key = [\"account_id\"] }",
-        "{ table = \"public.subscriptions\", key = [\"acount_id\"] }",
-        1,
-    );
-    let (code, f) = check_json(dir.path(), &typo);
-    assert_eq!(code, Some(1), "{f:#?}");
-    assert!(
-        has(
-            &f,
-            "error",
+    // One mistake at a time, each failing with its fix: (what changes, into what, the
+    // check that fails, what it says).
+    let mistakes = [
+        // A misspelled key column: did you mean.
+        (
+            "{ table = \"public.subscriptions\", key = [\"account_id\"] }",
+            "{ table = \"public.subscriptions\", key = [\"acount_id\"] }",
             "key_column",
-            "has no column `acount_id` (did you mean `account_id`?)"
+            "has no column `acount_id` (did you mean `account_id`?)",
         ),
-        "{f:#?}"
-    );
-
-    // A text key bound to a bigint parameter.
-    let text_key = good.replacen(
-        "{ table = \"public.accounts\", key = [\"id\"] }",
-        "{ table = \"public.accounts\", key = [\"name\"] }",
-        1,
-    );
-    let (code, f) = check_json(dir.path(), &text_key);
-    assert_eq!(code, Some(1), "{f:#?}");
-    assert!(
-        has(
-            &f,
-            "error",
+        // A text key bound to a bigint parameter.
+        (
+            "{ table = \"public.accounts\", key = [\"id\"] }",
+            "{ table = \"public.accounts\", key = [\"name\"] }",
             "key_type",
-            "`name` (text) is bound to $1 of rebuild[0], which PostgreSQL reads as bigint"
+            "`name` (text) is bound to $1 of rebuild[0], which PostgreSQL reads as bigint",
         ),
-        "{f:#?}"
-    );
-
-    // A fan-out returning the wrong number of columns.
-    let wide = good.replacen(
-        "keys = \"SELECT account_id FROM subscriptions WHERE plan_id = $1\"",
-        "keys = \"SELECT account_id, seats FROM subscriptions WHERE plan_id = $1\"",
-        1,
-    );
-    let (code, f) = check_json(dir.path(), &wide);
-    assert_eq!(code, Some(1), "{f:#?}");
-    assert!(
-        has(
-            &f,
-            "error",
+        // A fan-out returning the wrong number of columns.
+        (
+            "keys = \"SELECT account_id FROM subscriptions WHERE plan_id = $1\"",
+            "keys = \"SELECT account_id, seats FROM subscriptions WHERE plan_id = $1\"",
             "fanout",
-            "returns 2 column(s) but the view's key has 1 part(s)"
+            "returns 2 column(s) but the view's key has 1 part(s)",
         ),
-        "{f:#?}"
-    );
+    ];
+    for (from, to, check, says) in mistakes {
+        assert!(good.contains(from), "{from}");
+        let (code, f) = check_json(dir.path(), &good.replacen(from, to, 1));
+        assert_eq!(code, Some(1), "{to}: {f:#?}");
+        assert!(has(&f, "error", check, says), "{to}: {f:#?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,40 @@ async fn send(p: &FutureProducer, topic: &str, key: &str, value: &[u8]) {
         .unwrap_or_else(|(e, _)| panic!("producing: {e}"));
 }
 
+/// Reads `n` messages of `topic` from the start as group `group` (key and value as
+/// JSON), or fails naming what arrived and the run's log.
+fn consume(
+    bootstrap: &str,
+    topic: &str,
+    group: &str,
+    n: usize,
+    log: &std::path::Path,
+) -> Vec<(Value, Value)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut got: Vec<(Value, Value)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} messages: {}",
+            got.len(),
+            log_of(log, 1)
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let key: Value = serde_json::from_slice(m.key().unwrap()).unwrap();
+            let value: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            got.push((key, value));
+        }
+    }
+    got
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canal_json_from_kafka_keeps_a_view_fresh_and_skips_poison() {
     let kafka = broker();
@@ -183,28 +217,7 @@ topic_mode = "single"
         .await
         .unwrap();
 
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka.bootstrap())
-        .set("group.id", "reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    consumer.subscribe(&["changes"]).unwrap();
-    let mut got: Vec<(Value, Value)> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while got.len() < 26 {
-        assert!(
-            Instant::now() < deadline,
-            "only {} messages: {}",
-            got.len(),
-            log_of(dir.path(), 1)
-        );
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            let key: Value = serde_json::from_slice(m.key().unwrap()).unwrap();
-            let value: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-            got.push((key, value));
-        }
-    }
+    let got = consume(&kafka.bootstrap(), "changes", "reader", 26, dir.path());
     let creates = got.iter().filter(|(_, v)| v["op"] == "c").count();
     assert_eq!(creates, 25, "{got:?}");
     let update = got
@@ -278,28 +291,13 @@ topic_mode = "single"
         .await
         .unwrap();
 
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka.bootstrap())
-        .set("group.id", "mysql-reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    consumer.subscribe(&["mysql-changes"]).unwrap();
-    let mut got: Vec<(Value, Value)> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while got.len() < 11 {
-        assert!(
-            Instant::now() < deadline,
-            "only {} messages: {}",
-            got.len(),
-            log_of(dir.path(), 1)
-        );
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            let key: Value = serde_json::from_slice(m.key().unwrap()).unwrap();
-            let value: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-            got.push((key, value));
-        }
-    }
+    let got = consume(
+        &kafka.bootstrap(),
+        "mysql-changes",
+        "mysql-reader",
+        11,
+        dir.path(),
+    );
     assert_eq!(
         got.iter().filter(|(_, v)| v["op"] == "c").count(),
         10,

@@ -159,6 +159,23 @@ impl TablePattern {
     }
 }
 
+/// What is wrong with a `mysql://` URL (where rebuilds and positions live), never
+/// quoting its password.
+pub fn url_problems(url: &str) -> Vec<String> {
+    match mysql_async::Opts::from_url(url) {
+        Ok(o) if o.db_name().is_none() => vec![
+            "url must name a database (mysql://user@host:3306/app): rebuilds and the \
+             position table live there"
+                .into(),
+        ],
+        Ok(_) => Vec::new(),
+        Err(_) => vec![format!(
+            "url {} is not a valid mysql:// URL",
+            freshen::redact_url(url)
+        )],
+    }
+}
+
 impl MySqlSourceConfig {
     /// A configuration with every default.
     pub fn new(url: impl Into<String>, name: impl Into<String>) -> MySqlSourceConfig {
@@ -189,20 +206,7 @@ impl MySqlSourceConfig {
 
     /// Every problem with this configuration, one sentence each (empty when valid).
     pub fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        match mysql_async::Opts::from_url(self.url.expose()) {
-            Ok(o) if o.db_name().is_none() => p.push(
-                "url must name a database (mysql://user@host:3306/app): rebuilds and the \
-                 position table live there"
-                    .into(),
-            ),
-            Ok(_) => {}
-            // Never echo the URL: it may hold a password.
-            Err(_) => p.push(format!(
-                "url {} is not a valid mysql:// URL",
-                self.url.redacted()
-            )),
-        }
+        let mut p = url_problems(self.url.expose());
         if self.name.is_empty()
             || self.name.len() > 64
             || !self

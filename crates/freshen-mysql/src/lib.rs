@@ -104,7 +104,7 @@ mod store;
 
 pub use binlog::DdlKind;
 pub use check::{check_source, check_statements};
-pub use config::{MySqlSourceConfig, ResumeBy};
+pub use config::{MySqlSourceConfig, ResumeBy, url_problems};
 pub use enumerate::{MySqlEnumerate, connect_pool};
 pub use error::{ErrorKind, MySqlError, retry_for};
 pub use fanout::MySqlFanOut;

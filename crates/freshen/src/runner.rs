@@ -240,6 +240,10 @@ impl Runner {
             let now = Instant::now();
             self.commands(now);
             self.sweeper.maybe_start(now);
+            if self.sweeper.is_listing() && self.sweep_began.is_none() {
+                // Its report says how long listing took, from here.
+                self.sweep_began = Some(now);
+            }
             self.release_expired_holds(now.into_std());
             self.dispatch(now);
             self.release_acks();
@@ -476,7 +480,6 @@ impl Runner {
         let st = &self.shared.stats;
         Recorder::add(&st.reconcile_keys, keys.len() as u64);
         self.sweep_listed += keys.len() as u64;
-        self.sweep_began.get_or_insert_with(Instant::now);
         for key in keys.drain(..) {
             let mark = self.dirty.revive(&key, now);
             if mark == Mark::Revived {
@@ -871,12 +874,14 @@ impl Runner {
         let st = &self.shared.stats;
         // The oldest waiting change takes a scan of every key: once a second at most.
         // (Nothing waiting is known at once: a stale reading must not outlive it.)
-        let now = Instant::now();
         if self.dirty.queued() == 0 {
             st.set_oldest_waiting(None);
-        } else if self.oldest_sampled.is_none_or(|t| now >= t + OLDEST_SAMPLE) {
-            self.oldest_sampled = Some(now);
-            st.set_oldest_waiting(self.dirty.oldest_waiting());
+        } else {
+            let now = Instant::now();
+            if self.oldest_sampled.is_none_or(|t| now >= t + OLDEST_SAMPLE) {
+                self.oldest_sampled = Some(now);
+                st.set_oldest_waiting(self.dirty.oldest_waiting());
+            }
         }
         Recorder::set(&st.dirty, self.dirty.queued() as u64);
         Recorder::set(&st.in_flight, self.dirty.running() as u64);

@@ -476,7 +476,7 @@ fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
     let problems = match crate::target::Flavor::of(&url.value) {
         Some(crate::target::Flavor::Postgres) => freshen_postgres::url_problems(&url.value),
         #[cfg(feature = "mysql")]
-        Some(crate::target::Flavor::MySql) => crate::target::mysql_url_problems(&url.value),
+        Some(crate::target::Flavor::MySql) => freshen_mysql::url_problems(&url.value),
         #[cfg(not(feature = "mysql"))]
         Some(crate::target::Flavor::MySql) => vec![
             "a MySQL target is not built into this freshen: build it with `--features mysql`"

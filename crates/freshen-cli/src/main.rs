@@ -73,14 +73,14 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
 
 async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        Command::Run { config } => run(&config).await,
+        Command::Run { file } => run(&file.config).await,
         Command::Check {
-            config,
+            file,
             json,
             offline,
             deny_warnings,
         } => {
-            let report = check::check(&config, offline).await;
+            let report = check::check(&file.config, offline).await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -109,8 +109,8 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Status { url, json } => {
-            let s = status::fetch(&url).await?;
+        Command::Status { instance, json } => {
+            let s = status::fetch(&instance.base_url()?).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -118,7 +118,8 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Health { url } => {
+        Command::Health { instance } => {
+            let url = instance.base_url()?;
             let (code, body) = status::get(&url, "/healthz").await?;
             if code == 200 {
                 return Ok(ExitCode::SUCCESS);
@@ -130,8 +131,13 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             println!("freshen {}", freshen_cli::args::version());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Drop { config } => {
-            let cfg = match config::load(&config) {
+        Command::Completions { shell } => {
+            freshen_cli::args::completions(shell);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Help { command } => Ok(freshen_cli::args::help(command.as_deref())),
+        Command::Drop { file } => {
+            let cfg = match config::load(&file.config) {
                 Ok(c) => c,
                 Err(e) => {
                     eprint!("{e}");

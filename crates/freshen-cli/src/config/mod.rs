@@ -287,14 +287,7 @@ const VIEW: &[&str] = &[
 
 /// Reads and validates `path`, expanding `${VAR}` from the process environment.
 pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        problems: vec![Problem {
-            line: None,
-            message: format!("cannot read the file: {e}"),
-        }],
-    })?;
+    let (src, file) = read(path)?;
     parse(&src, &file, &|name| std::env::var(name).ok())
 }
 
@@ -302,15 +295,66 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 /// the value using it is kept as written and not judged — and is listed in
 /// [`Config::unset`].
 pub fn load_offline(path: &std::path::Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let (src, file) = read(path)?;
+    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+}
+
+/// Only the `[http] listen` address of `path` (`None`: `"off"`), for `status` and
+/// `health`: they ask a running instance and need nothing else from its file, so the
+/// rest is not judged.
+pub fn http_listen(path: &std::path::Path) -> Result<Option<SocketAddr>, ConfigError> {
+    let (src, file) = read(path)?;
+    let problem = |message: String| ConfigError {
         file: file.clone(),
         problems: vec![Problem {
             line: None,
-            message: format!("cannot read the file: {e}"),
+            message,
         }],
-    })?;
-    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+    };
+    let doc: toml_edit::DocumentMut = src
+        .parse()
+        .map_err(|e: toml_edit::TomlError| problem(e.message().to_owned()))?;
+    let default = SocketAddr::from(([127, 0, 0, 1], 9187));
+    match doc.get("http").and_then(|h| h.get("listen")) {
+        None => Ok(Some(default)),
+        Some(v) => match v.as_str() {
+            Some("off") => Ok(None),
+            Some(s) => s.parse().map(Some).map_err(|_| {
+                problem(format!(
+                    "`http.listen` must be an address like \"127.0.0.1:9187\", not `{s}`"
+                ))
+            }),
+            None => Err(problem("`http.listen` must be a string".into())),
+        },
+    }
+}
+
+/// The default configuration file, looked for in the working directory.
+pub const DEFAULT_FILE: &str = "freshen.toml";
+
+/// The file's text and its name for messages.
+fn read(path: &std::path::Path) -> Result<(String, String), ConfigError> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(src) => Ok((src, file)),
+        Err(e) => {
+            let message = if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "no such file (freshen reads `{DEFAULT_FILE}` from the working directory \
+                     unless `-c FILE` names another; `deploy/freshen.toml` is a starting point)"
+                )
+            } else {
+                format!("cannot read the file: {e}")
+            };
+            Err(ConfigError {
+                file,
+                problems: vec![Problem {
+                    line: None,
+                    message,
+                }],
+            })
+        }
+    }
 }
 
 /// Parses and validates a configuration; `env` looks up `${VAR}` references.

@@ -24,6 +24,11 @@ pub trait Observe: Send + Sync + 'static {
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
         Vec::new()
     }
+    /// The handle of the view named `view`, for `/admin` (none: no such view).
+    fn handle(&self, view: &str) -> Option<freshen::Handle> {
+        let _ = view;
+        None
+    }
 }
 
 /// The `/status` document.
@@ -238,12 +243,13 @@ async fn status_json(State(o): State<Shared>) -> Json<Status> {
 }
 
 /// The router, testable without binding a port.
-pub fn app(o: Shared) -> Router {
+pub fn app(o: Shared, admin: crate::admin::Access) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/status", get(status_json))
-        .with_state(o)
+        .with_state(o.clone())
+        .merge(crate::admin::routes(o, admin))
 }
 
 /// Serves `app` on an already-bound listener until `shutdown` completes, through
@@ -253,7 +259,8 @@ pub async fn serve(
     listener: TcpListener,
     o: Shared,
     settings: freshen_http::Settings,
+    admin: crate::admin::Access,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    freshen_http::serve(listener, app(o), settings, shutdown).await
+    freshen_http::serve(listener, app(o, admin), settings, shutdown).await
 }

@@ -3,6 +3,7 @@
 //! `main.rs` only parses arguments and maps outcomes to exit codes; everything else is
 //! here so that tests can drive it in-process.
 
+pub mod admin;
 pub mod args;
 pub mod check;
 pub mod config;

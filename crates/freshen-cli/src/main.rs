@@ -39,10 +39,17 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
             tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status");
             let observer: std::sync::Arc<dyn http::Observe> = p.observer();
+            let admin = freshen_cli::admin::Access::of(addr, h.admin_token.clone());
+            if matches!(admin, freshen_cli::admin::Access::Off) {
+                tracing::info!(
+                    "the /admin endpoints are off: the listener is beyond loopback and [http] admin_token is not set"
+                );
+            }
             Some(tokio::spawn(http::serve(
                 listener,
                 observer,
                 h.serving.clone(),
+                admin,
                 async {
                     let _ = http_stopped.await;
                 },

@@ -132,6 +132,13 @@ impl Observer {
 }
 
 impl Observe for Observer {
+    fn handle(&self, view: &str) -> Option<freshen::Handle> {
+        self.views
+            .iter()
+            .find(|(name, ..)| name == view)
+            .map(|(_, h, ..)| h.clone())
+    }
+
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
         self.changefeed
             .as_ref()

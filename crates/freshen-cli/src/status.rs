@@ -9,6 +9,18 @@ use crate::http::Status;
 /// GETs `{base}{path}` over plain HTTP/1.1 and returns the status code and body. The
 /// endpoints are local and tiny; a client library would be a heavy dependency for this.
 pub async fn get(base: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    request(base, "GET", path, None, None).await
+}
+
+/// Sends `method {base}{path}` with an optional bearer token and JSON body; returns the
+/// status code and body.
+pub async fn request(
+    base: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    json: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     let rest = base
         .strip_prefix("http://")
         .with_context(|| format!("{base}: only http:// URLs are supported"))?;
@@ -18,7 +30,20 @@ pub async fn get(base: &str, path: &str) -> anyhow::Result<(u16, String)> {
             "cannot connect to {authority} (is `freshen run` running with [http] listen there?)"
         )
     })?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        request.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    let body = json.unwrap_or("");
+    if json.is_some() || method != "GET" {
+        request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;

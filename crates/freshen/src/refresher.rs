@@ -67,6 +67,7 @@ pub struct Quarantined {
 pub(crate) enum Command {
     Sweep,
     Readmit(Key),
+    Rebuild(Key),
 }
 
 /// State shared by the run loop and every handle.
@@ -157,6 +158,14 @@ impl Handle {
             self.shared.command(Command::Readmit(key.clone()));
         }
         quarantined
+    }
+
+    /// Asks for `key` to be rebuilt: it is marked as a reconcile sweep marks the keys it
+    /// lists (a key already waiting keeps its deadline, a running one runs again after,
+    /// a quarantined one is re-admitted with a clean failure count), so it is rebuilt
+    /// after the debounce.
+    pub fn rebuild(&self, key: &Key) {
+        self.shared.command(Command::Rebuild(key.clone()));
     }
 }
 

@@ -374,6 +374,16 @@ impl Runner {
                         Recorder::add(&self.shared.stats.keys_marked, 1);
                     }
                 }
+                Command::Rebuild(key) => {
+                    match self.dirty.revive(&key, now.into_std()) {
+                        Mark::Revived => {
+                            self.unquarantine(&key);
+                        }
+                        Mark::Unchanged => continue,
+                        _ => {}
+                    }
+                    Recorder::add(&self.shared.stats.keys_marked, 1);
+                }
             }
         }
     }

@@ -188,6 +188,51 @@ async fn a_change_to_a_poisoned_key_retries_it_and_a_sweep_revives_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_key_asked_for_by_hand_is_rebuilt_and_a_quarantined_one_readmitted() {
+    let (feed, source) = channel(8);
+    let log = Log::default();
+    let fail = Arc::new(AtomicUsize::new(1));
+    let (l, f) = (log.clone(), fail.clone());
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |key: Key| {
+            l.push(key.to_string());
+            let failing = key == Key::from("bad") && f.load(Ordering::SeqCst) == 1;
+            async move { if failing { Err("bad row") } else { Ok(()) } }
+        })
+        .coalesce(MS)
+        .poison_after(1)
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    // No change ever named "x": the request alone rebuilds it.
+    h.rebuild(&Key::from("x"));
+    waiting(&mut run, "x rebuilt", Duration::from_secs(1), || {
+        log.count("x") == 1
+    })
+    .await;
+    feed.send(Batch::new(vec![reading("bad", 1)], Ack::none()))
+        .await
+        .unwrap();
+    waiting(&mut run, "bad quarantined", Duration::from_secs(1), || {
+        h.stats().poisoned == 1
+    })
+    .await;
+    fail.store(0, Ordering::SeqCst);
+    h.rebuild(&Key::from("bad"));
+    waiting(&mut run, "bad readmitted", Duration::from_secs(1), || {
+        h.stats().poisoned == 0 && log.count("bad") == 2
+    })
+    .await;
+    assert!(h.quarantined().is_empty());
+    assert_eq!(h.stats().rebuilds_ok, 2);
+    drop(feed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn skipped_messages_are_counted_reported_and_acked() {
     let (feed, source) = channel(8);
     let acks = Acks::default();

@@ -184,6 +184,29 @@ pub struct Http {
     pub listen: SocketAddr,
     /// Host and Origin rules, timeouts, the connection limit.
     pub serving: freshen_http::Settings,
+    /// The bearer token the `/admin` endpoints require (`None`: open on loopback, off
+    /// beyond it).
+    pub admin_token: Option<AdminToken>,
+}
+
+/// The `/admin` endpoints' bearer token: never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// The shortest token accepted: guessable tokens make the check theatre.
+    pub const MIN_LEN: usize = 16;
+
+    /// The token itself, to compare with what a request presents.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
 }
 
 /// The longest duration any setting takes: a year. Every interval freshen runs on is
@@ -561,6 +584,7 @@ const HTTP: &[&str] = &[
     "header_timeout",
     "request_timeout",
     "max_connections",
+    "admin_token",
 ];
 
 fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
@@ -572,6 +596,7 @@ fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
         return Some(Http {
             listen: default,
             serving,
+            admin_token: None,
         });
     };
     r.known_keys(t, HTTP);
@@ -601,17 +626,35 @@ fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
     if let Some(n) = r.int(t, "max_connections", 1..=l::MAX_CONNECTIONS as i64) {
         serving.max_connections = n.value as usize;
     }
+    let admin_token = r.string(t, "admin_token").and_then(|tok| {
+        if tok.value.chars().count() < AdminToken::MIN_LEN {
+            r.p.at_line(
+                tok.line,
+                format!(
+                    "`http.admin_token` must be at least {} characters (e.g. `openssl rand -hex 24`, passed as \"${{FRESHEN_ADMIN_TOKEN}}\")",
+                    AdminToken::MIN_LEN
+                ),
+            );
+            return None;
+        }
+        Some(AdminToken(tok.value))
+    });
     let Some(listen) = r.string(t, "listen") else {
         return Some(Http {
             listen: default,
             serving,
+            admin_token,
         });
     };
     if listen.value == "off" {
         return None;
     }
     match listen.value.parse::<SocketAddr>() {
-        Ok(listen) => Some(Http { listen, serving }),
+        Ok(listen) => Some(Http {
+            listen,
+            serving,
+            admin_token,
+        }),
         Err(_) => {
             r.p.at_line(
                 listen.line,

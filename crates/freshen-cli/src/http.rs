@@ -242,9 +242,30 @@ async fn status_json(State(o): State<Shared>) -> Json<Status> {
     Json(status(&*o))
 }
 
+/// The status page: one self-contained file (no CDN, no build step) that polls
+/// `/status` and `/healthz` and draws the last minutes.
+const PAGE: &str = include_str!("page/status.html");
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // The page's own inline script and style, requests to this instance, nothing else.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+            ),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
 /// The router, testable without binding a port.
 pub fn app(o: Shared, admin: crate::admin::Access) -> Router {
     Router::new()
+        .route("/", get(page))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/status", get(status_json))

@@ -29,6 +29,10 @@ pub trait Observe: Send + Sync + 'static {
         let _ = view;
         None
     }
+    /// Whether this process is the active one (see [`crate::standby`]).
+    fn role(&self) -> crate::standby::Role {
+        crate::standby::Role::Active
+    }
 }
 
 /// The `/status` document.
@@ -36,6 +40,13 @@ pub trait Observe: Send + Sync + 'static {
 pub struct Status {
     /// freshen's version.
     pub version: String,
+    /// `active`, `standby` (another process on this configuration is active) or
+    /// `starting`.
+    #[serde(default = "active")]
+    pub role: String,
+    /// The active process a standby waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_for: Option<String>,
     /// The source.
     pub source: SourceStatus,
     /// Each view.
@@ -43,6 +54,10 @@ pub struct Status {
     /// The changefeed's snapshots, table by table.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<freshen_changefeed::SnapshotProgress>,
+}
+
+fn active() -> String {
+    "active".into()
 }
 
 /// One view in `/status`.
@@ -182,8 +197,14 @@ impl From<&ViewStats> for ViewStatus {
 pub fn status(o: &dyn Observe) -> Status {
     let mut source = o.source();
     source.last_error = source.last_error.map(|e| freshen::redact_text(&e));
+    let role = o.role();
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
+        role: role.name().into(),
+        standby_for: match role {
+            crate::standby::Role::Standby(who) => Some(freshen::redact_text(&who)),
+            _ => None,
+        },
         source,
         views: o.views().iter().map(ViewStatus::from).collect(),
         snapshots: o.snapshots(),
@@ -198,13 +219,34 @@ async fn metrics(State(o): State<Shared>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        render(&o.views(), &o.source()),
+        {
+            let mut text = render(&o.views(), &o.source());
+            let active = u8::from(o.role() == crate::standby::Role::Active);
+            let name = crate::metrics::names::ACTIVE;
+            text.push_str(&format!(
+                "# HELP {name} 1 while this process is the active one (0: standby or starting).\n# TYPE {name} gauge\n{name} {active}\n"
+            ));
+            text
+        },
     )
         .into_response()
 }
 
 /// Why the pipeline is unhealthy, one line each; empty when it is healthy.
 pub fn problems(o: &dyn Observe) -> Vec<String> {
+    match o.role() {
+        crate::standby::Role::Active => {}
+        crate::standby::Role::Standby(who) => {
+            return vec![freshen::redact_text(&format!(
+                "standby: another process is active on this configuration ({who}); this one takes over when it stops"
+            ))];
+        }
+        crate::standby::Role::Starting => {
+            let mut out = vec!["starting: not yet active".to_owned()];
+            out.extend(o.source().last_error.map(|e| freshen::redact_text(&e)));
+            return out;
+        }
+    }
     let s = o.source();
     let mut out = Vec::new();
     if !s.streaming {

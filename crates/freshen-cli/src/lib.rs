@@ -15,5 +15,6 @@ pub mod metrics;
 pub mod pipeline;
 pub mod scope;
 pub mod sources;
+pub mod standby;
 pub mod status;
 pub mod target;

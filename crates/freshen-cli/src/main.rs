@@ -9,7 +9,7 @@ use clap::Parser;
 use freshen_cli::args::{Args, Command};
 use freshen_cli::config::{self, LogFormat};
 use freshen_cli::http::Observe as _;
-use freshen_cli::{check, demo, drop, http, logging, pipeline, status};
+use freshen_cli::{check, demo, drop, http, logging, pipeline, standby, status};
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -29,7 +29,17 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
     };
     logging::init(cfg.log, "info");
-    let p = pipeline::Pipeline::start(&cfg).await?;
+    // One stop signal for every phase: waiting as a standby, starting, running.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    // The listener serves from the start: a standby answers too.
+    let roles = std::sync::Arc::new(standby::Roles::new(cfg.source.kind()));
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = match &cfg.http {
         Some(h) => {
@@ -37,14 +47,14 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-            tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status");
-            let observer: std::sync::Arc<dyn http::Observe> = p.observer();
+            tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status, / (status page)");
             let admin = freshen_cli::admin::Access::of(addr, h.admin_token.clone());
             if matches!(admin, freshen_cli::admin::Access::Off) {
                 tracing::info!(
                     "the /admin endpoints are off: the listener is beyond loopback and [http] admin_token is not set"
                 );
             }
+            let observer: std::sync::Arc<dyn http::Observe> = roles.clone();
             Some(tokio::spawn(http::serve(
                 listener,
                 observer,
@@ -57,15 +67,18 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let observer = p.observer();
-    let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
-    tracing::info!(views = ?views, "running");
-    let result = p.run(shutdown_signal()).await;
+    let result = lead_and_run(&cfg, &roles, stop_rx.clone(), stop(stop_rx)).await;
     let _ = stop_http.send(());
     if let Some(s) = server {
         let _ = s.await;
     }
-    result?;
+    // Rebuilds abandoned at shutdown cancel their statements on the server: let those
+    // requests go out before the runtime ends.
+    freshen_postgres::cancels_settled(std::time::Duration::from_secs(5)).await;
+    let Some(observer) = result? else {
+        tracing::info!("stopped while standby");
+        return Ok(ExitCode::SUCCESS);
+    };
     let abandoned: u64 = observer.views().iter().map(|v| v.stats.abandoned).sum();
     if abandoned == 0 {
         tracing::info!("stopped cleanly");
@@ -76,6 +89,49 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Waits to be the active process, then runs the pipeline until `shutdown` — or until
+/// another process took the lease over. `None`: stopped while standby.
+async fn lead_and_run(
+    cfg: &config::Config,
+    roles: &standby::Roles,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<Option<std::sync::Arc<pipeline::Observer>>> {
+    let lease = standby::lead(&*cfg.source, roles, stop_rx)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(lease) = lease else {
+        return Ok(None);
+    };
+    let p = pipeline::Pipeline::start(cfg).await?;
+    let observer = p.observer();
+    roles.activate(observer.clone());
+    let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
+    tracing::info!(views = ?views, "running");
+    let source = cfg.source.clone();
+    let taken = async move {
+        match lease {
+            Some(lost) => standby::keep(source, lost).await,
+            None => std::future::pending().await,
+        }
+    };
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<String>();
+    let stopping = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            who = taken => {
+                tracing::error!(active = %who, "another process took over this configuration: stopping");
+                let _ = tx.send(who);
+            }
+        }
+    };
+    p.run(stopping).await?;
+    if let Ok(who) = rx.try_recv() {
+        anyhow::bail!("another process took over this configuration ({who})");
+    }
+    Ok(Some(observer))
 }
 
 async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {

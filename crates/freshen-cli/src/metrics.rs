@@ -13,6 +13,9 @@ pub mod names {
     pub const EVENTS: &str = "freshen_events_total";
     /// Undecodable messages skipped, per view.
     pub const SKIPPED: &str = "freshen_events_skipped_total";
+    /// 1 while this process is the active one on its configuration (0: a standby, or
+    /// starting).
+    pub const ACTIVE: &str = "freshen_active";
     /// Keys marked dirty, per view.
     pub const KEYS_MARKED: &str = "freshen_keys_marked_total";
     /// Quarantined keys whose held transactions were confirmed without a successful

@@ -1,5 +1,5 @@
 //! `/admin`: steer a running pipeline over the metrics listener — start a view's sweep,
-//! list and re-admit quarantined keys, rebuild given keys now.
+//! list and re-admit quarantined keys, rebuild given keys now, reload the configuration.
 //!
 //! Who may: with `[http] admin_token` set, requests must present it as a bearer token;
 //! without one the endpoints are open on a loopback listener (the Host allow-list and
@@ -58,6 +58,10 @@ pub enum AdminError {
     NoSweep(String),
     /// The body is not what the endpoint takes.
     BadKey(String),
+    /// The new configuration was refused; the running one goes on.
+    Reload(String),
+    /// This process cannot reload (not started from a file).
+    NoReload,
 }
 
 impl IntoResponse for AdminError {
@@ -79,6 +83,14 @@ impl IntoResponse for AdminError {
                 format!("view `{v}` has no `reconcile`, so there is no sweep to start"),
             ),
             AdminError::BadKey(why) => (StatusCode::BAD_REQUEST, why),
+            AdminError::Reload(why) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("the configuration was not reloaded (the running one goes on): {why}"),
+            ),
+            AdminError::NoReload => (
+                StatusCode::CONFLICT,
+                "this process has no configuration file to reload".to_owned(),
+            ),
         };
         let mut r = (code, Json(serde_json::json!({ "error": message }))).into_response();
         if code == StatusCode::UNAUTHORIZED {
@@ -266,6 +278,17 @@ async fn rebuild(
         .into_response())
 }
 
+async fn reload(State((o, _)): State<Shared>) -> Result<Json<serde_json::Value>, AdminError> {
+    match o.reload() {
+        None => Err(AdminError::NoReload),
+        Some(Err(e)) => Err(AdminError::Reload(freshen::redact_text(&e.0))),
+        Some(Ok(change)) => Ok(Json(serde_json::json!({
+            "reloaded": !change.is_empty(),
+            "change": change,
+        }))),
+    }
+}
+
 /// The `/admin` routes, guarded by `access`.
 pub fn routes(o: Arc<dyn Observe>, access: Access) -> Router {
     let state: Shared = (o, Arc::new(access));
@@ -274,6 +297,7 @@ pub fn routes(o: Arc<dyn Observe>, access: Access) -> Router {
         .route("/admin/views/{view}/quarantined", get(quarantined))
         .route("/admin/views/{view}/readmit", post(readmit))
         .route("/admin/views/{view}/rebuild", post(rebuild))
+        .route("/admin/reload", post(reload))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }

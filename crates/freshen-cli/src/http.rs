@@ -29,6 +29,10 @@ pub trait Observe: Send + Sync + 'static {
         let _ = view;
         None
     }
+    /// Re-reads the configuration file (`POST /admin/reload`); `None`: not supported.
+    fn reload(&self) -> Option<Result<crate::reload::Change, crate::reload::Refused>> {
+        None
+    }
     /// Whether this process is the active one (see [`crate::standby`]).
     fn role(&self) -> crate::standby::Role {
         crate::standby::Role::Active

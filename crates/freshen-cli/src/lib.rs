@@ -13,6 +13,7 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod pipeline;
+pub mod reload;
 pub mod scope;
 pub mod sources;
 pub mod standby;

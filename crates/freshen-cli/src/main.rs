@@ -67,7 +67,27 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let result = lead_and_run(&cfg, &roles, stop_rx.clone(), stop(stop_rx)).await;
+    // SIGHUP and POST /admin/reload re-read the file.
+    let (reloader, reloads) = freshen_cli::reload::Reloader::new(path.to_owned(), cfg.clone());
+    let reloader = std::sync::Arc::new(reloader);
+    roles.set_reloader(reloader.clone());
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match reloader.reload() {
+                Ok(c) if c.is_empty() => tracing::info!("reload (SIGHUP): nothing changed"),
+                Ok(c) => tracing::info!("reload (SIGHUP) accepted: {c}"),
+                Err(e) => tracing::error!(
+                    "reload (SIGHUP) refused, the running configuration goes on: {}",
+                    freshen::redact_text(&e.0)
+                ),
+            }
+        }
+    });
+    let result = lead_and_run(cfg, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
     let _ = stop_http.send(());
     if let Some(s) = server {
         let _ = s.await;
@@ -92,10 +112,15 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
 }
 
 /// Waits to be the active process, then runs the pipeline until `shutdown` — or until
-/// another process took the lease over. `None`: stopped while standby.
+/// another process took the lease over — restarting it with each accepted reload.
+/// `None`: stopped while standby.
 async fn lead_and_run(
-    cfg: &config::Config,
+    mut cfg: config::Config,
     roles: &standby::Roles,
+    mut reloads: tokio::sync::mpsc::UnboundedReceiver<(
+        config::Config,
+        freshen_cli::reload::Change,
+    )>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<Option<std::sync::Arc<pipeline::Observer>>> {
@@ -105,33 +130,74 @@ async fn lead_and_run(
     let Some(lease) = lease else {
         return Ok(None);
     };
-    let p = pipeline::Pipeline::start(cfg).await?;
-    let observer = p.observer();
-    roles.activate(observer.clone());
-    let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
-    tracing::info!(views = ?views, "running");
-    let source = cfg.source.clone();
-    let taken = async move {
-        match lease {
-            Some(lost) => standby::keep(source, lost).await,
-            None => std::future::pending().await,
-        }
-    };
-    let (tx, mut rx) = tokio::sync::oneshot::channel::<String>();
-    let stopping = async move {
-        tokio::select! {
-            _ = shutdown => {}
-            who = taken => {
-                tracing::error!(active = %who, "another process took over this configuration: stopping");
-                let _ = tx.send(who);
-            }
-        }
-    };
-    p.run(stopping).await?;
-    if let Ok(who) = rx.try_recv() {
-        anyhow::bail!("another process took over this configuration ({who})");
+    // Reloads accepted while waiting as a standby: the latest file wins.
+    while let Ok((c, _)) = reloads.try_recv() {
+        cfg = c;
     }
-    Ok(Some(observer))
+    let source = cfg.source.clone();
+    let (taken_tx, mut taken) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(async move {
+        if let Some(lost) = lease {
+            let _ = taken_tx.send(standby::keep(source, lost).await);
+        } else {
+            // No arbiter: never taken over; keep the sender so `taken` never resolves.
+            let _keep = taken_tx;
+            std::future::pending::<()>().await;
+        }
+    });
+    tokio::pin!(shutdown);
+    let mut unchanged: Vec<String> = Vec::new();
+    let mut previous: Option<config::Config> = None;
+    loop {
+        let p = match pipeline::Pipeline::start_keeping(&cfg, &unchanged).await {
+            Ok(p) => p,
+            // A reloaded file that validates but cannot start (a statement that does not
+            // prepare, a table that is missing): back to the last one that ran.
+            Err(e) if previous.is_some() => {
+                tracing::error!(
+                    "reload: the new configuration cannot start, going back to the previous one: {e:#}"
+                );
+                cfg = previous.take().expect("checked");
+                unchanged.clear();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let observer = p.observer();
+        roles.activate(observer.clone());
+        let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
+        tracing::info!(views = ?views, "running");
+        enum Why {
+            Shutdown,
+            Taken(String),
+            Reload(Box<config::Config>, freshen_cli::reload::Change),
+        }
+        let (why_tx, why_rx) = tokio::sync::oneshot::channel::<Why>();
+        let stopping = async {
+            let why = tokio::select! {
+                _ = &mut shutdown => Why::Shutdown,
+                who = &mut taken => match who {
+                    Ok(who) => Why::Taken(who),
+                    Err(_) => Why::Shutdown,
+                },
+                Some((c, change)) = reloads.recv() => Why::Reload(Box::new(c), change),
+            };
+            let _ = why_tx.send(why);
+        };
+        p.run(stopping).await?;
+        match why_rx.await {
+            Ok(Why::Reload(new, change)) => {
+                tracing::info!("reload applied: {change}; restarting the pipeline");
+                unchanged = change.unchanged;
+                previous = Some(std::mem::replace(&mut cfg, *new));
+            }
+            Ok(Why::Taken(who)) => {
+                tracing::error!(active = %who, "another process took over this configuration: stopped");
+                anyhow::bail!("another process took over this configuration ({who})");
+            }
+            Ok(Why::Shutdown) | Err(_) => return Ok(Some(observer)),
+        }
+    }
 }
 
 async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {

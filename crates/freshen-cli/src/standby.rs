@@ -12,7 +12,7 @@
 //! The HTTP listener serves from the start, through [`Roles`]: a standby answers
 //! `/healthz` with 503 naming the process it waits for, and `/status` says `standby`.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use freshen::plug::{Lease, SourcePlug};
@@ -50,7 +50,8 @@ pub struct Roles {
     kind: &'static str,
     role: Mutex<Role>,
     last_error: Mutex<Option<String>>,
-    active: OnceLock<Arc<Observer>>,
+    active: RwLock<Option<Arc<Observer>>>,
+    reloader: OnceLock<Arc<crate::reload::Reloader>>,
 }
 
 impl std::fmt::Debug for Roles {
@@ -68,28 +69,42 @@ impl Roles {
             kind,
             role: Mutex::new(Role::Starting),
             last_error: Mutex::new(None),
-            active: OnceLock::new(),
+            active: RwLock::new(None),
+            reloader: OnceLock::new(),
         }
+    }
+
+    /// What `POST /admin/reload` calls.
+    pub fn set_reloader(&self, r: Arc<crate::reload::Reloader>) {
+        let _ = self.reloader.set(r);
+    }
+
+    fn active(&self) -> Option<Arc<Observer>> {
+        self.active
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn set(&self, role: Role) {
         *self.role.lock().unwrap_or_else(|p| p.into_inner()) = role;
     }
 
-    /// The pipeline runs: everything is read from its observer now.
+    /// The pipeline runs: everything is read from its observer now (after a reload,
+    /// the new pipeline's).
     pub fn activate(&self, observer: Arc<Observer>) {
-        let _ = self.active.set(observer);
+        *self.active.write().unwrap_or_else(|p| p.into_inner()) = Some(observer);
         self.set(Role::Active);
     }
 }
 
 impl Observe for Roles {
     fn views(&self) -> Vec<ViewStats> {
-        self.active.get().map(|o| o.views()).unwrap_or_default()
+        self.active().map(|o| o.views()).unwrap_or_default()
     }
 
     fn source(&self) -> SourceStatus {
-        match self.active.get() {
+        match self.active() {
             Some(o) => o.source(),
             None => SourceStatus {
                 kind: self.kind.into(),
@@ -104,11 +119,15 @@ impl Observe for Roles {
     }
 
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
-        self.active.get().map(|o| o.snapshots()).unwrap_or_default()
+        self.active().map(|o| o.snapshots()).unwrap_or_default()
     }
 
     fn handle(&self, view: &str) -> Option<freshen::Handle> {
-        self.active.get().and_then(|o| o.handle(view))
+        self.active().and_then(|o| o.handle(view))
+    }
+
+    fn reload(&self) -> Option<Result<crate::reload::Change, crate::reload::Refused>> {
+        self.reloader.get().map(|r| r.reload())
     }
 
     fn role(&self) -> Role {

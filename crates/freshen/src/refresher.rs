@@ -23,6 +23,8 @@ pub(crate) type ReportFn = Arc<dyn Fn(&Report<'_>) + Send + Sync>;
 pub(crate) struct Reconcile {
     pub(crate) every: Duration,
     pub(crate) enumerate: Arc<dyn Enumerate>,
+    /// Whether the first sweep runs at start (else one interval later).
+    pub(crate) at_start: bool,
 }
 
 /// A key fan-out: its own scope (parent keys) and what maps them to view keys.

@@ -338,6 +338,39 @@ async fn reconcile_sweeps_at_start_and_on_the_interval() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn without_a_sweep_at_start_the_first_comes_one_interval_later() {
+    let (feed, source) = channel(1);
+    let log = Log::default();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&log))
+        .sweep_at_start(false)
+        .reconcile(Duration::from_secs(60), || async {
+            Ok::<_, std::io::Error>(vec![Key::from("x")])
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let start = tokio::time::Instant::now();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    waiting(
+        &mut run,
+        "the first sweep",
+        Duration::from_secs(120),
+        || h.stats().rebuilds_ok == 1,
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(60) && elapsed < Duration::from_secs(62),
+        "first sweep after one interval, at {elapsed:?}"
+    );
+    drop(feed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failed_sweep_is_retried_with_backoff() {
     let (feed, source) = channel(1);
     let tries = Arc::new(AtomicUsize::new(0));

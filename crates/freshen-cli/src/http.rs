@@ -79,6 +79,10 @@ pub struct ViewStatus {
     pub unscoped: u64,
     /// Successful key rebuilds.
     pub rebuilds_ok: u64,
+    /// Of those, keys no change made due (listed by a sweep, or asked for): not in the
+    /// freshness figures; rebuilds per change is `(rebuilds_ok - sweep_rebuilds) / events`.
+    #[serde(default)]
+    pub sweep_rebuilds: u64,
     /// Failed key rebuilds.
     pub rebuilds_failed: u64,
     /// Reconcile sweeps completed.
@@ -89,6 +93,15 @@ pub struct ViewStatus {
     pub poisoned: u64,
     /// Rebuilds running now.
     pub in_flight: u64,
+    /// Seconds the longest-running rebuild call has run (`None`: none runs).
+    #[serde(default)]
+    pub oldest_in_flight_s: Option<f64>,
+    /// Seconds the reconcile sweep now listing keys has run (`None`: none is).
+    #[serde(default)]
+    pub sweep_for_s: Option<f64>,
+    /// Keys that sweep has listed so far.
+    #[serde(default)]
+    pub sweep_listed: u64,
     /// Unacknowledged batches.
     pub unacked_batches: u64,
     /// Freshness-lag median, milliseconds.
@@ -165,11 +178,15 @@ impl From<&ViewStats> for ViewStatus {
             keys_marked: s.keys_marked,
             unscoped: v.unscoped,
             rebuilds_ok: s.rebuilds_ok,
+            sweep_rebuilds: s.sweep_rebuilds,
             rebuilds_failed: s.rebuilds_failed,
             reconciles: s.reconciles,
             dirty: s.dirty,
             poisoned: s.poisoned,
             in_flight: s.in_flight,
+            oldest_in_flight_s: age(s.oldest_in_flight),
+            sweep_for_s: age(s.sweep_since),
+            sweep_listed: s.sweep_listed,
             unacked_batches: s.unacked_batches,
             freshness_p50_ms: ms(s.freshness.p50()),
             freshness_p99_ms: ms(s.freshness.p99()),

@@ -236,7 +236,11 @@ fn refresher(
             | Report::QuarantineReleased { .. } => {
                 tracing::error!(view = %name, "{r}")
             }
-            Report::Recovered { .. } | Report::Revived { .. } | Report::Swept { .. } => {
+            Report::Recovered { .. }
+            | Report::Revived { .. }
+            | Report::SweepStarted
+            | Report::SweepProgress { .. }
+            | Report::Swept { .. } => {
                 tracing::info!(view = %name, "{r}")
             }
             _ => tracing::warn!(view = %name, "{r}"),

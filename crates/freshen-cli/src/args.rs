@@ -153,6 +153,15 @@ pub enum Command {
         #[command(flatten)]
         file: ConfigFile,
     },
+    /// Snapshot tables into a running instance's changefeed (existing rows as `read`
+    /// events), or with no table show each table's snapshot progress.
+    Snapshot {
+        /// The configuration file (its `[changefeed]`).
+        #[command(flatten)]
+        file: ConfigFile,
+        /// Tables to snapshot, `schema.table`.
+        tables: Vec<String>,
+    },
     /// Print a shell completion script, e.g. `freshen completions bash >
     /// /etc/bash_completion.d/freshen`.
     Completions {

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod reload;
 pub mod scope;
+pub mod snapshot;
 pub mod sources;
 pub mod standby;
 pub mod status;

@@ -260,6 +260,17 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             println!("freshen {}", freshen_cli::args::version());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Snapshot { file, tables } => {
+            let cfg = match config::load_offline(&file.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprint!("{e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            println!("{}", freshen_cli::snapshot::run(&cfg, &tables).await?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Completions { shell } => {
             freshen_cli::args::completions(shell);
             Ok(ExitCode::SUCCESS)

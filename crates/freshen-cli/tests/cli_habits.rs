@@ -14,6 +14,7 @@ const SUBCOMMANDS: &[&str] = &[
     "health",
     "version",
     "drop",
+    "snapshot",
     "completions",
     "help",
 ];

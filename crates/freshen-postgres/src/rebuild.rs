@@ -55,6 +55,8 @@ pub struct SqlRebuild {
     /// Parameter types of each statement, read when it was prepared.
     param_types: Arc<[Vec<Type>]>,
     batch: usize,
+    /// Whether parameters are arrays of key parts (batch mode, even for a batch of one).
+    arrays: bool,
     keys_per_transaction: usize,
     visibility: Visibility,
     visibility_wait: Duration,
@@ -103,6 +105,7 @@ pub struct SqlRebuildBuilder {
     pool: Pool,
     statements: Vec<String>,
     batch: usize,
+    arrays: bool,
     keys_per_transaction: usize,
     visibility: Visibility,
     visibility_wait: Duration,
@@ -129,6 +132,13 @@ impl SqlRebuildBuilder {
     /// (`1`, the default, is per key with scalar parameters).
     pub fn batch(mut self, max_keys: usize) -> Self {
         self.batch = max_keys;
+        self
+    }
+
+    /// Batch mode (parameters are arrays of key parts) even when `batch` is 1: the
+    /// statements of a query-mode rebuild are always written over arrays.
+    pub(crate) fn arrays(mut self) -> Self {
+        self.arrays = true;
         self
     }
 
@@ -179,6 +189,7 @@ impl SqlRebuildBuilder {
         if !problems.is_empty() {
             return Err(PgError::config(&problems));
         }
+        let arrays = self.arrays || self.batch > 1;
         let c = client(&self.pool).await?;
         let mut param_types = Vec::with_capacity(self.statements.len());
         for (i, sql) in self.statements.iter().enumerate() {
@@ -188,13 +199,13 @@ impl SqlRebuildBuilder {
             param_types.push(stmt.params().to_vec());
             for (j, ty) in stmt.params().iter().enumerate() {
                 let array = element(ty).is_some();
-                if self.batch > 1 && !array {
+                if arrays && !array {
                     problems.push(format!(
                         "statement {}: ${} is {}, but in batch mode every parameter is an array of one key part (write = ANY(${}))",
                         i + 1, j + 1, ty.name(), j + 1
                     ));
                 }
-                if self.batch == 1 && array && *ty != Type::TEXT_ARRAY {
+                if !arrays && array && *ty != Type::TEXT_ARRAY {
                     problems.push(format!(
                         "statement {}: ${} is an array ({}); array parameters are for batch mode (SqlRebuildBuilder::batch)",
                         i + 1, j + 1, ty.name()
@@ -210,6 +221,7 @@ impl SqlRebuildBuilder {
             statements: self.statements.into(),
             param_types: param_types.into(),
             batch: self.batch,
+            arrays,
             keys_per_transaction: self.keys_per_transaction,
             visibility: self.visibility,
             visibility_wait: self.visibility_wait,
@@ -224,6 +236,7 @@ impl SqlRebuild {
             pool,
             statements: Vec::new(),
             batch: 1,
+            arrays: false,
             keys_per_transaction: 16,
             visibility: Visibility::InSnapshot,
             visibility_wait: Duration::from_secs(2),
@@ -249,7 +262,7 @@ impl SqlRebuild {
     /// index, its parameters and what to say if it fails.
     fn plan(&self, due: &[Due]) -> Result<Vec<(usize, Vec<TextParam>, String)>, PgError> {
         let mut out = Vec::new();
-        if self.batch > 1 {
+        if self.arrays {
             let keys: Vec<Vec<Option<&str>>> =
                 due.iter().map(|d| d.key.parts().collect()).collect();
             for (i, types) in self.param_types.iter().enumerate() {
@@ -581,7 +594,7 @@ impl Rebuild for SqlRebuild {
     }
 
     fn max_batch(&self) -> usize {
-        if self.batch > 1 {
+        if self.arrays {
             self.batch
         } else {
             self.keys_per_transaction

@@ -1,0 +1,196 @@
+//! `freshen run`: the listener first (a standby answers too), then the wait for the
+//! active role, then the pipeline — restarted in place by each accepted reload — until
+//! a stop signal or a takeover.
+
+use std::process::ExitCode;
+
+use crate::config;
+use crate::http::{self, Observe as _};
+use crate::{logging, pipeline, standby};
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// `freshen run -c path`: until SIGINT/SIGTERM, or until another process takes over.
+pub async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let cfg = match config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprint!("{e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    logging::init(cfg.log, "info");
+    // One stop signal for every phase: waiting as a standby, starting, running.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    // The listener serves from the start: a standby answers too.
+    let roles = std::sync::Arc::new(standby::Roles::new(cfg.source.kind()));
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = match &cfg.http {
+        Some(h) => {
+            let addr = h.listen;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status, / (status page)");
+            let admin = crate::admin::Access::of(addr, h.admin_token.clone());
+            if matches!(admin, crate::admin::Access::Off) {
+                tracing::info!(
+                    "the /admin endpoints are off: the listener is beyond loopback and [http] admin_token is not set"
+                );
+            }
+            let observer: std::sync::Arc<dyn http::Observe> = roles.clone();
+            Some(tokio::spawn(http::serve(
+                listener,
+                observer,
+                h.serving.clone(),
+                admin,
+                async {
+                    let _ = http_stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
+    // SIGHUP and POST /admin/reload re-read the file.
+    let (reloader, reloads) = crate::reload::Reloader::new(path.to_owned(), cfg.clone());
+    let reloader = std::sync::Arc::new(reloader);
+    roles.set_reloader(reloader.clone());
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match reloader.reload() {
+                Ok(c) if c.is_empty() => tracing::info!("reload (SIGHUP): nothing changed"),
+                Ok(c) => tracing::info!("reload (SIGHUP) accepted: {c}"),
+                Err(e) => tracing::error!(
+                    "reload (SIGHUP) refused, the running configuration goes on: {}",
+                    freshen::redact_text(&e.0)
+                ),
+            }
+        }
+    });
+    let result = lead_and_run(cfg, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
+    let _ = stop_http.send(());
+    if let Some(s) = server {
+        let _ = s.await;
+    }
+    // Rebuilds abandoned at shutdown cancel their statements on the server: let those
+    // requests go out before the runtime ends.
+    freshen_postgres::cancels_settled(std::time::Duration::from_secs(5)).await;
+    let Some(observer) = result? else {
+        tracing::info!("stopped while standby");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let abandoned: u64 = observer.views().iter().map(|v| v.stats.abandoned).sum();
+    if abandoned == 0 {
+        tracing::info!("stopped cleanly");
+    } else {
+        tracing::warn!(
+            abandoned,
+            "stopped: rebuilds still running after the shutdown grace were cancelled; their changes stay unconfirmed and are replayed after a restart"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Waits to be the active process, then runs the pipeline until `shutdown` — or until
+/// another process took the lease over — restarting it with each accepted reload.
+/// `None`: stopped while standby.
+async fn lead_and_run(
+    mut cfg: config::Config,
+    roles: &standby::Roles,
+    mut reloads: tokio::sync::mpsc::UnboundedReceiver<(config::Config, crate::reload::Change)>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<Option<std::sync::Arc<pipeline::Observer>>> {
+    let lease = standby::lead(&*cfg.source, roles, stop_rx)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(lease) = lease else {
+        return Ok(None);
+    };
+    // Reloads accepted while waiting as a standby: the latest file wins.
+    while let Ok((c, _)) = reloads.try_recv() {
+        cfg = c;
+    }
+    let source = cfg.source.clone();
+    let (taken_tx, mut taken) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(async move {
+        if let Some(lost) = lease {
+            let _ = taken_tx.send(standby::keep(source, lost).await);
+        } else {
+            // No arbiter: never taken over; keep the sender so `taken` never resolves.
+            let _keep = taken_tx;
+            std::future::pending::<()>().await;
+        }
+    });
+    tokio::pin!(shutdown);
+    let mut unchanged: Vec<String> = Vec::new();
+    let mut previous: Option<config::Config> = None;
+    loop {
+        let p = match pipeline::Pipeline::start_keeping(&cfg, &unchanged).await {
+            Ok(p) => p,
+            // A reloaded file that validates but cannot start (a statement that does not
+            // prepare, a table that is missing): back to the last one that ran.
+            Err(e) if previous.is_some() => {
+                tracing::error!(
+                    "reload: the new configuration cannot start, going back to the previous one: {e:#}"
+                );
+                cfg = previous.take().expect("checked");
+                unchanged.clear();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let observer = p.observer();
+        roles.activate(observer.clone());
+        let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
+        tracing::info!(views = ?views, "running");
+        enum Why {
+            Shutdown,
+            Taken(String),
+            Reload(Box<config::Config>, crate::reload::Change),
+        }
+        let (why_tx, why_rx) = tokio::sync::oneshot::channel::<Why>();
+        let stopping = async {
+            let why = tokio::select! {
+                _ = &mut shutdown => Why::Shutdown,
+                who = &mut taken => match who {
+                    Ok(who) => Why::Taken(who),
+                    Err(_) => Why::Shutdown,
+                },
+                Some((c, change)) = reloads.recv() => Why::Reload(Box::new(c), change),
+            };
+            let _ = why_tx.send(why);
+        };
+        p.run(stopping).await?;
+        match why_rx.await {
+            Ok(Why::Reload(new, change)) => {
+                tracing::info!("reload applied: {change}; restarting the pipeline");
+                unchanged = change.unchanged;
+                previous = Some(std::mem::replace(&mut cfg, *new));
+            }
+            Ok(Why::Taken(who)) => {
+                tracing::error!(active = %who, "another process took over this configuration: stopped");
+                anyhow::bail!("another process took over this configuration ({who})");
+            }
+            Ok(Why::Shutdown) | Err(_) => return Ok(Some(observer)),
+        }
+    }
+}

@@ -189,14 +189,20 @@ async fn rows_committed_late_with_an_earlier_cursor_value_are_found() {
     let position = stored(&c).await;
     if let Some(p) = &position {
         let below: bool = c
-            .query_one("SELECT $1::text::timestamptz < $2::text::timestamptz", &[&p[0], &early])
+            .query_one(
+                "SELECT $1::text::timestamptz < $2::text::timestamptz",
+                &[&p[0], &early],
+            )
             .await
             .unwrap()
             .get(0);
         assert!(below, "stored {p:?} passed a running transaction's {early}");
     }
     long1.batch_execute("COMMIT").await.unwrap();
-    let seen = take_until(&mut src, "the first late row", |s| s.iter().any(|r| r.0 == 1)).await;
+    let seen = take_until(&mut src, "the first late row", |s| {
+        s.iter().any(|r| r.0 == 1)
+    })
+    .await;
     assert!(seen.contains(&(1, 1)));
     // The second writes more, then commits.
     long2
@@ -231,7 +237,12 @@ async fn value_taken_before_the_first_write(pg: &PgServer, lookback: Duration) -
     // Polls go on (acknowledged) while nothing holding an id runs.
     let handle = src.handle();
     let polls = handle.stats().polls;
-    seen.extend(take_until(&mut src, "more polls", |_| handle.stats().polls >= polls + 5).await);
+    seen.extend(
+        take_until(&mut src, "more polls", |_| {
+            handle.stats().polls >= polls + 5
+        })
+        .await,
+    );
     late.batch_execute("INSERT INTO events (id, v) VALUES (1, 1); COMMIT")
         .await
         .unwrap();
@@ -288,7 +299,11 @@ async fn a_restart_resumes_from_the_stored_cursor() {
     })
     .await;
     let ids: BTreeMap<i64, i64> = seen.iter().copied().collect();
-    assert_eq!(ids.len(), 11, "only what changed since the stored cursor: {seen:?}");
+    assert_eq!(
+        ids.len(),
+        11,
+        "only what changed since the stored cursor: {seen:?}"
+    );
     assert_eq!(ids.get(&5), Some(&-1));
     assert!((301..=310).all(|id| ids.contains_key(&id)));
     again.shutdown().await;

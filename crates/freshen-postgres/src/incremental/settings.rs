@@ -293,7 +293,13 @@ async fn check(s: &PgIncrementalSettings, plan: &Plan) -> Vec<Finding> {
     };
     let c = match client(&pool).await {
         Ok(c) => c,
-        Err(e) => return vec![Finding::error("source", subject, format!("cannot connect: {e}"))],
+        Err(e) => {
+            return vec![Finding::error(
+                "source",
+                subject,
+                format!("cannot connect: {e}"),
+            )];
+        }
     };
     let mut out = vec![Finding::ok(
         "source",
@@ -322,11 +328,7 @@ async fn check(s: &PgIncrementalSettings, plan: &Plan) -> Vec<Finding> {
                 continue;
             }
             Err(e) => {
-                out.push(Finding::error(
-                    "table",
-                    &name,
-                    crate::check::db_message(&e),
-                ));
+                out.push(Finding::error("table", &name, crate::check::db_message(&e)));
                 continue;
             }
         }
@@ -407,7 +409,11 @@ async fn store_finding(s: &PgIncrementalSettings) -> Finding {
         .await;
     match r {
         Err(e) => Finding::error("cursor_store", name, crate::check::db_message(&e)),
-        Ok(r) => match (r.get::<_, bool>(0), r.get::<_, bool>(1), r.get::<_, bool>(2)) {
+        Ok(r) => match (
+            r.get::<_, bool>(0),
+            r.get::<_, bool>(1),
+            r.get::<_, bool>(2),
+        ) {
             (true, true, _) => Finding::ok("cursor_store", name, "cursors are stored here"),
             (true, false, _) => Finding::error(
                 "cursor_store",

@@ -399,8 +399,7 @@ impl Poller {
                     from: from.as_ref(),
                     xmax: horizon.xmax,
                 };
-                let page =
-                    table::read_page(&tx, &self.described, &self.sql, read, limit).await?;
+                let page = table::read_page(&tx, &self.described, &self.sql, read, limit).await?;
                 let full = page.events.len() >= limit;
                 let n = page.events.len() as u64;
                 if n > 0 {

@@ -235,7 +235,11 @@ pub(crate) async fn read_page(
             params.push(&limit);
             &sql.after
         }
-        Read::Again { range, from, xmax: x } => {
+        Read::Again {
+            range,
+            from,
+            xmax: x,
+        } => {
             writers = int(range.writers_from);
             xmax = int(x);
             let start = from.or(range.after.as_ref());
@@ -305,8 +309,15 @@ mod tests {
     #[test]
     fn statements_quote_identifiers_and_bind_every_value() {
         let s = statements(&described());
-        assert!(s.first.contains(r#"FROM "app"."my ""t""" t"#), "{}", s.first);
-        assert!(s.first.ends_with(r#"ORDER BY t."updated_at", t."id" LIMIT $1"#));
+        assert!(
+            s.first.contains(r#"FROM "app"."my ""t""" t"#),
+            "{}",
+            s.first
+        );
+        assert!(
+            s.first
+                .ends_with(r#"ORDER BY t."updated_at", t."id" LIMIT $1"#)
+        );
         assert!(
             s.after.contains(
                 r#"(t."updated_at", t."id") > ($1::text::timestamp with time zone, $2::text::integer)"#
@@ -315,10 +326,15 @@ mod tests {
             s.after
         );
         assert!(s.after.ends_with("LIMIT $3"));
-        assert!(s.reread_first.contains(r#"(t."updated_at", t."id") <= ($1::text::timestamp with time zone, $2::text::integer)"#));
+        assert!(s.reread_first.contains(
+            r#"(t."updated_at", t."id") <= ($1::text::timestamp with time zone, $2::text::integer)"#
+        ));
         assert!(s.reread_first.contains(">= $4") && s.reread_first.ends_with("LIMIT $3"));
         assert!(s.reread_first.contains("$5::int8 - t.xmin::text::int8"));
-        assert!(s.reread_after.contains(r#"<= ($3::text::timestamp with time zone, $4::text::integer)"#));
+        assert!(
+            s.reread_after
+                .contains(r#"<= ($3::text::timestamp with time zone, $4::text::integer)"#)
+        );
         assert!(s.reread_after.contains(">= $6") && s.reread_after.ends_with("LIMIT $5"));
         assert!(s.reread_after.contains("$7::int8"));
     }

@@ -304,3 +304,101 @@ async fn a_delete_is_missed_without_a_sweep_and_healed_by_one() {
     run.kill().unwrap();
     let _ = run.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_changefeed_replayed_by_key_equals_the_polled_table() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, amount int NOT NULL,
+                              updated_at timestamptz NOT NULL DEFAULT now());
+         CREATE INDEX ON orders (updated_at);
+         INSERT INTO orders (id, amount) SELECT g, g FROM generate_series(1, 50) g;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (http, feed) = (free_port(), free_port());
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "postgres-incremental"
+url = "{}"
+cursor = "updated_at"
+poll_interval = "50ms"
+page_size = 16
+lookback = "1s"
+
+[source.tables."public.orders"]
+
+[http]
+listen = "127.0.0.1:{http}"
+
+[changefeed]
+path = "{}"
+
+[changefeed.http]
+listen = "127.0.0.1:{feed}"
+"#,
+            pg.url(),
+            dir.path().join("feed.redb").display()
+        ),
+    );
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(
+        &format!("http://127.0.0.1:{http}"),
+        "/healthz",
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    let mut r = Rng::new(11);
+    for i in 0..60i64 {
+        if i % 2 == 0 {
+            c.execute(
+                "INSERT INTO orders (id, amount) VALUES ($1, $2)",
+                &[&(100 + i), &(r.below(1000) as i32)],
+            )
+            .await
+            .unwrap();
+        } else {
+            c.execute(
+                "UPDATE orders SET amount = $1, updated_at = now() WHERE id = $2",
+                &[&(r.below(1000) as i32), &(1 + r.below(50) as i64)],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let truth: std::collections::BTreeMap<String, i64> = c
+        .query("SELECT id::text, amount::int8 FROM orders", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let base = format!("http://127.0.0.1:{feed}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = changefeed_events(&base).await;
+        let mut replayed = std::collections::BTreeMap::new();
+        for e in &events {
+            assert_eq!(e["type"], "PUT", "a polled source only puts: {e}");
+            let id = e["key"].as_str().unwrap().rsplit(':').next().unwrap();
+            let doc: serde_json::Value =
+                serde_json::from_str(e["value"].as_str().unwrap()).unwrap();
+            replayed.insert(id.to_owned(), doc["amount"].as_i64().unwrap());
+        }
+        if replayed == truth {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the log ({} events) replayed by key never equalled the table",
+            events.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -4,12 +4,12 @@
 //! One server, one table with an index on `updated_at`. Each phase runs the same
 //! writer (single-row transactions: an insert, or an update that moves `updated_at`)
 //! with one source consuming and acknowledging, and ends when the source has handed
-//! over the phase's last row. A phase with no source measures what the writes
-//! themselves cost; each source's cost is its phase's server CPU minus that
-//! baseline (the walsender decoding WAL, or the polling backend running the keyset and
-//! re-read queries). Then each source idles for a while with no writes: the cost of
-//! polling a quiet table against keepalives. Server CPU is the postmaster's and every
-//! backend's, from /proc, so the harness's own CPU is not in it.
+//! over the phase's last row. The source's cost is the CPU of its own server backends
+//! (the walsender decoding WAL, or the polling connections running the keyset and
+//! re-read queries), found by `application_name` and read from /proc — exact, and
+//! untouched by the writers or by other work on the machine. Then each source idles
+//! for a while with no writes: polling a quiet table against the walsender's
+//! keepalives. A phase with no source gives the writes' own pace and server CPU.
 
 use std::time::{Duration, Instant};
 
@@ -24,14 +24,50 @@ use tokio_postgres::Client;
 
 use crate::Opts;
 use crate::report::{Table, dur, rate};
-use crate::workload::{connect, runtime, server, server_cpu};
+use crate::workload::{connect, process_cpu, runtime, server, server_cpu};
+
+/// The `application_name` of every connection a measured source opens.
+const APP: &str = "bench_source";
+
+/// The source's backends now (its SQL connections and, for logical replication, the
+/// walsender), with their CPU so far.
+async fn source_backends(c: &Client) -> anyhow::Result<Vec<(u32, Duration)>> {
+    let rows = c
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 OR backend_type = 'walsender'",
+            &[&APP],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let pid = r.get::<_, i32>(0) as u32;
+            (pid, process_cpu(pid))
+        })
+        .collect())
+}
+
+/// CPU the source's backends spent since `before` (backends opened since count whole).
+async fn source_cpu(c: &Client, before: &[(u32, Duration)]) -> anyhow::Result<Duration> {
+    let now = source_backends(c).await?;
+    Ok(now
+        .iter()
+        .map(|(pid, cpu)| {
+            let was = before
+                .iter()
+                .find(|(p, _)| p == pid)
+                .map_or(Duration::ZERO, |(_, c)| *c);
+            cpu.saturating_sub(was)
+        })
+        .sum())
+}
 
 /// Which source a phase runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reader {
     None,
     Logical,
-    Polling { interval_ms: u64 },
+    Polling { interval_ms: u64, lookback_s: u64 },
 }
 
 impl Reader {
@@ -39,9 +75,10 @@ impl Reader {
         match self {
             Reader::None => "no source (the writes alone)".into(),
             Reader::Logical => "logical replication (PgSource)".into(),
-            Reader::Polling { interval_ms } => {
-                format!("cursor polling every {interval_ms} ms (postgres-incremental)")
-            }
+            Reader::Polling {
+                interval_ms,
+                lookback_s,
+            } => format!("polling every {interval_ms} ms, lookback {lookback_s} s"),
         }
     }
 }
@@ -51,6 +88,7 @@ struct Phase {
     reader: Reader,
     took: Duration,
     cpu: Duration,
+    own: Duration,
     events: u64,
     polls: u64,
 }
@@ -85,7 +123,8 @@ impl Running {
 }
 
 async fn start(pg: &PgServer, reader: Reader, name: &str) -> anyhow::Result<Option<Running>> {
-    let connection = ConnectionConfig::from_url(&pg.url())?;
+    let mut connection = ConnectionConfig::from_url(&pg.url())?;
+    connection.application_name = APP.into();
     Ok(match reader {
         Reader::None => None,
         Reader::Logical => Some(Running::Logical(
@@ -100,13 +139,16 @@ async fn start(pg: &PgServer, reader: Reader, name: &str) -> anyhow::Result<Opti
             })
             .await?,
         )),
-        Reader::Polling { interval_ms } => {
+        Reader::Polling {
+            interval_ms,
+            lookback_s,
+        } => {
             let source = PgIncrementalSource::start(IncrementalConfig {
                 connection,
                 store_connection: None,
                 store_table: TableName::new("public", "freshen_cursors"),
                 name: name.into(),
-                lookback: Duration::from_secs(1),
+                lookback: Duration::from_secs(lookback_s),
                 tables: vec![PolledTable {
                     table: TableName::new("public", "bench"),
                     cursor: "updated_at".into(),
@@ -198,6 +240,7 @@ async fn phase(
     }
     let mut rng = freshen::Jitter::new(n as u64);
     let polls0 = src.as_ref().map_or(0, Running::polls);
+    let own0 = source_backends(c).await?;
     let cpu0 = server_cpu(&pg.data_dir());
     let t0 = Instant::now();
     let events = match src.take() {
@@ -221,6 +264,7 @@ async fn phase(
     };
     let took = t0.elapsed();
     let cpu = server_cpu(&pg.data_dir()).saturating_sub(cpu0);
+    let own = source_cpu(c, &own0).await?;
     let polls = src.as_ref().map_or(0, Running::polls) - polls0;
     if let Some(s) = src {
         s.stop().await;
@@ -229,6 +273,7 @@ async fn phase(
         reader,
         took,
         cpu,
+        own,
         events,
         polls,
     })
@@ -248,10 +293,15 @@ async fn idle(
     if let Some(s) = &mut src {
         warm(c, s, next_id).await?;
     }
+    // The catch-up's range is re-read until the lookback has passed: the steady state
+    // of a quiet table comes after it.
+    if let Reader::Polling { lookback_s, .. } = reader {
+        tokio::time::sleep(Duration::from_secs(lookback_s + 1)).await;
+    }
     let polls0 = src.as_ref().map_or(0, Running::polls);
-    let cpu0 = server_cpu(&pg.data_dir());
+    let own0 = source_backends(c).await?;
     tokio::time::sleep(span).await;
-    let cpu = server_cpu(&pg.data_dir()).saturating_sub(cpu0);
+    let cpu = source_cpu(c, &own0).await?;
     let polls = src.as_ref().map_or(0, Running::polls) - polls0;
     if let Some(s) = src {
         s.stop().await;
@@ -288,33 +338,37 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         let readers = [
             Reader::None,
             Reader::Logical,
-            Reader::Polling { interval_ms: 100 },
-            Reader::Polling { interval_ms: 1000 },
+            Reader::Polling {
+                interval_ms: 100,
+                lookback_s: 0,
+            },
+            Reader::Polling {
+                interval_ms: 100,
+                lookback_s: 5,
+            },
+            Reader::Polling {
+                interval_ms: 1000,
+                lookback_s: 5,
+            },
             Reader::None,
         ];
         let mut phases = Vec::new();
         for (n, r) in readers.into_iter().enumerate() {
             phases.push(phase(&pg, &c, r, txs, &mut next_id, n).await?);
         }
-        let baseline = phases
-            .iter()
-            .filter(|p| p.reader == Reader::None)
-            .map(|p| p.cpu)
-            .sum::<Duration>()
-            / 2;
         let rows = txs as u64 + 1;
         let mut t = Table::new(&[
             "source",
             &format!("{txs} single-row tx"),
             "changes/s",
-            "server CPU",
-            "source's server CPU",
+            "server CPU (all)",
+            "source's backends' CPU",
             "per change",
             "events handed over",
             "polls",
         ]);
         for p in &phases {
-            let own = p.cpu.saturating_sub(baseline);
+            let own = p.own;
             let source = p.reader != Reader::None;
             t.row(vec![
                 p.reader.label(),
@@ -329,14 +383,20 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         }
         t.print();
         println!(
-            "\nsource's server CPU = the phase's server CPU minus the mean of the two phases without a source; events above the changes are rows handed over twice (re-read ranges, at-least-once)\n"
+            "\nsource's backends' CPU: the walsender or the polling connections, from /proc (10 ms ticks); polling hands over a row's latest state, so changes between two polls of one row are one event\n"
         );
 
-        let mut t = Table::new(&["source, idle table", "server CPU", "polls", "per poll"]);
+        let mut t = Table::new(&["source, idle table", "source's backends' CPU", "polls", "per poll"]);
         for (n, r) in [
             Reader::Logical,
-            Reader::Polling { interval_ms: 100 },
-            Reader::Polling { interval_ms: 1000 },
+            Reader::Polling {
+                interval_ms: 100,
+                lookback_s: 5,
+            },
+            Reader::Polling {
+                interval_ms: 1000,
+                lookback_s: 5,
+            },
         ]
         .into_iter()
         .enumerate()

@@ -99,7 +99,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "incremental",
-        about: "source cost on the server: cursor polling (postgres-incremental, 100 ms and 1 s) vs logical replication on the same writes; changes/s, server CPU per change, idle CPU per poll",
+        about: "source cost on the server: cursor polling (postgres-incremental: 100 ms and 1 s, lookback 0 and 5 s) vs logical replication on the same writes; changes/s, server CPU per change, idle CPU per poll",
         run: incremental::run,
     },
     Scenario {

@@ -136,6 +136,36 @@ impl Cursor {
     /// Ends a poll read under `snapshot` at `now`, after the re-read and the new pages:
     /// finalizes what may be final and marks `high`. Returns the new `safe` when it moved.
     pub fn end_poll(&mut self, snapshot: Horizon, now: Duration) -> Option<Position> {
+        self.mark(snapshot, now);
+        // A mark stamped with this very snapshot is final when nothing ran: the snapshot
+        // saw every transaction that had an id, and this poll read what they wrote.
+        let mut moved = None;
+        while let Some(front) = self.marks.front() {
+            match front.xmax {
+                Some(x) if x <= snapshot.xmin => moved = self.marks.pop_front(),
+                _ => break,
+            }
+        }
+        self.seen_xmin = Some(snapshot.xmin);
+        let moved = moved?.high;
+        self.safe = Some(moved.clone());
+        Some(moved)
+    }
+
+    /// Ends a poll that read new pages but skipped the pending range's re-read (a
+    /// catch-up poll following another at once): nothing becomes final, and what the
+    /// pending range's re-read must still find is kept (the previous `xmin` stays, and it
+    /// is at most this snapshot's, so rows this poll could not see are covered too).
+    pub fn end_catch_up(&mut self, snapshot: Horizon, now: Duration) {
+        self.mark(snapshot, now);
+        // Before the first poll nothing was pending: this poll saw all it read.
+        if self.seen_xmin.is_none() {
+            self.seen_xmin = Some(snapshot.xmin);
+        }
+    }
+
+    /// Marks `high` if it moved, and stamps the marks `lookback` old.
+    fn mark(&mut self, snapshot: Horizon, now: Duration) {
         if let Some(high) = &self.high {
             let known = self.marks.back().map(|m| &m.high).or(self.safe.as_ref());
             if known != Some(high) {
@@ -155,19 +185,6 @@ impl Cursor {
                 m.xmax = Some(snapshot.xmax);
             }
         }
-        // A mark stamped with this very snapshot is final when nothing ran: the snapshot
-        // saw every transaction that had an id, and this poll read what they wrote.
-        let mut moved = None;
-        while let Some(front) = self.marks.front() {
-            match front.xmax {
-                Some(x) if x <= snapshot.xmin => moved = self.marks.pop_front(),
-                _ => break,
-            }
-        }
-        self.seen_xmin = Some(snapshot.xmin);
-        let moved = moved?.high;
-        self.safe = Some(moved.clone());
-        Some(moved)
     }
 }
 
@@ -268,6 +285,21 @@ mod tests {
         assert_eq!(c.reread().unwrap().writers_from, 7);
         // It ends: everything read becomes final in one step.
         assert_eq!(c.end_poll(h(6000, 6000), S * 6000), Some(p("004999")));
+    }
+
+    #[test]
+    fn a_catch_up_poll_that_skips_the_reread_finalizes_nothing_and_keeps_the_old_xmin() {
+        let mut c = Cursor::resume(None, Duration::ZERO);
+        c.advance(p("10"));
+        assert_eq!(c.end_poll(h(40, 45), S), None);
+        // A burst: new pages only, in a snapshot where 40 has ended.
+        c.advance(p("20"));
+        c.end_catch_up(h(44, 46), 2 * S);
+        assert_eq!(c.safe(), None, "nothing final without the re-read");
+        let r = c.reread().unwrap();
+        assert_eq!((r.after, r.upto, r.writers_from), (None, p("20"), 40));
+        // The next full poll re-reads from 40's horizon, then both marks can be final.
+        assert_eq!(c.end_poll(h(46, 46), 3 * S), Some(p("20")));
     }
 
     #[test]

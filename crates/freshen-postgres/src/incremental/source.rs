@@ -235,6 +235,7 @@ impl PgIncrementalSource {
                 tx: tx.clone(),
                 started,
                 retry: config.retry,
+                last_reread: None,
             };
             pollers.push(tokio::spawn(poller.run(stop_rx.clone())));
         }
@@ -306,6 +307,8 @@ struct Poller {
     tx: mpsc::Sender<Result<Batch, SourceError>>,
     started: Instant,
     retry: Backoff,
+    /// When the pending range was last read again.
+    last_reread: Option<Instant>,
 }
 
 /// How a poll ended.
@@ -391,7 +394,17 @@ impl Poller {
             xmin: xid(s.get(0))?,
             xmax: xid(s.get(1))?,
         };
-        if let Some(range) = self.cursor.reread() {
+        // While catching up (polls back to back), the pending range is read again at
+        // most once a poll interval: each re-read scans all of it.
+        let reread = self.cursor.reread().filter(|_| {
+            self.last_reread
+                .is_none_or(|t| t.elapsed() >= self.settings.poll_interval)
+        });
+        let skipped = reread.is_none() && self.cursor.reread().is_some();
+        if reread.is_some() {
+            self.last_reread = Some(Instant::now());
+        }
+        if let Some(range) = reread {
             let mut from: Option<Position> = None;
             loop {
                 let read = Read::Again {
@@ -442,7 +455,9 @@ impl Poller {
         drop(c);
         self.shared.polls.fetch_add(1, Ordering::Relaxed);
         self.shared.streaming.store(true, Ordering::SeqCst);
-        if let Some(safe) = self.cursor.end_poll(horizon, at) {
+        if skipped {
+            self.cursor.end_catch_up(horizon, at);
+        } else if let Some(safe) = self.cursor.end_poll(horizon, at) {
             // Acknowledged once every batch before it is rebuilt: then every row at or
             // before `safe` is, and the cursor may be stored.
             let shared = Arc::clone(&self.shared);

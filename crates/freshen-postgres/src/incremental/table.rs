@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use freshen::{Columns, Op, Row, RowEvent};
-use tokio_postgres::Transaction;
 use tokio_postgres::types::ToSql;
 
 use crate::error::ErrorKind;
@@ -215,7 +214,7 @@ pub(crate) enum Read<'a> {
 
 /// Reads one page of at most `limit` rows in `tx`.
 pub(crate) async fn read_page(
-    tx: &Transaction<'_>,
+    tx: &deadpool_postgres::Transaction<'_>,
     d: &Described,
     sql: &Statements,
     read: Read<'_>,
@@ -255,8 +254,14 @@ pub(crate) async fn read_page(
             }
         }
     };
+    // Prepared once per connection: a poll of a quiet table is then a bind and an
+    // execute, not a parse and plan.
+    let statement = tx
+        .prepare_cached(statement)
+        .await
+        .map_err(|e| PgError::sql(format!("cannot prepare the page query of {}", d.table), e))?;
     let rows = tx
-        .query(statement.as_str(), &params)
+        .query(&statement, &params)
         .await
         .map_err(|e| PgError::sql(format!("cannot read a page of {}", d.table), e))?;
     let schema: Arc<str> = Arc::from(d.table.schema.as_str());

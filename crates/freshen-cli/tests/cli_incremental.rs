@@ -402,3 +402,108 @@ listen = "127.0.0.1:{feed}"
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_privileges_cursor_columns_indexes_and_primary_keys() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(
+        "CREATE TABLE good (id int PRIMARY KEY, device text NOT NULL, updated_at timestamptz NOT NULL);
+         CREATE INDEX ON good (updated_at);
+         CREATE TABLE loose (id int PRIMARY KEY, device text NOT NULL, updated_at timestamptz);
+         CREATE TABLE nopk (id int, device text NOT NULL, updated_at timestamptz NOT NULL);
+         CREATE TABLE other (id int PRIMARY KEY, device text NOT NULL, changed timestamptz NOT NULL);
+         CREATE TABLE hidden (id int PRIMARY KEY, device text NOT NULL, updated_at timestamptz NOT NULL);
+         CREATE TABLE totals (device text PRIMARY KEY, n bigint NOT NULL);
+         CREATE ROLE reader LOGIN;
+         GRANT SELECT ON good, loose, nopk, other, totals TO reader;
+         GRANT INSERT, UPDATE, DELETE ON totals TO reader;
+         CREATE SCHEMA cursors AUTHORIZATION reader;",
+    )
+    .await
+    .unwrap();
+    let url = pg.url().replacen("://postgres@", "://reader@", 1);
+    assert_ne!(url, pg.url(), "the URL names its user: {}", pg.url());
+    let views: String = ["good", "loose", "nopk", "other", "hidden"]
+        .iter()
+        .map(|t| {
+            format!(
+                r#"
+[[views]]
+name = "{t}_view"
+watch = [{{ table = "public.{t}", key = ["device"] }}]
+reconcile = {{ every = "10m", keys = "SELECT device FROM totals" }}
+rebuild = ["DELETE FROM totals WHERE device = $1"]
+"#
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let text = config(&url, "127.0.0.1:0", &views).replace(
+        "lookback = \"1s\"",
+        "lookback = \"0s\"\nstore_table = \"cursors.freshen_cursors\"",
+    );
+    let cfg = write_config(dir.path(), &text);
+    let out = freshen().args(["check", "-c"]).arg(&cfg).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    let has = |level: &str, check: &str, subject: &str, words: &str| {
+        text.lines().any(|l| {
+            l.starts_with(level)
+                && l.split_whitespace().nth(1) == Some(check)
+                && l.contains(subject)
+                && l.contains(words)
+        })
+    };
+    assert!(
+        has("ok", "cursor", "public.good", "(updated_at, id)"),
+        "{text}"
+    );
+    assert!(has("warning", "cursor", "public.loose", "NULL"), "{text}");
+    assert!(
+        has("warning", "cursor_index", "public.loose", "CREATE INDEX"),
+        "{text}"
+    );
+    assert!(!has("warning", "cursor_index", "public.good", ""), "{text}");
+    assert!(
+        has("error", "cursor", "public.nopk", "primary key"),
+        "{text}"
+    );
+    assert!(
+        has("error", "cursor", "public.other", "\"updated_at\""),
+        "{text}"
+    );
+    assert!(
+        has("error", "privilege", "public.hidden", "GRANT SELECT"),
+        "{text}"
+    );
+    assert!(
+        has("ok", "cursor_store", "cursors.freshen_cursors", "created"),
+        "{text}"
+    );
+    assert!(has("warning", "lookback", "", "0s"), "{text}");
+    assert!(
+        !text.contains("unwrap") && !text.contains("panicked"),
+        "{text}"
+    );
+
+    // The cursor column per table fixes `other`; the privilege and the key stay errors.
+    let fixed = std::fs::read_to_string(&cfg).unwrap().replace(
+        "[http]",
+        "[source.tables.\"public.other\"]\ncursor = \"changed\"\n\n[http]",
+    );
+    let cfg = write_config(dir.path(), &fixed);
+    let out = freshen().args(["check", "-c"]).arg(&cfg).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(has_line(&text, "ok", "cursor", "public.other"), "{text}");
+    assert!(
+        !has_line(&text, "error", "cursor", "public.other"),
+        "{text}"
+    );
+}
+
+fn has_line(text: &str, level: &str, check: &str, subject: &str) -> bool {
+    text.lines().any(|l| {
+        l.starts_with(level) && l.split_whitespace().nth(1) == Some(check) && l.contains(subject)
+    })
+}

@@ -308,3 +308,55 @@ async fn a_restart_resumes_from_the_stored_cursor() {
     assert!((301..=310).all(|id| ids.contains_key(&id)));
     again.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_grant_is_reported_for_its_table_and_polling_resumes_once_fixed() {
+    use freshen::SourceProbe;
+    let pg = server();
+    let c = sql(&pg).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    c.batch_execute(
+        "CREATE ROLE reader LOGIN; GRANT SELECT ON events TO reader; \
+         CREATE TABLE freshen_cursors (name text NOT NULL, source_table text NOT NULL, \
+           columns text[] NOT NULL, position text[] NOT NULL, \
+           updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (name, source_table)); \
+         GRANT SELECT, INSERT, UPDATE ON freshen_cursors TO reader; \
+         INSERT INTO events (id, v) VALUES (1, 1)",
+    )
+    .await
+    .unwrap();
+    let mut cfg = config(&pg, 50, Duration::ZERO);
+    let url = pg.url().replacen("://postgres@", "://reader@", 1);
+    cfg.connection = freshen_postgres::ConnectionConfig::from_url(&url).unwrap();
+    let mut src = PgIncrementalSource::start(cfg).await.unwrap();
+    take_until(&mut src, "the first row", |s| s.contains(&(1, 1))).await;
+    let handle = src.handle();
+    assert!(handle.health().problems.is_empty());
+
+    c.batch_execute("REVOKE SELECT ON events FROM reader")
+        .await
+        .unwrap();
+    freshen_testenv::refresher::until_within("a problem named", Duration::from_secs(20), || {
+        handle.health().problems.iter().any(|p| {
+            p.table == Some(("public".into(), "events".into()))
+                && p.message.contains("permission denied")
+        })
+    })
+    .await;
+    assert!(!handle.health().streaming);
+
+    c.batch_execute("GRANT SELECT ON events TO reader; INSERT INTO events (id, v) VALUES (2, 2)")
+        .await
+        .unwrap();
+    take_until(&mut src, "the row written meanwhile", |s| {
+        s.contains(&(2, 2))
+    })
+    .await;
+    // The poll that handed it over ends after the batch was taken.
+    take_until(&mut src, "the problem cleared", |_| {
+        let h = handle.health();
+        h.problems.is_empty() && h.streaming
+    })
+    .await;
+    src.shutdown().await;
+}

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use freshen::{
-    Ack, Backoff, Batch, BoxFuture, Capabilities, Source, SourceError, SourceHealth, SourceProbe,
+    Ack, Backoff, Batch, BoxFuture, Capabilities, Retry, Source, SourceError, SourceHealth,
+    SourceProbe, SourceProblem,
 };
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -86,6 +87,9 @@ struct Shared {
     reread_events: AtomicU64,
     failures: AtomicU64,
     stored: AtomicU64,
+    /// What a person must fix, by table index (a dropped table, a revoked grant): the
+    /// poller retries meanwhile, and the pipeline reports itself unhealthy.
+    problems: Mutex<HashMap<usize, SourceProblem>>,
     /// Positions acknowledged and not yet stored, by table index.
     acked: Mutex<HashMap<usize, Position>>,
     ack_notify: Notify,
@@ -149,6 +153,12 @@ impl SourceProbe for IncrementalHandle {
         out.last_error = lock(&self.shared.last_error).clone();
         out.reconnects = s.failures;
         out.events = s.events;
+        let mut problems: Vec<(usize, SourceProblem)> = lock(&self.shared.problems)
+            .iter()
+            .map(|(i, p)| (*i, p.clone()))
+            .collect();
+        problems.sort_by_key(|(i, _)| *i);
+        out.problems = problems.into_iter().map(|(_, p)| p).collect();
         out
     }
 }
@@ -331,19 +341,36 @@ impl Poller {
             }
             let wait = match self.poll().await {
                 Ok(Polled::Closed) => return,
-                Ok(Polled::More) => {
+                Ok(polled) => {
                     failures = 0;
-                    Duration::ZERO
-                }
-                Ok(Polled::CaughtUp) => {
-                    failures = 0;
-                    self.settings.poll_interval
+                    if lock(&self.shared.problems).remove(&self.index).is_some() {
+                        tracing::info!(table = %self.settings.table, "polling again");
+                    }
+                    match polled {
+                        Polled::More => Duration::ZERO,
+                        _ => self.settings.poll_interval,
+                    }
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     self.shared.failures.fetch_add(1, Ordering::Relaxed);
                     self.shared.streaming.store(false, Ordering::SeqCst);
-                    tracing::warn!(table = %self.settings.table, "poll failed (retrying): {e}");
+                    let table = &self.settings.table;
+                    if e.retry() == Retry::Fix {
+                        // Classified by SQLSTATE: a person must act (undefined table or
+                        // column, insufficient privilege); reported until a poll works.
+                        let problem = SourceProblem {
+                            table: Some((table.schema.clone(), table.name.clone())),
+                            message: format!("cannot poll {table}: {e}"),
+                        };
+                        let mut problems = lock(&self.shared.problems);
+                        if problems.get(&self.index) != Some(&problem) {
+                            tracing::error!("{} (retrying)", problem.message);
+                        }
+                        problems.insert(self.index, problem);
+                    } else {
+                        tracing::warn!(table = %table, "poll failed (retrying): {e}");
+                    }
                     *lock(&self.shared.last_error) = Some(e.to_string());
                     self.retry.delay(failures, jitter.unit())
                 }

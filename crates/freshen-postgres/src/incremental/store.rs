@@ -31,6 +31,19 @@ impl Store {
     /// Creates the table when missing.
     pub(crate) async fn prepare(&self) -> Result<(), PgError> {
         let c = client(&self.pool).await?;
+        // CREATE TABLE IF NOT EXISTS needs CREATE on the schema even when the table is
+        // there: a user given only a created table must not be asked for more.
+        let exists: bool = c
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[&self.table.quoted()],
+            )
+            .await
+            .map_err(|e| PgError::sql(format!("cannot look for {}", self.table), e))?
+            .get(0);
+        if exists {
+            return Ok(());
+        }
         c.batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {} (\
                name text NOT NULL, \

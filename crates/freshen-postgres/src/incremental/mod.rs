@@ -30,9 +30,11 @@
 //! - a transaction whose cursor value was fixed before its first write (`now()` is the
 //!   transaction's start), and writers whose clocks lag, are found if their first write
 //!   comes within `lookback` (default 5s) of the value;
-//! - the cost: a filtered index range scan of the pending range per poll — small when
-//!   transactions are short, growing with the longest open write transaction
-//!   (BENCHMARKS.md). Rows of transactions that ended between a poll's `xmin` and `xmax`
+//! - the cost: a filtered index range scan of the pending range per poll — the rows
+//!   written in the last `lookback` plus those since the oldest open write transaction
+//!   began, visited once per poll (so about `lookback / poll_interval` visits per row);
+//!   while catching up (polls back to back) the range is re-read at most once a poll
+//!   interval (BENCHMARKS.md, `incremental`). Rows of transactions that ended between a poll's `xmin` and `xmax`
 //!   are handed over twice (a subtransaction's id is not in `pg_current_snapshot()`, so
 //!   the exact set is not knowable from SQL); a doorbell rung twice rebuilds a key
 //!   twice, never wrongly.

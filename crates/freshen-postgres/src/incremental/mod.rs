@@ -34,15 +34,18 @@
 //!   written in the last `lookback` plus those since the oldest open write transaction
 //!   began, visited once per poll (so about `lookback / poll_interval` visits per row);
 //!   while catching up (polls back to back) the range is re-read at most once a poll
-//!   interval (BENCHMARKS.md, `incremental`). Rows of transactions that ended between a poll's `xmin` and `xmax`
-//!   are handed over twice (a subtransaction's id is not in `pg_current_snapshot()`, so
-//!   the exact set is not knowable from SQL); a doorbell rung twice rebuilds a key
-//!   twice, never wrongly.
+//!   interval (BENCHMARKS.md, `incremental`). Rows of transactions that ended between a
+//!   poll's `xmin` and `xmax` are handed over twice (a subtransaction's id is not in
+//!   `pg_current_snapshot()`, so the exact set is not knowable from SQL); a doorbell
+//!   rung twice rebuilds a key twice, never wrongly.
 //!
-//! `xmin`-horizon rather than a plain time lookback because it is exact for the common
-//! case (the long transaction that wrote early) at any length, without re-reading a
-//! fixed window of every recent row at every poll; the lookback remains for what ids
-//! cannot see.
+//! Why the `xmin` horizon and not a time lookback alone: a lookback finds a late
+//! transaction only if it is longer than that transaction (unknowable; a forgotten
+//! `BEGIN` in a console runs for hours), and without the writer filter it would hand
+//! every row of the window over again at every poll. The horizon holds the cursor back
+//! exactly as long as a transaction that wrote runs, and the filter hands over only rows
+//! the previous poll may not have seen; the lookback stays, short, for what ids cannot
+//! see.
 //!
 //! # What it cannot do
 //!

@@ -320,4 +320,165 @@ mod tests {
         assert_eq!(full_xid(r, 3), (1u64 << 32) + 3);
         assert_eq!(full_xid(10, 20), 0, "never below zero");
     }
+
+    /// A simulated table under concurrent writers, polled through [`Cursor`] with the
+    /// same reads the poller runs: every committed row version is handed over.
+    mod simulation {
+        use std::collections::{BTreeMap, BTreeSet};
+
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        /// A writer: begins at `start` (its cursor value is its start, as `now()`),
+        /// takes an id at its first write `delay` ticks later, writes `pks`, commits
+        /// after `len` ticks.
+        #[derive(Debug, Clone)]
+        struct Writer {
+            start: u64,
+            delay: u64,
+            len: u64,
+            pks: Vec<u8>,
+        }
+
+        fn writer() -> impl Strategy<Value = Writer> {
+            (
+                0u64..60,
+                0u64..4,
+                0u64..30,
+                proptest::collection::vec(0u8..12, 1..4),
+            )
+                .prop_map(|(start, delay, len, pks)| Writer {
+                    start,
+                    delay,
+                    len,
+                    pks,
+                })
+        }
+
+        fn pos(value: u64, pk: u8) -> Position {
+            vec![format!("{value:06}"), format!("{pk:03}")]
+        }
+
+        /// Runs the writers, polling every `every` ticks with pages of `page` (every
+        /// third poll skipping the re-read, as a catch-up poll does); returns
+        /// the row versions (pk, writer) never handed over after they committed.
+        fn lost(writers: &[Writer], every: u64, page: usize, lookback: u64) -> Vec<(u8, u64)> {
+            let mut c = Cursor::resume(None, Duration::from_secs(lookback));
+            // pk → (value, xid): the committed version.
+            let mut table: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
+            let mut next_xid = 100u64;
+            let mut ids: BTreeMap<usize, u64> = BTreeMap::new();
+            let mut handed: BTreeSet<(u8, u64)> = BTreeSet::new();
+            let end = writers
+                .iter()
+                .map(|w| w.start + w.delay + w.len)
+                .max()
+                .unwrap_or(0);
+            for t in 0..=end + lookback + 3 * every + 3 {
+                // Writers take ids at their first write, then commit, in time order.
+                for (i, w) in writers.iter().enumerate() {
+                    if w.start + w.delay == t {
+                        ids.insert(i, next_xid);
+                        next_xid += 1;
+                    }
+                }
+                for (i, w) in writers.iter().enumerate() {
+                    if w.start + w.delay + w.len == t {
+                        let xid = ids[&i];
+                        for pk in &w.pks {
+                            table.insert(*pk, (w.start, xid));
+                        }
+                    }
+                }
+                if t % every != 0 {
+                    continue;
+                }
+                let running: Vec<u64> = writers
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, w)| ids.contains_key(i) && w.start + w.delay + w.len > t)
+                    .map(|(i, _)| ids[&i])
+                    .collect();
+                let h = Horizon {
+                    xmin: running.iter().copied().min().unwrap_or(next_xid),
+                    xmax: next_xid,
+                };
+                let rows: Vec<(Position, u8, u64)> = table
+                    .iter()
+                    .map(|(pk, (v, x))| (pos(*v, *pk), *pk, *x))
+                    .collect();
+                let mut sorted = rows.clone();
+                sorted.sort();
+                // Every third poll is a catch-up poll that skips the re-read.
+                let skip = (t / every) % 3 == 1;
+                if let Some(r) = c.reread().filter(|_| !skip) {
+                    for (p, pk, x) in &sorted {
+                        if r.after.as_ref().is_none_or(|a| p > a)
+                            && *p <= r.upto
+                            && *x >= r.writers_from
+                        {
+                            handed.insert((*pk, *x));
+                        }
+                    }
+                }
+                for _ in 0..2 {
+                    let from = c.high().cloned();
+                    let got: Vec<_> = sorted
+                        .iter()
+                        .filter(|(p, ..)| from.as_ref().is_none_or(|f| p > f))
+                        .take(page)
+                        .collect();
+                    for (_, pk, x) in &got {
+                        handed.insert((*pk, *x));
+                    }
+                    if let Some((p, ..)) = got.last() {
+                        c.advance(p.clone());
+                    }
+                    if got.len() < page {
+                        break;
+                    }
+                }
+                if skip {
+                    c.end_catch_up(h, Duration::from_secs(t));
+                } else {
+                    c.end_poll(h, Duration::from_secs(t));
+                }
+            }
+            table
+                .iter()
+                .map(|(pk, (_, x))| (*pk, *x))
+                .filter(|v| !handed.contains(v))
+                .collect()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(300))]
+
+            /// Writers that take their id when they begin: the xid horizon alone finds
+            /// every late commit, at any transaction length.
+            #[test]
+            fn the_horizon_finds_every_late_commit(
+                mut writers in proptest::collection::vec(writer(), 1..12),
+                every in 1u64..6,
+                page in 1usize..4,
+            ) {
+                for w in &mut writers {
+                    w.delay = 0;
+                }
+                prop_assert_eq!(lost(&writers, every, page, 0), vec![]);
+            }
+
+            /// Writers whose first write comes up to 3 ticks after their value: a
+            /// lookback of 3 finds them too.
+            #[test]
+            fn a_lookback_covers_a_late_first_write(
+                writers in proptest::collection::vec(writer(), 1..12),
+                every in 1u64..6,
+                page in 1usize..4,
+            ) {
+                prop_assert_eq!(lost(&writers, every, page, 3), vec![]);
+            }
+        }
+    }
 }

@@ -86,6 +86,8 @@ impl Reader {
 /// What a phase measured.
 struct Phase {
     reader: Reader,
+    /// The source's first read: rows handed over, time, its backends' CPU.
+    first: Option<(u64, Duration, Duration)>,
     took: Duration,
     cpu: Duration,
     own: Duration,
@@ -214,7 +216,12 @@ async fn write(c: &Client, next_id: &mut i64, txs: usize, rng: &mut freshen::Jit
 
 /// Catches up with earlier phases' rows (the poller's first read of the table) before
 /// anything is measured.
-async fn warm(c: &Client, s: &mut Running, next_id: &mut i64) -> anyhow::Result<()> {
+/// Returns the rows handed over, the time and the source backends' CPU.
+async fn warm(
+    c: &Client,
+    s: &mut Running,
+    next_id: &mut i64,
+) -> anyhow::Result<(u64, Duration, Duration)> {
     let marker = *next_id;
     c.execute(
         "INSERT INTO bench (id, dev, v) VALUES ($1, 'warm', 0)",
@@ -222,8 +229,10 @@ async fn warm(c: &Client, s: &mut Running, next_id: &mut i64) -> anyhow::Result<
     )
     .await?;
     *next_id += 1;
-    drain_until(s, marker).await?;
-    Ok(())
+    let own0 = source_backends(c).await?;
+    let t0 = Instant::now();
+    let rows = drain_until(s, marker).await?;
+    Ok((rows, t0.elapsed(), source_cpu(c, &own0).await?))
 }
 
 async fn phase(
@@ -235,9 +244,10 @@ async fn phase(
     n: usize,
 ) -> anyhow::Result<Phase> {
     let mut src = start(pg, reader, &format!("bench_{n}")).await?;
-    if let Some(s) = &mut src {
-        warm(c, s, next_id).await?;
-    }
+    let first = match &mut src {
+        Some(s) => Some(warm(c, s, next_id).await?),
+        None => None,
+    };
     let mut rng = freshen::Jitter::new(n as u64);
     let polls0 = src.as_ref().map_or(0, Running::polls);
     let own0 = source_backends(c).await?;
@@ -271,6 +281,7 @@ async fn phase(
     }
     Ok(Phase {
         reader,
+        first,
         took,
         cpu,
         own,
@@ -385,6 +396,27 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         println!(
             "\nsource's backends' CPU: the walsender or the polling connections, from /proc (10 ms ticks); polling hands over a row's latest state, so changes between two polls of one row are one event\n"
         );
+
+        let mut t = Table::new(&[
+            "first read (polling: the existing table from its start)",
+            "rows",
+            "took",
+            "rows/s",
+            "source's backends' CPU",
+        ]);
+        for p in &phases {
+            if let (Some((rows, took, cpu)), Reader::Polling { .. }) = (p.first, p.reader) {
+                t.row(vec![
+                    p.reader.label(),
+                    rows.to_string(),
+                    dur(took),
+                    rate(rows as f64, took),
+                    ms(cpu),
+                ]);
+            }
+        }
+        t.print();
+        println!("\nthe first run of a polling source reads every row (pages of 1000, keyset by (updated_at, id))\n");
 
         let mut t = Table::new(&["source, idle table", "source's backends' CPU", "polls", "per poll"]);
         for (n, r) in [

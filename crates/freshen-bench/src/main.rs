@@ -16,6 +16,7 @@ mod freshness;
 mod huge_tx;
 mod incremental;
 mod kafka;
+mod rebuild_index;
 mod report;
 mod scan;
 mod scheduler;
@@ -79,8 +80,13 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "write-tax",
-        about: "OLTP TPS with no derived table, row triggers, a matview refreshed every second, freshen; staleness and truth at the end",
+        about: "OLTP TPS and CPU per tx with no derived table, row triggers, a matview refreshed every second, freshen (hand-written per key and over arrays, query mode); WAL and derived-table writes; staleness and truth at the end",
         run: write_tax::run,
+    },
+    Scenario {
+        name: "rebuild-index",
+        about: "a query-mode rebuild's cost per key with no index, a btree, a covering btree and a clustered table on the key; and per batch size",
+        run: rebuild_index::run,
     },
     Scenario {
         name: "freshness",

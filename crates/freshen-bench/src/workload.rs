@@ -200,6 +200,28 @@ impl Bench {
     }
 }
 
+/// The same rollup in query mode: freshen writes what it returns for a batch of devices.
+pub(crate) const QUERY: &str = "SELECT device, sum(value) AS total, count(*) AS n FROM readings WHERE device = ANY($1) GROUP BY device";
+
+/// The hand-written rebuild over arrays of devices (`rebuild_batch`).
+pub(crate) const REBUILD_ARRAYS: [&str; 2] = [
+    "DELETE FROM device_totals WHERE device = ANY($1)",
+    "INSERT INTO device_totals (device, total, n) SELECT device, sum(value), count(*) FROM readings WHERE device = ANY($1) GROUP BY device",
+];
+
+/// [`config`] in query mode: `into = "device_totals"`, `query = QUERY`; `batch` sets
+/// `rebuild_batch` (default: query mode's own).
+pub(crate) fn query_config(
+    url: &str,
+    batch: Option<usize>,
+    coalesce: &str,
+    max_wait: &str,
+    reconcile: bool,
+) -> String {
+    let how = format!("into = \"device_totals\"\nquery = {QUERY:?}");
+    view_config(url, &how, batch, coalesce, max_wait, reconcile)
+}
+
 /// A configuration for one view `device_totals` over `readings`, as a user would write it;
 /// `batch` sets `rebuild_batch` (the statements then take arrays).
 pub(crate) fn config(
@@ -211,6 +233,18 @@ pub(crate) fn config(
     reconcile: bool,
 ) -> String {
     let rebuild: Vec<String> = rebuild.iter().map(|s| format!("  {s:?},")).collect();
+    let how = format!("rebuild = [\n{}\n]", rebuild.join("\n"));
+    view_config(url, &how, batch, coalesce, max_wait, reconcile)
+}
+
+fn view_config(
+    url: &str,
+    how: &str,
+    batch: Option<usize>,
+    coalesce: &str,
+    max_wait: &str,
+    reconcile: bool,
+) -> String {
     let batch = batch.map_or(String::new(), |n| format!("rebuild_batch = {n}"));
     let reconcile = if reconcile {
         "reconcile = { every = \"1h\", keys = \"SELECT device FROM readings UNION SELECT device FROM device_totals\" }"
@@ -234,12 +268,9 @@ max_wait = "{max_wait}"
 name = "device_totals"
 watch = [{{ table = "readings", key = ["device"] }}]
 {batch}
-rebuild = [
-{}
-]
+{how}
 {reconcile}
-"#,
-        rebuild.join("\n")
+"#
     )
 }
 

@@ -17,7 +17,12 @@
 //! - (c) a materialized view refreshed every second with `REFRESH MATERIALIZED VIEW
 //!   CONCURRENTLY` (start to start; back to back when a refresh takes longer);
 //! - (d) freshen keeping the same `device_totals`, in this process, from a TOML
-//!   configuration with the defaults (coalesce 100 ms, 4 workers, after-rebuild acks).
+//!   configuration with the defaults (coalesce 100 ms, 4 workers, after-rebuild acks);
+//! - (d′) the same hand-written DELETE + INSERT written over arrays
+//!   (`rebuild_batch = 64`): what batching alone changes;
+//! - (e) query mode: `into` + `query`, the view's default batches of 64, written by one
+//!   set-based statement that updates only rows whose values differ — against (d′), what
+//!   writing only the difference changes.
 //!
 //! What each variant needs is charged to it: only (a′) and (d) get the replica identity,
 //! the index, the publication and the slot; `wal_level = logical` is the same for all.
@@ -31,6 +36,12 @@
 //! off: the 2 cores are the only limit, so every cycle the walsender, freshen or a
 //! trigger spends is taken from the writers — the harshest case for anything that is
 //! not free).
+//!
+//! Next to them, what the derived table costs the database: WAL bytes per committed
+//! transaction (`pg_current_wal_lsn()` from the start of the load until caught up — the
+//! walsender decodes all of it), and the row versions written to `device_totals`
+//! (`pg_stat_user_tables`: inserted, updated (of which HOT), deleted, from before the
+//! freshen variants' start-up sweep) with its dead tuples at the end.
 //!
 //! Staleness at the end: how long after the last write committed (pgbench exited) the
 //! derived table first equals a fresh `GROUP BY` of `readings` — polled, the time taken
@@ -48,8 +59,8 @@ use tokio::sync::watch;
 use crate::Opts;
 use crate::report::Table;
 use crate::workload::{
-    Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, Script, config, connect,
-    converge, median, ms, process_cpu, runtime, server, tree_cpu,
+    Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, REBUILD_ARRAYS, Script, config,
+    connect, converge, median, ms, process_cpu, query_config, runtime, server, tree_cpu,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,16 +70,27 @@ enum Variant {
     Triggers,
     MatView,
     Freshen,
+    FreshenArrays,
+    FreshenQuery,
 }
 
 impl Variant {
-    const ALL: [Variant; 5] = [
+    const ALL: [Variant; 7] = [
         Variant::Bare,
         Variant::Decode,
         Variant::Triggers,
         Variant::MatView,
         Variant::Freshen,
+        Variant::FreshenArrays,
+        Variant::FreshenQuery,
     ];
+
+    fn is_freshen(self) -> bool {
+        matches!(
+            self,
+            Variant::Freshen | Variant::FreshenArrays | Variant::FreshenQuery
+        )
+    }
 
     fn label(self) -> &'static str {
         match self {
@@ -77,6 +99,10 @@ impl Variant {
             Variant::Triggers => "(b) row triggers (upsert deltas)",
             Variant::MatView => "(c) matview, REFRESH CONCURRENTLY every 1 s",
             Variant::Freshen => "(d) freshen (coalesce 100 ms)",
+            Variant::FreshenArrays => {
+                "(d′) freshen, the same DELETE + INSERT over arrays (rebuild_batch = 64)"
+            }
+            Variant::FreshenQuery => "(e) freshen query mode (into + query, batches of 64)",
         }
     }
 }
@@ -167,7 +193,83 @@ struct Outcome {
     cpu_per_tx: Duration,
     /// Time from the end of the writes until the derived table equalled truth.
     stale: Option<Duration>,
+    /// WAL bytes written from the start of the load until the derived table caught up,
+    /// per committed transaction.
+    wal_per_tx: f64,
+    /// Row versions written to `device_totals` over the same time (none without it).
+    derived: Option<Writes>,
     note: String,
+}
+
+/// `pg_stat_user_tables` counters of `device_totals`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Writes {
+    ins: i64,
+    upd: i64,
+    hot: i64,
+    del: i64,
+    /// Dead tuples now (what autovacuum has not yet removed).
+    dead: i64,
+}
+
+impl Writes {
+    fn since(&self, before: &Writes) -> Writes {
+        Writes {
+            ins: self.ins - before.ins,
+            upd: self.upd - before.upd,
+            hot: self.hot - before.hot,
+            del: self.del - before.del,
+            dead: self.dead,
+        }
+    }
+}
+
+async fn writes(c: &tokio_postgres::Client) -> anyhow::Result<Option<Writes>> {
+    let row = c
+        .query_opt(
+            "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup \
+             FROM pg_stat_user_tables WHERE relid = to_regclass('device_totals')",
+            &[],
+        )
+        .await?;
+    Ok(row.map(|r| Writes {
+        ins: r.get(0),
+        upd: r.get(1),
+        hot: r.get(2),
+        del: r.get(3),
+        dead: r.get(4),
+    }))
+}
+
+/// The counters once they stop moving (backends that just exited report theirs a moment
+/// later): polled until two reads 200 ms apart agree, for at most 5 s.
+async fn settled_writes(c: &tokio_postgres::Client) -> anyhow::Result<Option<Writes>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut last = writes(c).await?;
+    loop {
+        c.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = writes(c).await?;
+        if now == last || tokio::time::Instant::now() >= deadline {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
+
+async fn wal_lsn(c: &tokio_postgres::Client) -> anyhow::Result<String> {
+    Ok(c.query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0))
+}
+
+async fn wal_since(c: &tokio_postgres::Client, from: &str) -> anyhow::Result<i64> {
+    Ok(c.query_one(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::int8",
+        &[&from],
+    )
+    .await?
+    .get(0))
 }
 
 /// Refreshes the materialized view every `every` (start to start) until told to stop.
@@ -245,7 +347,7 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
         Variant::MatView => {
             pg.psql(MATVIEW)?;
         }
-        Variant::Freshen => {
+        Variant::Freshen | Variant::FreshenArrays | Variant::FreshenQuery => {
             pg.psql(FRESHEN)?;
         }
         Variant::Decode => {
@@ -292,10 +394,20 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
                 busy.clone(),
             ))
         });
-        let freshen = if v == Variant::Freshen {
-            Some(Freshen::start(&config(&url, &REBUILD, None, "100ms", "5s", true)).await?)
-        } else {
-            None
+        let toml = match v {
+            Variant::Freshen => Some(config(&url, &REBUILD, None, "100ms", "5s", true)),
+            Variant::FreshenArrays => {
+                Some(config(&url, &REBUILD_ARRAYS, Some(64), "100ms", "5s", true))
+            }
+            Variant::FreshenQuery => Some(query_config(&url, None, "100ms", "5s", true)),
+            _ => None,
+        };
+        // Before freshen starts, so that every variant's counts include its start-up
+        // sweep (a backend reports its counters a moment after it wrote).
+        let writes0 = writes(&admin).await?;
+        let freshen = match toml {
+            Some(toml) => Some(Freshen::start(&toml).await?),
+            None => None,
         };
         let before = freshen.as_ref().map(|f| f.stats());
         // The truth checks below run in the admin connection's backend: measurement, not
@@ -305,6 +417,7 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
             .await?
             .get(0);
         let checker = checker as u32;
+        let lsn0 = wal_lsn(&admin).await?;
         let (cpu0, check0) = (tree_cpu(), process_cpu(checker));
         let (b, l) = (bench.clone(), load.clone());
         let result = tokio::task::spawn_blocking(move || b.run(&scripts(), &l)).await??;
@@ -312,6 +425,7 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
             Variant::Bare | Variant::Decode => None,
             _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
         };
+        let wal = wal_since(&admin, &lsn0).await?;
         let cpu = tree_cpu()
             .saturating_sub(cpu0)
             .saturating_sub(process_cpu(checker).saturating_sub(check0));
@@ -328,7 +442,7 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
                     busy.load(Relaxed) as f64 / n as f64 / 1e3
                 )
             }
-            (Variant::Freshen, Some(f)) => {
+            (v, Some(f)) if v.is_freshen() => {
                 let s = f.stats();
                 let b = before.unwrap_or_default();
                 let ev = s.events_received - b.events_received;
@@ -341,8 +455,17 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
             }
             _ => String::new(),
         };
+        // Read once every writer of the derived table is gone (freshen stopped, pgbench
+        // and the refresher done): a backend reports its table counters when it exits.
+        let derived = match (writes0, settled_writes(&admin).await?) {
+            (Some(a), Some(b)) => Some(b.since(&a)),
+            _ => None,
+        };
+        let tx = result.transactions.max(1);
         anyhow::Ok(Outcome {
-            cpu_per_tx: cpu / u32::try_from(result.transactions.max(1)).unwrap_or(u32::MAX),
+            wal_per_tx: wal as f64 / tx as f64,
+            derived,
+            cpu_per_tx: cpu / u32::try_from(tx).unwrap_or(u32::MAX),
             load: result,
             stale,
             note,
@@ -390,6 +513,10 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
              checks) from the start of the load until the derived table had caught up, per committed \
              transaction — steadier than TPS when other work shares the machine. Staleness: worst round, from the last commit to the \
              first check that found the derived table equal to a fresh GROUP BY. \
+             WAL per tx: bytes of WAL from the start of the load until caught up, per committed transaction. \
+             device_totals writes: row versions inserted / updated (HOT) / deleted from before freshen's \
+             start-up sweep of every device (which (e) finds unchanged and does not write) until the end; dead \
+             tuples: what autovacuum had not removed by then. \
              Goal: (d) ≥ 0.95× of (a), ahead of (b) and (c).\n",
             load.clients,
             t0.elapsed().as_secs_f64()
@@ -409,6 +536,9 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         "vs (a)",
         "CPU per tx (median)",
         "vs (a)",
+        "WAL per tx (median)",
+        "device_totals ins / upd (HOT) / del (last round)",
+        "dead tuples at end",
         "retried / failed tx",
         "staleness at end",
         "equals truth",
@@ -437,6 +567,16 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
             format!("{:.2}×", tps / base.max(1e-9)),
             format!("{:.0} µs", cpu_of(outs) * 1e6),
             format!("{:.2}×", cpu_of(outs) / base_cpu.max(1e-12)),
+            format!(
+                "{:.0} B",
+                median(outs.iter().map(|o| o.wal_per_tx).collect())
+            ),
+            outs.last().and_then(|o| o.derived).map_or("–".into(), |w| {
+                format!("{} / {} ({}) / {}", w.ins, w.upd, w.hot, w.del)
+            }),
+            outs.last()
+                .and_then(|o| o.derived)
+                .map_or("–".into(), |w| w.dead.to_string()),
             format!("{retries} / {failed}"),
             stale,
             equal,

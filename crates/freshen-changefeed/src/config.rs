@@ -4,6 +4,7 @@
 //! [changefeed]
 //! path = "/var/lib/freshen/changefeed.redb"
 //! durability = "fsync"          # or "none" (tests, throwaway feeds)
+//! cache_mb = 64                 # the store's page cache (memory stays within it)
 //! snapshot = "initial"          # read existing rows on first start (default "never")
 //! snapshot_chunk_rows = 10000   # rows per chunk SELECT
 //! snapshot_pause_ms = 0         # pause between chunks (less load on the source)
@@ -45,6 +46,10 @@ pub struct ChangefeedConfig {
     /// When an append counts as done.
     #[serde(default)]
     pub durability: Durability,
+    /// The store's page cache, in MiB: what the log keeps in memory (the store's own
+    /// default, a GiB, grew a 1M-row snapshot's process to 600 MiB).
+    #[serde(default = "defaults::cache_mb")]
+    pub cache_mb: usize,
     /// How long the writer waits for more appends before a group commit, in
     /// milliseconds (0: commit as soon as the previous commit ends; appends that arrive
     /// meanwhile share the next commit anyway).
@@ -86,6 +91,7 @@ impl ChangefeedConfig {
         ChangefeedConfig {
             path: path.into(),
             durability: Durability::default(),
+            cache_mb: defaults::cache_mb(),
             commit_delay_ms: 0,
             max_commit_events: defaults::max_commit_events(),
             key_index: defaults::key_index(),
@@ -114,6 +120,12 @@ impl ChangefeedConfig {
             p.push(
                 "changefeed.retention.keep: \"latest-per-key\" needs key_index = true".to_owned(),
             );
+        }
+        if !(1..=limits::MAX_CACHE_MB).contains(&self.cache_mb) {
+            p.push(format!(
+                "changefeed.cache_mb: between 1 and {}",
+                limits::MAX_CACHE_MB
+            ));
         }
         if !(1..=limits::MAX_CHUNK_ROWS).contains(&self.snapshot_chunk_rows) {
             p.push(format!(
@@ -563,6 +575,8 @@ pub(crate) mod limits {
     pub(crate) const HOUR_MS: u64 = 3_600_000;
     /// Events in one response, frame or window: responses are built in memory.
     pub(crate) const MAX_EVENTS_PER_RESPONSE: usize = 1_000_000;
+    /// The store's page cache, in MiB (64 GiB).
+    pub(crate) const MAX_CACHE_MB: usize = 65_536;
     /// Rows in one snapshot chunk (a chunk is held in memory until its watermark).
     pub(crate) const MAX_CHUNK_ROWS: usize = 1_000_000;
     /// Events in one group commit (a commit is one store transaction held in memory).
@@ -580,6 +594,9 @@ mod defaults {
     }
     pub(super) fn snapshot_chunk_rows() -> usize {
         10_000
+    }
+    pub(super) fn cache_mb() -> usize {
+        64
     }
     pub(super) fn tombstone_secs() -> u64 {
         86_400
@@ -662,6 +679,19 @@ mod tests {
         assert_eq!(c.retention.unacknowledged, Unacknowledged::Drop);
         assert!(c.retention.is_enabled() && c.key_index);
         assert!(c.problems().is_empty());
+    }
+
+    #[test]
+    fn the_page_cache_is_bounded_and_defaults_small() {
+        let c = ChangefeedConfig::new("x");
+        assert_eq!(c.cache_mb, 64);
+        for (mb, ok) in [(0, false), (1, true), (65_536, true), (65_537, false)] {
+            let c: ChangefeedConfig =
+                serde_json::from_value(serde_json::json!({ "path": "x", "cache_mb": mb })).unwrap();
+            let p = c.problems();
+            assert_eq!(p.is_empty(), ok, "{mb}: {p:?}");
+            assert!(ok || p[0].starts_with("changefeed.cache_mb"), "{p:?}");
+        }
     }
 
     #[test]

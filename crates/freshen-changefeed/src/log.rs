@@ -274,7 +274,8 @@ impl Changefeed {
         }
         let path = config.path.clone();
         let key_index = config.key_index;
-        let (db, state) = tokio::task::spawn_blocking(move || store::open(&path, key_index))
+        let cache = config.cache_mb.saturating_mul(1024 * 1024);
+        let (db, state) = tokio::task::spawn_blocking(move || store::open(&path, key_index, cache))
             .await
             .map_err(|e| Error::Invalid(format!("opening the store panicked: {e}")))??;
         let db = Arc::new(db);

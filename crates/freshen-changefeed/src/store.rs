@@ -80,17 +80,24 @@ fn decode_high_water(b: &[u8]) -> Option<(u64, u32)> {
 /// Opens (creating when missing) the store at `path` and reads the log's counters.
 /// With `key_index`, brings the latest-per-key index up to date with events appended
 /// while it was off (or before it existed).
-pub(crate) fn open(path: &Path, key_index: bool) -> Result<(Database, LogState), Error> {
+pub(crate) fn open(
+    path: &Path,
+    key_index: bool,
+    cache_bytes: usize,
+) -> Result<(Database, LogState), Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| Error::Open {
             path: path.to_owned(),
             source: redb::DatabaseError::Storage(redb::StorageError::Io(e)),
         })?;
     }
-    let db = Database::create(path).map_err(|source| Error::Open {
-        path: path.to_owned(),
-        source,
-    })?;
+    let db = Database::builder()
+        .set_cache_size(cache_bytes)
+        .create(path)
+        .map_err(|source| Error::Open {
+            path: path.to_owned(),
+            source,
+        })?;
     let tx = db.begin_write()?;
     let state = {
         let mut meta = tx.open_table(META)?;

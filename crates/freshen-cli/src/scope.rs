@@ -150,6 +150,7 @@ mod tests {
                 },
             ],
             rebuild: vec!["SELECT $1".into()],
+            query: None,
             rebuild_batch: None,
             keys_per_transaction: 16,
             reconcile: None,

@@ -5,7 +5,10 @@
 use anyhow::Context;
 use freshen::plug::Finding;
 use freshen::{Enumerate, Expand, Rebuild};
-use freshen_postgres::{PgAdmin, SqlEnumerate, SqlFanOut, SqlRebuild, TableName, Visibility};
+use freshen_postgres::{
+    DEFAULT_QUERY_BATCH, PgAdmin, QueryRebuild, SqlEnumerate, SqlFanOut, SqlRebuild, TableName,
+    Visibility,
+};
 
 use crate::config::{Config, View};
 
@@ -134,6 +137,18 @@ impl ViewPool {
     pub async fn rebuild(&self, view: &View) -> anyhow::Result<Box<dyn Rebuild>> {
         let what = || format!("view {}: the rebuild statements are not usable", view.name);
         Ok(match self {
+            ViewPool::Postgres(pool, visibility) if view.query.is_some() => {
+                let (into, key, query) = query_parts(view);
+                let b = QueryRebuild::builder(pool.clone(), into, key, query)
+                    .batch(view.rebuild_batch.unwrap_or(DEFAULT_QUERY_BATCH))
+                    .visibility(visibility.clone());
+                let rebuild = b
+                    .build()
+                    .await
+                    .with_context(|| format!("view {}: the query cannot rebuild it", view.name))?;
+                tracing::debug!(view = %view.name, statement = rebuild.statement(), "query mode");
+                Box::new(rebuild)
+            }
             ViewPool::Postgres(pool, visibility) => {
                 let mut b = SqlRebuild::builder(pool.clone())
                     .statements(view.rebuild.iter().cloned())
@@ -146,6 +161,12 @@ impl ViewPool {
             }
             #[cfg(feature = "mysql")]
             ViewPool::MySql(pool, same) => {
+                if view.query.is_some() {
+                    anyhow::bail!(
+                        "view {}: `query` writes with PostgreSQL statements; on MySQL/MariaDB use `rebuild` statements",
+                        view.name
+                    );
+                }
                 if view.rebuild_batch.is_some() {
                     anyhow::bail!(
                         "view {}: rebuild_batch (keys as arrays) is PostgreSQL's; on MySQL use keys_per_transaction",
@@ -231,6 +252,10 @@ impl ViewPool {
                     .next()
                     .map(|w| w.key.clone())
                     .unwrap_or_default();
+                let statements = match &view.query {
+                    Some(q) => vec![q.query.clone()],
+                    None => view.rebuild.clone(),
+                };
                 let mut found = freshen_postgres::check::statements(
                     pool,
                     freshen_postgres::check::StatementShape {
@@ -239,14 +264,22 @@ impl ViewPool {
                         key_columns: &key,
                         batch: view.rebuild_batch.is_some(),
                     },
-                    &view.rebuild,
+                    &statements,
                     view.reconcile.as_ref().map(|r| r.keys.as_str()),
                 )
                 .await;
                 match pool.get().await {
-                    Ok(client) => found.extend(
-                        freshen_postgres::check::check_view(&client, &view_spec(view)).await,
-                    ),
+                    Ok(client) => {
+                        found.extend(
+                            freshen_postgres::check::check_view(&client, &view_spec(view)).await,
+                        );
+                        if view.query.is_some() {
+                            found.extend(
+                                freshen_postgres::check::query_view(&client, &query_spec(view))
+                                    .await,
+                            );
+                        }
+                    }
                     Err(e) => found.push(Finding::error(
                         "target",
                         view.name.clone(),
@@ -290,7 +323,10 @@ fn view_spec(view: &View) -> freshen_postgres::check::ViewSpec<'_> {
                 keys: w.keys.as_deref(),
             })
             .collect(),
-        rebuild: view.rebuild.iter().map(String::as_str).collect(),
+        rebuild: match &view.query {
+            Some(q) => vec![q.query.as_str()],
+            None => view.rebuild.iter().map(String::as_str).collect(),
+        },
         batch: view.rebuild_batch.is_some(),
         static_tables: view
             .static_tables
@@ -298,6 +334,34 @@ fn view_spec(view: &View) -> freshen_postgres::check::ViewSpec<'_> {
             .map(|(s, t)| TableName::new(s, t))
             .collect(),
         reconcile: view.reconcile.is_some(),
+    }
+}
+
+/// A query-mode view's target table, key columns (the view's key as its first watch
+/// carrying it names them) and query.
+fn query_parts(view: &View) -> (TableName, Vec<String>, String) {
+    let q = view.query.as_ref().expect("a query-mode view");
+    let key = view
+        .direct()
+        .next()
+        .map(|w| w.key.clone())
+        .unwrap_or_default();
+    (TableName::new(&q.into.0, &q.into.1), key, q.query.clone())
+}
+
+/// A query-mode view as freshen-postgres' check takes it.
+fn query_spec(view: &View) -> freshen_postgres::check::QuerySpec<'_> {
+    let q = view.query.as_ref().expect("a query-mode view");
+    freshen_postgres::check::QuerySpec {
+        view: &view.name,
+        into: TableName::new(&q.into.0, &q.into.1),
+        key: view.direct().next().map_or(&[], |w| w.key.as_slice()),
+        query: &q.query,
+        batch: view.rebuild_batch.unwrap_or(DEFAULT_QUERY_BATCH),
+        sources: view
+            .direct()
+            .map(|w| (TableName::new(&w.schema, &w.table), w.key.as_slice()))
+            .collect(),
     }
 }
 

@@ -211,6 +211,41 @@ async fn an_initial_snapshot_reads_the_existing_rows_through_the_binary() {
     assert_eq!(status["snapshots"][0]["state"], "done", "{status}");
     assert_eq!(status["snapshots"][0]["rows"], reads, "{status}");
     assert!(events.iter().all(|e| e["type"] == "PUT"));
+
+    // The command line: the progress, then a snapshot on demand.
+    let shown = freshen()
+        .args(["snapshot", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(shown.status.success(), "{shown:?}");
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("\"done\""),
+        "{shown:?}"
+    );
+    let started = freshen()
+        .args(["snapshot", "-c"])
+        .arg(&cfg)
+        .arg("public.orders")
+        .output()
+        .unwrap();
+    assert!(started.status.success(), "{started:?}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let reads = read_all(&base)
+            .await
+            .iter()
+            .filter(|e| e["op"] == "read")
+            .count();
+        if reads >= 2 * 449 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second snapshot read {reads}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     run.kill().unwrap();
     run.wait().unwrap();
 }

@@ -13,6 +13,8 @@ use crate::error::ErrorKind;
 use crate::settings::{PgSourceSettings, PublicationChoice, SlotChoice};
 use crate::{PgAdmin, Pool, TableName, quote_ident};
 
+pub use crate::merge::missing_params;
+
 /// A slot further behind than this is reported: an abandoned pipeline retains WAL.
 pub const LAG_WARNING_BYTES: u64 = 1 << 30;
 
@@ -158,6 +160,24 @@ async fn publication(
                 name,
                 "covers every watched table and operation",
             ),
+            Ok(Some(c))
+                if c.missing_operations.is_empty()
+                    && s.publication_mode == PublicationChoice::Create
+                    && admin.publication_is_ours(name).await.unwrap_or(false) =>
+            {
+                Finding::ok(
+                    "publication",
+                    name,
+                    format!(
+                        "will be extended with {} (freshen created it)",
+                        c.missing_tables
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            }
             Ok(Some(c)) => {
                 let mut what = Vec::new();
                 if !c.missing_tables.is_empty() {
@@ -1023,6 +1043,85 @@ async fn fanout_findings(
             names.join(", ")
         ),
     ));
+}
+
+/// A query-mode view as `check` sees it.
+#[derive(Debug, Clone)]
+pub struct QuerySpec<'a> {
+    /// The view's name.
+    pub view: &'a str,
+    /// The table the query's rows go into.
+    pub into: TableName,
+    /// The view's key columns (in the target, and `$1..$n`).
+    pub key: &'a [String],
+    /// The query.
+    pub query: &'a str,
+    /// Keys per statement.
+    pub batch: usize,
+    /// The watched tables that carry the view's key, with their key columns: where the
+    /// query finds a batch's rows.
+    pub sources: Vec<(TableName, &'a [String])>,
+}
+
+/// Everything PostgreSQL can tell about a query-mode view: the query prepares and takes
+/// its batch as arrays, its output columns exist in the target (key columns included)
+/// with types that can be written and compared, the target has a unique key, and each
+/// watched table has an index leading with the key (every mismatch, each its own
+/// finding).
+pub async fn query_view(client: &Client, spec: &QuerySpec<'_>) -> Vec<Finding> {
+    let subject = format!("view {} query", spec.view);
+    let mut out = Vec::new();
+    match crate::query::plan(client, &spec.into, spec.key, spec.query).await {
+        Err(e) => out.push(Finding::error("query", subject.clone(), e.to_string())),
+        Ok(Err(problems)) => {
+            for p in problems {
+                out.push(Finding::error("query", subject.clone(), p));
+            }
+        }
+        Ok(Ok(_)) => out.push(Finding::ok(
+            "query",
+            subject.clone(),
+            format!(
+                "writes into {} keyed on ({}), up to {} key(s) per statement; rows whose values did not change are not rewritten",
+                spec.into,
+                spec.key.join(", "),
+                spec.batch
+            ),
+        )),
+    }
+    for (table, key) in &spec.sources {
+        let subject = format!("view {} watch {table}", spec.view);
+        match crate::query::indexes(client, table).await {
+            Err(e) => out.push(Finding::error("index", subject, e.to_string())),
+            Ok(found) => match found.iter().find(|i| i.leads_with(key)) {
+                Some(i) => out.push(Finding::ok(
+                    "index",
+                    subject,
+                    format!(
+                        "rebuilds find a key's rows through {}{}",
+                        i.name,
+                        if i.clustered {
+                            " (the table is clustered on it)"
+                        } else if !i.include.is_empty() {
+                            " (covering)"
+                        } else {
+                            ""
+                        }
+                    ),
+                )),
+                None => out.push(Finding::warning(
+                    "index",
+                    subject,
+                    format!(
+                        "no index leads with ({k}): every rebuild reads the whole of {table}. CREATE INDEX ON {} ({k}) — or a covering one, ({k}) INCLUDE (the columns the query reads), which answers from the index alone once vacuumed (see BENCHMARKS.md, rebuild-index)",
+                        table.quoted(),
+                        k = key.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
+                    ),
+                )),
+            },
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -17,6 +17,10 @@
 //!   REPEATABLE READ transaction per key (or batch of keys), with key parts bound as
 //!   typed parameters, after checking the snapshot sees every transaction that dirtied
 //!   the key.
+//! - [`QueryRebuild`]: a [`freshen::Rebuild`] from a declared query: the rows it
+//!   returns for a batch of keys are written into a table by one set-based statement
+//!   that inserts, updates only what differs (`IS DISTINCT FROM`) and deletes what the
+//!   query no longer returns — run as a [`SqlRebuild`], with the same visibility guard.
 //! - [`SqlEnumerate`]: a [`freshen::Enumerate`] that streams keys from a query.
 //! - [`TableReader`], [`write_watermark`]: a table's rows in primary-key chunks with
 //!   the snapshot each was read under, and watermarks written into the WAL, for
@@ -82,10 +86,13 @@ mod enumerate;
 mod error;
 mod fanout;
 pub mod incremental;
+mod leader;
 mod lsn;
+mod merge;
 mod params;
 mod pgoutput;
 mod pool;
+mod query;
 mod quote;
 mod reader;
 mod rebuild;
@@ -110,11 +117,13 @@ pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
 pub use fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use incremental::{PgIncrementalSettings, PgIncrementalSource};
+pub use leader::{Attempt, Holder, Leadership, STANDBY_RETRY};
 pub use lsn::{Lsn, ParseLsnError};
 pub use pgoutput::DecodeError;
 pub use pool::connect_pool;
+pub use query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
 pub use quote::quote_ident;
-pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility};
+pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
 pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
 pub use snapshot::{Chunk, TableReader, WATERMARK_PREFIX, XidSnapshot, write_watermark};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};

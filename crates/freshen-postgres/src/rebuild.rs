@@ -22,6 +22,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -54,6 +55,8 @@ pub struct SqlRebuild {
     /// Parameter types of each statement, read when it was prepared.
     param_types: Arc<[Vec<Type>]>,
     batch: usize,
+    /// Whether parameters are arrays of key parts (batch mode, even for a batch of one).
+    arrays: bool,
     keys_per_transaction: usize,
     visibility: Visibility,
     visibility_wait: Duration,
@@ -102,6 +105,7 @@ pub struct SqlRebuildBuilder {
     pool: Pool,
     statements: Vec<String>,
     batch: usize,
+    arrays: bool,
     keys_per_transaction: usize,
     visibility: Visibility,
     visibility_wait: Duration,
@@ -128,6 +132,13 @@ impl SqlRebuildBuilder {
     /// (`1`, the default, is per key with scalar parameters).
     pub fn batch(mut self, max_keys: usize) -> Self {
         self.batch = max_keys;
+        self
+    }
+
+    /// Batch mode (parameters are arrays of key parts) even when `batch` is 1: the
+    /// statements of a query-mode rebuild are always written over arrays.
+    pub(crate) fn arrays(mut self) -> Self {
+        self.arrays = true;
         self
     }
 
@@ -178,6 +189,7 @@ impl SqlRebuildBuilder {
         if !problems.is_empty() {
             return Err(PgError::config(&problems));
         }
+        let arrays = self.arrays || self.batch > 1;
         let c = client(&self.pool).await?;
         let mut param_types = Vec::with_capacity(self.statements.len());
         for (i, sql) in self.statements.iter().enumerate() {
@@ -187,13 +199,13 @@ impl SqlRebuildBuilder {
             param_types.push(stmt.params().to_vec());
             for (j, ty) in stmt.params().iter().enumerate() {
                 let array = element(ty).is_some();
-                if self.batch > 1 && !array {
+                if arrays && !array {
                     problems.push(format!(
                         "statement {}: ${} is {}, but in batch mode every parameter is an array of one key part (write = ANY(${}))",
                         i + 1, j + 1, ty.name(), j + 1
                     ));
                 }
-                if self.batch == 1 && array && *ty != Type::TEXT_ARRAY {
+                if !arrays && array && *ty != Type::TEXT_ARRAY {
                     problems.push(format!(
                         "statement {}: ${} is an array ({}); array parameters are for batch mode (SqlRebuildBuilder::batch)",
                         i + 1, j + 1, ty.name()
@@ -209,6 +221,7 @@ impl SqlRebuildBuilder {
             statements: self.statements.into(),
             param_types: param_types.into(),
             batch: self.batch,
+            arrays,
             keys_per_transaction: self.keys_per_transaction,
             visibility: self.visibility,
             visibility_wait: self.visibility_wait,
@@ -223,6 +236,7 @@ impl SqlRebuild {
             pool,
             statements: Vec::new(),
             batch: 1,
+            arrays: false,
             keys_per_transaction: 16,
             visibility: Visibility::InSnapshot,
             visibility_wait: Duration::from_secs(2),
@@ -248,7 +262,7 @@ impl SqlRebuild {
     /// index, its parameters and what to say if it fails.
     fn plan(&self, due: &[Due]) -> Result<Vec<(usize, Vec<TextParam>, String)>, PgError> {
         let mut out = Vec::new();
-        if self.batch > 1 {
+        if self.arrays {
             let keys: Vec<Vec<Option<&str>>> =
                 due.iter().map(|d| d.key.parts().collect()).collect();
             for (i, types) in self.param_types.iter().enumerate() {
@@ -477,11 +491,35 @@ impl Drop for CancelOnDrop {
         // A cancel request is answered by the server before authentication and TLS, so
         // a plain connection reaches any server the rebuild reached.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            CANCELS_PENDING.fetch_add(1, Ordering::SeqCst);
             rt.spawn(async move {
                 let _ = token.cancel_query(NoTls).await;
+                CANCELS_PENDING.fetch_sub(1, Ordering::SeqCst);
+                CANCELS_SENT.notify_waiters();
             });
         }
     }
+}
+
+/// Cancel requests spawned by dropped rebuilds and not yet answered.
+static CANCELS_PENDING: AtomicUsize = AtomicUsize::new(0);
+static CANCELS_SENT: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Waits (at most `within`) until every cancel request of an abandoned rebuild has been
+/// delivered. A process that exits right after a shutdown calls this last: its
+/// runtime would otherwise drop the requests unsent and leave the statements running
+/// on the server.
+pub async fn cancels_settled(within: std::time::Duration) {
+    let settled = async {
+        loop {
+            let sent = CANCELS_SENT.notified();
+            if CANCELS_PENDING.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            sent.await;
+        }
+    };
+    let _ = tokio::time::timeout(within, settled).await;
 }
 
 /// Part `j` of `due`'s key, for `$j+1` of statement `i`.
@@ -532,7 +570,21 @@ where
 
 impl Rebuild for SqlRebuild {
     fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
-        Box::pin(async move { self.run(due).await.map_err(Into::into) })
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let result = self.run(due).await;
+            // `RUST_LOG=freshen_postgres=debug` follows every call.
+            match &result {
+                Ok(()) => tracing::debug!(
+                    keys = due.len(),
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    first = %due.first().map(|d| d.key.to_string()).unwrap_or_default(),
+                    "rebuilt"
+                ),
+                Err(e) => tracing::debug!(keys = due.len(), "rebuild failed: {e}"),
+            }
+            result.map_err(Into::into)
+        })
     }
 
     fn classify(&self, error: &BoxError) -> Retry {
@@ -542,7 +594,7 @@ impl Rebuild for SqlRebuild {
     }
 
     fn max_batch(&self) -> usize {
-        if self.batch > 1 {
+        if self.arrays {
             self.batch
         } else {
             self.keys_per_transaction

@@ -111,6 +111,18 @@ pub struct Reconcile {
     pub line: Option<usize>,
 }
 
+/// A view rebuilt by query: the rows `query` returns for a batch of keys are written
+/// into `into` (inserted, updated where they differ, deleted where gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryMode {
+    /// The target table: `(schema, table)`.
+    pub into: (String, String),
+    /// The query, selecting its batch with `$1..$n` (one array per key part).
+    pub query: String,
+    /// Line of `query` in the file.
+    pub line: Option<usize>,
+}
+
 /// One derived table kept fresh.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct View {
@@ -118,9 +130,13 @@ pub struct View {
     pub name: String,
     /// Watched tables.
     pub watch: Vec<Watch>,
-    /// Statements run in one transaction per key (or per batch of keys).
+    /// Statements run in one transaction per key (or per batch of keys); empty in query
+    /// mode.
     pub rebuild: Vec<String>,
+    /// Rebuild by query instead of statements (`into` + `query`).
+    pub query: Option<QueryMode>,
     /// Keys per rebuild round trip (statements written over arrays); `None` = one key.
+    /// Query mode always batches ([`freshen_postgres::DEFAULT_QUERY_BATCH`] unless set).
     pub rebuild_batch: Option<usize>,
     /// Without `rebuild_batch`: keys rebuilt in one transaction, each with its own
     /// parameters, pipelined (default 16).
@@ -184,6 +200,29 @@ pub struct Http {
     pub listen: SocketAddr,
     /// Host and Origin rules, timeouts, the connection limit.
     pub serving: freshen_http::Settings,
+    /// The bearer token the `/admin` endpoints require (`None`: open on loopback, off
+    /// beyond it).
+    pub admin_token: Option<AdminToken>,
+}
+
+/// The `/admin` endpoints' bearer token: never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// The shortest token accepted: guessable tokens make the check theatre.
+    pub const MIN_LEN: usize = 16;
+
+    /// The token itself, to compare with what a request presents.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
 }
 
 /// The longest duration any setting takes: a year. Every interval freshen runs on is
@@ -270,6 +309,8 @@ const VIEW: &[&str] = &[
     "name",
     "watch",
     "rebuild",
+    "into",
+    "query",
     "rebuild_batch",
     "keys_per_transaction",
     "reconcile",
@@ -287,14 +328,7 @@ const VIEW: &[&str] = &[
 
 /// Reads and validates `path`, expanding `${VAR}` from the process environment.
 pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        problems: vec![Problem {
-            line: None,
-            message: format!("cannot read the file: {e}"),
-        }],
-    })?;
+    let (src, file) = read(path)?;
     parse(&src, &file, &|name| std::env::var(name).ok())
 }
 
@@ -302,15 +336,66 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 /// the value using it is kept as written and not judged — and is listed in
 /// [`Config::unset`].
 pub fn load_offline(path: &std::path::Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let (src, file) = read(path)?;
+    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+}
+
+/// Only the `[http] listen` address of `path` (`None`: `"off"`), for `status` and
+/// `health`: they ask a running instance and need nothing else from its file, so the
+/// rest is not judged.
+pub fn http_listen(path: &std::path::Path) -> Result<Option<SocketAddr>, ConfigError> {
+    let (src, file) = read(path)?;
+    let problem = |message: String| ConfigError {
         file: file.clone(),
         problems: vec![Problem {
             line: None,
-            message: format!("cannot read the file: {e}"),
+            message,
         }],
-    })?;
-    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+    };
+    let doc: toml_edit::DocumentMut = src
+        .parse()
+        .map_err(|e: toml_edit::TomlError| problem(e.message().to_owned()))?;
+    let default = SocketAddr::from(([127, 0, 0, 1], 9187));
+    match doc.get("http").and_then(|h| h.get("listen")) {
+        None => Ok(Some(default)),
+        Some(v) => match v.as_str() {
+            Some("off") => Ok(None),
+            Some(s) => s.parse().map(Some).map_err(|_| {
+                problem(format!(
+                    "`http.listen` must be an address like \"127.0.0.1:9187\", not `{s}`"
+                ))
+            }),
+            None => Err(problem("`http.listen` must be a string".into())),
+        },
+    }
+}
+
+/// The default configuration file, looked for in the working directory.
+pub const DEFAULT_FILE: &str = "freshen.toml";
+
+/// The file's text and its name for messages.
+fn read(path: &std::path::Path) -> Result<(String, String), ConfigError> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(src) => Ok((src, file)),
+        Err(e) => {
+            let message = if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "no such file (freshen reads `{DEFAULT_FILE}` from the working directory \
+                     unless `-c FILE` names another; `deploy/freshen.toml` is a starting point)"
+                )
+            } else {
+                format!("cannot read the file: {e}")
+            };
+            Err(ConfigError {
+                file,
+                problems: vec![Problem {
+                    line: None,
+                    message,
+                }],
+            })
+        }
+    }
 }
 
 /// Parses and validates a configuration; `env` looks up `${VAR}` references.
@@ -383,6 +468,7 @@ fn parse_with(
         defaults,
         !sinks.is_empty() || changefeed.is_some(),
     );
+    check_query_targets(&mut r, &views, target.as_ref(), source.as_ref());
 
     let kind = root
         .t
@@ -517,6 +603,7 @@ const HTTP: &[&str] = &[
     "header_timeout",
     "request_timeout",
     "max_connections",
+    "admin_token",
 ];
 
 fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
@@ -528,6 +615,7 @@ fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
         return Some(Http {
             listen: default,
             serving,
+            admin_token: None,
         });
     };
     r.known_keys(t, HTTP);
@@ -557,17 +645,35 @@ fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
     if let Some(n) = r.int(t, "max_connections", 1..=l::MAX_CONNECTIONS as i64) {
         serving.max_connections = n.value as usize;
     }
+    let admin_token = r.string(t, "admin_token").and_then(|tok| {
+        if tok.value.chars().count() < AdminToken::MIN_LEN {
+            r.p.at_line(
+                tok.line,
+                format!(
+                    "`http.admin_token` must be at least {} characters (e.g. `openssl rand -hex 24`, passed as \"${{FRESHEN_ADMIN_TOKEN}}\")",
+                    AdminToken::MIN_LEN
+                ),
+            );
+            return None;
+        }
+        Some(AdminToken(tok.value))
+    });
     let Some(listen) = r.string(t, "listen") else {
         return Some(Http {
             listen: default,
             serving,
+            admin_token,
         });
     };
     if listen.value == "off" {
         return None;
     }
     match listen.value.parse::<SocketAddr>() {
-        Ok(listen) => Some(Http { listen, serving }),
+        Ok(listen) => Some(Http {
+            listen,
+            serving,
+            admin_token,
+        }),
         Err(_) => {
             r.p.at_line(
                 listen.line,
@@ -719,11 +825,12 @@ fn read_views(
             .map_or_else(|| path.clone(), |n| n.value.clone());
         let watch = read_watch(r, t, &vname);
         let rebuild = r.strings(t, "rebuild");
+        let query = read_query(r, t, &vname, &watch);
         match &rebuild {
-            None if t.t.get("rebuild").is_none() => r.missing(
+            None if t.t.get("rebuild").is_none() && t.t.get("query").is_none() && t.t.get("into").is_none() => r.missing(
                 t,
                 "rebuild",
-                "the SQL statements that recompute one key, with the key as $1..$n",
+                "how to recompute a key: `into` (the target table) and `query` (its rows for a batch of keys, `WHERE key = ANY($1)`), or `rebuild` statements with the key as $1..$n",
             ),
             Some(s) if s.value.is_empty() || s.value.iter().any(|q| q.trim().is_empty()) => {
                 r.p.at_line(
@@ -732,6 +839,16 @@ fn read_views(
                 )
             }
             _ => {}
+        }
+        if let Some(s) = &rebuild
+            && (t.t.get("query").is_some() || t.t.get("into").is_some())
+        {
+            r.p.at_line(
+                s.line,
+                format!(
+                    "view `{vname}`: has both `rebuild` statements and `into`/`query`: keep one (a query, which freshen writes set-based, or hand-written statements)"
+                ),
+            );
         }
         let rebuild_batch = r
             .int(t, "rebuild_batch", 1..=100_000)
@@ -744,7 +861,21 @@ fn read_views(
                     "view `{vname}`: `keys_per_transaction` is for per-key statements; with `rebuild_batch` the batch size is the number of keys"
                 ),
             );
+        } else if let Some(k) = keys_per_transaction
+            .as_ref()
+            .filter(|_| t.t.get("query").is_some())
+        {
+            r.p.at_line(
+                k.line,
+                format!(
+                    "view `{vname}`: `keys_per_transaction` is for per-key statements; a query rebuilds batches of keys (set their size with `rebuild_batch`)"
+                ),
+            );
         }
+        let rebuild_batch = match &query {
+            Some(_) => Some(rebuild_batch.unwrap_or(freshen_postgres::DEFAULT_QUERY_BATCH)),
+            None => rebuild_batch,
+        };
         let keys_per_transaction = keys_per_transaction.map_or(16, |k| k.value as usize);
         let reconcile = r.table(t, "reconcile", "reconcile").and_then(|rt| {
             r.known_keys(rt, &["every", "keys"]);
@@ -790,22 +921,131 @@ fn read_views(
             );
         }
         let timing = read_timing(r, t, defaults);
+        let (rebuild, rebuild_line) = match (rebuild, &query) {
+            (Some(s), None) => (Some(s.value), s.line),
+            (None, Some(q)) => (Some(Vec::new()), q.line),
+            _ => (None, None),
+        };
         if let (Some(name), Some(rebuild)) = (name, rebuild) {
             out.push(View {
                 name: name.value,
                 watch,
-                rebuild: rebuild.value,
+                rebuild,
+                query,
                 rebuild_batch,
                 keys_per_transaction,
                 reconcile,
                 timing,
                 line,
-                rebuild_line: rebuild.line,
+                rebuild_line,
                 static_tables,
             });
         }
     }
     out
+}
+
+/// `into` and `query`, which come together; what can be known of them without a
+/// database (a table name, a query using each key part's parameter).
+fn read_query(
+    r: &mut Reader<'_, '_>,
+    t: Tbl<'_>,
+    vname: &str,
+    watch: &[Watch],
+) -> Option<QueryMode> {
+    let into = r.string(t, "into");
+    let query = r.string(t, "query");
+    match (&into, &query) {
+        (None, Some(_)) if t.t.get("into").is_none() => r.missing(
+            t,
+            "into",
+            "the table the query's rows are written into; its key columns are the view's key",
+        ),
+        (Some(_), None) if t.t.get("query").is_none() => r.missing(
+            t,
+            "query",
+            "the rows of `into` for a batch of keys, e.g. \"SELECT device, sum(value) AS total FROM readings WHERE device = ANY($1) GROUP BY device\"",
+        ),
+        _ => {}
+    }
+    let (into, query) = (into?, query?);
+    let table = split_table(&into.value);
+    if table.is_none() {
+        r.p.at_line(
+            into.line,
+            format!(
+                "view `{vname}`: `into` `{}` is not a table name (\"schema.table\" or \"table\")",
+                into.value
+            ),
+        );
+    }
+    if query.value.trim().is_empty() {
+        r.p.at_line(
+            query.line,
+            format!("view `{vname}`: `query` must not be empty"),
+        );
+        return None;
+    }
+    let key: Vec<&str> = watch
+        .iter()
+        .find(|w| w.keys.is_none())
+        .map(|w| w.key.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let missing = freshen_postgres::check::missing_params(&query.value, key.len());
+    if !missing.is_empty() {
+        let example: Vec<String> = key
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("{k} = ANY(${})", i + 1))
+            .collect();
+        let missing: Vec<String> = missing.iter().map(|i| format!("${i}")).collect();
+        r.p.at_line(
+            query.line,
+            format!(
+                "view `{vname}`: the query must select its batch of keys with one array per key part ({}), but never uses {}",
+                example.join(" AND "),
+                missing.join(", ")
+            ),
+        );
+    }
+    Some(QueryMode {
+        into: table?,
+        query: query.value,
+        line: query.line,
+    })
+}
+
+/// Query mode reads and writes the target with PostgreSQL statements: it needs a
+/// PostgreSQL target that is the database the view reads (not another one).
+fn check_query_targets(
+    r: &mut Reader<'_, '_>,
+    views: &[View],
+    target: Option<&Target>,
+    source: Option<&Source>,
+) {
+    let Some(target) = target else { return };
+    let url = target.url.expose();
+    let source_url = source.and_then(|s| s.database_url());
+    for v in views {
+        let Some(q) = &v.query else { continue };
+        if crate::target::Flavor::of(url) == Some(crate::target::Flavor::MySql) {
+            r.p.at_line(
+                q.line,
+                format!(
+                    "view `{}`: `query` writes with PostgreSQL statements; on a MySQL/MariaDB target write hand-written `rebuild` statements",
+                    v.name
+                ),
+            );
+        } else if source_url.is_some_and(|s| s != url) {
+            r.p.at_line(
+                q.line,
+                format!(
+                    "view `{}`: `query` runs in the [target] database, which here is not the source database; query mode needs them to be one (drop [target]), or use hand-written `rebuild` statements (which may read the source through foreign tables)",
+                    v.name
+                ),
+            );
+        }
+    }
 }
 
 fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {

@@ -586,3 +586,167 @@ fn fan_out_mistakes_are_problems_with_lines() {
     let p = problems(&JOINED.replace("keys = ", "kyes = "));
     assert!(p.iter().any(|l| l.contains("kyes")), "{p:?}");
 }
+
+#[test]
+fn an_admin_token_is_long_enough_and_never_printed() {
+    let src = |token: &str| {
+        format!(
+            "[source]\nkind = \"postgres\"\nurl = \"postgres://a@h/d\"\n[http]\nadmin_token = \"{token}\"\n[[views]]\nname = \"v\"\nwatch = [{{ table = \"t\", key = [\"k\"] }}]\nrebuild = [\"SELECT $1\"]\n"
+        )
+    };
+    let env = |_: &str| None;
+    let e = parse(&src("short"), "f.toml", &env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("f.toml:5: `http.admin_token` must be at least 16"),
+        "{e}"
+    );
+    assert!(!e.contains("short"), "{e}");
+    let c = parse(&src("a-long-enough-s3cret"), "f.toml", &env).unwrap();
+    let http = c.http.unwrap();
+    assert_eq!(
+        http.admin_token.as_ref().unwrap().expose(),
+        "a-long-enough-s3cret"
+    );
+    assert!(!format!("{http:?}").contains("s3cret"));
+}
+
+const QUERY_VIEW: &str = r#"
+[source]
+kind = "postgres"
+url = "${DATABASE_URL}"
+
+[[views]]
+name = "device_totals"
+watch = [ { table = "readings", key = ["device"] } ]
+into = "device_totals"
+query = "SELECT device, sum(value) AS total, count(*) AS n FROM readings WHERE device = ANY($1) GROUP BY device"
+"#;
+
+#[test]
+fn a_query_view_resolves_and_batches_by_default() {
+    let c = parse(QUERY_VIEW, "f.toml", &env).unwrap();
+    let v = &c.views[0];
+    let q = v.query.as_ref().expect("query mode");
+    assert_eq!(q.into, ("public".to_string(), "device_totals".to_string()));
+    assert!(q.query.contains("ANY($1)"), "{}", q.query);
+    assert_eq!(q.line, Some(10));
+    assert!(v.rebuild.is_empty());
+    assert_eq!(v.rebuild_batch, Some(freshen_postgres::DEFAULT_QUERY_BATCH));
+    let mine = QUERY_VIEW.replace("into = ", "rebuild_batch = 8\ninto = ");
+    let c = parse(&mine, "f.toml", &env).unwrap();
+    assert_eq!(
+        c.views[0].rebuild_batch,
+        Some(8),
+        "the batch setting is honoured"
+    );
+}
+
+#[test]
+fn a_view_says_how_to_rebuild_in_exactly_one_way() {
+    // Both ways at once.
+    let both = QUERY_VIEW.replace(
+        "into = ",
+        "rebuild = [\"DELETE FROM device_totals WHERE device = $1\"]\ninto = ",
+    );
+    let p = problems(&both);
+    assert!(
+        p.iter().any(|l| l.starts_with(
+            "f.toml:9: view `device_totals`: has both `rebuild` statements and `into`/`query`"
+        )),
+        "{p:#?}"
+    );
+    // Neither.
+    let neither: String = QUERY_VIEW
+        .lines()
+        .filter(|l| !l.starts_with("into") && !l.starts_with("query"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let p = problems(&neither);
+    assert!(
+        p.iter().any(|l| l
+            .starts_with("f.toml:6: `views[0]` needs `rebuild` (how to recompute a key: `into`")),
+        "{p:#?}"
+    );
+    // Half of query mode, each half.
+    let no_into = QUERY_VIEW.replace("into = \"device_totals\"\n", "");
+    let p = problems(&no_into);
+    assert!(p.iter().any(|l| l.contains("needs `into`")), "{p:#?}");
+    let no_query: String = QUERY_VIEW
+        .lines()
+        .filter(|l| !l.starts_with("query"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let p = problems(&no_query);
+    assert!(p.iter().any(|l| l.contains("needs `query`")), "{p:#?}");
+}
+
+#[test]
+fn query_mode_problems_are_listed_at_once_with_their_lines() {
+    let src = r#"
+[source]
+kind = "postgres"
+url = "${DATABASE_URL}"
+
+[[views]]
+name = "a"
+watch = [ { table = "readings", key = ["device", "site"] } ]
+into = "x.y.z"
+query = "SELECT device, site FROM readings WHERE device = ANY($1)"
+keys_per_transaction = 4
+
+[[views]]
+name = "b"
+watch = [ { table = "readings", key = ["device"] } ]
+into = "t"
+query = "  "
+"#;
+    let p = problems(src);
+    let want = [
+        "f.toml:9: view `a`: `into` `x.y.z` is not a table name",
+        "f.toml:10: view `a`: the query must select its batch of keys with one array per key part (device = ANY($1) AND site = ANY($2)), but never uses $2",
+        "f.toml:11: view `a`: `keys_per_transaction` is for per-key statements; a query rebuilds batches of keys",
+        "f.toml:17: view `b`: `query` must not be empty",
+    ];
+    for w in want {
+        assert!(
+            p.iter().any(|l| l.starts_with(w)),
+            "missing {w:?} in\n{}",
+            p.join("\n")
+        );
+    }
+}
+
+#[test]
+fn query_mode_needs_the_source_database_as_its_postgres_target() {
+    let other = QUERY_VIEW.replace(
+        "[[views]]",
+        "[target]\nurl = \"${TARGET_URL}\"\n\n[[views]]",
+    );
+    let p = problems(&other);
+    assert!(
+        p.iter().any(|l| l.starts_with("f.toml:13: view `device_totals`: `query` runs in the [target] database, which here is not the source database")),
+        "{p:#?}"
+    );
+    let same = QUERY_VIEW.replace(
+        "[[views]]",
+        "[target]\nurl = \"${DATABASE_URL}\"\n\n[[views]]",
+    );
+    assert!(
+        parse(&same, "f.toml", &env).is_ok(),
+        "the source database named again is fine"
+    );
+    #[cfg(feature = "mysql")]
+    {
+        let mysql = QUERY_VIEW.replace(
+            "[[views]]",
+            "[target]\nurl = \"mysql://app@db/app\"\n\n[[views]]",
+        );
+        let p = problems(&mysql);
+        assert!(
+            p.iter().any(|l| l.starts_with("f.toml:13: view `device_totals`: `query` writes with PostgreSQL statements; on a MySQL/MariaDB target")),
+            "{p:#?}"
+        );
+    }
+}

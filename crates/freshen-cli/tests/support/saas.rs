@@ -250,3 +250,57 @@ pub async fn workload(c: &mut Client, r: &mut Rng, n: usize) {
         tx.commit().await.expect("commit");
     }
 }
+
+/// The three views in query mode: the same read models declared as queries (the key
+/// column named as the target's), written by freshen set-based; `extra` is appended to
+/// `[defaults]`. The fan-out entries stay: a plan or invoice change maps to view keys
+/// that the query then rebuilds.
+pub fn query_config(url: &str, http: &str, timing: &str) -> String {
+    format!(
+        r#"
+[source]
+kind = "postgres"
+url = "{url}"
+slot = "freshen_saas"
+publication = "freshen_saas"
+
+[http]
+listen = "{http}"
+
+[defaults]
+{timing}
+
+[[views]]
+name = "account_mrr"
+watch = [
+  {{ table = "public.subscriptions", key = ["account_id"] }},
+  {{ table = "public.accounts", key = ["id"] }},
+  {{ table = "public.plans", key = ["id"], keys = "SELECT account_id FROM subscriptions WHERE plan_id = $1" }},
+]
+into = "account_mrr"
+query = "SELECT a.id AS account_id, coalesce(sum(s.seats * p.price), 0)::bigint AS mrr FROM accounts a LEFT JOIN subscriptions s ON s.account_id = a.id LEFT JOIN plans p ON p.id = s.plan_id WHERE a.id = ANY($1) GROUP BY a.id"
+
+[[views]]
+name = "product_sales"
+watch = [
+  {{ table = "public.invoice_lines", key = ["product_id"] }},
+  {{ table = "public.products", key = ["id"] }},
+  {{ table = "public.invoices", key = ["id"], keys = "SELECT product_id FROM invoice_lines WHERE invoice_id = $1" }},
+]
+rebuild_batch = 4
+into = "product_sales"
+query = "SELECT p.id AS product_id, p.name, coalesce(sum(l.amount) FILTER (WHERE NOT i.voided), 0)::bigint AS total, count(l.id) FILTER (WHERE NOT i.voided) AS lines FROM products p LEFT JOIN invoice_lines l ON l.product_id = p.id LEFT JOIN invoices i ON i.id = l.invoice_id WHERE p.id = ANY($1) GROUP BY p.id, p.name"
+
+[[views]]
+name = "account_search"
+watch = [
+  {{ table = "public.subscriptions", key = ["account_id"] }},
+  {{ table = "public.accounts", key = ["id"] }},
+  {{ table = "public.invoices", key = ["account_id"] }},
+  {{ table = "public.plans", key = ["id"], keys = "SELECT account_id FROM subscriptions WHERE plan_id = $1" }},
+]
+into = "account_search"
+query = "SELECT a.id AS account_id, a.name, a.region, coalesce((SELECT string_agg(p.name, ',' ORDER BY p.name, s.id) FROM subscriptions s JOIN plans p ON p.id = s.plan_id WHERE s.account_id = a.id), '') AS plans, (SELECT count(*) FROM invoices i WHERE i.account_id = a.id AND NOT i.voided) AS open_invoices FROM accounts a WHERE a.id = ANY($1)"
+"#
+    )
+}

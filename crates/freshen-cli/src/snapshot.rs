@@ -1,0 +1,67 @@
+//! `freshen snapshot`: start a changefeed snapshot of some tables on a running instance
+//! (`POST /changefeed/snapshot`), or show each table's progress (`GET`).
+//!
+//! The address is the configuration's `[changefeed.http] listen`; the bearer token,
+//! when the changefeed requires one, the first `admin` token of the configuration (its
+//! value or its `token_env`), else `$FRESHEN_CHANGEFEED_TOKEN`.
+
+use anyhow::{Context, bail};
+
+use crate::config::Config;
+
+/// The environment variable read for the token when the configuration names none.
+pub const TOKEN_ENV: &str = "FRESHEN_CHANGEFEED_TOKEN";
+
+/// The changefeed's base URL and an admin token, from `cfg`.
+fn endpoint(cfg: &Config) -> anyhow::Result<(String, Option<String>)> {
+    let Some(cf) = &cfg.changefeed else {
+        bail!("the configuration has no [changefeed]");
+    };
+    let mut addr = cf.http.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let configured = cf
+        .http
+        .tokens
+        .iter()
+        .filter(|t| t.scope == freshen_changefeed::Scope::Admin)
+        .find_map(|t| {
+            t.token
+                .clone()
+                .or_else(|| t.token_env.as_deref().and_then(|v| std::env::var(v).ok()))
+        });
+    let token = configured.or_else(|| std::env::var(TOKEN_ENV).ok());
+    Ok((format!("http://{addr}"), token))
+}
+
+/// Starts a snapshot of `tables` (`schema.table`), or with none prints the progress.
+pub async fn run(cfg: &Config, tables: &[String]) -> anyhow::Result<String> {
+    let (base, token) = endpoint(cfg)?;
+    let (code, body) = if tables.is_empty() {
+        crate::status::request(&base, "GET", "/changefeed/snapshot", token.as_deref(), None).await?
+    } else {
+        let body = serde_json::json!({ "tables": tables }).to_string();
+        crate::status::request(
+            &base,
+            "POST",
+            "/changefeed/snapshot",
+            token.as_deref(),
+            Some(&body),
+        )
+        .await?
+    };
+    if !(200..300).contains(&code) {
+        bail!(
+            "{base}/changefeed/snapshot answered {code}: {}",
+            body.trim()
+        );
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&body).context("the changefeed's answer is not JSON")?;
+    Ok(serde_json::to_string_pretty(&v)?)
+}

@@ -1,0 +1,369 @@
+//! `QueryRebuild`: rebuild keys from a declared query instead of hand-written
+//! statements. The query returns the rows the target table should hold for a batch of
+//! keys; freshen writes them with one set-based statement per batch (see
+//! [`merge`](crate::merge)) that changes only the rows that differ.
+//!
+//! It runs as a [`SqlRebuild`] in batch mode, so the visibility guard, the transaction,
+//! cancellation and the failure classification are exactly those of hand-written
+//! rebuilds.
+
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use freshen::{BoxError, BoxFuture, Due, Rebuild, Retry};
+use tokio_postgres::Client;
+use tokio_postgres::types::Kind;
+
+use crate::check::db_message;
+use crate::error::ErrorKind;
+use crate::merge::{Merge, column_problems};
+use crate::pool::client;
+use crate::quote::quote_ident;
+use crate::{PgError, SqlRebuild, TableName, Visibility};
+
+/// Keys per statement when nothing else is said: large enough that the per-statement
+/// costs (planning, the round trip, the visibility check) are spread thin, small enough
+/// that one slow key delays few others (see BENCHMARKS.md, "rebuild-index").
+pub const DEFAULT_QUERY_BATCH: usize = 64;
+
+/// A [`freshen::Rebuild`] that writes what a query returns into a table: for the
+/// batch's keys it inserts the rows the table lacks, updates the rows whose values
+/// differ (`IS DISTINCT FROM`: an unchanged row is not rewritten) and deletes the rows
+/// of keys the query no longer returns — one statement per batch, in one REPEATABLE
+/// READ transaction that sees every change that dirtied the keys.
+///
+/// The query selects the batch with `$1..$n`, one array per key part
+/// (`WHERE device = ANY($1)`), and returns the key columns (named as the target's) and
+/// any other columns of the target. The target needs a primary key or unique index on
+/// the key columns: a key has one row.
+#[derive(Clone, Debug)]
+pub struct QueryRebuild {
+    inner: SqlRebuild,
+    statement: String,
+}
+
+/// Configures a [`QueryRebuild`]; from [`QueryRebuild::builder`].
+#[derive(Debug)]
+pub struct QueryRebuildBuilder {
+    pool: Pool,
+    into: TableName,
+    key: Vec<String>,
+    query: String,
+    batch: usize,
+    visibility: Visibility,
+    visibility_wait: Duration,
+}
+
+impl QueryRebuildBuilder {
+    /// Keys per statement (default [`DEFAULT_QUERY_BATCH`]).
+    pub fn batch(mut self, max_keys: usize) -> Self {
+        self.batch = max_keys;
+        self
+    }
+
+    /// Where visibility is proved (default [`Visibility::InSnapshot`]).
+    pub fn visibility(mut self, v: Visibility) -> Self {
+        self.visibility = v;
+        self
+    }
+
+    /// How long to retry a snapshot that does not yet see the dirtying transactions
+    /// (default 2 s).
+    pub fn visibility_wait(mut self, d: Duration) -> Self {
+        self.visibility_wait = d;
+        self
+    }
+
+    /// Checks the query against the target table (every mismatch at once), writes the
+    /// statement and prepares it.
+    pub async fn build(self) -> Result<QueryRebuild, PgError> {
+        if self.batch == 0 {
+            return Err(problems(
+                &self.into,
+                &["batch size must be at least 1".into()],
+            ));
+        }
+        let c = client(&self.pool).await?;
+        let statement = match plan(&c, &self.into, &self.key, &self.query).await? {
+            Ok(statement) => statement,
+            Err(found) => return Err(problems(&self.into, &found)),
+        };
+        drop(c);
+        let inner = SqlRebuild::builder(self.pool)
+            .statement(statement.clone())
+            .batch(self.batch)
+            .arrays()
+            .visibility(self.visibility)
+            .visibility_wait(self.visibility_wait)
+            .build()
+            .await?;
+        Ok(QueryRebuild { inner, statement })
+    }
+}
+
+fn problems(into: &TableName, found: &[String]) -> PgError {
+    let mut message = format!("the query cannot rebuild {into}:");
+    for p in found {
+        message.push_str("\n  - ");
+        message.push_str(p);
+    }
+    PgError::new(ErrorKind::Config, message)
+}
+
+impl QueryRebuild {
+    /// A builder: `query`'s rows for a batch of keys go into `into`, whose `key` columns
+    /// are the view's key (`$1..$n` in this order).
+    pub fn builder(
+        pool: Pool,
+        into: TableName,
+        key: Vec<String>,
+        query: impl Into<String>,
+    ) -> QueryRebuildBuilder {
+        QueryRebuildBuilder {
+            pool,
+            into,
+            key,
+            query: query.into(),
+            batch: DEFAULT_QUERY_BATCH,
+            visibility: Visibility::InSnapshot,
+            visibility_wait: Duration::from_secs(2),
+        }
+    }
+
+    /// The statement each batch runs.
+    pub fn statement(&self) -> &str {
+        &self.statement
+    }
+
+    /// Rebuilds `due` (as [`Rebuild::rebuild`] does), with the typed error.
+    pub async fn run(&self, due: &[Due]) -> Result<(), PgError> {
+        self.inner.run(due).await
+    }
+}
+
+impl Rebuild for QueryRebuild {
+    fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
+        self.inner.rebuild(due)
+    }
+
+    fn classify(&self, error: &BoxError) -> Retry {
+        self.inner.classify(error)
+    }
+
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+}
+
+/// A column of the target table as the merge needs it.
+struct TargetColumn {
+    name: String,
+    type_name: String,
+    /// NOT NULL without a default: an insert must give it.
+    required: bool,
+}
+
+/// Checks `query` against `into` and writes the merge statement: `Ok(Ok(sql))`, or
+/// `Ok(Err(problems))` listing every mismatch; `Err` when the database could not be
+/// asked.
+pub(crate) async fn plan(
+    c: &Client,
+    into: &TableName,
+    key: &[String],
+    query: &str,
+) -> Result<Result<String, Vec<String>>, PgError> {
+    let mut found = Vec::new();
+    let stmt = match c.prepare(query).await {
+        Ok(s) => s,
+        Err(e) => {
+            found.push(format!("the query does not prepare: {}", db_message(&e)));
+            return Ok(Err(found));
+        }
+    };
+    let params = stmt.params();
+    if params.len() != key.len() || params.iter().any(|t| !matches!(t.kind(), Kind::Array(_))) {
+        let example: Vec<String> = key
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("{} = ANY(${})", quote_ident(k), i + 1))
+            .collect();
+        let got: Vec<String> = params
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("${} is {}", i + 1, t.name()))
+            .collect();
+        found.push(format!(
+            "the query must select its batch of keys with one array per key part ({}): {}",
+            example.join(" AND "),
+            if got.is_empty() {
+                "it takes no parameters".to_string()
+            } else {
+                got.join(", ")
+            }
+        ));
+    }
+    let target = match target_columns(c, into).await? {
+        Some(t) => t,
+        None => {
+            found.push(format!("the target table {into} does not exist"));
+            return Ok(Err(found));
+        }
+    };
+    let output: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
+    let names: Vec<String> = target.iter().map(|t| t.name.clone()).collect();
+    found.extend(column_problems(key, &output, &names));
+    for t in &target {
+        if t.required && !output.contains(&t.name) {
+            found.push(format!(
+                "{into}.{} is NOT NULL without a default, and the query does not return it",
+                t.name
+            ));
+        }
+    }
+    if key.iter().all(|k| names.contains(k)) && !unique_on(c, into, key).await? {
+        found.push(format!(
+            "{into} has no primary key or unique index on ({}): a key must have one row (and the index is how each batch finds its rows)",
+            key.join(", ")
+        ));
+    }
+    // Each shared column, written and compared the way the statement will, so that
+    // every type mismatch is reported (a whole statement stops at its first).
+    for (col, ty) in stmt.columns().iter().map(|c| (c.name(), c.type_())) {
+        let Some(t) = target.iter().find(|t| t.name == col) else {
+            continue;
+        };
+        let c_ = quote_ident(col);
+        let compare = if key.iter().any(|k| k == col) {
+            format!("t.{c_} = q.{c_}")
+        } else {
+            format!("ROW(t.{c_}) IS DISTINCT FROM ROW(q.{c_})")
+        };
+        let probe = format!(
+            "WITH q AS ({query}\n) UPDATE {} AS t SET {c_} = q.{c_} FROM q WHERE {compare}",
+            into.quoted()
+        );
+        if let Err(e) = c.prepare(&probe).await {
+            found.push(format!(
+                "column `{col}`: the query returns {}, which does not fit {into}.{col} ({}): {}",
+                ty.name(),
+                t.type_name,
+                db_message(&e)
+            ));
+        }
+    }
+    if !found.is_empty() {
+        return Ok(Err(found));
+    }
+    let values: Vec<String> = output.into_iter().filter(|c| !key.contains(c)).collect();
+    let sql = Merge {
+        into,
+        key,
+        values: &values,
+    }
+    .statement(query);
+    if let Err(e) = c.prepare(&sql).await {
+        found.push(format!(
+            "the statement written from the query does not prepare: {}",
+            db_message(&e)
+        ));
+        return Ok(Err(found));
+    }
+    Ok(Ok(sql))
+}
+
+/// `into`'s columns; `None` when it does not exist.
+async fn target_columns(
+    c: &Client,
+    into: &TableName,
+) -> Result<Option<Vec<TargetColumn>>, PgError> {
+    let rows = c
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
+                    a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' \
+             FROM pg_attribute a JOIN pg_class r ON r.oid = a.attrelid \
+             JOIN pg_namespace n ON n.oid = r.relnamespace \
+             WHERE n.nspname = $1 AND r.relname = $2 AND r.relkind IN ('r', 'p') \
+               AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&into.schema, &into.name],
+        )
+        .await
+        .map_err(|e| PgError::sql(format!("cannot read the columns of {into}"), e))?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        rows.iter()
+            .map(|r| TargetColumn {
+                name: r.get(0),
+                type_name: r.get(1),
+                required: r.get(2),
+            })
+            .collect(),
+    ))
+}
+
+/// An index as the rebuild advice reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct IndexInfo {
+    /// Its name.
+    pub(crate) name: String,
+    /// Unique, not partial, no expressions.
+    pub(crate) plain_unique: bool,
+    /// Its key columns in order (expressions left out).
+    pub(crate) key: Vec<String>,
+    /// How many key columns it has (expressions included).
+    pub(crate) key_count: usize,
+    /// Whether the table was last CLUSTERed on it.
+    pub(crate) clustered: bool,
+    /// Its INCLUDE columns.
+    pub(crate) include: Vec<String>,
+}
+
+impl IndexInfo {
+    /// Whether its leading key columns are `key`, in any order.
+    pub(crate) fn leads_with(&self, key: &[String]) -> bool {
+        self.key.len() >= key.len()
+            && self.key_count >= key.len()
+            && key.iter().all(|k| self.key[..key.len()].contains(k))
+    }
+}
+
+/// The indexes of `table` (none when it does not exist).
+pub(crate) async fn indexes(c: &Client, table: &TableName) -> Result<Vec<IndexInfo>, PgError> {
+    let rows = c
+        .query(
+            "SELECT i.indexrelid::regclass::text, \
+                    i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL, \
+                    ARRAY(SELECT a.attname::text FROM generate_series(0, i.indnkeyatts - 1) s \
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[s] ORDER BY s), \
+                    i.indnkeyatts::int4, i.indisclustered, \
+                    ARRAY(SELECT a.attname::text FROM generate_series(i.indnkeyatts, i.indnatts - 1) s \
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[s] ORDER BY s) \
+             FROM pg_index i JOIN pg_class r ON r.oid = i.indrelid \
+             JOIN pg_namespace n ON n.oid = r.relnamespace \
+             WHERE n.nspname = $1 AND r.relname = $2 AND i.indisvalid",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(|e| PgError::sql(format!("cannot read the indexes of {table}"), e))?;
+    Ok(rows
+        .iter()
+        .map(|r| IndexInfo {
+            name: r.get(0),
+            plain_unique: r.get(1),
+            key: r.get(2),
+            key_count: usize::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+            clustered: r.get(4),
+            include: r.get(5),
+        })
+        .collect())
+}
+
+/// Whether `into` has a primary key or a unique index (not partial, no expressions)
+/// whose columns are exactly `key`.
+async fn unique_on(c: &Client, into: &TableName, key: &[String]) -> Result<bool, PgError> {
+    Ok(indexes(c, into)
+        .await?
+        .iter()
+        .any(|i| i.plain_unique && i.key_count == key.len() && i.leads_with(key)))
+}

@@ -507,3 +507,51 @@ fn has_line(text: &str, level: &str, check: &str, subject: &str) -> bool {
         l.starts_with(level) && l.split_whitespace().nth(1) == Some(check) && l.contains(subject)
     })
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_waits_as_a_standby_and_takes_over() {
+    let pg = start_pg();
+    let mut c = connect(&pg.url()).await;
+    let held = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let ports = [free_port(), free_port()];
+    let bases = ports.map(|p| format!("http://127.0.0.1:{p}"));
+    let cfgs = [0, 1].map(|i| {
+        write_config(
+            dirs[i].path(),
+            &config(
+                &pg.url(),
+                &format!("127.0.0.1:{}", ports[i]),
+                &view("plain", ""),
+            ),
+        )
+    });
+    let mut a = spawn_run(dirs[0].path(), &cfgs[0], 1);
+    wait_http(&bases[0], "/healthz", 200, Duration::from_secs(30)).await;
+    let _b = spawn_run(dirs[1].path(), &cfgs[1], 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(s) = freshen_cli::status::fetch(&bases[1]).await
+            && s.role == "standby"
+        {
+            let waits_for = s.standby_for.unwrap_or_default();
+            assert!(
+                waits_for.contains("postgres-incremental:freshen"),
+                "{waits_for}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the second process never waited");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut r = Rng::new(3);
+    workload(&mut c, &held, &mut r, 40).await;
+    a.kill().unwrap();
+    a.wait().unwrap();
+    workload(&mut c, &held, &mut r, 40).await;
+    wait_http(&bases[1], "/healthz", 200, Duration::from_secs(30)).await;
+    wait_equal(&c, "plain_totals", Duration::from_secs(60)).await;
+    let status = freshen_cli::status::fetch(&bases[1]).await.unwrap();
+    assert_eq!(status.role, "active");
+}

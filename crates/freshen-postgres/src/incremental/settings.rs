@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use freshen::plug::{Finding, Plan, SourcePlug, Started};
+use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{Backoff, BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
@@ -265,6 +265,28 @@ impl SourcePlug for PgIncrementalSettings {
 
     fn check<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>> {
         Box::pin(check(self, plan))
+    }
+
+    /// One active process per source name: the advisory lock lives in the cursor
+    /// store's database (writable, unlike a read replica that may be the polled one),
+    /// keyed apart from replication slots' (a slot name holds no `:`).
+    fn lead(&self) -> BoxFuture<'_, Result<Lease, BoxError>> {
+        Box::pin(async move {
+            let url = self.store_url.as_ref().unwrap_or(&self.url);
+            let connection = ConnectionConfig::from_url(url.expose())?;
+            let key = format!("postgres-incremental:{}", self.name);
+            Ok(
+                match crate::Leadership::try_acquire(&connection, &key).await? {
+                    crate::Attempt::Leader(mut l) => {
+                        Lease::Granted(Box::pin(async move { BoxError::from(l.lost().await) }))
+                    }
+                    crate::Attempt::Held(holder) => Lease::Held(match holder {
+                        Some(h) => h.to_string(),
+                        None => "another process".to_owned(),
+                    }),
+                },
+            )
+        })
     }
 
     fn start<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Result<Started, BoxError>> {

@@ -14,6 +14,7 @@ mod codec;
 mod fanout;
 mod freshness;
 mod huge_tx;
+mod incremental;
 mod kafka;
 mod rebuild_index;
 mod report;
@@ -101,6 +102,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "fanout",
         about: "a plan's price change fanning out to 1k / 100k / 1M accounts: freshen's fan-out (settle time, rebuilds per fanned key, heap) vs a row trigger (writer latency)",
         run: fanout::run,
+    },
+    Scenario {
+        name: "incremental",
+        about: "source cost on the server: cursor polling (postgres-incremental: 100 ms and 1 s, lookback 0 and 5 s) vs logical replication on the same writes; changes/s, server CPU per change, idle CPU per poll",
+        run: incremental::run,
     },
     Scenario {
         name: "huge-tx",

@@ -426,6 +426,32 @@ pub(crate) fn process_cpu(pid: u32) -> Duration {
     ticks(stat_of(pid).map_or(0, |(_, own, _)| own))
 }
 
+/// CPU time (user + system) spent so far by the PostgreSQL server whose data directory is
+/// `data_dir`: its postmaster and every backend, live or reaped (a walsender, a polling
+/// connection, the writers' backends).
+pub(crate) fn server_cpu(data_dir: &std::path::Path) -> Duration {
+    let Some(root) = std::fs::read_to_string(data_dir.join("postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next()?.trim().parse::<u32>().ok())
+    else {
+        return Duration::ZERO;
+    };
+    let mut total = stat_of(root).map_or(0, |(_, own, reaped)| own + reaped);
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for pid in dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        {
+            if let Some((ppid, own, reaped)) = stat_of(pid)
+                && ppid == root
+            {
+                total += own + reaped;
+            }
+        }
+    }
+    ticks(total)
+}
+
 /// CPU time (user + system) spent so far by this process and every process below it:
 /// the PostgreSQL server and its backends, pgbench, pg_recvlogical, freshen's threads.
 ///

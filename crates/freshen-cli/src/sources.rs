@@ -44,6 +44,7 @@ const fn kind<T: DeserializeOwned + SourcePlug>(name: &'static str, database: bo
 /// Every source kind, in the order error messages list them.
 pub const KINDS: &[Kind] = &[
     kind::<freshen_postgres::PgSourceSettings>("postgres", true),
+    kind::<freshen_postgres::PgIncrementalSettings>("postgres-incremental", true),
     #[cfg(feature = "mysql")]
     kind::<freshen_mysql::MySqlSourceConfig>("mysql", true),
     #[cfg(feature = "kafka")]

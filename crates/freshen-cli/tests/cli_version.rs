@@ -7,7 +7,7 @@ use support::freshen;
 
 /// What the binary must print, from this test's own view of the features it was built with.
 fn expected() -> String {
-    let mut sources = vec!["postgres"];
+    let mut sources = vec!["postgres", "postgres-incremental"];
     if cfg!(feature = "mysql") {
         sources.push("mysql");
     }

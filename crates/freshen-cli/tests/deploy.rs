@@ -299,7 +299,7 @@ fn the_container_image_builds_and_runs_freshen_check() {
     } else {
         assert!(
             String::from_utf8_lossy(&said.stdout).starts_with(&format!(
-                "freshen {} (sources: postgres;",
+                "freshen {} (sources: postgres, postgres-incremental;",
                 env!("CARGO_PKG_VERSION")
             )),
             "{said:?}"

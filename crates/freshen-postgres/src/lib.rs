@@ -28,6 +28,9 @@
 //!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
 //! - [`SqlFanOut`]: a [`freshen::Expand`] that maps changed parent rows to view keys
 //!   with a query, in a snapshot that sees the change, page by page.
+//! - [`PgIncrementalSource`] ([`incremental`]): a cursor-polling source for databases
+//!   without replication grants (SELECT only): keyset pages past a cursor column, late
+//!   commits found through the `xmin` horizon, cursors stored after the rebuilds.
 //!
 //! # Example
 //!
@@ -82,6 +85,7 @@ pub mod depends;
 mod enumerate;
 mod error;
 mod fanout;
+pub mod incremental;
 mod leader;
 mod lsn;
 mod merge;
@@ -112,6 +116,7 @@ pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
 pub use fanout::{SqlFanOut, SqlFanOutBuilder};
+pub use incremental::{PgIncrementalSettings, PgIncrementalSource};
 pub use leader::{Attempt, Holder, Leadership, STANDBY_RETRY};
 pub use lsn::{Lsn, ParseLsnError};
 pub use pgoutput::DecodeError;

@@ -112,11 +112,11 @@ fn default_status_interval() -> Duration {
     Duration::from_secs(1)
 }
 
-fn secret_url<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
+pub(crate) fn secret_url<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D::Error> {
     String::deserialize(d).map(SecretUrl::new)
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
         .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration ({e})")))

@@ -342,3 +342,23 @@ pub async fn wait_demo_equal(c: &Client, devices: i64, within: Duration) -> bool
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Every event of the changefeed served at `base`, in sequence order.
+pub async fn changefeed_events(base: &str) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut from = 0u64;
+    loop {
+        let (code, body) =
+            freshen_cli::status::get(base, &format!("/changefeed?from_seq={from}&limit=500"))
+                .await
+                .expect("the changefeed answers");
+        assert_eq!(code, 200, "{body}");
+        let doc: serde_json::Value = serde_json::from_str(&body).expect("a JSON page");
+        let events = doc["events"].as_array().cloned().unwrap_or_default();
+        let Some(last) = events.last() else {
+            return out;
+        };
+        from = last["sequence"].as_u64().expect("a sequence");
+        out.extend(events);
+    }
+}

@@ -123,6 +123,7 @@ mod refresher;
 mod report;
 mod retry;
 mod runner;
+mod schema;
 mod source;
 mod stats;
 mod sweep;
@@ -144,6 +145,7 @@ pub use redact::{
 pub use refresher::{Handle, Quarantined, Refresher};
 pub use report::{BuildError, Report, RunError};
 pub use retry::Retry;
+pub use schema::{Difference, Gap, SchemaChange};
 pub use source::{
     Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
     SourceProbe, SourceProblem, StreamMark,

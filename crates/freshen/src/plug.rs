@@ -257,6 +257,25 @@ pub fn gaps(kind: &str, caps: &Capabilities, view: &Reliance<'_>) -> Vec<Finding
         "TRUNCATE is",
         "a truncated table's rows stay in the view",
     );
+    if caps.row_gaps {
+        let what = format!(
+            "some changes reach a {kind} source without their rows (large messages sent key-only, statements instead of rows, dropped partitions)"
+        );
+        out.push(match view.sweep {
+            Some(_) => Finding::warning(
+                "contract",
+                &subject,
+                format!("{what}: each asks for a reconcile sweep of the views over its table, which heals it"),
+            ),
+            None => Finding::error(
+                "contract",
+                &subject,
+                format!(
+                    "{what} and the view has no reconcile sweep: their scopes stay stale until the keys change again; add `reconcile = {{ every = \"10m\", keys = \"…\" }}`"
+                ),
+            ),
+        });
+    }
     // A row that moves to another key dirties the key it left only with its former
     // row; without one the old key keeps the row. Per-table images are the source's own
     // check (it names the tables).
@@ -339,6 +358,36 @@ mod tests {
         assert_eq!(
             levels(&none, Some(Duration::from_secs(60))),
             [Level::Warning; 4]
+        );
+    }
+
+    #[test]
+    fn a_source_that_can_lose_rows_needs_a_sweep() {
+        let lossy = Capabilities {
+            before_image: BeforeImage::Full,
+            deletes: true,
+            truncates: true,
+            recoverable: true,
+            row_gaps: true,
+            ..Capabilities::NONE
+        };
+        assert_eq!(levels(&lossy, None), [Level::Error]);
+        assert_eq!(
+            levels(&lossy, Some(Duration::from_secs(60))),
+            [Level::Warning]
+        );
+        let f = gaps(
+            "kafka",
+            &lossy,
+            &Reliance {
+                view: "v",
+                sweep: None,
+            },
+        );
+        assert!(
+            f[0].message.contains("without their rows"),
+            "{}",
+            f[0].message
         );
     }
 

@@ -254,6 +254,10 @@ pub struct Capabilities {
     pub snapshot: bool,
     /// Whether the source polls a cursor column instead of reading a change log.
     pub cursor: bool,
+    /// Whether some changes may arrive without their rows, as a [`Gap`](crate::Gap) (a
+    /// key-only message, a statement, a partition dropped): then the views over the
+    /// table sweep, so a view without a reconcile sweep misses them.
+    pub row_gaps: bool,
 }
 
 impl Capabilities {
@@ -269,6 +273,7 @@ impl Capabilities {
         schema_changes: false,
         snapshot: false,
         cursor: false,
+        row_gaps: false,
     };
 }
 

@@ -102,14 +102,30 @@ impl ViewScope {
             let table = (event.schema.to_string(), event.table.to_string());
             let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
             if !warned.contains(&table) {
-                tracing::warn!(
-                    view = %self.view,
-                    table = %format_args!("{}.{}", table.0, table.1),
-                    op = %event.op,
-                    columns = %columns.join(", "),
-                    "a change carried no value for the view's key columns, so its scope cannot be rebuilt until a reconcile sweep; \
-                     set REPLICA IDENTITY FULL on the table (see `freshen check`)"
-                );
+                // A column missing from the new row was dropped (a schema change, reported
+                // on its own); a missing former value is the replica identity's doing.
+                let gone = event
+                    .new
+                    .as_ref()
+                    .is_some_and(|row| columns.iter().any(|c| row.get(c).is_none()));
+                if gone {
+                    tracing::warn!(
+                        view = %self.view,
+                        table = %format_args!("{}.{}", table.0, table.1),
+                        op = %event.op,
+                        columns = %columns.join(", "),
+                        "a change's row has no column the view keys on (was it dropped or renamed?), so its scope cannot be rebuilt until the column is back and a reconcile sweep runs"
+                    );
+                } else {
+                    tracing::warn!(
+                        view = %self.view,
+                        table = %format_args!("{}.{}", table.0, table.1),
+                        op = %event.op,
+                        columns = %columns.join(", "),
+                        "a change carried no value for the view's key columns, so its scope cannot be rebuilt until a reconcile sweep; \
+                         set REPLICA IDENTITY FULL on the table (see `freshen check`)"
+                    );
+                }
                 warned.push(table);
             }
         }

@@ -264,6 +264,36 @@ impl PgAdmin {
             .map_err(|e| PgError::sql(format!("cannot read {what}"), e))
     }
 
+    /// The table's OID and its columns as logical replication describes them (name and
+    /// type OID, in table order; dropped and generated columns left out), from the
+    /// catalog: what a later Relation message is compared with. `None` when the table
+    /// does not exist.
+    pub(crate) async fn shape(
+        &self,
+        table: &TableName,
+    ) -> Result<Option<(u32, Vec<(String, u32)>)>, PgError> {
+        let row = self
+            .one_row(
+                "the table's columns",
+                "SELECT c.oid, \
+                        ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                                AND a.attgenerated = '' ORDER BY a.attnum), \
+                        ARRAY(SELECT a.atttypid FROM pg_attribute a \
+                              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                                AND a.attgenerated = '' ORDER BY a.attnum) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+                &[&table.schema, &table.name],
+            )
+            .await?;
+        Ok(row.map(|r| {
+            let names: Vec<String> = r.get(1);
+            let types: Vec<u32> = r.get(2);
+            (r.get(0), names.into_iter().zip(types).collect())
+        }))
+    }
+
     /// The server's `wal_level`.
     pub async fn wal_level(&self) -> Result<String, PgError> {
         let row = self

@@ -68,10 +68,7 @@ impl Relations {
             schema: r.namespace.clone(),
             name: r.name.clone(),
         };
-        let watched = self
-            .watched
-            .as_ref()
-            .is_none_or(|w| w.contains(&table_name));
+        let watched = self.is_watched(&table_name);
         let columns: Columns = r
             .columns
             .iter()
@@ -102,6 +99,11 @@ impl Relations {
             watched,
         };
         self.by_oid.insert(r.oid, table);
+    }
+
+    /// Whether the source delivers `table`'s changes.
+    pub(crate) fn is_watched(&self, table: &TableName) -> bool {
+        self.watched.as_ref().is_none_or(|w| w.contains(table))
     }
 
     pub(crate) fn get(&self, oid: u32) -> Option<&Table> {

@@ -287,6 +287,14 @@ impl PgSource {
             .filter(|i| i.identity == crate::ReplicaIdentity::Full)
             .map(|i| (i.table.clone(), i.primary_key.clone()))
             .collect();
+        // What a later Relation message is compared with: the catalog now, since the
+        // stream describes a table only before its first change.
+        let mut shapes = Vec::new();
+        for i in &identities {
+            if let Some((oid, columns)) = admin.shape(&i.table).await? {
+                shapes.push((oid, i.table.clone(), columns));
+            }
+        }
         let watched: Option<HashSet<TableName>> =
             (!config.tables.is_empty()).then(|| config.tables.iter().cloned().collect());
         let shared = Arc::new(Shared::default());
@@ -303,6 +311,7 @@ impl PgSource {
                 tls,
                 watched,
                 primary_keys,
+                shapes,
                 shared: Arc::clone(&shared),
                 tx,
                 stop: stop_rx,

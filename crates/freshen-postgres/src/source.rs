@@ -372,8 +372,9 @@ impl PgSource {
     }
 }
 
-/// What logical replication through pgoutput guarantees: deletes, truncates and
-/// transaction boundaries always; the former row as the table's replica identity
+/// What logical replication through pgoutput guarantees: deletes, truncates,
+/// transaction boundaries and schema changes (seen with the next change to the table)
+/// always; the former row as the table's replica identity
 /// allows (whole with FULL); a replay after a restart unless the slot is temporary.
 pub(crate) fn capabilities(slot_mode: SlotMode) -> Capabilities {
     Capabilities {
@@ -383,8 +384,8 @@ pub(crate) fn capabilities(slot_mode: SlotMode) -> Capabilities {
         truncates: true,
         recoverable: slot_mode != SlotMode::Temporary,
         transactions: true,
-        // Relation messages carry the columns; a changed relation is not reported yet.
-        schema_changes: false,
+        // A changed Relation message is compared with the table's shape at start.
+        schema_changes: true,
         ..Capabilities::NONE
     }
 }

@@ -24,6 +24,10 @@
 //!   keys they map to ([`Builder::fan_out`]).
 //! - *Reconcile*: list the live key universe ([`Enumerate`]) once at start, then on an
 //!   interval and right after a TRUNCATE; every key flows through the normal pipeline.
+//! - What a source says besides rows: a [`Gap`] (rows of a table changed that the stream
+//!   did not carry: the views over it sweep) and a [`SchemaChange`] (a view whose declared
+//!   key it breaks pauses, holding its keys and acks, until a later change undoes it).
+//!   [`Builder::watches`] declares a view's tables and key columns.
 //! - [`AckPolicy`]: acknowledge on enqueue (stateless; the sweep heals a crash) or after
 //!   rebuild (the default; a crash loses nothing, the source replays).
 //! - [`Stats`]: counters, gauges and a freshness-lag histogram, from a [`Handle`].

@@ -257,24 +257,16 @@ pub fn gaps(kind: &str, caps: &Capabilities, view: &Reliance<'_>) -> Vec<Finding
         "TRUNCATE is",
         "a truncated table's rows stay in the view",
     );
-    if caps.row_gaps {
-        let what = format!(
-            "some changes reach a {kind} source without their rows (large messages sent key-only, statements instead of rows, dropped partitions)"
-        );
-        out.push(match view.sweep {
-            Some(_) => Finding::warning(
-                "contract",
-                &subject,
-                format!("{what}: each asks for a reconcile sweep of the views over its table, which heals it"),
+    // A gap asks for a sweep at once, as a TRUNCATE does: with a sweep nothing is
+    // missing; without one it is the same hole as an unhealed TRUNCATE (a warning).
+    if caps.row_gaps && view.sweep.is_none() {
+        out.push(Finding::warning(
+            "contract",
+            &subject,
+            format!(
+                "some changes reach a {kind} source without their rows (large messages sent key-only, statements instead of rows, dropped partitions) and the view has no reconcile sweep: their scopes stay stale until the keys change again; add `reconcile = {{ every = \"10m\", keys = \"…\" }}` (each such change then sweeps at once)"
             ),
-            None => Finding::error(
-                "contract",
-                &subject,
-                format!(
-                    "{what} and the view has no reconcile sweep: their scopes stay stale until the keys change again; add `reconcile = {{ every = \"10m\", keys = \"…\" }}`"
-                ),
-            ),
-        });
+        ));
     }
     // A row that moves to another key dirties the key it left only with its former
     // row; without one the old key keeps the row. Per-table images are the source's own
@@ -371,10 +363,11 @@ mod tests {
             row_gaps: true,
             ..Capabilities::NONE
         };
-        assert_eq!(levels(&lossy, None), [Level::Error]);
+        assert_eq!(levels(&lossy, None), [Level::Warning]);
         assert_eq!(
             levels(&lossy, Some(Duration::from_secs(60))),
-            [Level::Warning]
+            [Level::Ok],
+            "each gap sweeps at once"
         );
         let f = gaps(
             "kafka",

@@ -178,6 +178,30 @@ impl Assembler {
         });
     }
 
+    /// A table first seen in the stream that is watched through its schema only: it was
+    /// created after the start, and is captured from now on. Logged once; a table whose
+    /// UPDATE and DELETE cannot replicate is an error the application meets first.
+    fn discover(&mut self, r: &crate::pgoutput::Relation) {
+        let table = crate::TableName::new(&r.namespace, &r.name);
+        if self.shapes.knows(r.oid) || !self.relations.by_schema(&table) {
+            return;
+        }
+        let keyless = match r.replica_identity {
+            b'f' => false,
+            b'n' => true,
+            _ => !r.columns.iter().any(|c| c.key),
+        };
+        if keyless {
+            tracing::error!(
+                table = %table,
+                "freshen-postgres: discovered a table in a captured schema whose UPDATE and DELETE cannot replicate (no primary key, or REPLICA IDENTITY NOTHING): the application's UPDATE and DELETE on it fail while it is published; add a primary key or run ALTER TABLE {} REPLICA IDENTITY FULL",
+                table.quoted()
+            );
+        } else {
+            tracing::info!(table = %table, "freshen-postgres: discovered a table in a captured schema; its changes are captured from now on");
+        }
+    }
+
     /// Decodes one change message. Returns a full batch to hand over first when the
     /// next event would overflow the one under construction.
     pub(crate) fn change(&mut self, data: &[u8]) -> Vec<Output> {
@@ -191,6 +215,7 @@ impl Assembler {
         };
         match msg {
             Message::Relation(r) => {
+                self.discover(&r);
                 let relations = &self.relations;
                 if let Some(change) = self.shapes.observe(&r, |schema, name| {
                     relations.is_watched(&crate::TableName::new(schema, name))

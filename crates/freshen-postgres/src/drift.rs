@@ -72,6 +72,11 @@ impl Shapes {
         );
     }
 
+    /// Whether the relation with `oid` was seen (or seeded) before.
+    pub(crate) fn knows(&self, oid: u32) -> bool {
+        self.by_oid.contains_key(&oid)
+    }
+
     /// Records `r`; returns the change to report when its differences from the
     /// table's first shape are not the ones last reported. `watched` says whether the
     /// table, under its first name, is one the source delivers (others are not tracked).

@@ -257,9 +257,19 @@ impl PgSource {
             identities.push(admin.replica_identity(t).await?);
         }
         admin
-            .ensure_publication(&config.publication, &config.tables, config.publication_mode)
+            .ensure_publication(
+                &config.publication,
+                &config.tables,
+                &config.schemas,
+                config.publication_mode,
+            )
             .await?;
-        if config.tables.is_empty() {
+        for t in admin.schema_tables(&config.schemas).await? {
+            if !config.tables.contains(&t) {
+                identities.push(admin.replica_identity(&t).await?);
+            }
+        }
+        if config.tables.is_empty() && config.schemas.is_empty() {
             // Every table of the publication is delivered.
             let p = admin.publication(&config.publication).await?;
             for t in p.map(|p| p.tables).unwrap_or_default() {
@@ -295,8 +305,10 @@ impl PgSource {
                 shapes.push((oid, i.table.clone(), columns));
             }
         }
-        let watched: Option<HashSet<TableName>> =
-            (!config.tables.is_empty()).then(|| config.tables.iter().cloned().collect());
+        let watched: Option<HashSet<TableName>> = (!config.tables.is_empty()
+            || !config.schemas.is_empty())
+        .then(|| config.tables.iter().cloned().collect());
+        let schemas: HashSet<String> = config.schemas.iter().cloned().collect();
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel(config.queue_batches);
         let (stop, stop_rx) = watch::channel(false);
@@ -310,6 +322,7 @@ impl PgSource {
                 config: Arc::new(config),
                 tls,
                 watched,
+                schemas,
                 primary_keys,
                 shapes,
                 shared: Arc::clone(&shared),
@@ -465,6 +478,13 @@ impl PgSourceBuilder {
             Ok(t) => self.config.tables.push(t),
             Err(e) => self.problems.push(e),
         }
+        self
+    }
+
+    /// Captures every table of `schema`, present and future (see
+    /// [`PgSourceConfig::schemas`]).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.config.schemas.push(schema.into());
         self
     }
 

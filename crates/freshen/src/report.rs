@@ -100,6 +100,8 @@ pub enum Report<'a> {
     /// table renamed or dropped): no rebuild runs until a later change undoes it or the
     /// process restarts with a fixed configuration. Changes keep their keys dirty and,
     /// after rebuild acknowledgement, their transactions unconfirmed: nothing is lost.
+    /// (A source that ends meanwhile leaves [`Refresher::run`](crate::Refresher::run)
+    /// waiting for its shutdown signal: the keys it holds cannot be rebuilt.)
     Paused {
         /// The change.
         change: &'a SchemaChange,

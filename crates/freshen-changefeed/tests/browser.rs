@@ -16,24 +16,6 @@ use axum::response::Html;
 use axum::routing::get;
 use support::*;
 
-fn chromium() -> String {
-    if let Ok(p) = std::env::var("FRESHEN_CHROMIUM") {
-        return p;
-    }
-    for name in ["chromium", "chromium-browser"] {
-        let found = std::env::var_os("PATH")
-            .map(|paths| std::env::split_paths(&paths).any(|d| d.join(name).is_file()))
-            .unwrap_or(false);
-        if found {
-            return name.to_owned();
-        }
-    }
-    panic!(
-        "no Chromium found: install the Debian package chromium (scripts/test-deps-browser) \
-         or set FRESHEN_CHROMIUM"
-    );
-}
-
 const PAGE: &str = r#"<!doctype html>
 <html><body><ul id="log"></ul><script>
 const report = (m) => fetch('/report?m=' + encodeURIComponent(m));
@@ -103,7 +85,7 @@ async fn wait_for_events(reports: &Reports, upto: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_source_in_chromium_receives_events_and_resumes_after_a_restart() {
-    let browser = chromium();
+    let browser = freshen_testenv::browser::chromium().unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
     cfg.http.cors_allow_origins = vec!["*".into()];
@@ -113,24 +95,14 @@ async fn an_event_source_in_chromium_receives_events_and_resumes_after_a_restart
 
     let profile = tempfile::tempdir().unwrap();
     let mut chrome = tokio::process::Command::new(&browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-        ])
+        .args(freshen_testenv::browser::HEADLESS_FLAGS)
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("http://{page}/"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {browser}: {e}"));
+        .unwrap_or_else(|e| panic!("starting {}: {e}", browser.display()));
 
     server.cf.append(&orders(1, 5)).await.unwrap();
     wait_for_events(&reports, 5).await;

@@ -1,17 +1,94 @@
 //! What the user said on the command line (resolved into settings elsewhere).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 
 /// Keep derived tables fresh from change-data-capture.
 #[derive(Debug, Parser)]
-#[command(name = "freshen", version = version(), about, propagate_version = true)]
+#[command(
+    name = "freshen",
+    version = version(),
+    about,
+    propagate_version = true,
+    // Our own `help`, which takes `--help` itself and suggests a subcommand for a typo.
+    disable_help_subcommand = true
+)]
 pub struct Args {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The configuration file of a subcommand that reads one.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct ConfigFile {
+    /// The configuration file.
+    #[arg(short, long, value_name = "FILE", default_value = crate::config::DEFAULT_FILE)]
+    pub config: PathBuf,
+}
+
+/// Which running instance `status` and `health` ask.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct Instance {
+    /// The instance's HTTP address: `host:port` or `http://host:port`. Without it, the
+    /// `[http] listen` of `-c FILE` (or of `freshen.toml` in the working directory), else
+    /// 127.0.0.1:9187.
+    #[arg(value_name = "ADDRESS")]
+    pub address: Option<String>,
+    /// The same as ADDRESS (kept for scripts written against earlier versions).
+    #[arg(long, hide = true, conflicts_with = "address")]
+    pub url: Option<String>,
+    /// Read the address from this configuration file's `[http] listen`.
+    #[arg(short, long, value_name = "FILE", conflicts_with_all = ["address", "url"])]
+    pub config: Option<PathBuf>,
+}
+
+impl Instance {
+    /// The base URL (`http://host:port`) to ask.
+    pub fn base_url(&self) -> anyhow::Result<String> {
+        if let Some(a) = self.address.as_deref().or(self.url.as_deref()) {
+            return base_url(a);
+        }
+        let default = Path::new(crate::config::DEFAULT_FILE);
+        let file = match &self.config {
+            Some(f) => f.as_path(),
+            None if default.is_file() => default,
+            None => return Ok(format!("http://{DEFAULT_ADDRESS}")),
+        };
+        let Some(listen) = crate::config::http_listen(file)? else {
+            anyhow::bail!(
+                "{}: `[http] listen = \"off\"`, so the instance serves no status",
+                file.display()
+            );
+        };
+        let mut addr = listen;
+        // A wildcard listener answers on loopback too.
+        if addr.ip().is_unspecified() {
+            addr.set_ip(if addr.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        Ok(format!("http://{addr}"))
+    }
+}
+
+/// Where `freshen run` serves `/status` unless configured otherwise.
+pub const DEFAULT_ADDRESS: &str = "127.0.0.1:9187";
+
+/// `host:port` or `http://host:port[/]` as a base URL.
+fn base_url(address: &str) -> anyhow::Result<String> {
+    let address = address.trim_end_matches('/');
+    if address.starts_with("http://") {
+        return Ok(address.to_owned());
+    }
+    if let Some((scheme, _)) = address.split_once("://") {
+        anyhow::bail!("{address}: only http:// is supported (not {scheme}://)");
+    }
+    Ok(format!("http://{address}"))
 }
 
 /// The subcommands.
@@ -20,14 +97,14 @@ pub enum Command {
     /// Keep every view of a configuration fresh until SIGINT/SIGTERM.
     Run {
         /// The configuration file.
-        #[arg(short, long, value_name = "FILE")]
-        config: PathBuf,
+        #[command(flatten)]
+        file: ConfigFile,
     },
     /// Validate a configuration file and the database it points at.
     Check {
         /// The configuration file.
-        #[arg(short, long, value_name = "FILE")]
-        config: PathBuf,
+        #[command(flatten)]
+        file: ConfigFile,
         /// Print the findings as JSON.
         #[arg(long)]
         json: bool,
@@ -53,9 +130,9 @@ pub enum Command {
     },
     /// Print a running instance's status.
     Status {
-        /// The instance's HTTP address.
-        #[arg(long, default_value = "http://127.0.0.1:9187")]
-        url: String,
+        /// Which instance.
+        #[command(flatten)]
+        instance: Instance,
         /// Print the raw JSON.
         #[arg(long)]
         json: bool,
@@ -63,9 +140,9 @@ pub enum Command {
     /// Exit 0 while a running instance's /healthz answers 200, else 1 saying why (a
     /// container's health check, with no HTTP client in the image).
     Health {
-        /// The instance's HTTP address.
-        #[arg(long, default_value = "http://127.0.0.1:9187")]
-        url: String,
+        /// Which instance.
+        #[command(flatten)]
+        instance: Instance,
     },
     /// Print the version and what this build can read (as `--version` does).
     Version,
@@ -73,9 +150,46 @@ pub enum Command {
     /// pipeline never retains WAL.
     Drop {
         /// The configuration file.
-        #[arg(short, long, value_name = "FILE")]
-        config: PathBuf,
+        #[command(flatten)]
+        file: ConfigFile,
     },
+    /// Print a shell completion script, e.g. `freshen completions bash >
+    /// /etc/bash_completion.d/freshen`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the help of freshen or of one of its subcommands.
+    Help {
+        /// The subcommand.
+        command: Option<String>,
+    },
+}
+
+/// Prints the help `freshen help [COMMAND]` asks for; an unknown subcommand is an error
+/// that suggests the closest one.
+pub fn help(command: Option<&str>) -> std::process::ExitCode {
+    let mut args = vec!["freshen".to_owned()];
+    args.extend(command.map(str::to_owned));
+    args.push("--help".to_owned());
+    match Args::command().try_get_matches_from(args) {
+        Ok(_) => std::process::ExitCode::SUCCESS,
+        // `--help` "fails" by printing the help; a typo fails by naming the closest.
+        Err(e) => {
+            let _ = e.print();
+            std::process::ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}
+
+/// Writes the completion script for `shell` to stdout.
+pub fn completions(shell: clap_complete::Shell) {
+    clap_complete::generate(
+        shell,
+        &mut Args::command(),
+        "freshen",
+        &mut std::io::stdout(),
+    );
 }
 
 /// This build's version and what it was built with, e.g. `0.1.0 (sources: postgres,

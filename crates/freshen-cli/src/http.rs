@@ -24,6 +24,19 @@ pub trait Observe: Send + Sync + 'static {
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
         Vec::new()
     }
+    /// The handle of the view named `view`, for `/admin` (none: no such view).
+    fn handle(&self, view: &str) -> Option<freshen::Handle> {
+        let _ = view;
+        None
+    }
+    /// Re-reads the configuration file (`POST /admin/reload`); `None`: not supported.
+    fn reload(&self) -> Option<Result<crate::reload::Change, crate::reload::Refused>> {
+        None
+    }
+    /// Whether this process is the active one (see [`crate::standby`]).
+    fn role(&self) -> crate::standby::Role {
+        crate::standby::Role::Active
+    }
 }
 
 /// The `/status` document.
@@ -31,6 +44,13 @@ pub trait Observe: Send + Sync + 'static {
 pub struct Status {
     /// freshen's version.
     pub version: String,
+    /// `active`, `standby` (another process on this configuration is active) or
+    /// `starting`.
+    #[serde(default = "active")]
+    pub role: String,
+    /// The active process a standby waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_for: Option<String>,
     /// The source.
     pub source: SourceStatus,
     /// Each view.
@@ -38,6 +58,10 @@ pub struct Status {
     /// The changefeed's snapshots, table by table.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<freshen_changefeed::SnapshotProgress>,
+}
+
+fn active() -> String {
+    "active".into()
 }
 
 /// One view in `/status`.
@@ -55,6 +79,10 @@ pub struct ViewStatus {
     pub unscoped: u64,
     /// Successful key rebuilds.
     pub rebuilds_ok: u64,
+    /// Of those, keys no change made due (listed by a sweep, or asked for): not in the
+    /// freshness figures; rebuilds per change is `(rebuilds_ok - sweep_rebuilds) / events`.
+    #[serde(default)]
+    pub sweep_rebuilds: u64,
     /// Failed key rebuilds.
     pub rebuilds_failed: u64,
     /// Reconcile sweeps completed.
@@ -65,6 +93,15 @@ pub struct ViewStatus {
     pub poisoned: u64,
     /// Rebuilds running now.
     pub in_flight: u64,
+    /// Seconds the longest-running rebuild call has run (`None`: none runs).
+    #[serde(default)]
+    pub oldest_in_flight_s: Option<f64>,
+    /// Seconds the reconcile sweep now listing keys has run (`None`: none is).
+    #[serde(default)]
+    pub sweep_for_s: Option<f64>,
+    /// Keys that sweep has listed so far.
+    #[serde(default)]
+    pub sweep_listed: u64,
     /// Unacknowledged batches.
     pub unacked_batches: u64,
     /// Freshness-lag median, milliseconds.
@@ -151,11 +188,15 @@ impl From<&ViewStats> for ViewStatus {
             keys_marked: s.keys_marked,
             unscoped: v.unscoped,
             rebuilds_ok: s.rebuilds_ok,
+            sweep_rebuilds: s.sweep_rebuilds,
             rebuilds_failed: s.rebuilds_failed,
             reconciles: s.reconciles,
             dirty: s.dirty,
             poisoned: s.poisoned,
             in_flight: s.in_flight,
+            oldest_in_flight_s: age(s.oldest_in_flight),
+            sweep_for_s: age(s.sweep_since),
+            sweep_listed: s.sweep_listed,
             unacked_batches: s.unacked_batches,
             freshness_p50_ms: ms(s.freshness.p50()),
             freshness_p99_ms: ms(s.freshness.p99()),
@@ -190,8 +231,14 @@ impl From<&ViewStats> for ViewStatus {
 pub fn status(o: &dyn Observe) -> Status {
     let mut source = o.source();
     source.last_error = source.last_error.map(|e| freshen::redact_text(&e));
+    let role = o.role();
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
+        role: role.name().into(),
+        standby_for: match role {
+            crate::standby::Role::Standby(who) => Some(freshen::redact_text(&who)),
+            _ => None,
+        },
         source,
         views: o.views().iter().map(ViewStatus::from).collect(),
         snapshots: o.snapshots(),
@@ -206,13 +253,34 @@ async fn metrics(State(o): State<Shared>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        render(&o.views(), &o.source()),
+        {
+            let mut text = render(&o.views(), &o.source());
+            let active = u8::from(o.role() == crate::standby::Role::Active);
+            let name = crate::metrics::names::ACTIVE;
+            text.push_str(&format!(
+                "# HELP {name} 1 while this process is the active one (0: standby or starting).\n# TYPE {name} gauge\n{name} {active}\n"
+            ));
+            text
+        },
     )
         .into_response()
 }
 
 /// Why the pipeline is unhealthy, one line each; empty when it is healthy.
 pub fn problems(o: &dyn Observe) -> Vec<String> {
+    match o.role() {
+        crate::standby::Role::Active => {}
+        crate::standby::Role::Standby(who) => {
+            return vec![freshen::redact_text(&format!(
+                "standby: another process is active on this configuration ({who}); this one takes over when it stops"
+            ))];
+        }
+        crate::standby::Role::Starting => {
+            let mut out = vec!["starting: not yet active".to_owned()];
+            out.extend(o.source().last_error.map(|e| freshen::redact_text(&e)));
+            return out;
+        }
+    }
     let s = o.source();
     let mut out = Vec::new();
     if !s.streaming {
@@ -250,13 +318,35 @@ async fn status_json(State(o): State<Shared>) -> Json<Status> {
     Json(status(&*o))
 }
 
+/// The status page: one self-contained file (no CDN, no build step) that polls
+/// `/status` and `/healthz` and draws the last minutes.
+const PAGE: &str = include_str!("page/status.html");
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // The page's own inline script and style, requests to this instance, nothing else.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+            ),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
 /// The router, testable without binding a port.
-pub fn app(o: Shared) -> Router {
+pub fn app(o: Shared, admin: crate::admin::Access) -> Router {
     Router::new()
+        .route("/", get(page))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/status", get(status_json))
-        .with_state(o)
+        .with_state(o.clone())
+        .merge(crate::admin::routes(o, admin))
 }
 
 /// Serves `app` on an already-bound listener until `shutdown` completes, through
@@ -266,7 +356,8 @@ pub async fn serve(
     listener: TcpListener,
     o: Shared,
     settings: freshen_http::Settings,
+    admin: crate::admin::Access,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    freshen_http::serve(listener, app(o), settings, shutdown).await
+    freshen_http::serve(listener, app(o, admin), settings, shutdown).await
 }

@@ -3,6 +3,7 @@
 //! `main.rs` only parses arguments and maps outcomes to exit codes; everything else is
 //! here so that tests can drive it in-process.
 
+pub mod admin;
 pub mod args;
 pub mod check;
 pub mod config;
@@ -12,7 +13,9 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod pipeline;
+pub mod reload;
 pub mod scope;
 pub mod sources;
+pub mod standby;
 pub mod status;
 pub mod target;

@@ -9,7 +9,7 @@ use clap::Parser;
 use freshen_cli::args::{Args, Command};
 use freshen_cli::config::{self, LogFormat};
 use freshen_cli::http::Observe as _;
-use freshen_cli::{check, demo, drop, http, logging, pipeline, status};
+use freshen_cli::{check, demo, drop, http, logging, pipeline, standby, status};
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -29,7 +29,17 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
     };
     logging::init(cfg.log, "info");
-    let p = pipeline::Pipeline::start(&cfg).await?;
+    // One stop signal for every phase: waiting as a standby, starting, running.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    // The listener serves from the start: a standby answers too.
+    let roles = std::sync::Arc::new(standby::Roles::new(cfg.source.kind()));
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = match &cfg.http {
         Some(h) => {
@@ -37,12 +47,19 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-            tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status");
-            let observer: std::sync::Arc<dyn http::Observe> = p.observer();
+            tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status, / (status page)");
+            let admin = freshen_cli::admin::Access::of(addr, h.admin_token.clone());
+            if matches!(admin, freshen_cli::admin::Access::Off) {
+                tracing::info!(
+                    "the /admin endpoints are off: the listener is beyond loopback and [http] admin_token is not set"
+                );
+            }
+            let observer: std::sync::Arc<dyn http::Observe> = roles.clone();
             Some(tokio::spawn(http::serve(
                 listener,
                 observer,
                 h.serving.clone(),
+                admin,
                 async {
                     let _ = http_stopped.await;
                 },
@@ -50,15 +67,38 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let observer = p.observer();
-    let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
-    tracing::info!(views = ?views, "running");
-    let result = p.run(shutdown_signal()).await;
+    // SIGHUP and POST /admin/reload re-read the file.
+    let (reloader, reloads) = freshen_cli::reload::Reloader::new(path.to_owned(), cfg.clone());
+    let reloader = std::sync::Arc::new(reloader);
+    roles.set_reloader(reloader.clone());
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match reloader.reload() {
+                Ok(c) if c.is_empty() => tracing::info!("reload (SIGHUP): nothing changed"),
+                Ok(c) => tracing::info!("reload (SIGHUP) accepted: {c}"),
+                Err(e) => tracing::error!(
+                    "reload (SIGHUP) refused, the running configuration goes on: {}",
+                    freshen::redact_text(&e.0)
+                ),
+            }
+        }
+    });
+    let result = lead_and_run(cfg, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
     let _ = stop_http.send(());
     if let Some(s) = server {
         let _ = s.await;
     }
-    result?;
+    // Rebuilds abandoned at shutdown cancel their statements on the server: let those
+    // requests go out before the runtime ends.
+    freshen_postgres::cancels_settled(std::time::Duration::from_secs(5)).await;
+    let Some(observer) = result? else {
+        tracing::info!("stopped while standby");
+        return Ok(ExitCode::SUCCESS);
+    };
     let abandoned: u64 = observer.views().iter().map(|v| v.stats.abandoned).sum();
     if abandoned == 0 {
         tracing::info!("stopped cleanly");
@@ -71,16 +111,105 @@ async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Waits to be the active process, then runs the pipeline until `shutdown` — or until
+/// another process took the lease over — restarting it with each accepted reload.
+/// `None`: stopped while standby.
+async fn lead_and_run(
+    mut cfg: config::Config,
+    roles: &standby::Roles,
+    mut reloads: tokio::sync::mpsc::UnboundedReceiver<(
+        config::Config,
+        freshen_cli::reload::Change,
+    )>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<Option<std::sync::Arc<pipeline::Observer>>> {
+    let lease = standby::lead(&*cfg.source, roles, stop_rx)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let Some(lease) = lease else {
+        return Ok(None);
+    };
+    // Reloads accepted while waiting as a standby: the latest file wins.
+    while let Ok((c, _)) = reloads.try_recv() {
+        cfg = c;
+    }
+    let source = cfg.source.clone();
+    let (taken_tx, mut taken) = tokio::sync::oneshot::channel::<String>();
+    tokio::spawn(async move {
+        if let Some(lost) = lease {
+            let _ = taken_tx.send(standby::keep(source, lost).await);
+        } else {
+            // No arbiter: never taken over; keep the sender so `taken` never resolves.
+            let _keep = taken_tx;
+            std::future::pending::<()>().await;
+        }
+    });
+    tokio::pin!(shutdown);
+    let mut unchanged: Vec<String> = Vec::new();
+    let mut previous: Option<config::Config> = None;
+    loop {
+        let p = match pipeline::Pipeline::start_keeping(&cfg, &unchanged).await {
+            Ok(p) => p,
+            // A reloaded file that validates but cannot start (a statement that does not
+            // prepare, a table that is missing): back to the last one that ran.
+            Err(e) if previous.is_some() => {
+                tracing::error!(
+                    "reload: the new configuration cannot start, going back to the previous one: {e:#}"
+                );
+                cfg = previous.take().expect("checked");
+                unchanged.clear();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let observer = p.observer();
+        roles.activate(observer.clone());
+        let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
+        tracing::info!(views = ?views, "running");
+        enum Why {
+            Shutdown,
+            Taken(String),
+            Reload(Box<config::Config>, freshen_cli::reload::Change),
+        }
+        let (why_tx, why_rx) = tokio::sync::oneshot::channel::<Why>();
+        let stopping = async {
+            let why = tokio::select! {
+                _ = &mut shutdown => Why::Shutdown,
+                who = &mut taken => match who {
+                    Ok(who) => Why::Taken(who),
+                    Err(_) => Why::Shutdown,
+                },
+                Some((c, change)) = reloads.recv() => Why::Reload(Box::new(c), change),
+            };
+            let _ = why_tx.send(why);
+        };
+        p.run(stopping).await?;
+        match why_rx.await {
+            Ok(Why::Reload(new, change)) => {
+                tracing::info!("reload applied: {change}; restarting the pipeline");
+                unchanged = change.unchanged;
+                previous = Some(std::mem::replace(&mut cfg, *new));
+            }
+            Ok(Why::Taken(who)) => {
+                tracing::error!(active = %who, "another process took over this configuration: stopped");
+                anyhow::bail!("another process took over this configuration ({who})");
+            }
+            Ok(Why::Shutdown) | Err(_) => return Ok(Some(observer)),
+        }
+    }
+}
+
 async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        Command::Run { config } => run(&config).await,
+        Command::Run { file } => run(&file.config).await,
         Command::Check {
-            config,
+            file,
             json,
             offline,
             deny_warnings,
         } => {
-            let report = check::check(&config, offline).await;
+            let report = check::check(&file.config, offline).await;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -109,8 +238,8 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Status { url, json } => {
-            let s = status::fetch(&url).await?;
+        Command::Status { instance, json } => {
+            let s = status::fetch(&instance.base_url()?).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -118,7 +247,8 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Health { url } => {
+        Command::Health { instance } => {
+            let url = instance.base_url()?;
             let (code, body) = status::get(&url, "/healthz").await?;
             if code == 200 {
                 return Ok(ExitCode::SUCCESS);
@@ -130,8 +260,13 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             println!("freshen {}", freshen_cli::args::version());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Drop { config } => {
-            let cfg = match config::load(&config) {
+        Command::Completions { shell } => {
+            freshen_cli::args::completions(shell);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Help { command } => Ok(freshen_cli::args::help(command.as_deref())),
+        Command::Drop { file } => {
+            let cfg = match config::load(&file.config) {
                 Ok(c) => c,
                 Err(e) => {
                     eprint!("{e}");

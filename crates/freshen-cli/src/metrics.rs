@@ -13,6 +13,15 @@ pub mod names {
     pub const EVENTS: &str = "freshen_events_total";
     /// Undecodable messages skipped, per view.
     pub const SKIPPED: &str = "freshen_events_skipped_total";
+    /// 1 while this process is the active one on its configuration (0: a standby, or
+    /// starting).
+    pub const ACTIVE: &str = "freshen_active";
+    /// Keys rebuilt that no change made due (listed by a sweep, or asked for), per view.
+    pub const SWEEP_REBUILDS: &str = "freshen_sweep_rebuilds_total";
+    /// Seconds the longest-running rebuild call now running has run, per view.
+    pub const OLDEST_IN_FLIGHT: &str = "freshen_oldest_rebuild_running_seconds";
+    /// Keys the reconcile sweep now listing has listed so far, per view.
+    pub const SWEEP_LISTED: &str = "freshen_sweep_keys_listed";
     /// Keys marked dirty, per view.
     pub const KEYS_MARKED: &str = "freshen_keys_marked_total";
     /// Quarantined keys whose held transactions were confirmed without a successful
@@ -228,6 +237,12 @@ impl Out {
 type Get = fn(&ViewStats) -> f64;
 
 /// Per-view metrics with one sample each: name, type, help, value.
+/// Seconds since `t` (0 for none).
+fn age_s(t: Option<SystemTime>) -> f64 {
+    t.and_then(|t| SystemTime::now().duration_since(t).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 const PER_VIEW: &[(&str, &str, &str, Get)] = &[
     (
         names::EVENTS,
@@ -273,6 +288,24 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         "gauge",
         "Quarantined keys holding their transactions unconfirmed.",
         |v| v.stats.poisoned_holding as f64,
+    ),
+    (
+        names::SWEEP_REBUILDS,
+        "counter",
+        "Keys rebuilt that no change made due (listed by a sweep, or asked for); not in freshness.",
+        |v| v.stats.sweep_rebuilds as f64,
+    ),
+    (
+        names::OLDEST_IN_FLIGHT,
+        "gauge",
+        "Seconds the longest-running rebuild call has run (0: none runs).",
+        |v| age_s(v.stats.oldest_in_flight),
+    ),
+    (
+        names::SWEEP_LISTED,
+        "gauge",
+        "Keys the reconcile sweep now listing has listed so far.",
+        |v| v.stats.sweep_listed as f64,
     ),
     (
         names::REBUILD_CALLS,

@@ -132,6 +132,13 @@ impl Observer {
 }
 
 impl Observe for Observer {
+    fn handle(&self, view: &str) -> Option<freshen::Handle> {
+        self.views
+            .iter()
+            .find(|(name, ..)| name == view)
+            .map(|(_, h, ..)| h.clone())
+    }
+
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
         self.changefeed
             .as_ref()
@@ -204,6 +211,7 @@ fn refresher(
     (pool, rebuild, fanouts): (ViewPool, Box<dyn Rebuild>, Vec<Box<dyn Expand>>),
     source: Branch,
     ack: freshen::AckPolicy,
+    sweep_at_start: bool,
 ) -> anyhow::Result<ViewRun> {
     let scope = ViewScope::new(view);
     let t = &view.timing;
@@ -219,6 +227,7 @@ fn refresher(
         .poison_after(t.poison_after)
         .backoff(t.backoff_base, t.backoff_max)
         .shutdown_grace(t.shutdown_grace)
+        .sweep_at_start(sweep_at_start)
         .ack(ack)
         .on_error(move |r: &Report<'_>| match r {
             Report::Poisoned { .. }
@@ -262,6 +271,12 @@ fn refresher(
 impl Pipeline {
     /// Connects, creates or validates what the source needs, prepares every statement.
     pub async fn start(cfg: &Config) -> anyhow::Result<Pipeline> {
+        Pipeline::start_keeping(cfg, &[]).await
+    }
+
+    /// Like [`start`](Self::start), after a reload: the views named in `unchanged` were
+    /// right when the previous pipeline stopped, so they skip the start-up sweep.
+    pub async fn start_keeping(cfg: &Config, unchanged: &[String]) -> anyhow::Result<Pipeline> {
         let target = if cfg.views.is_empty() {
             None
         } else {
@@ -305,7 +320,8 @@ impl Pipeline {
         let mut views = Vec::new();
         for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
             let branch = branches.next().expect("one branch per consumer");
-            views.push(refresher(view, rebuild, branch, cfg.ack)?);
+            let sweep = !unchanged.contains(&view.name);
+            views.push(refresher(view, rebuild, branch, cfg.ack, sweep)?);
         }
         let sinks = sinks
             .into_iter()

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use freshen_cli::admin::Access;
 use freshen_cli::http::{Observe, serve};
 use freshen_cli::metrics::{SourceStatus, ViewStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -53,9 +54,15 @@ async fn the_metrics_listener_refuses_rebinding_and_cross_site_requests() {
     let mut settings = freshen_http::Settings::new("metrics");
     settings.header_timeout = Duration::from_secs(1);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, Arc::new(Down), settings, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(serve(
+        listener,
+        Arc::new(Down),
+        settings,
+        Access::Open,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     let get = |path: &str, host: &str| {
         format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
     };
@@ -87,4 +94,61 @@ async fn the_metrics_listener_refuses_rebinding_and_cross_site_requests() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// Who may use `/admin`: open on loopback without a token, the token when one is set,
+/// nobody beyond loopback without one. (No views here: an allowed request finds none.)
+#[tokio::test]
+async fn admin_endpoints_take_the_token_and_are_off_beyond_loopback_without_one() {
+    let token = || {
+        freshen_cli::config::parse(
+            "[source]\nkind = \"postgres\"\nurl = \"postgres://a@h/d\"\n[http]\nadmin_token = \"0123456789abcdef0123\"\n[[views]]\nname = \"v\"\nwatch = [{ table = \"t\", key = [\"k\"] }]\nrebuild = [\"SELECT $1\"]\n",
+            "t.toml",
+            &|_| None,
+        )
+        .map(|c| c.http.unwrap().admin_token.unwrap())
+    };
+    let token = token().expect("a config with a token");
+    let cases: [(Access, Option<&str>, u16); 5] = [
+        (Access::Open, None, 404),
+        (Access::Token(token.clone()), None, 401),
+        (
+            Access::Token(token.clone()),
+            Some("0123456789abcdef0124"),
+            401,
+        ),
+        (Access::Token(token), Some("0123456789abcdef0123"), 404),
+        (Access::Off, Some("0123456789abcdef0123"), 403),
+    ];
+    for (access, presented, want) in cases {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let label = format!("{access:?} with {presented:?}");
+        let server = tokio::spawn(serve(
+            listener,
+            Arc::new(Down),
+            freshen_http::Settings::new("metrics"),
+            access,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let (code, body) = freshen_cli::status::request(
+            &base,
+            "POST",
+            "/admin/views/nope/sweep",
+            presented,
+            Some("{}"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(code, want, "{label}: {body}");
+        assert!(!body.contains("0123456789abcdef0123"), "{body}");
+        // The rest of the listener never needs the token.
+        let (code, _) = freshen_cli::status::get(&base, "/status").await.unwrap();
+        assert_eq!(code, 200, "{label}");
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+    }
 }

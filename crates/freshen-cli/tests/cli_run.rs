@@ -60,9 +60,28 @@ async fn views_equal_truth_across_a_sigkill_and_restart() {
     assert!(status.source.streaming);
     assert_eq!(status.views.len(), 2);
     assert!(status.views.iter().all(|v| v.rebuilds_ok > 0), "{status:?}");
-    let shown = freshen().args(["status", "--url", &base]).output().unwrap();
-    assert!(shown.status.success());
-    assert!(String::from_utf8_lossy(&shown.stdout).contains("site_totals"));
+    // Every way to name the instance: a URL, host:port, the config's `[http] listen`,
+    // and the `freshen.toml` of the working directory (the config is written as one).
+    let cfg_path = cfg.to_str().unwrap();
+    let hostport = base.trim_start_matches("http://");
+    for args in [
+        &["status", "--url", &base][..],
+        &["status", hostport],
+        &["status", &base],
+        &["status", "-c", cfg_path],
+        &["status"],
+    ] {
+        let shown = freshen()
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(shown.status.success(), "freshen {args:?}: {shown:?}");
+        assert!(
+            String::from_utf8_lossy(&shown.stdout).contains("site_totals"),
+            "freshen {args:?}: {shown:?}"
+        );
+    }
 
     sigterm(&second);
     let code = second.wait().unwrap();

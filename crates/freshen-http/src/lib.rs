@@ -40,11 +40,13 @@
 //! # }
 //! ```
 
+mod bearer;
 mod guard;
 mod serve;
 mod settings;
 mod timeout;
 
+pub use bearer::{bearer, same_secret};
 pub use guard::{Guard, Verdict};
 pub use serve::serve;
 pub use settings::{Settings, host_problem, limits};

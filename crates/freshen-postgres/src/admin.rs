@@ -206,6 +206,18 @@ pub struct IdentityCheck {
     pub advice: Option<String>,
 }
 
+/// Whether publication `name` carries freshen's mark ([`CREATED_BY`]).
+async fn created_by_freshen(c: &tokio_postgres::Client, name: &str) -> Result<bool, PgError> {
+    let row = c
+        .query_opt(
+            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+            &[&name],
+        )
+        .await
+        .map_err(|e| PgError::sql("cannot read the publication", e))?;
+    Ok(row.and_then(|r| r.get::<_, Option<String>>(0)).as_deref() == Some(CREATED_BY))
+}
+
 /// SQL administration and inspection on one database (a small connection pool).
 #[derive(Clone)]
 pub struct PgAdmin {
@@ -582,6 +594,13 @@ impl PgAdmin {
         Ok(Some(coverage_of(&p, tables)))
     }
 
+    /// Whether publication `name` exists and freshen created it (it carries
+    /// [`CREATED_BY`]), so freshen may extend it with the tables of views added later.
+    pub async fn publication_is_ours(&self, name: &str) -> Result<bool, PgError> {
+        let c = client(&self.pool).await?;
+        created_by_freshen(&c, name).await
+    }
+
     /// Drops publication `name` if freshen created it (it carries [`CREATED_BY`]).
     pub async fn drop_publication(&self, name: &str) -> Result<PublicationDrop, PgError> {
         let c = client(&self.pool).await?;
@@ -673,9 +692,32 @@ impl PgAdmin {
                 })?
             }
         };
-        let cov = coverage_of(&p, tables);
-        let mut fixes = Vec::new();
+        let mut cov = coverage_of(&p, tables);
         let c = client(&self.pool).await?;
+        // A publication freshen created grows with the configuration: a view added
+        // later (a reload, a restart) brings its tables along.
+        if !cov.missing_tables.is_empty()
+            && mode == PublicationMode::CreateIfMissing
+            && created_by_freshen(&c, name).await?
+        {
+            let sql = format!(
+                "ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(name),
+                list(&cov.missing_tables)
+            );
+            c.batch_execute(&sql).await.map_err(|e| {
+                PgError::sql(format!("cannot add tables to publication {name:?}"), e)
+            })?;
+            tracing::info!(publication = %name, tables = %list(&cov.missing_tables), "added tables to the publication");
+            let p = self.publication(name).await?.ok_or_else(|| {
+                PgError::new(
+                    ErrorKind::Setup,
+                    format!("publication {name:?} vanished while adding tables"),
+                )
+            })?;
+            cov = coverage_of(&p, tables);
+        }
+        let mut fixes = Vec::new();
         let partitioned = crate::check::partitioned(&c, &cov.missing_tables).await?;
         if partitioned.iter().any(|p| *p) {
             fixes.push(format!(

@@ -158,6 +158,24 @@ async fn publication(
                 name,
                 "covers every watched table and operation",
             ),
+            Ok(Some(c))
+                if c.missing_operations.is_empty()
+                    && s.publication_mode == PublicationChoice::Create
+                    && admin.publication_is_ours(name).await.unwrap_or(false) =>
+            {
+                Finding::ok(
+                    "publication",
+                    name,
+                    format!(
+                        "will be extended with {} (freshen created it)",
+                        c.missing_tables
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            }
             Ok(Some(c)) => {
                 let mut what = Vec::new();
                 if !c.missing_tables.is_empty() {

@@ -22,6 +22,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -477,11 +478,35 @@ impl Drop for CancelOnDrop {
         // A cancel request is answered by the server before authentication and TLS, so
         // a plain connection reaches any server the rebuild reached.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            CANCELS_PENDING.fetch_add(1, Ordering::SeqCst);
             rt.spawn(async move {
                 let _ = token.cancel_query(NoTls).await;
+                CANCELS_PENDING.fetch_sub(1, Ordering::SeqCst);
+                CANCELS_SENT.notify_waiters();
             });
         }
     }
+}
+
+/// Cancel requests spawned by dropped rebuilds and not yet answered.
+static CANCELS_PENDING: AtomicUsize = AtomicUsize::new(0);
+static CANCELS_SENT: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Waits (at most `within`) until every cancel request of an abandoned rebuild has been
+/// delivered. A process that exits right after a shutdown calls this last: its
+/// runtime would otherwise drop the requests unsent and leave the statements running
+/// on the server.
+pub async fn cancels_settled(within: std::time::Duration) {
+    let settled = async {
+        loop {
+            let sent = CANCELS_SENT.notified();
+            if CANCELS_PENDING.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            sent.await;
+        }
+    };
+    let _ = tokio::time::timeout(within, settled).await;
 }
 
 /// Part `j` of `due`'s key, for `$j+1` of statement `i`.

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use freshen::plug::{Finding, Plan, SourcePlug, Started};
+use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
@@ -279,6 +279,25 @@ impl SourcePlug for PgSourceSettings {
 
     fn check<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>> {
         Box::pin(check::source(self, plan))
+    }
+
+    /// An advisory lock keyed by the slot's name on the source database
+    /// ([`Leadership`](crate::Leadership)).
+    fn lead(&self) -> BoxFuture<'_, Result<Lease, BoxError>> {
+        Box::pin(async move {
+            let connection = self.connection()?;
+            Ok(
+                match crate::Leadership::try_acquire(&connection, &self.slot).await? {
+                    crate::Attempt::Leader(mut l) => {
+                        Lease::Granted(Box::pin(async move { BoxError::from(l.lost().await) }))
+                    }
+                    crate::Attempt::Held(holder) => Lease::Held(match holder {
+                        Some(h) => h.to_string(),
+                        None => "another process".to_owned(),
+                    }),
+                },
+            )
+        })
     }
 
     fn start<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Result<Started, BoxError>> {

@@ -29,6 +29,7 @@
 //! and polling with a deadline.
 
 mod broker;
+pub mod browser;
 mod error;
 mod kafka;
 mod mariadb;

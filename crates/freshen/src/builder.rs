@@ -25,6 +25,7 @@ pub struct Builder {
     backoff: Backoff,
     poison_after: u32,
     reconcile: Option<Reconcile>,
+    sweep_at_start: bool,
     on_error: Option<ReportFn>,
     ack: AckPolicy,
     shutdown_grace: Duration,
@@ -65,6 +66,7 @@ impl Default for Builder {
             backoff: d.backoff,
             poison_after: d.poison_after,
             reconcile: None,
+            sweep_at_start: true,
             on_error: None,
             ack: AckPolicy::default(),
             shutdown_grace: Duration::from_secs(10),
@@ -204,7 +206,16 @@ impl Builder {
         self.reconcile = Some(Reconcile {
             every,
             enumerate: Arc::new(enumerate),
+            at_start: true,
         });
+        self
+    }
+
+    /// Whether the reconcile sweep also runs at start (default true). A program that
+    /// restarts a refresher whose derived table is known to be right — an unchanged view
+    /// across a configuration reload — skips it; the periodic and TRUNCATE sweeps stay.
+    pub fn sweep_at_start(mut self, yes: bool) -> Builder {
+        self.sweep_at_start = yes;
         self
     }
 
@@ -335,7 +346,10 @@ impl Builder {
                     seed,
                 },
                 workers: self.workers,
-                reconcile: self.reconcile,
+                reconcile: self.reconcile.map(|r| Reconcile {
+                    at_start: self.sweep_at_start,
+                    ..r
+                }),
                 report: self.on_error,
                 ack: self.ack,
                 grace: self.shutdown_grace,

@@ -94,6 +94,9 @@ pub struct Ready {
     /// Failed rebuilds of this key in a row before this one, of any kind (0 = first
     /// try).
     pub failures: u32,
+    /// Whether a change made this rebuild due; `false` when only a reconcile sweep (or
+    /// a request) listed the key. Freshness and amplification count changes only.
+    pub by_change: bool,
 }
 
 /// How a rebuild ended, for [`DirtySet::complete`].
@@ -147,7 +150,9 @@ enum State {
 /// | Poisoned         | –                   | –                    | –                 |
 ///
 /// `failures` counts failures that blamed the key, `stalls` those that blamed the path
-/// (they only lengthen the backoff); both reset on success.
+/// (they only lengthen the backoff); both reset on success. `changed` says whether a
+/// change (not only a sweep) dirtied the pending work, `job_changed` the same of the
+/// running job (kept by its retries); both fit in the slot's padding.
 #[derive(Debug)]
 struct Slot {
     key: Option<Key>,
@@ -157,6 +162,10 @@ struct Slot {
     failures: u16,
     stalls: u16,
     state: State,
+    /// A change (not only a sweep) dirtied the pending work.
+    changed: bool,
+    /// The running (or retried) job was made due by a change.
+    job_changed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -270,7 +279,7 @@ impl DirtySet {
         });
     }
 
-    fn alloc(&mut self, key: &Key, hash: Hash32, vacant: usize, now: u64) -> u32 {
+    fn alloc(&mut self, key: &Key, hash: Hash32, vacant: usize, now: u64, changed: bool) -> u32 {
         let slot = Slot {
             key: Some(key.clone()),
             first: now,
@@ -279,6 +288,8 @@ impl DirtySet {
             failures: 0,
             stalls: 0,
             state: State::Dirty,
+            changed,
+            job_changed: false,
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -317,7 +328,7 @@ impl DirtySet {
         let i = match self.find(key) {
             (_, Probe::Found { slot, .. }) => slot,
             (hash, Probe::Vacant(vacant)) => {
-                let i = self.alloc(key, hash, vacant, now);
+                let i = self.alloc(key, hash, vacant, now, !revive);
                 let d = self.dirty_deadline(&self.slots[i as usize]);
                 self.push(i, d);
                 self.queued += 1;
@@ -325,6 +336,9 @@ impl DirtySet {
             }
         };
         let s = &mut self.slots[i as usize];
+        if !revive {
+            s.changed = true;
+        }
         match s.state {
             // A sweep says "this key should be right", not "this key just changed": a key
             // already waiting is due soon anyway, and restarting its quiet period would
@@ -411,6 +425,11 @@ impl DirtySet {
         self.heap.pop();
         let s = &mut self.slots[top.slot as usize];
         s.job_first = s.first;
+        // A retry keeps the flag of the job it retries, unless a change came since.
+        if s.state == State::Dirty || s.changed {
+            s.job_changed = s.changed;
+        }
+        s.changed = false;
         s.state = State::Running;
         self.queued -= 1;
         self.running += 1;
@@ -418,6 +437,7 @@ impl DirtySet {
             key: s.key.clone().expect("queued slots hold a key"),
             first_dirty: self.epoch + Duration::from_nanos(s.job_first),
             failures: u32::from(s.failures) + u32::from(s.stalls),
+            by_change: s.job_changed,
         };
         Some(ready)
     }
@@ -623,6 +643,52 @@ mod tests {
         assert_eq!(set.oldest_waiting(), None, "a running key is not waiting");
         set.complete(&second.key, Outcome::Rebuilt, t0 + ms(21));
         assert_eq!(set.oldest_waiting(), None);
+    }
+
+    #[test]
+    fn a_rebuild_is_by_change_when_a_change_made_it_due_and_not_when_only_a_sweep_did() {
+        let (mut s, t0) = set(10, 100);
+        let f = Outcome::Failed(Retry::Path);
+        // Listed by a sweep only.
+        s.revive(&k("swept"), t0);
+        // Changed; a sweep listing it too changes nothing.
+        s.mark(&k("changed"), t0);
+        s.revive(&k("changed"), t0);
+        let mut seen = std::collections::BTreeMap::new();
+        while let Some(r) = s.pop_ready(t0 + 20 * MS) {
+            seen.insert(r.key.clone(), r.by_change);
+        }
+        assert_eq!(seen[&k("swept")], false);
+        assert_eq!(seen[&k("changed")], true);
+        // A sweep re-lists a running key: its next run is a sweep's, not a change's.
+        s.revive(&k("changed"), t0 + 21 * MS);
+        assert_eq!(
+            s.complete(&k("changed"), Outcome::Rebuilt, t0 + 22 * MS),
+            Completion::Requeued
+        );
+        // A change during the swept key's run: its next run is a change's.
+        s.mark(&k("swept"), t0 + 21 * MS);
+        s.complete(&k("swept"), Outcome::Rebuilt, t0 + 22 * MS);
+        let mut seen = std::collections::BTreeMap::new();
+        while let Some(r) = s.pop_ready(t0 + 200 * MS) {
+            seen.insert(r.key.clone(), r.by_change);
+        }
+        assert_eq!(seen[&k("changed")], false);
+        assert_eq!(seen[&k("swept")], true);
+        // A retry keeps its job's origin; a change while it backs off makes it a change's.
+        s.complete(&k("changed"), f, t0 + 201 * MS);
+        s.complete(&k("swept"), f, t0 + 201 * MS);
+        let retried: Vec<bool> = std::iter::from_fn(|| s.pop_ready(t0 + 10_000 * MS))
+            .map(|r| r.by_change)
+            .collect();
+        assert_eq!(retried.len(), 2);
+        assert_eq!(retried.iter().filter(|b| **b).count(), 1, "{retried:?}");
+        s.complete(&k("changed"), f, t0 + 10_001 * MS);
+        s.mark(&k("changed"), t0 + 10_002 * MS);
+        let r = std::iter::from_fn(|| s.pop_ready(t0 + 100_000 * MS))
+            .find(|r| r.key == k("changed"))
+            .unwrap();
+        assert!(r.by_change);
     }
 
     const MS: Duration = Duration::from_millis(1);

@@ -184,6 +184,14 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
     /// configuration allows: a slot, a publication, a position table).
     fn start<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Result<Started, BoxError>>;
 
+    /// Tries once to become the one active process for this configuration, so that a
+    /// second process on the same configuration waits as a standby instead of
+    /// rebuilding beside the first (see [`Lease`]). The default, for sources whose
+    /// upstream arbitrates by itself or needs no arbiter: [`Lease::Unneeded`].
+    fn lead(&self) -> BoxFuture<'_, Result<Lease, BoxError>> {
+        Box::pin(async { Ok(Lease::Unneeded) })
+    }
+
     /// Removes what the source keeps upstream for this configuration (`freshen drop`:
     /// a slot, a publication freshen created), one line per thing and what became of
     /// it. The default: nothing to remove.
@@ -192,6 +200,28 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
         Box::pin(async move {
             Err(format!("a {kind} source keeps nothing upstream that `drop` could remove").into())
         })
+    }
+}
+
+/// The outcome of [`SourcePlug::lead`].
+pub enum Lease {
+    /// This source needs no arbiter: every process may run.
+    Unneeded,
+    /// This process is the active one until the future resolves (the lease is lost —
+    /// e.g. the session holding it ended — with why); keep the future alive to keep
+    /// the lease.
+    Granted(BoxFuture<'static, BoxError>),
+    /// Another process is active: who, as far as the upstream can tell.
+    Held(String),
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Lease::Unneeded => f.write_str("Unneeded"),
+            Lease::Granted(_) => f.write_str("Granted"),
+            Lease::Held(who) => f.debug_tuple("Held").field(who).finish(),
+        }
     }
 }
 

@@ -23,6 +23,8 @@ pub(crate) type ReportFn = Arc<dyn Fn(&Report<'_>) + Send + Sync>;
 pub(crate) struct Reconcile {
     pub(crate) every: Duration,
     pub(crate) enumerate: Arc<dyn Enumerate>,
+    /// Whether the first sweep runs at start (else one interval later).
+    pub(crate) at_start: bool,
 }
 
 /// A key fan-out: its own scope (parent keys) and what maps them to view keys.
@@ -68,6 +70,7 @@ pub struct Quarantined {
 pub(crate) enum Command {
     Sweep,
     Readmit(Key),
+    Rebuild(Key),
 }
 
 /// State shared by the run loop and every handle.
@@ -158,6 +161,14 @@ impl Handle {
             self.shared.command(Command::Readmit(key.clone()));
         }
         quarantined
+    }
+
+    /// Asks for `key` to be rebuilt: it is marked as a reconcile sweep marks the keys it
+    /// lists (a key already waiting keeps its deadline, a running one runs again after,
+    /// a quarantined one is re-admitted with a clean failure count), so it is rebuilt
+    /// after the debounce.
+    pub fn rebuild(&self, key: &Key) {
+        self.shared.command(Command::Rebuild(key.clone()));
     }
 }
 

@@ -91,6 +91,7 @@ async fn pump(
 struct JobKey {
     key: Key,
     first_dirty: std::time::Instant,
+    by_change: bool,
     covered: Option<BatchId>,
 }
 
@@ -102,6 +103,7 @@ struct Job {
     keys: Vec<JobKey>,
     stage: Option<usize>,
     call: u64,
+    started: std::time::Instant,
 }
 
 /// How many fanned keys wait between a fan-out call and the loop: a large fan-out
@@ -397,6 +399,16 @@ impl Runner {
                         Recorder::add(&self.shared.stats.keys_marked, 1);
                     }
                 }
+                Command::Rebuild(key) => {
+                    match self.dirty.revive(&key, now.into_std()) {
+                        Mark::Revived => {
+                            self.unquarantine(&key);
+                        }
+                        Mark::Unchanged => continue,
+                        _ => {}
+                    }
+                    Recorder::add(&self.shared.stats.keys_marked, 1);
+                }
             }
         }
     }
@@ -652,6 +664,7 @@ impl Runner {
         let job = JobKey {
             key: ready.key,
             first_dirty: ready.first_dirty,
+            by_change: ready.by_change,
             covered,
         };
         (job, due)
@@ -735,6 +748,7 @@ impl Runner {
                     keys: meta,
                     stage,
                     call,
+                    started: std::time::Instant::now(),
                 },
             );
         }
@@ -812,8 +826,13 @@ impl Runner {
             }
             // A fan-out rebuilt nothing yet: freshness is the view keys' own.
             if !fanout {
-                st.freshness
-                    .record(now.saturating_duration_since(m.first_dirty));
+                // Freshness is a change's: a key only a sweep listed waited for nothing.
+                if m.by_change {
+                    st.freshness
+                        .record(now.saturating_duration_since(m.first_dirty));
+                } else {
+                    Recorder::add(&st.sweep_rebuilds, 1);
+                }
                 Recorder::add(&st.rebuilds_ok, 1);
             }
         }
@@ -1005,6 +1024,9 @@ impl Runner {
         }
         Recorder::set(&st.dirty, self.dirty.queued() as u64);
         Recorder::set(&st.in_flight, self.dirty.running() as u64);
+        // At most `workers` calls run: a scan is cheap.
+        st.set_oldest_in_flight(self.job_keys.values().map(|j| j.started).min());
+        st.set_sweep(self.sweep_began.map(Instant::into_std), self.sweep_listed);
         Recorder::set(&st.poisoned, self.dirty.poisoned() as u64);
         Recorder::set(&st.poisoned_holding, self.holding.len() as u64);
         let unacked = self.tracker.as_ref().map_or(0, |t| t.unreleased());

@@ -34,6 +34,10 @@ pub struct Stats {
     pub keys_marked: u64,
     /// Keys rebuilt successfully.
     pub rebuilds_ok: u64,
+    /// Of `rebuilds_ok`, keys that no change made due: listed by a reconcile sweep (or
+    /// asked for by hand). They are left out of `freshness`, and amplification
+    /// (rebuilds per change) is `rebuilds_ok - sweep_rebuilds` over the events.
+    pub sweep_rebuilds: u64,
     /// Key rebuilds that failed.
     pub rebuilds_failed: u64,
     /// Calls of the rebuild callback (less than keys when rebuilds are batched).
@@ -62,6 +66,12 @@ pub struct Stats {
     pub fanout_keys: u64,
     /// Keys waiting for a rebuild (dirty or waiting to retry). Gauge.
     pub dirty: u64,
+    /// When the longest-running rebuild call now running started (`None`: none runs).
+    pub oldest_in_flight: Option<SystemTime>,
+    /// When the reconcile sweep now listing keys started (`None`: none is).
+    pub sweep_since: Option<SystemTime>,
+    /// Keys the sweep now listing has listed so far.
+    pub sweep_listed: u64,
     /// Keys quarantined now. Gauge.
     pub poisoned: u64,
     /// Quarantined keys still holding back acknowledgements (a view without reconcile):
@@ -130,10 +140,25 @@ pub(crate) struct Recorder {
     pub(crate) last_rebuild_ns: AtomicU64,
     /// Nanoseconds since the Unix epoch of the oldest waiting change; 0 = none.
     pub(crate) oldest_waiting_ns: AtomicU64,
+    pub(crate) oldest_in_flight_ns: AtomicU64,
+    pub(crate) sweep_since_ns: AtomicU64,
+    pub(crate) sweep_listed: AtomicU64,
+    pub(crate) sweep_rebuilds: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) freshness: Histogram,
     /// Rarely written: on a failure, on a stall's start and end.
     pub(crate) trouble: Mutex<Trouble>,
+}
+
+/// A monotonic instant as wall-clock nanoseconds since the Unix epoch, for readers in
+/// other processes; 0 = none (and a real instant is never 0).
+fn wall_ns(at: Option<std::time::Instant>) -> u64 {
+    at.map_or(0, |t| {
+        let wall = SystemTime::now() - t.elapsed();
+        wall.duration_since(UNIX_EPOCH).map_or(1, |d| {
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+        })
+    })
 }
 
 /// The failure state behind `stalled_since`, `stall` and `last_error`.
@@ -187,6 +212,10 @@ impl Recorder {
             last_event_ns: z(),
             last_rebuild_ns: z(),
             oldest_waiting_ns: z(),
+            oldest_in_flight_ns: z(),
+            sweep_since_ns: z(),
+            sweep_listed: z(),
+            sweep_rebuilds: z(),
             wakeups: z(),
             freshness: Histogram::new(),
             trouble: Mutex::new(Trouble::default()),
@@ -208,13 +237,19 @@ impl Recorder {
     /// Records the oldest waiting change's first mark (a monotonic instant, stored as
     /// wall-clock time for readers).
     pub(crate) fn set_oldest_waiting(&self, at: Option<std::time::Instant>) {
-        let ns = at.map_or(0, |t| {
-            let wall = SystemTime::now() - t.elapsed();
-            wall.duration_since(UNIX_EPOCH).map_or(1, |d| {
-                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
-            })
-        });
-        self.oldest_waiting_ns.store(ns, Relaxed);
+        self.oldest_waiting_ns.store(wall_ns(at), Relaxed);
+    }
+
+    /// Records when the longest-running rebuild call started.
+    pub(crate) fn set_oldest_in_flight(&self, at: Option<std::time::Instant>) {
+        self.oldest_in_flight_ns.store(wall_ns(at), Relaxed);
+    }
+
+    /// Records the listing sweep's start and keys so far.
+    pub(crate) fn set_sweep(&self, since: Option<std::time::Instant>, listed: u64) {
+        self.sweep_since_ns.store(wall_ns(since), Relaxed);
+        self.sweep_listed
+            .store(if since.is_some() { listed } else { 0 }, Relaxed);
     }
 
     pub(crate) fn touch_rebuild(&self) {
@@ -245,6 +280,7 @@ impl Recorder {
             schema_changes: g(&self.schema_changes),
             keys_marked: g(&self.keys_marked),
             rebuilds_ok: g(&self.rebuilds_ok),
+            sweep_rebuilds: g(&self.sweep_rebuilds),
             rebuilds_failed: g(&self.rebuilds_failed),
             rebuild_calls: g(&self.rebuild_calls),
             keys_poisoned: g(&self.keys_poisoned),
@@ -257,6 +293,9 @@ impl Recorder {
             fanout_calls: g(&self.fanout_calls),
             fanout_keys: g(&self.fanout_keys),
             dirty: g(&self.dirty),
+            oldest_in_flight: time_of(g(&self.oldest_in_flight_ns)),
+            sweep_since: time_of(g(&self.sweep_since_ns)),
+            sweep_listed: g(&self.sweep_listed),
             poisoned: g(&self.poisoned),
             poisoned_holding: g(&self.poisoned_holding),
             in_flight: g(&self.in_flight),

@@ -55,10 +55,13 @@ pub(crate) struct Sweeper {
 }
 
 impl Sweeper {
-    /// A sweeper whose first sweep is due at `now` (when a reconcile is configured).
+    /// A sweeper whose first sweep is due at `now` (when a reconcile is configured and
+    /// sweeps at start; else one interval later).
     pub(crate) fn new(reconcile: Option<Reconcile>, now: Instant) -> Sweeper {
         Sweeper {
-            next: reconcile.as_ref().map(|_| now),
+            next: reconcile
+                .as_ref()
+                .map(|r| if r.at_start { now } else { now + r.every }),
             reconcile,
             listing: None,
             again: false,

@@ -55,6 +55,7 @@ async fn three_events_on_two_keys_make_two_rebuilds_all_acked() {
     assert_eq!(s.events_received, 3);
     assert_eq!(s.keys_marked, 3);
     assert_eq!(s.rebuilds_ok, 2);
+    assert_eq!(s.sweep_rebuilds, 0);
     assert_eq!(s.batches_received, 2);
     assert_eq!(s.batches_acked, 2);
     assert_eq!(s.freshness.count(), 2);
@@ -188,6 +189,109 @@ async fn a_change_to_a_poisoned_key_retries_it_and_a_sweep_revives_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_key_asked_for_by_hand_is_rebuilt_and_a_quarantined_one_readmitted() {
+    let (feed, source) = channel(8);
+    let log = Log::default();
+    let fail = Arc::new(AtomicUsize::new(1));
+    let (l, f) = (log.clone(), fail.clone());
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |key: Key| {
+            l.push(key.to_string());
+            let failing = key == Key::from("bad") && f.load(Ordering::SeqCst) == 1;
+            async move { if failing { Err("bad row") } else { Ok(()) } }
+        })
+        .coalesce(MS)
+        .poison_after(1)
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    // No change ever named "x": the request alone rebuilds it.
+    h.rebuild(&Key::from("x"));
+    waiting(&mut run, "x rebuilt", Duration::from_secs(1), || {
+        log.count("x") == 1
+    })
+    .await;
+    feed.send(Batch::new(vec![reading("bad", 1)], Ack::none()))
+        .await
+        .unwrap();
+    waiting(&mut run, "bad quarantined", Duration::from_secs(1), || {
+        h.stats().poisoned == 1
+    })
+    .await;
+    fail.store(0, Ordering::SeqCst);
+    h.rebuild(&Key::from("bad"));
+    waiting(&mut run, "bad readmitted", Duration::from_secs(1), || {
+        h.stats().poisoned == 0 && log.count("bad") == 2
+    })
+    .await;
+    assert!(h.quarantined().is_empty());
+    assert_eq!(h.stats().rebuilds_ok, 2);
+    drop(feed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_rebuild_and_a_listing_sweep_are_visible_while_they_last() {
+    let (feed, source) = channel(8);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let listing = Arc::new(tokio::sync::Semaphore::new(0));
+    let (g, l) = (gate.clone(), listing.clone());
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(move |_key: Key| {
+            let g = g.clone();
+            async move {
+                let _ = g.acquire().await.unwrap();
+                Ok::<_, std::io::Error>(())
+            }
+        })
+        .coalesce(MS)
+        .reconcile(Duration::from_secs(3600), move || {
+            let l = l.clone();
+            async move {
+                let _ = l.acquire().await.unwrap();
+                Ok::<_, std::io::Error>(vec![Key::from("s")])
+            }
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    waiting(
+        &mut run,
+        "the start-up sweep lists",
+        Duration::from_secs(1),
+        || h.stats().sweep_since.is_some(),
+    )
+    .await;
+    assert_eq!(h.stats().oldest_in_flight, None);
+    listing.add_permits(1);
+    waiting(
+        &mut run,
+        "the swept key runs",
+        Duration::from_secs(1),
+        || {
+            let s = h.stats();
+            s.sweep_since.is_none() && s.oldest_in_flight.is_some()
+        },
+    )
+    .await;
+    gate.add_permits(1);
+    waiting(&mut run, "nothing runs", Duration::from_secs(1), || {
+        let s = h.stats();
+        s.oldest_in_flight.is_none() && s.rebuilds_ok == 1
+    })
+    .await;
+    assert_eq!(h.stats().sweep_rebuilds, 1);
+    drop(feed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn skipped_messages_are_counted_reported_and_acked() {
     let (feed, source) = channel(8);
     let acks = Acks::default();
@@ -287,9 +391,45 @@ async fn reconcile_sweeps_at_start_and_on_the_interval() {
     );
     assert_eq!(h.stats().reconciles, 2);
     assert_eq!(h.stats().reconcile_keys, 4);
+    // No change made these due: they are sweep rebuilds, outside freshness.
+    assert_eq!(h.stats().sweep_rebuilds, 4);
+    assert_eq!(h.stats().freshness.count(), 0);
     drop(feed);
     within("drain", Duration::from_secs(5), run).await.unwrap();
     assert_eq!(sweeps.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_sweep_at_start_the_first_comes_one_interval_later() {
+    let (feed, source) = channel(1);
+    let log = Log::default();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&log))
+        .sweep_at_start(false)
+        .reconcile(Duration::from_secs(60), || async {
+            Ok::<_, std::io::Error>(vec![Key::from("x")])
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let start = tokio::time::Instant::now();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    waiting(
+        &mut run,
+        "the first sweep",
+        Duration::from_secs(120),
+        || h.stats().rebuilds_ok == 1,
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(60) && elapsed < Duration::from_secs(62),
+        "first sweep after one interval, at {elapsed:?}"
+    );
+    drop(feed);
 }
 
 #[tokio::test(start_paused = true)]

@@ -184,6 +184,29 @@ pub struct Http {
     pub listen: SocketAddr,
     /// Host and Origin rules, timeouts, the connection limit.
     pub serving: freshen_http::Settings,
+    /// The bearer token the `/admin` endpoints require (`None`: open on loopback, off
+    /// beyond it).
+    pub admin_token: Option<AdminToken>,
+}
+
+/// The `/admin` endpoints' bearer token: never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// The shortest token accepted: guessable tokens make the check theatre.
+    pub const MIN_LEN: usize = 16;
+
+    /// The token itself, to compare with what a request presents.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
 }
 
 /// The longest duration any setting takes: a year. Every interval freshen runs on is
@@ -287,14 +310,7 @@ const VIEW: &[&str] = &[
 
 /// Reads and validates `path`, expanding `${VAR}` from the process environment.
 pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        problems: vec![Problem {
-            line: None,
-            message: format!("cannot read the file: {e}"),
-        }],
-    })?;
+    let (src, file) = read(path)?;
     parse(&src, &file, &|name| std::env::var(name).ok())
 }
 
@@ -302,15 +318,66 @@ pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
 /// the value using it is kept as written and not judged — and is listed in
 /// [`Config::unset`].
 pub fn load_offline(path: &std::path::Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let src = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let (src, file) = read(path)?;
+    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+}
+
+/// Only the `[http] listen` address of `path` (`None`: `"off"`), for `status` and
+/// `health`: they ask a running instance and need nothing else from its file, so the
+/// rest is not judged.
+pub fn http_listen(path: &std::path::Path) -> Result<Option<SocketAddr>, ConfigError> {
+    let (src, file) = read(path)?;
+    let problem = |message: String| ConfigError {
         file: file.clone(),
         problems: vec![Problem {
             line: None,
-            message: format!("cannot read the file: {e}"),
+            message,
         }],
-    })?;
-    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+    };
+    let doc: toml_edit::DocumentMut = src
+        .parse()
+        .map_err(|e: toml_edit::TomlError| problem(e.message().to_owned()))?;
+    let default = SocketAddr::from(([127, 0, 0, 1], 9187));
+    match doc.get("http").and_then(|h| h.get("listen")) {
+        None => Ok(Some(default)),
+        Some(v) => match v.as_str() {
+            Some("off") => Ok(None),
+            Some(s) => s.parse().map(Some).map_err(|_| {
+                problem(format!(
+                    "`http.listen` must be an address like \"127.0.0.1:9187\", not `{s}`"
+                ))
+            }),
+            None => Err(problem("`http.listen` must be a string".into())),
+        },
+    }
+}
+
+/// The default configuration file, looked for in the working directory.
+pub const DEFAULT_FILE: &str = "freshen.toml";
+
+/// The file's text and its name for messages.
+fn read(path: &std::path::Path) -> Result<(String, String), ConfigError> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(src) => Ok((src, file)),
+        Err(e) => {
+            let message = if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "no such file (freshen reads `{DEFAULT_FILE}` from the working directory \
+                     unless `-c FILE` names another; `deploy/freshen.toml` is a starting point)"
+                )
+            } else {
+                format!("cannot read the file: {e}")
+            };
+            Err(ConfigError {
+                file,
+                problems: vec![Problem {
+                    line: None,
+                    message,
+                }],
+            })
+        }
+    }
 }
 
 /// Parses and validates a configuration; `env` looks up `${VAR}` references.
@@ -517,6 +584,7 @@ const HTTP: &[&str] = &[
     "header_timeout",
     "request_timeout",
     "max_connections",
+    "admin_token",
 ];
 
 fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
@@ -528,6 +596,7 @@ fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
         return Some(Http {
             listen: default,
             serving,
+            admin_token: None,
         });
     };
     r.known_keys(t, HTTP);
@@ -557,17 +626,35 @@ fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
     if let Some(n) = r.int(t, "max_connections", 1..=l::MAX_CONNECTIONS as i64) {
         serving.max_connections = n.value as usize;
     }
+    let admin_token = r.string(t, "admin_token").and_then(|tok| {
+        if tok.value.chars().count() < AdminToken::MIN_LEN {
+            r.p.at_line(
+                tok.line,
+                format!(
+                    "`http.admin_token` must be at least {} characters (e.g. `openssl rand -hex 24`, passed as \"${{FRESHEN_ADMIN_TOKEN}}\")",
+                    AdminToken::MIN_LEN
+                ),
+            );
+            return None;
+        }
+        Some(AdminToken(tok.value))
+    });
     let Some(listen) = r.string(t, "listen") else {
         return Some(Http {
             listen: default,
             serving,
+            admin_token,
         });
     };
     if listen.value == "off" {
         return None;
     }
     match listen.value.parse::<SocketAddr>() {
-        Ok(listen) => Some(Http { listen, serving }),
+        Ok(listen) => Some(Http {
+            listen,
+            serving,
+            admin_token,
+        }),
         Err(_) => {
             r.p.at_line(
                 listen.line,

@@ -586,3 +586,28 @@ fn fan_out_mistakes_are_problems_with_lines() {
     let p = problems(&JOINED.replace("keys = ", "kyes = "));
     assert!(p.iter().any(|l| l.contains("kyes")), "{p:?}");
 }
+
+#[test]
+fn an_admin_token_is_long_enough_and_never_printed() {
+    let src = |token: &str| {
+        format!(
+            "[source]\nkind = \"postgres\"\nurl = \"postgres://a@h/d\"\n[http]\nadmin_token = \"{token}\"\n[[views]]\nname = \"v\"\nwatch = [{{ table = \"t\", key = [\"k\"] }}]\nrebuild = [\"SELECT $1\"]\n"
+        )
+    };
+    let env = |_: &str| None;
+    let e = parse(&src("short"), "f.toml", &env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("f.toml:5: `http.admin_token` must be at least 16"),
+        "{e}"
+    );
+    assert!(!e.contains("short"), "{e}");
+    let c = parse(&src("a-long-enough-s3cret"), "f.toml", &env).unwrap();
+    let http = c.http.unwrap();
+    assert_eq!(
+        http.admin_token.as_ref().unwrap().expose(),
+        "a-long-enough-s3cret"
+    );
+    assert!(!format!("{http:?}").contains("s3cret"));
+}

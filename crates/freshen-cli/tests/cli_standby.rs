@@ -1,0 +1,97 @@
+//! Two `freshen run` processes on one configuration: one is active, the other waits as
+//! a standby (and says so), takes over when the active one is SIGKILLed under load, and
+//! the derived tables end equal to truth. The killed one, restarted, becomes the standby.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_when_the_active_process_is_killed_under_load() {
+    let pg = start_pg();
+    let mut c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    // One configuration, two listeners (one per process).
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let ports = [free_port(), free_port()];
+    let bases = ports.map(|p| format!("http://127.0.0.1:{p}"));
+    let cfgs = [0, 1].map(|i| {
+        write_config(
+            dirs[i].path(),
+            &config(&pg.url(), &format!("127.0.0.1:{}", ports[i])),
+        )
+    });
+
+    let mut a = spawn_run(dirs[0].path(), &cfgs[0], 1);
+    wait_http(&bases[0], "/healthz", 200, PATIENCE).await;
+    let b = spawn_run(dirs[1].path(), &cfgs[1], 1);
+    // The standby answers, unhealthy, naming what it waits for.
+    let body = wait_http(&bases[1], "/healthz", 503, PATIENCE).await;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut status = freshen_cli::status::fetch(&bases[1]).await.unwrap();
+    while status.role != "standby" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never standby: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        status = freshen_cli::status::fetch(&bases[1]).await.unwrap();
+    }
+    let waits_for = status.standby_for.clone().unwrap();
+    assert!(
+        waits_for.contains("freshen (slot freshen_test)"),
+        "{waits_for}"
+    );
+    assert!(
+        status.views.is_empty(),
+        "a standby rebuilds nothing: {status:?}"
+    );
+    let (_, body_now) = freshen_cli::status::get(&bases[1], "/healthz")
+        .await
+        .unwrap();
+    assert!(body_now.contains("standby"), "{body} / {body_now}");
+    let metrics = wait_http(&bases[1], "/metrics", 200, PATIENCE).await;
+    assert!(metrics.contains("freshen_active 0"), "{metrics}");
+    let metrics = wait_http(&bases[0], "/metrics", 200, PATIENCE).await;
+    assert!(metrics.contains("freshen_active 1"), "{metrics}");
+
+    // Load, and the active process dies in the middle of it.
+    let mut r = Rng::new(0x57a4d);
+    workload(&mut c, &mut r, 120).await;
+    a.kill().unwrap();
+    a.wait().unwrap();
+    workload(&mut c, &mut r, 120).await;
+    wait_http(&bases[1], "/healthz", 200, PATIENCE).await;
+    let status = freshen_cli::status::fetch(&bases[1]).await.unwrap();
+    assert_eq!(status.role, "active");
+    workload(&mut c, &mut r, 60).await;
+    wait_equal(&c, PATIENCE).await;
+    assert!(
+        log_of(dirs[1].path(), 1).contains("taking over"),
+        "{}",
+        log_of(dirs[1].path(), 1)
+    );
+
+    // The first one comes back as the standby.
+    let _a2 = spawn_run(dirs[0].path(), &cfgs[0], 2);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Ok(s) = freshen_cli::status::fetch(&bases[0]).await
+            && s.role == "standby"
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted one never became standby"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    workload(&mut c, &mut r, 40).await;
+    wait_equal(&c, PATIENCE).await;
+    drop(b);
+}

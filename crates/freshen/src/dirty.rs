@@ -658,8 +658,8 @@ mod tests {
         while let Some(r) = s.pop_ready(t0 + 20 * MS) {
             seen.insert(r.key.clone(), r.by_change);
         }
-        assert_eq!(seen[&k("swept")], false);
-        assert_eq!(seen[&k("changed")], true);
+        assert!(!seen[&k("swept")]);
+        assert!(seen[&k("changed")]);
         // A sweep re-lists a running key: its next run is a sweep's, not a change's.
         s.revive(&k("changed"), t0 + 21 * MS);
         assert_eq!(
@@ -673,8 +673,8 @@ mod tests {
         while let Some(r) = s.pop_ready(t0 + 200 * MS) {
             seen.insert(r.key.clone(), r.by_change);
         }
-        assert_eq!(seen[&k("changed")], false);
-        assert_eq!(seen[&k("swept")], true);
+        assert!(!seen[&k("changed")]);
+        assert!(seen[&k("swept")]);
         // A retry keeps its job's origin; a change while it backs off makes it a change's.
         s.complete(&k("changed"), f, t0 + 201 * MS);
         s.complete(&k("swept"), f, t0 + 201 * MS);

@@ -239,6 +239,8 @@ fn refresher(
             }
             Report::Recovered { .. }
             | Report::Revived { .. }
+            | Report::SweepStarted
+            | Report::SweepProgress { .. }
             | Report::Swept { .. }
             | Report::Resumed { .. }
             | Report::SchemaChanged { .. } => {

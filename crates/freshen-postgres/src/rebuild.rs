@@ -557,7 +557,21 @@ where
 
 impl Rebuild for SqlRebuild {
     fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
-        Box::pin(async move { self.run(due).await.map_err(Into::into) })
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let result = self.run(due).await;
+            // `RUST_LOG=freshen_postgres=debug` follows every call.
+            match &result {
+                Ok(()) => tracing::debug!(
+                    keys = due.len(),
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    first = %due.first().map(|d| d.key.to_string()).unwrap_or_default(),
+                    "rebuilt"
+                ),
+                Err(e) => tracing::debug!(keys = due.len(), "rebuild failed: {e}"),
+            }
+            result.map_err(Into::into)
+        })
     }
 
     fn classify(&self, error: &BoxError) -> Retry {

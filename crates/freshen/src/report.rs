@@ -122,6 +122,17 @@ pub enum Report<'a> {
         /// The change.
         change: &'a SchemaChange,
     },
+    /// A reconcile sweep started listing keys (at start, on its interval, after a
+    /// TRUNCATE, or on request). A lifecycle line.
+    SweepStarted,
+    /// A long sweep's progress: keys listed so far (reported every
+    /// [`SWEEP_PROGRESS_EVERY`](crate::SWEEP_PROGRESS_EVERY) keys).
+    SweepProgress {
+        /// Keys listed so far.
+        keys: u64,
+        /// Since the sweep started.
+        took: Duration,
+    },
     /// A reconcile sweep listed every key (each joins the normal pipeline: its rebuilds
     /// follow). Not a problem: a lifecycle line for the operator.
     Swept {
@@ -198,6 +209,12 @@ impl fmt::Display for Report<'_> {
                     "reconcile sweep failed, retrying in {retry_in:?}: {error}"
                 )
             }
+            Report::SweepStarted => f.write_str("reconcile sweep started"),
+            Report::SweepProgress { keys, took } => write!(
+                f,
+                "reconcile sweep listed {keys} key(s) so far, in {:.1}s",
+                took.as_secs_f64()
+            ),
             Report::Swept { keys, took } => write!(
                 f,
                 "reconcile sweep listed {keys} key(s) in {:.1}s",

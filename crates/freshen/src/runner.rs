@@ -263,6 +263,7 @@ impl Runner {
             if self.sweeper.is_listing() && self.sweep_began.is_none() {
                 // Its report says how long listing took, from here.
                 self.sweep_began = Some(now);
+                self.report(Report::SweepStarted);
             }
             self.release_expired_holds(now.into_std());
             self.dispatch(now);
@@ -610,7 +611,15 @@ impl Runner {
         let pin = self.sweeper.covering();
         let st = &self.shared.stats;
         Recorder::add(&st.reconcile_keys, keys.len() as u64);
+        let before = self.sweep_listed;
         self.sweep_listed += keys.len() as u64;
+        if self.sweep_listed / crate::SWEEP_PROGRESS_EVERY > before / crate::SWEEP_PROGRESS_EVERY {
+            let took = self.sweep_began.map_or(Duration::ZERO, |t| t.elapsed());
+            self.report(Report::SweepProgress {
+                keys: self.sweep_listed,
+                took,
+            });
+        }
         for key in keys.drain(..) {
             let mark = self.dirty.revive(&key, now);
             if mark == Mark::Revived {

@@ -143,6 +143,16 @@ pub struct ViewStatus {
     /// The quarantined keys (the first few).
     #[serde(default)]
     pub quarantined: Vec<QuarantinedKey>,
+    /// Why the view is paused: one line per table whose schema change broke its key
+    /// (`public.readings: column device dropped`); empty while it runs.
+    #[serde(default)]
+    pub paused: Vec<String>,
+    /// Schema changes of the tables the view watches.
+    #[serde(default)]
+    pub schema_changes: u64,
+    /// Changes that arrived without their rows (each answered by a sweep).
+    #[serde(default)]
+    pub gaps: u64,
 }
 
 /// A quarantined key in `/status`.
@@ -210,6 +220,9 @@ impl From<&ViewStats> for ViewStatus {
                     holding: q.holding,
                 })
                 .collect(),
+            paused: s.paused.clone(),
+            schema_changes: s.schema_changes,
+            gaps: s.gaps,
         }
     }
 }

@@ -38,6 +38,13 @@ pub mod names {
     /// Changes of a watched table that carried no value for the view's key columns
     /// (typically a DELETE under the default replica identity), per view.
     pub const UNSCOPED: &str = "freshen_events_unscoped_total";
+    /// 1 while a schema change that broke the view's key pauses it, per view.
+    pub const PAUSED: &str = "freshen_view_paused";
+    /// Schema changes of the tables a view watches, per view.
+    pub const SCHEMA_CHANGES: &str = "freshen_schema_changes_total";
+    /// Changes that reached a view's table without their rows (key-only messages,
+    /// statements, dropped partitions), each answered by a sweep, per view.
+    pub const GAPS: &str = "freshen_gaps_total";
     /// Key rebuilds by outcome (`ok`, `failed`), per view.
     pub const REBUILDS: &str = "freshen_rebuilds_total";
     /// Rebuild round trips, per view.
@@ -170,6 +177,12 @@ impl ViewStats {
                 "view {}: {what} (for {:.0}s; no key is quarantined meanwhile): {error}",
                 self.name,
                 age.as_secs_f64()
+            ));
+        }
+        for why in &self.stats.paused {
+            out.push(format!(
+                "view {}: paused by a schema change that broke its key ({why}); no rebuild runs and its changes stay unconfirmed until the change is undone or freshen restarts with a fixed configuration",
+                self.name
             ));
         }
         for q in self.quarantined.iter().filter(|q| q.holding) {
@@ -323,6 +336,24 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         "counter",
         "Times the run loop woke up.",
         |v| v.stats.wakeups as f64,
+    ),
+    (
+        names::PAUSED,
+        "gauge",
+        "1 while a schema change that broke the view's key pauses it.",
+        |v| f64::from(u8::from(!v.stats.paused.is_empty())),
+    ),
+    (
+        names::SCHEMA_CHANGES,
+        "counter",
+        "Schema changes of the tables the view watches.",
+        |v| v.stats.schema_changes as f64,
+    ),
+    (
+        names::GAPS,
+        "counter",
+        "Changes that arrived without their rows, each answered by a sweep.",
+        |v| v.stats.gaps as f64,
     ),
     (
         names::UNSCOPED,

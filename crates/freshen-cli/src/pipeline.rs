@@ -233,6 +233,7 @@ fn refresher(
             Report::Poisoned { .. }
             | Report::TruncateIgnored { .. }
             | Report::Stalled { .. }
+            | Report::Paused { .. }
             | Report::QuarantineReleased { .. } => {
                 tracing::error!(view = %name, "{r}")
             }
@@ -240,11 +241,14 @@ fn refresher(
             | Report::Revived { .. }
             | Report::SweepStarted
             | Report::SweepProgress { .. }
-            | Report::Swept { .. } => {
+            | Report::Swept { .. }
+            | Report::Resumed { .. }
+            | Report::SchemaChanged { .. } => {
                 tracing::info!(view = %name, "{r}")
             }
             _ => tracing::warn!(view = %name, "{r}"),
         });
+    b = crate::scope::declare(view, b);
     for (i, fanout) in fanouts.into_iter().enumerate() {
         let s = scope.clone();
         b = b.fan_out(move |e| s.parent_keys(i, e), fanout);

@@ -102,19 +102,47 @@ impl ViewScope {
             let table = (event.schema.to_string(), event.table.to_string());
             let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
             if !warned.contains(&table) {
-                tracing::warn!(
-                    view = %self.view,
-                    table = %format_args!("{}.{}", table.0, table.1),
-                    op = %event.op,
-                    columns = %columns.join(", "),
-                    "a change carried no value for the view's key columns, so its scope cannot be rebuilt until a reconcile sweep; \
-                     set REPLICA IDENTITY FULL on the table (see `freshen check`)"
-                );
+                // A column missing from the new row was dropped (a schema change, reported
+                // on its own); a missing former value is the replica identity's doing.
+                let gone = event
+                    .new
+                    .as_ref()
+                    .is_some_and(|row| columns.iter().any(|c| row.get(c).is_none()));
+                if gone {
+                    tracing::warn!(
+                        view = %self.view,
+                        table = %format_args!("{}.{}", table.0, table.1),
+                        op = %event.op,
+                        columns = %columns.join(", "),
+                        "a change's row has no column the view keys on (was it dropped or renamed?), so its scope cannot be rebuilt until the column is back and a reconcile sweep runs"
+                    );
+                } else {
+                    tracing::warn!(
+                        view = %self.view,
+                        table = %format_args!("{}.{}", table.0, table.1),
+                        op = %event.op,
+                        columns = %columns.join(", "),
+                        "a change carried no value for the view's key columns, so its scope cannot be rebuilt until a reconcile sweep; \
+                         set REPLICA IDENTITY FULL on the table (see `freshen check`)"
+                    );
+                }
                 warned.push(table);
             }
         }
         keys
     }
+}
+
+/// Declares `view`'s tables and key columns (fan-out tables with the columns of their
+/// parent key) to its refresher: a TRUNCATE or a gap sweeps the view only when it hits
+/// one of them, and a schema change that drops or retypes one of those columns, or
+/// renames the table, pauses the view until undone.
+pub fn declare(view: &View, mut builder: freshen::Builder) -> freshen::Builder {
+    for w in view.direct().chain(view.fanouts()) {
+        let key: Vec<&str> = w.key.iter().map(String::as_str).collect();
+        builder = builder.watches(&w.schema, &w.table, &key);
+    }
+    builder
 }
 
 #[cfg(test)]

@@ -249,3 +249,57 @@ async fn an_initial_snapshot_reads_the_existing_rows_through_the_binary() {
     run.kill().unwrap();
     run.wait().unwrap();
 }
+
+/// `tables = "app.*"` captures a schema: a table created while freshen runs reaches the
+/// changefeed with its first change, and the log says it was discovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_created_in_a_captured_schema_reaches_the_changefeed() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute("CREATE SCHEMA app; CREATE TABLE app.orders (id bigint PRIMARY KEY)")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (http, feed) = (free_port(), free_port());
+    let text = config(&pg.url(), http, feed, &dir.path().join("feed.redb"))
+        .replace(r#"tables = ["public.orders"]"#, r#"tables = "app.*""#);
+    let cfg = write_config(dir.path(), &text);
+    let base = format!("http://127.0.0.1:{feed}");
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(
+        &format!("http://127.0.0.1:{http}"),
+        "/healthz",
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+
+    c.batch_execute(
+        "CREATE TABLE app.refunds (id bigint PRIMARY KEY, amount int); \
+         INSERT INTO app.refunds VALUES (7, 70); \
+         INSERT INTO app.orders VALUES (1);",
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let events = loop {
+        let events = read_all(&base).await;
+        if events.len() >= 2 {
+            break events;
+        }
+        assert!(Instant::now() < deadline, "{events:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let tables: Vec<&str> = events
+        .iter()
+        .map(|e| e["table"].as_str().unwrap())
+        .collect();
+    assert_eq!(tables, ["refunds", "orders"]);
+    let after = events[0]["after_snapshot"].as_str().unwrap();
+    assert!(after.contains(r#""amount":70"#), "{after}");
+    let log = log_of(dir.path(), 1);
+    assert!(
+        log.contains("discovered a table") && log.contains("refunds"),
+        "{log}"
+    );
+}

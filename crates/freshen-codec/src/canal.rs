@@ -24,6 +24,8 @@ struct Message<'a> {
     pk_names: Option<Vec<Str<'a>>>,
     #[serde(borrow, rename = "type")]
     kind: Str<'a>,
+    #[serde(default, rename = "isDdl")]
+    is_ddl: Option<bool>,
     #[serde(default, borrow)]
     es: Option<Scalar<'a>>,
     #[serde(default, borrow)]
@@ -45,7 +47,28 @@ struct Message<'a> {
 struct Tidb<'a> {
     #[serde(default, borrow, rename = "watermarkTs")]
     watermark_ts: Option<Scalar<'a>>,
+    /// A row too large for the topic, sent as its handle key only.
+    #[serde(default, rename = "onlyHandleKey")]
+    only_handle_key: Option<bool>,
+    /// Where TiCDC stored a large row instead (claim-check).
+    #[serde(default, borrow, rename = "claimCheckLocation")]
+    claim_check_location: Option<Str<'a>>,
 }
+
+/// What the stream left out, and the producer setting that avoids it (see [`Gap`]).
+const KEY_ONLY: &str = "TiCDC sent only the handle key of a row too large for the topic \
+    (large-message-handle-option=handle-key-only); raise the changefeed's max-message-bytes \
+    and the topic's max.message.bytes to receive whole rows";
+const CLAIM_CHECK: &str = "TiCDC stored the row in claim-check storage and sent only its key \
+    (large-message-handle-option=claim-check), which freshen does not read; raise the \
+    changefeed's max-message-bytes and the topic's max.message.bytes to receive whole rows";
+const PARTIAL_IMAGE: &str = "the row image lacks a primary-key or declared column \
+    (MySQL binlog_row_image=MINIMAL or NOBLOB); set binlog_row_image=FULL on the MySQL \
+    server Canal reads";
+const STATEMENT: &str = "a statement instead of rows (MySQL binlog_format=STATEMENT or \
+    MIXED); set binlog_format=ROW on the MySQL server Canal reads";
+const PARTITION: &str = "a partition was truncated, dropped or exchanged: its rows changed \
+    without row events (no producer setting carries them; the sweep is the remedy)";
 
 /// Decodes canal-json messages (TiCDC's `protocol=canal-json`, Canal's flat messages)
 /// into row events.
@@ -58,10 +81,26 @@ struct Tidb<'a> {
 ///   changed columns (Canal) — it is merged over `data`, so the old image is always whole.
 /// - `DELETE`: the row is in `data` (TiCDC, Canal) or, with some producers, in `old`;
 ///   either is taken.
-/// - `TRUNCATE` (a DDL): one [`Op::Truncate`] event for the table (it triggers a sweep).
-/// - Other DDL (`CREATE`, `ALTER`, `ERASE`, `QUERY`, `RENAME`, `CINDEX`, `DINDEX`),
-///   `TIDB_WATERMARK`, Canal's `GTID`/`XACOMMIT`/`XAROLLBACK`/`MHEARTBEAT`: a
+/// - `TRUNCATE` (a DDL), and `ERASE` (TiCDC's and Canal's `DROP TABLE`: every row is
+///   gone): one [`Op::Truncate`] event for the table (it triggers a sweep).
+/// - An `ALTER` that truncates, drops or exchanges a partition (TiCDC sends
+///   `TRUNCATE PARTITION` that way): a [`Decoded::Gap`] for the table, so its views
+///   sweep without the changefeed hearing that the whole table was emptied.
+/// - Other DDL (`CREATE`, `ALTER`, `QUERY` with `isDdl` true, `RENAME`, `CINDEX`,
+///   `DINDEX`): a [`Control::Ddl`]. A `QUERY` with `isDdl` false is Canal's rows-query
+///   (the SQL text behind row events that follow): a [`Control::Other`], not a schema
+///   change. `TIDB_WATERMARK`, Canal's `GTID`/`XACOMMIT`/`XAROLLBACK`/`MHEARTBEAT`: a
 ///   [`Decoded::Control`] without rows.
+/// - Messages that change rows without carrying them whole decode to a
+///   [`Decoded::Gap`] naming the producer setting to change: TiCDC key-only messages
+///   (`_tidb.onlyHandleKey`, `_tidb.claimCheckLocation`), Canal partial row images
+///   (`binlog_row_image=MINIMAL`: a `data` row without a `pkNames` column or a column
+///   that `mysqlType`/`sqlType` declares), and statement-form DML (`data` null, the SQL
+///   in `sql`). Why not a refusal: on a broker a refused message either stops the
+///   consumer at an offset that is still there after the fix, or is skipped and its
+///   doorbell lost; a sweep of the table's views is always correct, and its report says
+///   what to change.
+/// - A column named twice in a row image (`data` or `old`): [`DecodeError::Malformed`].
 /// - Any other `type`: [`DecodeError::UnknownType`].
 ///
 /// Values are typed by `mysqlType`/`sqlType`: see the table in the crate docs.
@@ -98,8 +137,16 @@ impl CanalJson {
             "INSERT" => Op::Insert,
             "UPDATE" => Op::Update,
             "DELETE" => Op::Delete,
-            "TRUNCATE" => return Ok(self.truncate(&msg)),
-            "CREATE" | "ALTER" | "ERASE" | "QUERY" | "RENAME" | "CINDEX" | "DINDEX" => {
+            "TRUNCATE" | "ERASE" => return Ok(self.truncate(&msg)),
+            "QUERY" if msg.is_ddl == Some(false) => {
+                return Ok(Decoded::Control(Control::Other {
+                    kind: "QUERY".to_owned(),
+                }));
+            }
+            "ALTER" if changes_partition_rows(msg.sql.as_ref().map_or("", Str::as_str)) => {
+                return Ok(gap(&msg, PARTITION));
+            }
+            "CREATE" | "ALTER" | "QUERY" | "RENAME" | "CINDEX" | "DINDEX" => {
                 return Ok(Decoded::Control(ddl(&msg)));
             }
             "TIDB_WATERMARK" => {
@@ -118,7 +165,25 @@ impl CanalJson {
             }
             other => return Err(DecodeError::unknown_type(other)),
         };
-        self.rows(&msg, op).map(Decoded::Rows)
+        if let Some(tidb) = &msg.tidb {
+            if tidb.claim_check_location.is_some() {
+                return Ok(gap(&msg, CLAIM_CHECK));
+            }
+            if tidb.only_handle_key == Some(true) {
+                return Ok(gap(&msg, KEY_ONLY));
+            }
+        }
+        let no_rows = msg.data.as_ref().is_none_or(Vec::is_empty)
+            && msg.old.as_ref().is_none_or(Vec::is_empty);
+        if no_rows
+            && msg
+                .sql
+                .as_ref()
+                .is_some_and(|s| !s.as_str().trim().is_empty())
+        {
+            return Ok(gap(&msg, STATEMENT));
+        }
+        self.rows(&msg, op)
     }
 
     fn truncate(&mut self, msg: &Message<'_>) -> Decoded {
@@ -132,7 +197,7 @@ impl CanalJson {
         Decoded::Rows(vec![event])
     }
 
-    fn rows(&mut self, msg: &Message<'_>, op: Op) -> Result<Vec<RowEvent>, DecodeError> {
+    fn rows(&mut self, msg: &Message<'_>, op: Op) -> Result<Decoded, DecodeError> {
         let data = msg.data.as_deref().unwrap_or_default();
         let old = msg.old.as_deref();
         // Where the row images are: DELETE takes `data`, else `old` (producers differ).
@@ -155,6 +220,16 @@ impl CanalJson {
                 images.len(),
                 before.len()
             )));
+        }
+        if images.iter().any(|image| partial(msg, image)) {
+            return Ok(gap(msg, PARTIAL_IMAGE));
+        }
+        if let Some(before) = before
+            && before.iter().any(|b| names_a_column_twice(b))
+        {
+            return Err(DecodeError::malformed(
+                "an old row names the same column twice",
+            ));
         }
         let (schema, table) = names(msg);
         let mut t = self.cache.table(schema, table);
@@ -185,8 +260,48 @@ impl CanalJson {
             }
             events.push(event);
         }
-        Ok(events)
+        Ok(Decoded::Rows(events))
     }
+}
+
+/// Whether a row image lacks a primary-key column or a column the message declares a
+/// type for: a MINIMAL (or NOBLOB) binlog row image, which carries only what changed.
+fn partial(msg: &Message<'_>, image: &Image<'_>) -> bool {
+    let pk = msg.pk_names.as_deref().unwrap_or_default();
+    if pk.iter().any(|c| image.get_at(0, c.as_str()).is_none()) {
+        return true;
+    }
+    // Producers write a message's maps in one column order: the hint finds each at once.
+    let declared = msg.mysql_type.as_ref().or(msg.sql_type.as_ref());
+    declared.is_some_and(|d| {
+        d.0.iter()
+            .enumerate()
+            .any(|(i, (k, _))| image.get_at(i, k.as_str()).is_none())
+    })
+}
+
+fn names_a_column_twice(image: &Image<'_>) -> bool {
+    let names: Vec<&str> = image.0.iter().map(|(k, _)| k.as_str()).collect();
+    crate::columns::has_duplicate(&names)
+}
+
+/// Whether an `ALTER TABLE` statement removes or swaps a partition's rows (TRUNCATE,
+/// DROP or EXCHANGE PARTITION). Read from the text, so a quoted identifier spelled that
+/// way is a false alarm: one extra sweep, never a missed one.
+fn changes_partition_rows(sql: &str) -> bool {
+    let words: Vec<String> = sql
+        .split(|c: char| c.is_ascii_whitespace() || c == ',')
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_uppercase)
+        .collect();
+    words
+        .windows(2)
+        .any(|w| matches!(w[0].as_str(), "TRUNCATE" | "DROP" | "EXCHANGE") && w[1] == "PARTITION")
+}
+
+fn gap(msg: &Message<'_>, reason: &str) -> Decoded {
+    let (schema, table) = names(msg);
+    Decoded::Gap(freshen::Gap::new(schema, table, reason))
 }
 
 /// Types the values of one message's rows.

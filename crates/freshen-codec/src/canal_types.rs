@@ -82,7 +82,10 @@ impl ColType {
 
     /// From a column's `mysqlType` entry, else its `sqlType` entry, else text.
     pub(crate) fn of(mysql: Option<&Scalar<'_>>, sql: Option<&Scalar<'_>>) -> ColType {
-        if let Some(Scalar::Str(t)) = mysql {
+        // An empty entry (Canal on MySQL 8 without table metadata) says nothing.
+        if let Some(Scalar::Str(t)) = mysql
+            && !t.trim().is_empty()
+        {
             return ColType::from_mysql(t);
         }
         match sql {
@@ -188,5 +191,17 @@ mod tests {
             ColType::Json
         );
         assert_eq!(ColType::of(None, None), ColType::Text);
+    }
+
+    #[test]
+    fn an_empty_mysql_type_defers_to_the_sql_type() {
+        let t = ColType::of(Some(&s("")), Some(&Scalar::I64(4)));
+        assert_eq!(t, ColType::Int);
+        assert_eq!(t.convert(&s("5")), Value::Int(5));
+        assert_eq!(
+            ColType::of(Some(&s(" ")), Some(&Scalar::I64(8))).convert(&s("1.5")),
+            Value::Float(1.5)
+        );
+        assert_eq!(ColType::of(Some(&s("")), None), ColType::Text);
     }
 }

@@ -114,7 +114,9 @@ fn same<'n>(known: &Columns, mut names: impl ExactSizeIterator<Item = &'n str>) 
     known.len() == names.len() && known.iter().all(|k| names.next() == Some(&**k))
 }
 
-fn has_duplicate(columns: &[Box<str>]) -> bool {
+pub(crate) fn has_duplicate<C: AsRef<str> + PartialEq + Eq + std::hash::Hash>(
+    columns: &[C],
+) -> bool {
     if columns.len() <= 16 {
         return columns
             .iter()
@@ -122,7 +124,7 @@ fn has_duplicate(columns: &[Box<str>]) -> bool {
             .any(|(i, c)| columns[..i].contains(c));
     }
     let mut seen = std::collections::HashSet::with_capacity(columns.len());
-    !columns.iter().all(|c| seen.insert(&**c))
+    !columns.iter().all(|c| seen.insert(c.as_ref()))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `Decoded`: what one message turned into — row events, or a message without rows.
 
-use freshen::RowEvent;
+use freshen::{Gap, RowEvent};
 
 /// The result of decoding one message.
 #[derive(Debug, Clone, PartialEq)]
@@ -10,6 +10,12 @@ pub enum Decoded {
     Rows(Vec<RowEvent>),
     /// A message that carries no row changes and is no error: skip it quietly.
     Control(Control),
+    /// A message that says rows of a table changed without carrying them whole (a
+    /// TiCDC key-only message, a Canal MINIMAL row image, a statement instead of rows, a
+    /// partition truncated or dropped). It decodes to no row events: a source hands the
+    /// [`Gap`] on ([`Batch::with_gaps`](freshen::Batch::with_gaps)) and each view over
+    /// the table sweeps. [`Gap::reason`] names the producer setting that avoids it.
+    Gap(Gap),
 }
 
 impl Decoded {
@@ -17,7 +23,15 @@ impl Decoded {
     pub fn events(&self) -> &[RowEvent] {
         match self {
             Decoded::Rows(rows) => rows,
-            Decoded::Control(_) => &[],
+            Decoded::Control(_) | Decoded::Gap(_) => &[],
+        }
+    }
+
+    /// The gap this message declares, if any.
+    pub fn gap(&self) -> Option<&Gap> {
+        match self {
+            Decoded::Gap(g) => Some(g),
+            _ => None,
         }
     }
 
@@ -25,7 +39,7 @@ impl Decoded {
     pub fn into_events(self) -> Vec<RowEvent> {
         match self {
             Decoded::Rows(rows) => rows,
-            Decoded::Control(_) => Vec::new(),
+            Decoded::Control(_) | Decoded::Gap(_) => Vec::new(),
         }
     }
 }

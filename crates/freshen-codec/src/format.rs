@@ -25,11 +25,21 @@ impl Format {
         }
     }
 
-    /// What change events in this format guarantee, whatever carries them: deletes and
-    /// truncates (both formats have them), and a replay from the broker's committed
-    /// position. canal-json's former row is whole (TiCDC sends it); Debezium's depends on
-    /// the upstream's settings, so none is promised. Messages are per row: no
-    /// transaction boundaries.
+    /// What change events in this format guarantee, and what they can lose, whatever
+    /// carries them:
+    ///
+    /// - both: deletes, and a replay from the broker's committed position; messages are
+    ///   per row, so no transaction boundaries.
+    /// - canal-json: the former row is whole (TiCDC sends it; Canal's changed columns are
+    ///   merged over the new row); TRUNCATE and DROP TABLE arrive. It can lose rows:
+    ///   TiCDC key-only messages for large rows, Canal partial images
+    ///   (`binlog_row_image=MINIMAL`), statement-form DML and partition drops arrive as
+    ///   [`Decoded::Gap`](crate::Decoded::Gap)s (`row_gaps`), which sweep the views over
+    ///   the table.
+    /// - Debezium: the former row depends on the upstream's settings (PostgreSQL's
+    ///   replica identity), so none is promised; truncates are skipped by default
+    ///   (`skipped.operations=t`) and the MySQL connector sends none, so none are
+    ///   promised either.
     pub fn capabilities(self) -> freshen::Capabilities {
         freshen::Capabilities {
             before_image: match self {
@@ -37,8 +47,9 @@ impl Format {
                 Format::Debezium => freshen::BeforeImage::None,
             },
             deletes: true,
-            truncates: true,
+            truncates: self == Format::CanalJson,
             recoverable: true,
+            row_gaps: self == Format::CanalJson,
             ..freshen::Capabilities::NONE
         }
     }

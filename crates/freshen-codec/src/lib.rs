@@ -13,7 +13,11 @@
 //!
 //! A decoder never panics, whatever the bytes: a message it cannot read is a
 //! [`DecodeError`] (the source skips and counts it), and a message that carries no rows
-//! (DDL, watermarks, tombstones, heartbeats) is a [`Decoded::Control`], no error.
+//! (DDL, watermarks, tombstones, heartbeats) is a [`Decoded::Control`], no error. A
+//! message that changed rows without carrying them whole (a TiCDC key-only message, a
+//! Canal partial image or statement, a dropped partition) is a [`Decoded::Gap`]: the
+//! source hands it on and the views over the table sweep; [`Format::capabilities`] says
+//! which formats can lose rows that way.
 //!
 //! ```
 //! use freshen::{Op, Value};

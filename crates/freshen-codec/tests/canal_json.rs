@@ -256,8 +256,7 @@ fn extreme_times_do_not_panic() {
 
 #[test]
 fn an_old_column_missing_from_data_is_kept_in_the_old_image() {
-    let msg =
-        br#"{"database":"d","table":"t","type":"UPDATE","mysqlType":{"id":"int","gone":"int"},
+    let msg = br#"{"database":"d","table":"t","type":"UPDATE","mysqlType":{"id":"int"},
         "data":[{"id":"1"}],"old":[{"gone":"7"}]}"#;
     let e = CanalJson::new().decode(msg).unwrap().into_events();
     let old = e[0].old.as_ref().unwrap();
@@ -265,6 +264,151 @@ fn an_old_column_missing_from_data_is_kept_in_the_old_image() {
         old.iter().map(|(c, _)| c).collect::<Vec<_>>(),
         ["id", "gone"]
     );
-    assert_eq!(old.get("gone"), Some(&Value::Int(7)));
+    assert_eq!(old.get("gone"), Some(&Value::text("7")), "no type declared");
     assert_eq!(e[0].new.as_ref().unwrap().len(), 1);
+}
+
+/// A captured TiCDC message, edited: `edit` changes its JSON before it is decoded.
+fn ticdc(path: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Result<Decoded, DecodeError> {
+    let mut msg: serde_json::Value = serde_json::from_slice(&fixture(path)).unwrap();
+    edit(&mut msg);
+    CanalJson::new().decode(msg.to_string().as_bytes())
+}
+
+fn gap_of(decoded: Result<Decoded, DecodeError>) -> freshen::Gap {
+    match decoded {
+        Ok(Decoded::Gap(g)) => g,
+        other => panic!("expected a gap, got {other:?}"),
+    }
+}
+
+#[test]
+fn ticdc_key_only_messages_are_gaps_naming_the_setting() {
+    // TiCDC's large-message-handle-option=handle-key-only: the handle key, no row.
+    let g = gap_of(ticdc("canal-json/ticdc_update.json", |m| {
+        m["data"] = serde_json::json!([{"id": "1"}]);
+        m["old"] = serde_json::json!([{"id": "1"}]);
+        m["_tidb"] = serde_json::json!({"commitTs": 1, "onlyHandleKey": true});
+    }));
+    assert_eq!((&*g.schema, &*g.table), ("demo", "readings"));
+    assert!(g.reason.contains("handle-key-only"), "{}", g.reason);
+    assert!(g.reason.contains("max-message-bytes"), "{}", g.reason);
+    // claim-check: the row is elsewhere, freshen does not fetch it.
+    let g = gap_of(ticdc("canal-json/ticdc_insert.json", |m| {
+        m["data"] = serde_json::json!([{"id": "1"}]);
+        m["_tidb"] = serde_json::json!({"claimCheckLocation": "s3://bucket/msg-1"});
+    }));
+    assert!(g.reason.contains("claim-check"), "{}", g.reason);
+    // onlyHandleKey false is an ordinary message.
+    let rows = ticdc("canal-json/ticdc_insert.json", |m| {
+        m["_tidb"] = serde_json::json!({"commitTs": 1, "onlyHandleKey": false});
+    })
+    .unwrap();
+    assert_eq!(rows.events().len(), 1);
+}
+
+#[test]
+fn canal_minimal_row_images_are_gaps_naming_the_setting() {
+    // binlog_row_image=MINIMAL: an UPDATE carries only the changed column, not the key.
+    let update = br#"{"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,
+        "type":"UPDATE","mysqlType":{"value":"int(11)"},"sqlType":{"value":4},
+        "data":[{"value":"11"}],"old":[{"value":"10"}]}"#;
+    let g = gap_of(CanalJson::new().decode(update));
+    assert_eq!(&*g.table, "readings");
+    assert!(g.reason.contains("binlog_row_image=FULL"), "{}", g.reason);
+    // A DELETE with the key only, while the message declares more columns.
+    let delete = br#"{"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,
+        "type":"DELETE","mysqlType":{"id":"int(11)","device":"varchar(64)"},
+        "data":[{"id":"3"}]}"#;
+    gap_of(CanalJson::new().decode(delete));
+}
+
+#[test]
+fn statement_form_dml_is_a_gap_naming_the_setting() {
+    let msg = br#"{"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,
+        "type":"UPDATE","sql":"UPDATE readings SET value = value + 1 WHERE device = 'dev-a'",
+        "data":null,"old":null}"#;
+    let g = gap_of(CanalJson::new().decode(msg));
+    assert_eq!((&*g.schema, &*g.table), ("demo", "readings"));
+    assert!(g.reason.contains("binlog_format=ROW"), "{}", g.reason);
+    // Without rows and without SQL it is still malformed.
+    assert!(
+        CanalJson::new()
+            .decode(br#"{"type":"UPDATE","data":null,"sql":""}"#)
+            .is_err()
+    );
+}
+
+#[test]
+fn partition_and_table_drops_sweep_like_truncate() {
+    for sql in [
+        "ALTER TABLE `demo`.`readings` TRUNCATE PARTITION `p0`",
+        "alter table readings drop\n partition p1, p2",
+        "ALTER TABLE readings EXCHANGE PARTITION p0 WITH TABLE archive",
+    ] {
+        let g = gap_of(ticdc("canal-json/ticdc_ddl_create.json", |m| {
+            m["type"] = "ALTER".into();
+            m["sql"] = sql.into();
+        }));
+        assert_eq!(&*g.table, "readings", "{sql}");
+        assert!(g.reason.contains("partition"), "{}", g.reason);
+    }
+    // Other ALTERs are schema changes, not gaps.
+    let add = ticdc("canal-json/ticdc_ddl_create.json", |m| {
+        m["type"] = "ALTER".into();
+        m["sql"] = "ALTER TABLE readings ADD COLUMN unit VARCHAR(8)".into();
+    });
+    assert!(
+        matches!(add, Ok(Decoded::Control(Control::Ddl { .. }))),
+        "{add:?}"
+    );
+    // DROP TABLE (ERASE): every row is gone, as after a TRUNCATE.
+    let erase = ticdc("canal-json/ticdc_ddl_create.json", |m| {
+        m["type"] = "ERASE".into();
+        m["sql"] = "DROP TABLE `demo`.`readings`".into();
+    })
+    .unwrap();
+    let e = erase.events();
+    assert_eq!(e.len(), 1);
+    assert_eq!((&*e[0].table, e[0].op), ("readings", Op::Truncate));
+}
+
+#[test]
+fn a_rows_query_message_is_not_a_schema_change() {
+    let rows_query = ticdc("canal-json/ticdc_ddl_query.json", |m| {
+        m["isDdl"] = false.into();
+        m["sql"] = "INSERT INTO readings VALUES (1, 'dev-a', 10)".into();
+    })
+    .unwrap();
+    assert_eq!(
+        rows_query,
+        Decoded::Control(Control::Other {
+            kind: "QUERY".into()
+        })
+    );
+    assert!(matches!(
+        decode("canal-json/ticdc_ddl_query.json").unwrap(),
+        Decoded::Control(Control::Ddl { .. })
+    ));
+}
+
+#[test]
+fn a_column_named_twice_in_old_is_rejected_like_in_data() {
+    let msg = br#"{"database":"d","table":"t","type":"UPDATE","pkNames":["id"],
+        "data":[{"id":"1","v":"2"}],"old":[{"v":"0","v":"1"}]}"#;
+    let err = CanalJson::new().decode(msg).unwrap_err();
+    assert!(matches!(err, DecodeError::Malformed(_)), "{err}");
+    assert!(err.to_string().contains("twice"), "{err}");
+}
+
+#[test]
+fn an_empty_mysql_type_defers_to_the_sql_type() {
+    // Canal on MySQL 8 without table metadata writes empty mysqlType entries.
+    let msg = br#"{"database":"d","table":"t","type":"INSERT","pkNames":["id"],
+        "mysqlType":{"id":"","ratio":""},"sqlType":{"id":4,"ratio":8},
+        "data":[{"id":"5","ratio":"0.5"}]}"#;
+    let e = CanalJson::new().decode(msg).unwrap().into_events();
+    let new = e[0].new.as_ref().unwrap();
+    assert_eq!(new.get("id"), Some(&Value::Int(5)));
+    assert_eq!(new.get("ratio"), Some(&Value::Float(0.5)));
 }

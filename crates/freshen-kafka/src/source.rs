@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use freshen::{Ack, Batch, BoxError, BoxFuture, Capabilities, RowEvent, Source, SourceError};
-use freshen_codec::{DecodeError, Decoder, Format};
+use freshen_codec::{DecodeError, Decoded, Decoder, Format};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -101,6 +101,7 @@ struct Taken {
     offset: i64,
     events: Vec<RowEvent>,
     skipped: Option<Undecodable>,
+    gap: Option<freshen::Gap>,
 }
 
 /// Change events from Kafka topics, read as a consumer group.
@@ -120,6 +121,10 @@ struct Taken {
 ///   [`Undecodable`] so its offset is acknowledged with the rest — counted, and,
 ///   when a dead-letter topic is configured, copied there first (with headers
 ///   `freshen.error`, `freshen.topic`, `freshen.partition`, `freshen.offset`).
+/// - A message that changed rows without carrying them ([`Decoded::Gap`]: a TiCDC
+///   key-only message, a Canal partial image or statement, a dropped partition) travels
+///   in its batch as a [`Gap`](freshen::Gap) ([`Batch::gaps`]): each view over the
+///   table sweeps, and reports it. Counted in [`SourceStats::gaps`](crate::SourceStats).
 /// - A `next_batch` future dropped half-way loses what it had gathered until the next
 ///   restart (nothing of it is committed, so a new consumer reads it again): poll it to
 ///   completion, as the refresher, `fanout` and [`KafkaSink::run`](crate::KafkaSink::run)
@@ -224,8 +229,9 @@ impl KafkaSource {
             add(&c.dropped_revoked, 1);
             return;
         };
-        let (events, skipped) = match self.decoder.decode(msg.key(), msg.payload()) {
-            Ok(decoded) => (decoded.into_events(), None),
+        let (events, skipped, gap) = match self.decoder.decode(msg.key(), msg.payload()) {
+            Ok(Decoded::Gap(gap)) => (Vec::new(), None, Some(gap)),
+            Ok(decoded) => (decoded.into_events(), None, None),
             Err(error) => (
                 Vec::new(),
                 Some(Undecodable {
@@ -235,6 +241,7 @@ impl KafkaSource {
                     error,
                     dead_letter_error: None,
                 }),
+                None,
             ),
         };
         if let (Some(skipped), Some(dl)) = (&skipped, &mut self.dead_letter) {
@@ -246,6 +253,7 @@ impl KafkaSource {
             offset: msg.offset(),
             events,
             skipped,
+            gap,
         });
     }
 
@@ -323,10 +331,12 @@ impl KafkaSource {
         let mut next: HashMap<Tp, (u64, i64)> = HashMap::new();
         let mut events = Vec::new();
         let mut skipped: Vec<BoxError> = Vec::new();
+        let mut gaps = Vec::new();
         for t in taken {
             let e = next.entry(t.tp).or_insert((t.epoch, t.offset + 1));
             e.1 = e.1.max(t.offset + 1);
             events.extend(t.events);
+            gaps.extend(t.gap);
             if let Some(s) = t.skipped {
                 skipped.push(Box::new(s));
             }
@@ -334,6 +344,7 @@ impl KafkaSource {
         let c = &self.shared.counters;
         add(&c.events, events.len() as u64);
         add(&c.skipped, skipped.len() as u64);
+        add(&c.gaps, gaps.len() as u64);
         let marks: Vec<Mark> = next
             .into_iter()
             .map(|(tp, (epoch, next))| Mark { tp, epoch, next })
@@ -341,7 +352,7 @@ impl KafkaSource {
         let ack = acknowledge(Arc::downgrade(&self.consumer), self.shared.clone(), marks);
         skipped
             .into_iter()
-            .fold(Batch::new(events, ack), Batch::with_skipped)
+            .fold(Batch::new(events, ack).with_gaps(gaps), Batch::with_skipped)
     }
 }
 

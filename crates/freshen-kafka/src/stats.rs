@@ -13,6 +13,10 @@ pub struct SourceStats {
     pub events: u64,
     /// Messages skipped because they could not be decoded.
     pub skipped: u64,
+    /// Messages that changed rows without carrying them (a TiCDC key-only message, a
+    /// Canal partial image or statement, a dropped partition): each became a
+    /// [`Gap`](freshen::Gap) that sweeps the views over its table.
+    pub gaps: u64,
     /// Undecodable messages copied to the dead-letter topic.
     pub dead_lettered: u64,
     /// Undecodable messages the dead-letter topic did not take (still skipped).
@@ -36,6 +40,7 @@ pub(crate) struct SourceCounters {
     pub(crate) messages: AtomicU64,
     pub(crate) events: AtomicU64,
     pub(crate) skipped: AtomicU64,
+    pub(crate) gaps: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) dead_letter_failures: AtomicU64,
     pub(crate) dropped_revoked: AtomicU64,
@@ -56,6 +61,7 @@ impl SourceCounters {
             messages: g(&self.messages),
             events: g(&self.events),
             skipped: g(&self.skipped),
+            gaps: g(&self.gaps),
             dead_lettered: g(&self.dead_lettered),
             dead_letter_failures: g(&self.dead_letter_failures),
             dropped_revoked: g(&self.dropped_revoked),

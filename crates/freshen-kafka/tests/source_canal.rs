@@ -97,6 +97,63 @@ async fn three_changes_on_two_keys_make_two_rebuilds_and_poison_is_skipped() {
     assert!(header("freshen.error").unwrap().contains("invalid JSON"));
 }
 
+/// A key-only message (a large row) and a truncated partition carry no rows the view's
+/// scope could read: each sweeps the view, is counted, and its offset is committed only
+/// once the sweep's keys are rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_only_messages_and_truncated_partitions_sweep_the_view() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "gaps", 1).await;
+    let p = producer(&bootstrap);
+    let config = KafkaSourceConfig::new(&bootstrap, ["gaps"], "g", Format::CanalJson)
+        .session_timeout_ms(session_ms(KafkaFlavor::Noida));
+    let source = KafkaSource::new(&config).unwrap();
+    let source_stats = source.stats_handle();
+    let rebuilt = Rebuilt::default();
+    let log = rebuilt.clone();
+    let sweeps = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = sweeps.clone();
+    let refresher = Refresher::builder()
+        .source(source)
+        .scope(|e: &RowEvent| e.scope_keys(&["device"]))
+        .watches("demo", "readings", &["device"])
+        .rebuild(move |k: Key| {
+            log.push(k);
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .coalesce(Duration::ZERO)
+        .reconcile(Duration::from_secs(3600), move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<_, std::io::Error>(vec![Key::from("dev-a"), Key::from("dev-b")]) }
+        })
+        .build()
+        .unwrap();
+    let run = Running::spawn(refresher);
+    until("the start-up sweep", || run.handle.stats().rebuilds_ok == 2).await;
+
+    send(&p, "gaps", 0, "1", &ticdc_key_only(1)).await;
+    send(&p, "gaps", 0, "demo.readings", &ticdc_truncate_partition()).await;
+    until("both gaps swept, rebuilt and committed", || {
+        committed(&bootstrap, "g", "gaps", 1) == [Some(2)]
+    })
+    .await;
+    let stats = run.handle.stats();
+    assert_eq!(stats.gaps, 2);
+    assert_eq!(stats.events_received, 0, "neither message carried rows");
+    assert!(
+        sweeps.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "a sweep after the start-up one"
+    );
+    assert!(
+        rebuilt.len() >= 4,
+        "the sweep's keys were rebuilt: {:?}",
+        rebuilt.all()
+    );
+    assert_eq!(source_stats.stats().gaps, 2);
+    run.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offsets_wait_for_rebuilds_under_after_rebuild() {
     let kafka = broker(KafkaFlavor::Noida);

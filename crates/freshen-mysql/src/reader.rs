@@ -27,7 +27,7 @@ use crate::binlog::{
 };
 use crate::config::TablePattern;
 use crate::error::ErrorKind;
-use crate::schema::SchemaChange;
+use crate::schema::{Broken, SchemaChange};
 use crate::server::{self, ServerInfo};
 use crate::store::Store;
 use crate::{Checkpoint, FilePos, Gtids, MySqlError, MySqlSourceConfig};
@@ -274,6 +274,9 @@ struct Reader {
     // Output.
     batch: Vec<RowEvent>,
     skipped: Vec<BoxError>,
+    /// What DDL did to watched tables, for the refresher (see [`Broken`]).
+    changes: Vec<freshen::SchemaChange>,
+    broken: Broken,
     batch_commit: Option<Arc<Mark>>,
     handed_seq: u64,
     published: u64,
@@ -322,6 +325,8 @@ impl Reader {
             pending_maria: None,
             pending_mysql: None,
             batch: Vec::new(),
+            changes: Vec::new(),
+            broken: Broken::default(),
             skipped: Vec::new(),
             batch_commit: None,
             handed_seq: 0,
@@ -583,7 +588,10 @@ impl Reader {
     }
 
     fn has_output(&self) -> bool {
-        !self.batch.is_empty() || !self.skipped.is_empty() || self.batch_commit.is_some()
+        !self.batch.is_empty()
+            || !self.skipped.is_empty()
+            || !self.changes.is_empty()
+            || self.batch_commit.is_some()
     }
 
     fn watched(&self, db: &str, table: &str) -> bool {
@@ -828,6 +836,10 @@ impl Reader {
                         self.truncate(db, table, ts);
                     }
                 }
+                let mut broken = std::mem::take(&mut self.broken);
+                let changes = broken.apply(kind, &tables, q.statement, |d, t| self.watched(d, t));
+                self.broken = broken;
+                self.changes.extend(changes);
                 // Table ids of a changed table are re-mapped by the next table map.
                 Ok(self.commit(end))
             }
@@ -910,6 +922,7 @@ impl Reader {
             Vec::with_capacity(self.cfg.batch_size.min(4096)),
         );
         let skipped = std::mem::take(&mut self.skipped);
+        let changes = std::mem::take(&mut self.changes);
         let n = events.len() as u64;
         let ack = match self.batch_commit.take() {
             Some(mark) => {
@@ -927,9 +940,10 @@ impl Reader {
             }
             None => Ack::none(),
         };
-        let batch = skipped
-            .into_iter()
-            .fold(Batch::new(events, ack), Batch::with_skipped);
+        let batch = skipped.into_iter().fold(
+            Batch::new(events, ack).with_schema_changes(changes),
+            Batch::with_skipped,
+        );
         let sender = self.tx.clone();
         let permit = loop {
             let stop = &mut self.stop;

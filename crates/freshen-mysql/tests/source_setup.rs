@@ -78,11 +78,23 @@ async fn schema_changes_are_reported_and_drops_sweep() {
     exec(&mut c, "ALTER TABLE app.t DROP COLUMN v").await;
     exec(&mut c, "INSERT INTO app.t VALUES (1)").await;
     exec(&mut c, "DROP TABLE app.t").await;
-    let evs = events(&take_events(&mut src, 2, 30).await);
+    let batches = take_events(&mut src, 2, 30).await;
+    let evs = events(&batches);
     assert_eq!(
         evs.iter().map(|e| e.op).collect::<Vec<_>>(),
         [Op::Insert, Op::Truncate]
     );
+    // The refresher hears them too: the ALTER reported, the drop breaking the table.
+    let seen: Vec<String> = batches
+        .iter()
+        .flat_map(|b| b.schema_changes().iter().map(ToString::to_string))
+        .collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen[0].starts_with("app.t: altered (") && seen[0].contains("DROP COLUMN v"),
+        "{seen:?}"
+    );
+    assert_eq!(seen[1], "app.t: dropped");
     let first = changes.recv().await.unwrap();
     assert_eq!(
         (first.table.as_str(), first.kind),

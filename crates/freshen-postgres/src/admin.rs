@@ -276,6 +276,88 @@ impl PgAdmin {
             .map_err(|e| PgError::sql(format!("cannot read {what}"), e))
     }
 
+    /// The table's OID and its columns as logical replication describes them (name and
+    /// type OID, in table order; dropped and generated columns left out), from the
+    /// catalog: what a later Relation message is compared with. `None` when the table
+    /// does not exist.
+    pub(crate) async fn shape(
+        &self,
+        table: &TableName,
+    ) -> Result<Option<(u32, Vec<(String, u32)>)>, PgError> {
+        let row = self
+            .one_row(
+                "the table's columns",
+                "SELECT c.oid, \
+                        ARRAY(SELECT a.attname::text FROM pg_attribute a \
+                              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                                AND a.attgenerated = '' ORDER BY a.attnum), \
+                        ARRAY(SELECT a.atttypid FROM pg_attribute a \
+                              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                                AND a.attgenerated = '' ORDER BY a.attnum) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+                &[&table.schema, &table.name],
+            )
+            .await?;
+        Ok(row.map(|r| {
+            let names: Vec<String> = r.get(1);
+            let types: Vec<u32> = r.get(2);
+            (r.get(0), names.into_iter().zip(types).collect())
+        }))
+    }
+
+    /// The tables (ordinary and partitioned roots) of `schemas` now, in name order.
+    pub(crate) async fn schema_tables(
+        &self,
+        schemas: &[String],
+    ) -> Result<Vec<TableName>, PgError> {
+        if schemas.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = client(&self.pool).await?;
+        let rows = c
+            .query(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = ANY($1) AND c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                 ORDER BY 1, 2",
+                &[&schemas],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot list the schemas' tables", e))?;
+        Ok(rows
+            .iter()
+            .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect())
+    }
+
+    /// Which of `schemas` publication `name` does not publish as a whole (`FOR TABLES IN
+    /// SCHEMA`, or `FOR ALL TABLES`).
+    async fn unpublished_schemas(
+        &self,
+        name: &str,
+        schemas: &[String],
+    ) -> Result<Vec<String>, PgError> {
+        if schemas.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = client(&self.pool).await?;
+        let rows = c
+            .query(
+                "SELECT s FROM unnest($2::text[]) s WHERE NOT EXISTS ( \
+                   SELECT FROM pg_publication p WHERE p.pubname = $1 AND p.puballtables) \
+                 AND NOT EXISTS ( \
+                   SELECT FROM pg_publication_namespace pn \
+                   JOIN pg_publication p ON p.oid = pn.pnpubid \
+                   JOIN pg_namespace n ON n.oid = pn.pnnspid \
+                   WHERE p.pubname = $1 AND n.nspname = s)",
+                &[&name, &schemas],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the publication's schemas", e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// The server's `wal_level`.
     pub async fn wal_level(&self) -> Result<String, PgError> {
         let row = self
@@ -548,13 +630,16 @@ impl PgAdmin {
         &self,
         name: &str,
         tables: &[TableName],
+        schemas: &[String],
         mode: PublicationMode,
     ) -> Result<(), PgError> {
         {
             // Before anything is published: a table that cannot replicate UPDATE and
             // DELETE would have the application's writes fail, not freshen's.
             let c = client(&self.pool).await?;
-            let bad = crate::check::unpublishable(&c, tables).await?;
+            let mut all = tables.to_vec();
+            all.extend(self.schema_tables(schemas).await?);
+            let bad = crate::check::unpublishable(&c, &all).await?;
             if !bad.is_empty() {
                 return Err(crate::check::refuse_to_publish(name, &bad));
             }
@@ -582,14 +667,14 @@ impl PgAdmin {
                 let sql = format!(
                     // Via the partition root: a watched partitioned table's changes
                     // arrive under its own name, whatever partition they hit.
-                    "BEGIN; CREATE PUBLICATION {name_q} FOR TABLE {} WITH (publish_via_partition_root = true); COMMENT ON PUBLICATION {name_q} IS {}; COMMIT",
-                    list(tables),
+                    "BEGIN; CREATE PUBLICATION {name_q} FOR {} WITH (publish_via_partition_root = true); COMMENT ON PUBLICATION {name_q} IS {}; COMMIT",
+                    publication_objects(tables, schemas),
                     quote_literal(CREATED_BY),
                     name_q = quote_ident(name),
                 );
                 match c.batch_execute(&sql).await {
                     Ok(()) => {
-                        tracing::info!(publication = %name, tables = %list(tables), "created the publication");
+                        tracing::info!(publication = %name, tables = %publication_objects(tables, schemas), "created the publication");
                     }
                     Err(e) if e.code().map(|c| c.code()) == Some("42710") => {}
                     Err(e) => {
@@ -650,6 +735,19 @@ impl PgAdmin {
                     .join(", "),
                 quote_ident(name),
                 list(&cov.missing_tables)
+            ));
+        }
+        let missing_schemas = self.unpublished_schemas(name, schemas).await?;
+        if !missing_schemas.is_empty() {
+            fixes.push(format!(
+                "it does not include every table of {}: run ALTER PUBLICATION {} ADD TABLES IN SCHEMA {}",
+                missing_schemas.join(", "),
+                quote_ident(name),
+                missing_schemas
+                    .iter()
+                    .map(|s| quote_ident(s))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         if !cov.missing_operations.is_empty() {
@@ -726,6 +824,25 @@ impl PgAdmin {
             .await?
             .check_scope(scope_columns))
     }
+}
+
+/// What a publication covers: `TABLES IN SCHEMA s, …` and `TABLE t, …` (tables of those
+/// schemas left out: they are in already).
+fn publication_objects(tables: &[TableName], schemas: &[String]) -> String {
+    let mut parts = Vec::new();
+    if !schemas.is_empty() {
+        let names: Vec<String> = schemas.iter().map(|s| quote_ident(s)).collect();
+        parts.push(format!("TABLES IN SCHEMA {}", names.join(", ")));
+    }
+    let rest: Vec<TableName> = tables
+        .iter()
+        .filter(|t| !schemas.contains(&t.schema))
+        .cloned()
+        .collect();
+    if !rest.is_empty() {
+        parts.push(format!("TABLE {}", list(&rest)));
+    }
+    parts.join(", ")
 }
 
 fn list(tables: &[TableName]) -> String {

@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use freshen::{BoxError, Op, RowEvent, StreamMark, Tx};
+use freshen::{BoxError, Op, RowEvent, SchemaChange, StreamMark, Tx};
 
+use crate::drift::Shapes;
 use crate::pgoutput::{self, Message, OldImage};
 use crate::rows::{Relations, Table};
 use crate::xid::{XidClock, pg_time};
@@ -21,6 +22,8 @@ pub(crate) struct Output {
     pub(crate) skipped: Vec<BoxError>,
     /// Logical decoding messages among the events, in stream order.
     pub(crate) marks: Vec<StreamMark>,
+    /// Watched tables whose Relation message differs from what was last reported.
+    pub(crate) schema_changes: Vec<SchemaChange>,
     /// The `end_lsn` of the last commit in the batch: acknowledging the batch confirms
     /// this position.
     pub(crate) commit_end: Option<u64>,
@@ -55,6 +58,10 @@ pub(crate) struct Assembler {
     events: Vec<RowEvent>,
     skipped: Vec<BoxError>,
     marks: Vec<StreamMark>,
+    /// First shapes of the watched tables: kept across reconnects, so a resent
+    /// relation is not a change.
+    shapes: Shapes,
+    schema_changes: Vec<SchemaChange>,
     commit_end: Option<u64>,
     first_commit: Option<SystemTime>,
 }
@@ -73,9 +80,22 @@ impl Assembler {
             events: Vec::with_capacity(batch_size.clamp(1, 4096)),
             skipped: Vec::new(),
             marks: Vec::new(),
+            shapes: Shapes::default(),
+            schema_changes: Vec::new(),
             commit_end: None,
             first_commit: None,
         }
+    }
+
+    /// Records how a watched table looks now (from the catalog at start): the first
+    /// Relation message for it is compared with this.
+    pub(crate) fn known_shape(
+        &mut self,
+        oid: u32,
+        table: &crate::TableName,
+        columns: Vec<(String, u32)>,
+    ) {
+        self.shapes.seed(oid, &table.schema, &table.name, columns);
     }
 
     /// A new session begins (after a reconnect): what was not handed over is replayed
@@ -88,6 +108,7 @@ impl Assembler {
         self.events.clear();
         self.skipped.clear();
         self.marks.clear();
+        self.schema_changes.clear();
         self.commit_end = None;
         self.first_commit = None;
     }
@@ -99,7 +120,10 @@ impl Assembler {
 
     /// Whether anything is waiting in the batch under construction.
     pub(crate) fn has_output(&self) -> bool {
-        !self.events.is_empty() || !self.skipped.is_empty() || !self.marks.is_empty()
+        !self.events.is_empty()
+            || !self.skipped.is_empty()
+            || !self.marks.is_empty()
+            || !self.schema_changes.is_empty()
     }
 
     /// Closes the batch under construction, if it holds anything.
@@ -115,6 +139,7 @@ impl Assembler {
             events,
             skipped: std::mem::take(&mut self.skipped),
             marks: std::mem::take(&mut self.marks),
+            schema_changes: std::mem::take(&mut self.schema_changes),
             commit_end: self.commit_end.take(),
             first_commit: self.first_commit.take(),
         })
@@ -153,6 +178,30 @@ impl Assembler {
         });
     }
 
+    /// A table first seen in the stream that is watched through its schema only: it was
+    /// created after the start, and is captured from now on. Logged once; a table whose
+    /// UPDATE and DELETE cannot replicate is an error the application meets first.
+    fn discover(&mut self, r: &crate::pgoutput::Relation) {
+        let table = crate::TableName::new(&r.namespace, &r.name);
+        if self.shapes.knows(r.oid) || !self.relations.by_schema(&table) {
+            return;
+        }
+        let keyless = match r.replica_identity {
+            b'f' => false,
+            b'n' => true,
+            _ => !r.columns.iter().any(|c| c.key),
+        };
+        if keyless {
+            tracing::error!(
+                table = %table,
+                "freshen-postgres: discovered a table in a captured schema whose UPDATE and DELETE cannot replicate (no primary key, or REPLICA IDENTITY NOTHING): the application's UPDATE and DELETE on it fail while it is published; add a primary key or run ALTER TABLE {} REPLICA IDENTITY FULL",
+                table.quoted()
+            );
+        } else {
+            tracing::info!(table = %table, "freshen-postgres: discovered a table in a captured schema; its changes are captured from now on");
+        }
+    }
+
     /// Decodes one change message. Returns a full batch to hand over first when the
     /// next event would overflow the one under construction.
     pub(crate) fn change(&mut self, data: &[u8]) -> Vec<Output> {
@@ -165,7 +214,21 @@ impl Assembler {
             }
         };
         match msg {
-            Message::Relation(r) => self.relations.upsert(r),
+            Message::Relation(r) => {
+                self.discover(&r);
+                let relations = &self.relations;
+                if let Some(change) = self.shapes.observe(&r, |schema, name| {
+                    relations.is_watched(&crate::TableName::new(schema, name))
+                }) {
+                    tracing::warn!(
+                        table = %format_args!("{}.{}", change.schema, change.table),
+                        change = %change,
+                        "freshen-postgres: schema change on a watched table (seen with the first change to it since)"
+                    );
+                    self.schema_changes.push(change);
+                }
+                self.relations.upsert(r);
+            }
             Message::Insert { relation, new } => {
                 let ev =
                     self.with_table(
@@ -473,6 +536,46 @@ mod tests {
             "undecodable, unknown relation, wrong width"
         );
         assert!(out.skipped[1].to_string().contains("never described"));
+    }
+
+    #[test]
+    fn a_changed_relation_travels_with_the_rows_after_it() {
+        let mut a = asm(10);
+        a.begin(10, 1, 0);
+        a.change(&insert(1, &[Some(Some("1")), Some(Some("a")), None]));
+        a.commit(20);
+        assert!(a.take().unwrap().schema_changes.is_empty(), "first sight");
+        // `dev` dropped, `unit` added: seen with the next change to the table.
+        a.begin(30, 2, 0);
+        a.change(&relation(
+            1,
+            "public",
+            "t",
+            b'd',
+            &[(true, "id", 23), (false, "doc", 25), (false, "unit", 25)],
+        ));
+        a.change(&insert(1, &[Some(Some("2")), None, Some(Some("kg"))]));
+        a.commit(40);
+        let out = a.take().unwrap();
+        assert_eq!(out.schema_changes.len(), 1);
+        assert_eq!(
+            out.schema_changes[0].to_string(),
+            "public.t: column dev dropped, column unit added"
+        );
+        // The added column passes through: the row carries it.
+        let new = out.events[0].new.as_ref().unwrap();
+        assert_eq!(new.get("unit"), Some(&Value::text("kg")));
+        assert_eq!(new.get("dev"), None);
+        // A reconnect resends the relation: not a change.
+        a.reset(XidClock::new(100));
+        a.change(&relation(
+            1,
+            "public",
+            "t",
+            b'd',
+            &[(true, "id", 23), (false, "doc", 25), (false, "unit", 25)],
+        ));
+        assert!(!a.has_output());
     }
 
     #[test]

@@ -422,6 +422,13 @@ pub struct PgSourceConfig {
     /// Tables whose changes are delivered. With a publication that must exist this may
     /// be empty: then every table the publication covers is delivered.
     pub tables: Vec<TableName>,
+    /// Schemas whose every table is delivered, those there now and those created later:
+    /// the publication is created `FOR TABLES IN SCHEMA` (PostgreSQL 15), and a table
+    /// first seen in the stream is logged as discovered. Every table in them is published,
+    /// so each must carry UPDATE and DELETE (a primary key, or REPLICA IDENTITY FULL):
+    /// the source refuses to start otherwise, and logs an error for a later one that
+    /// cannot.
+    pub schemas: Vec<String>,
     /// Where streaming starts (default: the slot's position).
     pub start: StartPosition,
     /// Most events in one batch (default 1024). A transaction larger than this arrives
@@ -452,6 +459,7 @@ impl Default for PgSourceConfig {
             publication: String::new(),
             publication_mode: PublicationMode::default(),
             tables: Vec::new(),
+            schemas: Vec::new(),
             start: StartPosition::default(),
             batch_size: 1024,
             queue_batches: 4,
@@ -493,8 +501,16 @@ impl PgSourceConfig {
                 self.publication
             ));
         }
-        if self.tables.is_empty() && self.publication_mode == PublicationMode::CreateIfMissing {
+        if self.tables.is_empty()
+            && self.schemas.is_empty()
+            && self.publication_mode == PublicationMode::CreateIfMissing
+        {
             p.push("list the tables to watch (a publication is created for them)".into());
+        }
+        for s in &self.schemas {
+            if s.is_empty() || s.len() > 63 || s.chars().any(char::is_control) {
+                p.push(format!("schema name {s:?} is invalid"));
+            }
         }
         if self.batch_size == 0 {
             p.push("batch_size must be at least 1".into());

@@ -82,6 +82,7 @@ mod assemble;
 pub mod check;
 mod config;
 pub mod depends;
+mod drift;
 mod enumerate;
 mod error;
 mod fanout;

@@ -92,8 +92,12 @@ pub(crate) struct ReaderSetup {
     pub(crate) config: Arc<PgSourceConfig>,
     pub(crate) tls: Option<Arc<ClientConfig>>,
     pub(crate) watched: Option<std::collections::HashSet<TableName>>,
+    /// Schemas whose every table is watched, those created later too.
+    pub(crate) schemas: std::collections::HashSet<String>,
     /// Primary keys of the tables with REPLICA IDENTITY FULL (for `pk_names`).
     pub(crate) primary_keys: std::collections::HashMap<TableName, Vec<String>>,
+    /// The watched tables' shapes at start (OID, name, columns), for schema changes.
+    pub(crate) shapes: Vec<crate::drift::StartShape>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) tx: mpsc::Sender<Result<Batch, SourceError>>,
     pub(crate) stop: watch::Receiver<bool>,
@@ -167,12 +171,18 @@ enum Wake {
 impl Reader {
     fn new(s: ReaderSetup) -> Reader {
         let batch = s.config.batch_size;
+        let mut asm = Assembler::new(
+            Relations::new(s.watched)
+                .with_schemas(s.schemas)
+                .with_primary_keys(s.primary_keys),
+            XidClock::new(0),
+            batch,
+        );
+        for (oid, table, columns) in s.shapes {
+            asm.known_shape(oid, &table, columns);
+        }
         Reader {
-            asm: Assembler::new(
-                Relations::new(s.watched).with_primary_keys(s.primary_keys),
-                XidClock::new(0),
-                batch,
-            ),
+            asm,
             cfg: s.config,
             tls: s.tls,
             shared: s.shared,
@@ -509,7 +519,9 @@ impl Reader {
             }
             None => Ack::none(),
         };
-        let mut batch = Batch::new(out.events, ack).with_marks(out.marks);
+        let mut batch = Batch::new(out.events, ack)
+            .with_marks(out.marks)
+            .with_schema_changes(out.schema_changes);
         for e in out.skipped {
             batch = batch.with_skipped(e);
         }

@@ -44,6 +44,8 @@ pub(crate) struct Relations {
     by_oid: HashMap<u32, Table>,
     /// `None`: every table is watched.
     watched: Option<HashSet<TableName>>,
+    /// Schemas whose every table is watched (with `watched`).
+    schemas: HashSet<String>,
     /// Primary keys of tables whose identity is FULL.
     primary_keys: HashMap<TableName, Vec<String>>,
 }
@@ -53,8 +55,22 @@ impl Relations {
         Relations {
             by_oid: HashMap::new(),
             watched,
+            schemas: HashSet::new(),
             primary_keys: HashMap::new(),
         }
+    }
+
+    /// Watches every table of `schemas` too, those created later included.
+    pub(crate) fn with_schemas(mut self, schemas: HashSet<String>) -> Relations {
+        self.schemas = schemas;
+        self
+    }
+
+    /// Whether `table` is watched through its schema only (not listed by name): a table
+    /// first seen in the stream is then one the source discovered.
+    pub(crate) fn by_schema(&self, table: &TableName) -> bool {
+        self.schemas.contains(&table.schema)
+            && !self.watched.as_ref().is_some_and(|w| w.contains(table))
     }
 
     /// The primary keys to name as `pk_names` for tables with REPLICA IDENTITY FULL.
@@ -68,10 +84,7 @@ impl Relations {
             schema: r.namespace.clone(),
             name: r.name.clone(),
         };
-        let watched = self
-            .watched
-            .as_ref()
-            .is_none_or(|w| w.contains(&table_name));
+        let watched = self.is_watched(&table_name);
         let columns: Columns = r
             .columns
             .iter()
@@ -102,6 +115,12 @@ impl Relations {
             watched,
         };
         self.by_oid.insert(r.oid, table);
+    }
+
+    /// Whether the source delivers `table`'s changes.
+    pub(crate) fn is_watched(&self, table: &TableName) -> bool {
+        self.schemas.contains(&table.schema)
+            || self.watched.as_ref().is_none_or(|w| w.contains(table))
     }
 
     pub(crate) fn get(&self, oid: u32) -> Option<&Table> {

@@ -28,6 +28,7 @@ use crate::{PgAdmin, PgSource, PublicationDrop, check};
 /// publication_mode = "create"      # or "existing"
 /// status_interval = "1s"
 /// tables = ["public.orders"]       # captured besides the views' tables
+/// # tables = "public.*"            # or every table of a schema, new ones included
 /// ```
 ///
 /// `Debug` never shows the password.
@@ -54,8 +55,11 @@ pub struct PgSourceSettings {
     #[serde(default = "default_status_interval", deserialize_with = "duration")]
     pub status_interval: Duration,
     /// Tables captured besides the views' (for the changefeed and sinks): `schema.table`
-    /// or `table`, quoted parts kept as written, unquoted ones folded to lower case.
-    #[serde(default)]
+    /// or `table`, quoted parts kept as written, unquoted ones folded to lower case; or
+    /// `schema.*`: every table of the schema, those created later included (a
+    /// publication `FOR TABLES IN SCHEMA`, PostgreSQL 15; each discovered table is
+    /// logged). One entry may stand alone: `tables = "public.*"`.
+    #[serde(default, deserialize_with = "one_or_many")]
     pub tables: Vec<String>,
 }
 
@@ -116,6 +120,30 @@ pub(crate) fn secret_url<'de, D: Deserializer<'de>>(d: D) -> Result<SecretUrl, D
     String::deserialize(d).map(SecretUrl::new)
 }
 
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
+/// The schema of a `schema.*` entry (quoted as a table name's schema would be).
+fn schema_of(entry: &str) -> Option<Result<String, String>> {
+    let schema = entry.strip_suffix(".*")?;
+    Some(
+        format!("{schema}.t")
+            .parse::<TableName>()
+            .map(|t| t.schema)
+            .map_err(|e| e.to_string()),
+    )
+}
+
 pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
@@ -151,9 +179,21 @@ pub fn url_problems(url: &str) -> Vec<String> {
 }
 
 impl PgSourceSettings {
-    /// The source's tables of its own (`tables`), parsed.
+    /// The source's tables of its own (`tables`), parsed (`schema.*` entries aside).
     pub fn table_names(&self) -> Vec<TableName> {
-        self.tables.iter().filter_map(|t| t.parse().ok()).collect()
+        self.tables
+            .iter()
+            .filter(|t| schema_of(t).is_none())
+            .filter_map(|t| t.parse().ok())
+            .collect()
+    }
+
+    /// The schemas whose every table is captured (`schema.*` entries).
+    pub fn schemas(&self) -> Vec<String> {
+        self.tables
+            .iter()
+            .filter_map(|t| schema_of(t)?.ok())
+            .collect()
     }
 
     /// The connection, parsed.
@@ -185,8 +225,14 @@ impl SourcePlug for PgSourceSettings {
             p.push("status_interval: must be between 1ms and 1h".into());
         }
         for t in &self.tables {
-            if let Err(e) = t.parse::<TableName>() {
-                p.push(format!("tables: {e} (\"schema.table\" or \"table\")"));
+            let problem = match schema_of(t) {
+                Some(schema) => schema.err(),
+                None => t.parse::<TableName>().err().map(|e| e.to_string()),
+            };
+            if let Some(e) = problem {
+                p.push(format!(
+                    "tables: {e} (\"schema.table\", \"table\" or \"schema.*\")"
+                ));
             }
         }
         p
@@ -278,6 +324,9 @@ impl SourcePlug for PgSourceSettings {
             for (schema, table) in &plan.tables {
                 builder = builder.table_name(TableName::new(schema, table));
             }
+            for schema in self.schemas() {
+                builder = builder.schema(schema);
+            }
             let source = builder.start().await?;
             let probe = Arc::new(source.handle());
             Ok(Started {
@@ -302,6 +351,25 @@ mod tests {
             status_interval: default_status_interval(),
             tables: vec![],
         }
+    }
+
+    #[test]
+    fn schema_entries_capture_whole_schemas() {
+        let mut s = settings("postgres://u@h/db");
+        s.tables = vec![
+            "sales.*".into(),
+            "\"Audit\".*".into(),
+            "public.orders".into(),
+        ];
+        assert_eq!(s.schemas(), ["sales", "Audit"]);
+        assert_eq!(s.table_names(), [TableName::new("public", "orders")]);
+        assert!(s.problems().is_empty(), "{:?}", s.problems());
+        s.tables = vec!["a.b.*".into()];
+        assert_eq!(s.problems().len(), 1, "{:?}", s.problems());
+        let one: PgSourceSettings =
+            serde_json::from_str(r#"{"url": "postgres://u@h/db", "tables": "public.*"}"#).unwrap();
+        assert_eq!(one.schemas(), ["public"]);
+        assert!(s.schemas().is_empty());
     }
 
     #[test]

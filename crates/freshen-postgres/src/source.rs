@@ -257,9 +257,19 @@ impl PgSource {
             identities.push(admin.replica_identity(t).await?);
         }
         admin
-            .ensure_publication(&config.publication, &config.tables, config.publication_mode)
+            .ensure_publication(
+                &config.publication,
+                &config.tables,
+                &config.schemas,
+                config.publication_mode,
+            )
             .await?;
-        if config.tables.is_empty() {
+        for t in admin.schema_tables(&config.schemas).await? {
+            if !config.tables.contains(&t) {
+                identities.push(admin.replica_identity(&t).await?);
+            }
+        }
+        if config.tables.is_empty() && config.schemas.is_empty() {
             // Every table of the publication is delivered.
             let p = admin.publication(&config.publication).await?;
             for t in p.map(|p| p.tables).unwrap_or_default() {
@@ -287,8 +297,18 @@ impl PgSource {
             .filter(|i| i.identity == crate::ReplicaIdentity::Full)
             .map(|i| (i.table.clone(), i.primary_key.clone()))
             .collect();
-        let watched: Option<HashSet<TableName>> =
-            (!config.tables.is_empty()).then(|| config.tables.iter().cloned().collect());
+        // What a later Relation message is compared with: the catalog now, since the
+        // stream describes a table only before its first change.
+        let mut shapes = Vec::new();
+        for i in &identities {
+            if let Some((oid, columns)) = admin.shape(&i.table).await? {
+                shapes.push((oid, i.table.clone(), columns));
+            }
+        }
+        let watched: Option<HashSet<TableName>> = (!config.tables.is_empty()
+            || !config.schemas.is_empty())
+        .then(|| config.tables.iter().cloned().collect());
+        let schemas: HashSet<String> = config.schemas.iter().cloned().collect();
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel(config.queue_batches);
         let (stop, stop_rx) = watch::channel(false);
@@ -302,7 +322,9 @@ impl PgSource {
                 config: Arc::new(config),
                 tls,
                 watched,
+                schemas,
                 primary_keys,
+                shapes,
                 shared: Arc::clone(&shared),
                 tx,
                 stop: stop_rx,
@@ -363,8 +385,9 @@ impl PgSource {
     }
 }
 
-/// What logical replication through pgoutput guarantees: deletes, truncates and
-/// transaction boundaries always; the former row as the table's replica identity
+/// What logical replication through pgoutput guarantees: deletes, truncates,
+/// transaction boundaries and schema changes (seen with the next change to the table)
+/// always; the former row as the table's replica identity
 /// allows (whole with FULL); a replay after a restart unless the slot is temporary.
 pub(crate) fn capabilities(slot_mode: SlotMode) -> Capabilities {
     Capabilities {
@@ -374,8 +397,8 @@ pub(crate) fn capabilities(slot_mode: SlotMode) -> Capabilities {
         truncates: true,
         recoverable: slot_mode != SlotMode::Temporary,
         transactions: true,
-        // Relation messages carry the columns; a changed relation is not reported yet.
-        schema_changes: false,
+        // A changed Relation message is compared with the table's shape at start.
+        schema_changes: true,
         ..Capabilities::NONE
     }
 }
@@ -455,6 +478,13 @@ impl PgSourceBuilder {
             Ok(t) => self.config.tables.push(t),
             Err(e) => self.problems.push(e),
         }
+        self
+    }
+
+    /// Captures every table of `schema`, present and future (see
+    /// [`PgSourceConfig::schemas`]).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.config.schemas.push(schema.into());
         self
     }
 

@@ -137,6 +137,7 @@ struct Taken {
     id: MessageIdData,
     events: Vec<RowEvent>,
     skipped: Vec<Undecodable>,
+    gaps: Vec<freshen::Gap>,
 }
 
 /// Change events from a Pulsar topic (TiCDC's canal-json by default), read through a
@@ -154,6 +155,10 @@ struct Taken {
 /// - A message that cannot be decoded (bad JSON, an unknown type, a compressed or
 ///   chunked entry, which are not supported) travels in its batch as an
 ///   [`Undecodable`]: skipped, counted, acknowledged with the rest.
+/// - A message that changed rows without carrying them (a TiCDC key-only message, a
+///   dropped partition: a [`Decoded::Gap`](freshen_codec::Decoded)) travels in its batch
+///   as a [`Gap`](freshen::Gap): each view over the table sweeps, and reports it.
+///   Counted in [`SourceStats::gaps`](crate::SourceStats).
 /// - A lost connection is re-established with backoff (lookup, subscribe again, the
 ///   last acknowledgement re-sent); what was not acknowledged is delivered again.
 pub struct PulsarSource {
@@ -324,6 +329,7 @@ impl PulsarSource {
             },
             events: Vec::new(),
             skipped: Vec::new(),
+            gaps: Vec::new(),
         };
         let skip = |taken: &mut Taken, batch_index, error: String| {
             taken.skipped.push(Undecodable {
@@ -355,6 +361,7 @@ impl PulsarSource {
                             .decoder
                             .decode(s.key.as_deref().map(str::as_bytes), s.data.as_deref())
                         {
+                            Ok(freshen_codec::Decoded::Gap(g)) => taken.gaps.push(g),
                             Ok(d) => taken.events.extend(d.into_events()),
                             Err(e) => skip(&mut taken, s.batch_index, e.to_string()),
                         }
@@ -441,14 +448,17 @@ impl PulsarSource {
         let last = taken.last().map(|t| t.id.clone());
         let mut events = Vec::new();
         let mut skipped: Vec<BoxError> = Vec::new();
+        let mut gaps = Vec::new();
         for t in taken {
             events.extend(t.events);
+            gaps.extend(t.gaps);
             skipped.extend(t.skipped.into_iter().map(|s| Box::new(s) as BoxError));
         }
         let c = &self.shared.counters;
         add(&c.messages, u64::from(messages));
         add(&c.events, events.len() as u64);
         add(&c.skipped, skipped.len() as u64);
+        add(&c.gaps, gaps.len() as u64);
         let shared = self.shared.clone();
         let ack = Ack::new(move || {
             let Some(id) = last else { return };
@@ -468,7 +478,7 @@ impl PulsarSource {
         });
         skipped
             .into_iter()
-            .fold(Batch::new(events, ack), Batch::with_skipped)
+            .fold(Batch::new(events, ack).with_gaps(gaps), Batch::with_skipped)
     }
 }
 

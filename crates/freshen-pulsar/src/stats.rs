@@ -12,6 +12,10 @@ pub struct SourceStats {
     pub events: u64,
     /// Messages skipped because they could not be decoded.
     pub skipped: u64,
+    /// Messages that changed rows without carrying them (a TiCDC key-only message, a
+    /// Canal partial image or statement, a dropped partition): each became a
+    /// [`Gap`](freshen::Gap) that sweeps the views over its table.
+    pub gaps: u64,
     /// Cumulative acknowledgements sent.
     pub acks: u64,
     /// Successful subscribes (the first, and one after each reconnect).
@@ -30,6 +34,7 @@ pub(crate) struct Counters {
     pub(crate) messages: AtomicU64,
     pub(crate) events: AtomicU64,
     pub(crate) skipped: AtomicU64,
+    pub(crate) gaps: AtomicU64,
     pub(crate) acks: AtomicU64,
     pub(crate) subscribes: AtomicU64,
     pub(crate) reconnects: AtomicU64,
@@ -46,6 +51,7 @@ impl Counters {
             messages: g(&self.messages),
             events: g(&self.events),
             skipped: g(&self.skipped),
+            gaps: g(&self.gaps),
             acks: g(&self.acks),
             subscribes: g(&self.subscribes),
             reconnects: g(&self.reconnects),

@@ -85,3 +85,41 @@ async fn three_changes_on_two_keys_make_two_rebuilds_and_poison_is_skipped() {
     assert_eq!(again.distinct().into_iter().collect::<Vec<_>>(), ["dev-c"]);
     run.stop().await;
 }
+
+/// A key-only message (a row too large for the topic) sweeps the view over its table,
+/// is counted by the source, and is acknowledged once the sweep's keys are rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_only_message_sweeps_the_view() {
+    let pulsar = broker();
+    let mut p = producer(&pulsar, "gaps").await;
+    let config = PulsarSourceConfig::new(pulsar.url(), "gaps", "freshen");
+    let source = PulsarSource::new(config).unwrap();
+    let stats = source.stats_handle();
+    let rebuilt = Rebuilt::default();
+    let log = rebuilt.clone();
+    let refresher = Refresher::builder()
+        .source(source)
+        .scope(|e: &RowEvent| e.scope_keys(&["device"]))
+        .watches("demo", "readings", &["device"])
+        .rebuild(move |k: Key| {
+            log.push(k);
+            async { Ok::<_, std::io::Error>(()) }
+        })
+        .coalesce(Duration::ZERO)
+        .reconcile(Duration::from_secs(3600), || async {
+            Ok::<_, std::io::Error>(vec![Key::from("dev-a")])
+        })
+        .build()
+        .unwrap();
+    let run = Running::spawn(refresher);
+    until("the start-up sweep", || run.handle.stats().rebuilds_ok == 1).await;
+    p.send(Some("1"), &ticdc_key_only(1)).await.unwrap();
+    until("swept, rebuilt and acknowledged", || {
+        let s = run.handle.stats();
+        s.gaps == 1 && s.reconciles == 2 && s.rebuilds_ok == 2 && s.unacked_batches == 0
+    })
+    .await;
+    assert_eq!(run.handle.stats().events_received, 0, "no rows in it");
+    assert_eq!(stats.stats().gaps, 1);
+    run.stop().await;
+}

@@ -10,6 +10,7 @@ use crate::backoff::Backoff;
 use crate::dirty::DirtyConfig;
 use crate::rebuild::{Batched, Enumerate, Expand, ListAll, PerKey, Rebuild};
 use crate::refresher::{FanOut, Parts, Reconcile, ReportFn, ScopeFn, Shared};
+use crate::schema::Watched;
 use crate::{BoxError, BuildError, Key, Refresher, Report, RowEvent, Source};
 
 /// Configures a [`Refresher`]. `source`, `scope` and `rebuild` are required.
@@ -29,6 +30,7 @@ pub struct Builder {
     ack: AckPolicy,
     shutdown_grace: Duration,
     release_quarantined_after: Option<Duration>,
+    watched: Vec<Watched>,
     problems: Vec<String>,
 }
 
@@ -69,6 +71,7 @@ impl Default for Builder {
             ack: AckPolicy::default(),
             shutdown_grace: Duration::from_secs(10),
             release_quarantined_after: None,
+            watched: Vec::new(),
             problems: Vec::new(),
         }
     }
@@ -246,6 +249,22 @@ impl Builder {
         self
     }
 
+    /// Declares a table the view reads and the columns its scope takes keys from there
+    /// (call once per table, fan-out tables included). With declarations, a TRUNCATE or
+    /// a [`Gap`](crate::Gap) sweeps the view only when it concerns a declared table, and
+    /// a [`SchemaChange`](crate::SchemaChange) that drops or retypes a declared key
+    /// column, or renames or drops a declared table, pauses the view
+    /// ([`Report::Paused`](crate::Report)) until a later change undoes it. Without any,
+    /// every table concerns the view and schema changes are only reported.
+    pub fn watches(mut self, schema: &str, table: &str, key: &[&str]) -> Builder {
+        self.watched.push(Watched {
+            schema: schema.into(),
+            table: table.into(),
+            key: key.iter().map(|c| Box::from(*c)).collect(),
+        });
+        self
+    }
+
     /// Checks the configuration and builds the refresher, listing every problem at once.
     pub fn build(self) -> Result<Refresher, BuildError> {
         let mut problems = self.problems;
@@ -335,6 +354,7 @@ impl Builder {
                 ack: self.ack,
                 grace: self.shutdown_grace,
                 release_quarantined_after: self.release_quarantined_after,
+                watched: self.watched,
             },
             shared,
         })

@@ -65,6 +65,8 @@ pub fn fanout(source: impl Source, branches: usize) -> Vec<Branch> {
 
 fn split(batch: Batch, n: usize) -> Vec<Batch> {
     let marks = batch.marks().to_vec();
+    let gaps = batch.gaps().to_vec();
+    let changes = batch.schema_changes().to_vec();
     let (events, skipped, ack) = batch.into_parts();
     let remaining = Arc::new(AtomicUsize::new(n));
     let upstream = Arc::new(Mutex::new(Some(ack)));
@@ -81,7 +83,10 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
                 }
             });
             skipped.iter().fold(
-                Batch::shared(events.clone(), ack).with_marks(marks.clone()),
+                Batch::shared(events.clone(), ack)
+                    .with_marks(marks.clone())
+                    .with_gaps(gaps.clone())
+                    .with_schema_changes(changes.clone()),
                 |b, e| b.with_skipped(e.to_string()),
             )
         })

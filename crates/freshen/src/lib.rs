@@ -24,6 +24,10 @@
 //!   keys they map to ([`Builder::fan_out`]).
 //! - *Reconcile*: list the live key universe ([`Enumerate`]) once at start, then on an
 //!   interval and right after a TRUNCATE; every key flows through the normal pipeline.
+//! - What a source says besides rows: a [`Gap`] (rows of a table changed that the stream
+//!   did not carry: the views over it sweep) and a [`SchemaChange`] (a view whose declared
+//!   key it breaks pauses, holding its keys and acks, until a later change undoes it).
+//!   [`Builder::watches`] declares a view's tables and key columns.
 //! - [`AckPolicy`]: acknowledge on enqueue (stateless; the sweep heals a crash) or after
 //!   rebuild (the default; a crash loses nothing, the source replays).
 //! - [`Stats`]: counters, gauges and a freshness-lag histogram, from a [`Handle`].
@@ -123,6 +127,7 @@ mod refresher;
 mod report;
 mod retry;
 mod runner;
+mod schema;
 mod source;
 mod stats;
 mod sweep;
@@ -147,6 +152,7 @@ pub use redact::{
 pub use refresher::{Handle, Quarantined, Refresher};
 pub use report::{BuildError, Report, RunError};
 pub use retry::Retry;
+pub use schema::{Difference, Gap, SchemaChange};
 pub use source::{
     Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
     SourceProbe, SourceProblem, StreamMark,

@@ -287,6 +287,17 @@ pub fn gaps(kind: &str, caps: &Capabilities, view: &Reliance<'_>) -> Vec<Finding
         "TRUNCATE is",
         "a truncated table's rows stay in the view",
     );
+    // A gap asks for a sweep at once, as a TRUNCATE does: with a sweep nothing is
+    // missing; without one it is the same hole as an unhealed TRUNCATE (a warning).
+    if caps.row_gaps && view.sweep.is_none() {
+        out.push(Finding::warning(
+            "contract",
+            &subject,
+            format!(
+                "some changes reach a {kind} source without their rows (large messages sent key-only, statements instead of rows, dropped partitions) and the view has no reconcile sweep: their scopes stay stale until the keys change again; add `reconcile = {{ every = \"10m\", keys = \"…\" }}` (each such change then sweeps at once)"
+            ),
+        ));
+    }
     // A row that moves to another key dirties the key it left only with its former
     // row; without one the old key keeps the row. Per-table images are the source's own
     // check (it names the tables).
@@ -369,6 +380,37 @@ mod tests {
         assert_eq!(
             levels(&none, Some(Duration::from_secs(60))),
             [Level::Warning; 4]
+        );
+    }
+
+    #[test]
+    fn a_source_that_can_lose_rows_needs_a_sweep() {
+        let lossy = Capabilities {
+            before_image: BeforeImage::Full,
+            deletes: true,
+            truncates: true,
+            recoverable: true,
+            row_gaps: true,
+            ..Capabilities::NONE
+        };
+        assert_eq!(levels(&lossy, None), [Level::Warning]);
+        assert_eq!(
+            levels(&lossy, Some(Duration::from_secs(60))),
+            [Level::Ok],
+            "each gap sweeps at once"
+        );
+        let f = gaps(
+            "kafka",
+            &lossy,
+            &Reliance {
+                view: "v",
+                sweep: None,
+            },
+        );
+        assert!(
+            f[0].message.contains("without their rows"),
+            "{}",
+            f[0].message
         );
     }
 

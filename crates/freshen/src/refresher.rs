@@ -47,6 +47,7 @@ pub(crate) struct Parts {
     pub(crate) ack: AckPolicy,
     pub(crate) grace: Duration,
     pub(crate) release_quarantined_after: Option<Duration>,
+    pub(crate) watched: Vec<crate::schema::Watched>,
 }
 
 /// A quarantined key, from [`Handle::quarantined`].

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BoxError, Key, Retry, SourceError};
+use crate::{BoxError, Gap, Key, Retry, SchemaChange, SourceError};
 
 /// Something a refresher wants a person to know; passed to
 /// [`Builder::on_error`](crate::Builder::on_error). The run goes on after every report.
@@ -85,6 +85,42 @@ pub enum Report<'a> {
         schema: &'a str,
         /// The table.
         table: &'a str,
+    },
+    /// Rows of a table the view watches changed in a way the stream does not carry (a
+    /// key-only message, a statement, a partition truncated): a sweep was asked for, or,
+    /// without a reconcile sweep, nothing can find the keys it dirtied. Reported once
+    /// per table until the next sweep ends.
+    Gap {
+        /// The table and what the stream left out.
+        gap: &'a Gap,
+        /// Whether a sweep will heal it (false: no reconcile sweep is configured).
+        swept: bool,
+    },
+    /// A schema change broke the key of this view (a key column dropped or retyped, the
+    /// table renamed or dropped): no rebuild runs until a later change undoes it or the
+    /// process restarts with a fixed configuration. Changes keep their keys dirty and,
+    /// after rebuild acknowledgement, their transactions unconfirmed: nothing is lost.
+    /// (A source that ends meanwhile leaves [`Refresher::run`](crate::Refresher::run)
+    /// waiting for its shutdown signal: the keys it holds cannot be rebuilt.)
+    Paused {
+        /// The change.
+        change: &'a SchemaChange,
+        /// The differences that break this view.
+        breaking: &'a [String],
+    },
+    /// A change undid what paused the view on a table; rebuilds go on (and a sweep, when
+    /// configured, finds the keys of changes that arrived without their key columns).
+    Resumed {
+        /// The change that undid it.
+        change: &'a SchemaChange,
+        /// Whether the view is still paused by another table.
+        still_paused: bool,
+    },
+    /// A watched table's shape changed in a way that does not break this view (a column
+    /// added, a column it does not key on dropped). Not a problem: a line for the operator.
+    SchemaChanged {
+        /// The change.
+        change: &'a SchemaChange,
     },
     /// A reconcile sweep started listing keys (at start, on its interval, after a
     /// TRUNCATE, or on request). A lifecycle line.
@@ -184,6 +220,44 @@ impl fmt::Display for Report<'_> {
                 "reconcile sweep listed {keys} key(s) in {:.1}s",
                 took.as_secs_f64()
             ),
+            Report::Gap { gap, swept } => {
+                let table = if gap.table.is_empty() {
+                    "an unknown table".to_string()
+                } else {
+                    format!("{}.{}", gap.schema, gap.table)
+                };
+                let then = if *swept {
+                    "a reconcile sweep finds its keys"
+                } else {
+                    "no reconcile sweep is configured, so its derived rows may be stale"
+                };
+                write!(
+                    f,
+                    "rows of {table} changed that the stream did not carry ({}); {then}",
+                    gap.reason
+                )
+            }
+            Report::Paused { change, breaking } => write!(
+                f,
+                "paused: {}.{}: {} breaks the view's key; no rebuild runs until it is undone (or a restart with a fixed configuration), changes stay dirty and unconfirmed",
+                change.schema,
+                change.table,
+                breaking.join(", ")
+            ),
+            Report::Resumed {
+                change,
+                still_paused,
+            } => {
+                let then = if *still_paused {
+                    "still paused by another table"
+                } else {
+                    "rebuilds go on"
+                };
+                write!(f, "resumed: {change}; {then}")
+            }
+            Report::SchemaChanged { change } => {
+                write!(f, "schema change (the view's key is intact): {change}")
+            }
             Report::TruncateIgnored { schema, table } => write!(
                 f,
                 "{schema}.{table} was truncated but no reconcile sweep is configured: its derived rows may be stale"

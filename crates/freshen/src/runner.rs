@@ -32,10 +32,12 @@ use crate::backoff::Backoff;
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
 use crate::rebuild::{Due, KeySink, Rebuild};
 use crate::refresher::{Command, FanOut, Parts, Quarantined, ReportFn, ScopeFn, Shared};
+use crate::schema::{Watched, breaking, concerns};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper, later};
 use crate::{
-    Ack, Batch, BoxError, Key, Op, Report, Retry, RowEvent, RunError, Source, SourceError,
+    Ack, Batch, BoxError, Gap, Key, Op, Report, Retry, RowEvent, RunError, SchemaChange, Source,
+    SourceError,
 };
 
 /// Aborts a spawned task when dropped (a dropped run future is a crash, not a leak).
@@ -165,6 +167,16 @@ pub(crate) struct Runner {
     quarantined: usize,
     source_done: bool,
     scratch: Vec<Key>,
+    /// Tables (with the columns) the view declared; empty: every table concerns it.
+    watched: Vec<Watched>,
+    /// Tables whose schema change broke the view's key, and what broke: while any is
+    /// here no rebuild starts.
+    paused: std::collections::BTreeMap<(Box<str>, Box<str>), Vec<String>>,
+    /// Batches received while paused: their changes may have lost their key with the
+    /// column, so they wait for the sweep that follows the resume.
+    paused_holds: Vec<BatchId>,
+    /// Tables whose gap was reported since the last sweep ended (one report per table).
+    gaps_reported: Vec<(Box<str>, Box<str>)>,
 }
 
 impl Runner {
@@ -205,6 +217,10 @@ impl Runner {
             quarantined: 0,
             source_done: false,
             scratch: Vec::new(),
+            watched: p.watched,
+            paused: std::collections::BTreeMap::new(),
+            paused_holds: Vec::new(),
+            gaps_reported: Vec::new(),
         };
         (runner, p.source)
     }
@@ -241,7 +257,9 @@ impl Runner {
             Recorder::add(&self.shared.stats.wakeups, 1);
             let now = Instant::now();
             self.commands(now);
-            self.sweeper.maybe_start(now);
+            if self.paused.is_empty() {
+                self.sweeper.maybe_start(now);
+            }
             if self.sweeper.is_listing() && self.sweep_began.is_none() {
                 // Its report says how long listing took, from here.
                 self.sweep_began = Some(now);
@@ -341,7 +359,9 @@ impl Runner {
     /// How many rebuild calls may run now: one while the view is stalled (a probe, so
     /// that an outage is not hammered by every worker), else `workers`.
     fn capacity(&self) -> usize {
-        if self.stall.is_some() {
+        if !self.paused.is_empty() {
+            0
+        } else if self.stall.is_some() {
             1
         } else {
             self.workers
@@ -361,10 +381,13 @@ impl Runner {
             (Some(after), Some((since, _))) => Some(later(Instant::from_std(*since), after)),
             _ => None,
         };
-        [due, self.sweeper.next_wake(), release]
-            .into_iter()
-            .flatten()
-            .min()
+        // A paused view starts no sweep: waking for one would spin.
+        let sweep = if self.paused.is_empty() {
+            self.sweeper.next_wake()
+        } else {
+            None
+        };
+        [due, sweep, release].into_iter().flatten().min()
     }
 
     fn commands(&mut self, now: Instant) {
@@ -393,6 +416,8 @@ impl Runner {
 
     fn on_batch(&mut self, batch: Batch) {
         let now = Instant::now().into_std();
+        let gaps = batch.gaps().to_vec();
+        let changes = batch.schema_changes().to_vec();
         let (events, skipped, ack) = batch.into_parts();
         let st = &self.shared.stats;
         Recorder::add(&st.batches_received, 1);
@@ -406,6 +431,18 @@ impl Runner {
             Some(t) => (Some(t.receive(ack)), None),
             None => (None, Some(ack)),
         };
+        for change in &changes {
+            self.on_schema_change(change);
+        }
+        for gap in &gaps {
+            self.on_gap(gap, id);
+        }
+        if !self.paused.is_empty()
+            && let (Some(t), Some(id)) = (&mut self.tracker, id)
+        {
+            t.hold_batch(id);
+            self.paused_holds.push(id);
+        }
         let mut keys = std::mem::take(&mut self.scratch);
         for event in events.iter() {
             if event.op == Op::Truncate {
@@ -465,6 +502,9 @@ impl Runner {
     }
 
     fn on_truncate(&mut self, event: &RowEvent, batch: Option<BatchId>) {
+        if !concerns(&self.watched, &event.schema, &event.table) {
+            return;
+        }
         Recorder::add(&self.shared.stats.truncates, 1);
         if !self.sweeper.is_configured() {
             self.report(Report::TruncateIgnored {
@@ -473,6 +513,85 @@ impl Runner {
             });
             return;
         }
+        self.sweep_covering(batch);
+    }
+
+    /// Rows of a table changed that the stream did not carry: sweep, as after a TRUNCATE.
+    fn on_gap(&mut self, gap: &Gap, batch: Option<BatchId>) {
+        if !concerns(&self.watched, &gap.schema, &gap.table) {
+            return;
+        }
+        Recorder::add(&self.shared.stats.gaps, 1);
+        let swept = self.sweeper.is_configured();
+        if swept {
+            self.sweep_covering(batch);
+        }
+        let table = (gap.schema.clone(), gap.table.clone());
+        if !self.gaps_reported.contains(&table) {
+            self.gaps_reported.push(table);
+            self.report(Report::Gap { gap, swept });
+        }
+    }
+
+    /// A table's shape changed: pause the view when the change breaks its key, resume it
+    /// when a later change undoes that.
+    fn on_schema_change(&mut self, change: &SchemaChange) {
+        if !concerns(&self.watched, &change.schema, &change.table) {
+            return;
+        }
+        Recorder::add(&self.shared.stats.schema_changes, 1);
+        let table = (change.schema.clone(), change.table.clone());
+        let broken = breaking(&self.watched, change);
+        if !broken.is_empty() {
+            self.report(Report::Paused {
+                change,
+                breaking: &broken,
+            });
+            self.paused.insert(table, broken);
+            self.publish_paused();
+        } else if self.paused.remove(&table).is_some() {
+            let still_paused = !self.paused.is_empty();
+            self.report(Report::Resumed {
+                change,
+                still_paused,
+            });
+            self.publish_paused();
+            if !still_paused {
+                self.resume();
+            }
+        } else {
+            self.report(Report::SchemaChanged { change });
+        }
+    }
+
+    /// The last pause ended. Changes that arrived while a key column was gone gave no
+    /// key: a sweep finds them, and the batches they came in wait for it (without a
+    /// sweep they go, and only later changes heal those scopes).
+    fn resume(&mut self) {
+        let held = std::mem::take(&mut self.paused_holds);
+        if self.sweeper.is_configured() {
+            for id in held {
+                self.sweeper.pin(id);
+            }
+            self.sweeper.request(Instant::now());
+        } else if let Some(t) = &mut self.tracker {
+            for id in held {
+                t.unhold_batch(id);
+            }
+        }
+    }
+
+    fn publish_paused(&self) {
+        let lines: Vec<String> = self
+            .paused
+            .iter()
+            .map(|((schema, table), why)| format!("{schema}.{table}: {}", why.join(", ")))
+            .collect();
+        self.shared.stats.trouble(|t| t.paused = lines);
+    }
+
+    /// Asks for a sweep that `batch` waits for before it may be acknowledged.
+    fn sweep_covering(&mut self, batch: Option<BatchId>) {
         if let (Some(t), Some(id)) = (&mut self.tracker, batch) {
             // The batch stays unacknowledged until a sweep that starts after it has listed
             // its keys and they have been rebuilt.
@@ -519,6 +638,7 @@ impl Runner {
         match self.sweeper.finish(self.source_done, &self.backoff).await {
             Finished::Listed { unpin } => {
                 Recorder::add(&self.shared.stats.reconciles, 1);
+                self.gaps_reported.clear();
                 let keys = std::mem::take(&mut self.sweep_listed);
                 let took = self
                     .sweep_began

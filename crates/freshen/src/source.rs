@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::RowEvent;
+use crate::{Gap, RowEvent, SchemaChange};
 
 /// A boxed error that can cross threads.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -62,6 +62,8 @@ pub struct Batch {
     events: Arc<[RowEvent]>,
     skipped: Vec<BoxError>,
     marks: Vec<StreamMark>,
+    gaps: Vec<Gap>,
+    schema_changes: Vec<SchemaChange>,
     ack: Ack,
 }
 
@@ -92,6 +94,8 @@ impl Batch {
             events: events.into(),
             skipped: Vec::new(),
             marks: Vec::new(),
+            gaps: Vec::new(),
+            schema_changes: Vec::new(),
             ack,
         }
     }
@@ -102,6 +106,8 @@ impl Batch {
             events,
             skipped: Vec::new(),
             marks: Vec::new(),
+            gaps: Vec::new(),
+            schema_changes: Vec::new(),
             ack,
         }
     }
@@ -116,6 +122,30 @@ impl Batch {
     pub fn with_marks(mut self, marks: Vec<StreamMark>) -> Batch {
         self.marks = marks;
         self
+    }
+
+    /// Adds tables whose rows changed in ways the stream does not carry (see [`Gap`]):
+    /// each view over them sweeps.
+    pub fn with_gaps(mut self, gaps: Vec<Gap>) -> Batch {
+        self.gaps = gaps;
+        self
+    }
+
+    /// Tables whose rows changed in ways the stream does not carry.
+    pub fn gaps(&self) -> &[Gap] {
+        &self.gaps
+    }
+
+    /// Adds schema changes seen among these events (see [`SchemaChange`]): a view whose
+    /// key they break pauses until a later change undoes it.
+    pub fn with_schema_changes(mut self, changes: Vec<SchemaChange>) -> Batch {
+        self.schema_changes = changes;
+        self
+    }
+
+    /// Schema changes seen among the events.
+    pub fn schema_changes(&self) -> &[SchemaChange] {
+        &self.schema_changes
     }
 
     /// Marks found in the stream among the events, in stream order.
@@ -224,6 +254,10 @@ pub struct Capabilities {
     pub snapshot: bool,
     /// Whether the source polls a cursor column instead of reading a change log.
     pub cursor: bool,
+    /// Whether some changes may arrive without their rows, as a [`Gap`](crate::Gap) (a
+    /// key-only message, a statement, a partition dropped): then the views over the
+    /// table sweep, so a view without a reconcile sweep misses them.
+    pub row_gaps: bool,
 }
 
 impl Capabilities {
@@ -239,6 +273,7 @@ impl Capabilities {
         schema_changes: false,
         snapshot: false,
         cursor: false,
+        row_gaps: false,
     };
 }
 

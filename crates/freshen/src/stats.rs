@@ -25,6 +25,11 @@ pub struct Stats {
     pub events_skipped: u64,
     /// TRUNCATE events received.
     pub truncates: u64,
+    /// [`Gap`](crate::Gap)s in tables this view watches (rows changed that the stream
+    /// did not carry): each asked for a sweep.
+    pub gaps: u64,
+    /// [`SchemaChange`](crate::SchemaChange)s of tables this view watches.
+    pub schema_changes: u64,
     /// Keys marked dirty by events and sweeps (one per key per event).
     pub keys_marked: u64,
     /// Keys rebuilt successfully.
@@ -90,6 +95,9 @@ pub struct Stats {
     pub stall: Option<(Retry, String)>,
     /// The last rebuild failure of any kind, for status pages.
     pub last_error: Option<String>,
+    /// Why the view is paused: one line per table whose schema change broke its key
+    /// (`public.readings: column device dropped`). Empty while it runs.
+    pub paused: Vec<String>,
     /// Times the run loop woke up (batches, finished rebuilds, timers): an idle or
     /// saturated refresher should not wake much more often than it has work.
     pub wakeups: u64,
@@ -106,6 +114,8 @@ pub(crate) struct Recorder {
     pub(crate) events_received: AtomicU64,
     pub(crate) events_skipped: AtomicU64,
     pub(crate) truncates: AtomicU64,
+    pub(crate) gaps: AtomicU64,
+    pub(crate) schema_changes: AtomicU64,
     pub(crate) keys_marked: AtomicU64,
     pub(crate) rebuilds_ok: AtomicU64,
     pub(crate) rebuilds_failed: AtomicU64,
@@ -157,6 +167,7 @@ pub(crate) struct Trouble {
     pub(crate) stalled_since: Option<SystemTime>,
     pub(crate) stall: Option<(Retry, String)>,
     pub(crate) last_error: Option<String>,
+    pub(crate) paused: Vec<String>,
 }
 
 fn now_ns() -> u64 {
@@ -178,6 +189,8 @@ impl Recorder {
             events_received: z(),
             events_skipped: z(),
             truncates: z(),
+            gaps: z(),
+            schema_changes: z(),
             keys_marked: z(),
             rebuilds_ok: z(),
             rebuilds_failed: z(),
@@ -255,6 +268,7 @@ impl Recorder {
             stalled_since: trouble.stalled_since,
             stall: trouble.stall.clone(),
             last_error: trouble.last_error.clone(),
+            paused: trouble.paused.clone(),
         };
         Stats {
             batches_received: g(&self.batches_received),
@@ -262,6 +276,8 @@ impl Recorder {
             events_received: g(&self.events_received),
             events_skipped: g(&self.events_skipped),
             truncates: g(&self.truncates),
+            gaps: g(&self.gaps),
+            schema_changes: g(&self.schema_changes),
             keys_marked: g(&self.keys_marked),
             rebuilds_ok: g(&self.rebuilds_ok),
             sweep_rebuilds: g(&self.sweep_rebuilds),
@@ -290,6 +306,7 @@ impl Recorder {
             stalled_since: trouble.stalled_since,
             stall: trouble.stall,
             last_error: trouble.last_error,
+            paused: trouble.paused,
             wakeups: g(&self.wakeups),
             freshness: self.freshness.snapshot(),
         }

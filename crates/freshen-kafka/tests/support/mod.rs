@@ -81,6 +81,20 @@ pub fn ticdc_insert(id: i64, device: &str, value: i64) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A TiCDC canal-json UPDATE of a row too large for the topic, sent with its handle key
+/// only (`large-message-handle-option=handle-key-only`).
+pub fn ticdc_key_only(id: i64) -> Vec<u8> {
+    format!(
+        r#"{{"id":0,"database":"demo","table":"readings","pkNames":["id"],"isDdl":false,"type":"UPDATE","es":1786358942713,"ts":1786358944991,"sql":"","sqlType":{{"id":4}},"mysqlType":{{"id":"int"}},"old":[{{"id":"{id}"}}],"data":[{{"id":"{id}"}}],"_tidb":{{"commitTs":434919270523076621,"onlyHandleKey":true}}}}"#
+    )
+    .into_bytes()
+}
+
+/// TiCDC's canal-json for `ALTER TABLE … TRUNCATE PARTITION` (a DDL of type ALTER).
+pub fn ticdc_truncate_partition() -> Vec<u8> {
+    br#"{"id":0,"database":"demo","table":"readings","pkNames":null,"isDdl":true,"type":"ALTER","es":1786358942713,"ts":1786358944991,"sql":"ALTER TABLE `demo`.`readings` TRUNCATE PARTITION `p0`","sqlType":null,"mysqlType":null,"data":null,"old":null}"#.to_vec()
+}
+
 /// A TiCDC canal-json UPDATE moving row `id` from `from` to `to`.
 pub fn ticdc_update(id: i64, from: &str, to: &str, value: i64) -> Vec<u8> {
     format!(

@@ -147,6 +147,18 @@ pub fn render(s: &Status) -> String {
                 v.name, v.unscoped
             ));
         }
+        for why in &v.paused {
+            notes.push(format!(
+                "{}: PAUSED (no rebuilds, changes held): {why}",
+                v.name
+            ));
+        }
+        if v.gaps > 0 {
+            notes.push(format!(
+                "{}: {} changes arrived without their rows (each answered by a sweep)",
+                v.name, v.gaps
+            ));
+        }
         if let (Some(t), Some(e)) = (v.stalled_for_s, &v.stall_error) {
             notes.push(format!("{}: STALLED for {t:.0} s: {e}", v.name));
         }
@@ -198,6 +210,7 @@ mod tests {
                 "unacked_batches": 0, "freshness_p50_ms": 12.0, "freshness_p99_ms": 40.0,
                 "oldest_in_flight_s": 3.5, "sweep_for_s": 1.25, "sweep_listed": 700,
                 "oldest_waiting_s": 0.5, "last_rebuild_age_s": 1.0,
+                "paused": ["public.readings: column device dropped"], "gaps": 3,
                 "quarantined": [{"key": "k9", "since_s": 30.0, "error": "22012", "holding": true}]
             }]
         }))
@@ -209,6 +222,8 @@ mod tests {
             "totals: a rebuild has run 3.5 s",
             "totals: sweep listing for 1.2 s, 700 keys so far",
             "totals: 2 changes carried no key",
+            "totals: PAUSED (no rebuilds, changes held): public.readings: column device dropped",
+            "totals: 3 changes arrived without their rows",
             "totals: key k9 quarantined 30 s ago (holding its transactions): 22012",
         ] {
             assert!(text.contains(needle), "no {needle:?} in:\n{text}");

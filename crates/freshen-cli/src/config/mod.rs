@@ -460,6 +460,20 @@ fn parse_with(
         for p in problems {
             r.problem_in(item, "changefeed", &p, None);
         }
+        // Snapshot watermarks travel through replication: a polling source never
+        // brings them back (and its first run reads every row anyway).
+        let polls = source.as_ref().is_some_and(|s| s.capabilities().cursor);
+        if polls && cf.snapshot != freshen_changefeed::SnapshotMode::Never {
+            r.problem_in(
+                item,
+                "changefeed",
+                &format!(
+                    "changefeed.snapshot: a {} source reads every existing row on its first run; snapshots need a replication source (remove `snapshot`)",
+                    source.as_ref().map_or("polling", |s| s.kind())
+                ),
+                None,
+            );
+        }
         Some(cf)
     });
     let views = read_views(

@@ -750,3 +750,21 @@ fn query_mode_needs_the_source_database_as_its_postgres_target() {
         );
     }
 }
+
+#[test]
+fn a_polling_source_takes_no_changefeed_snapshot() {
+    let src = |snapshot: &str| {
+        format!(
+            "[source]\nkind = \"postgres-incremental\"\nurl = \"postgres://a@h/d\"\ncursor = \"updated_at\"\n[changefeed]\npath = \"/tmp/f.redb\"\n{snapshot}\n"
+        )
+    };
+    let env = |_: &str| None;
+    let e = parse(&src("snapshot = \"initial\""), "f.toml", &env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("changefeed.snapshot: a postgres-incremental source"),
+        "{e}"
+    );
+    assert!(parse(&src(""), "f.toml", &env).is_ok());
+}

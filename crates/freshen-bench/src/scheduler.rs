@@ -28,8 +28,27 @@ fn config() -> DirtyConfig {
     }
 }
 
+/// How a drain completes a popped key.
+#[derive(Clone, Copy)]
+enum Completing {
+    /// By the ticket `pop_ready` gave: straight to the key's slot.
+    Ticket,
+    /// By the key: hashed and looked up in the index a second time.
+    Key,
+}
+
+fn complete(set: &mut DirtySet, r: &freshen::Ready, by: Completing, now: Instant) {
+    match by {
+        Completing::Ticket => set.complete_ticket(r.ticket, freshen::Outcome::Rebuilt, now),
+        Completing::Key => set.complete(&r.key, freshen::Outcome::Rebuilt, now),
+    };
+}
+
+/// A timed drain of the set over the given keys.
+type Drain = fn(&[Key], Completing) -> Duration;
+
 /// Marks every key once, then pops and completes them all.
-fn drain_heap(keys: &[Key]) -> Duration {
+fn drain_heap(keys: &[Key], by: Completing) -> Duration {
     let t0 = Instant::now();
     let start = Instant::now();
     let mut set = DirtySet::new(config(), t0);
@@ -38,7 +57,7 @@ fn drain_heap(keys: &[Key]) -> Duration {
     }
     let due = t0 + CO;
     while let Some(r) = set.pop_ready(due) {
-        set.complete(&r.key, freshen::Outcome::Rebuilt, due);
+        complete(&mut set, &r, by, due);
     }
     assert!(set.is_idle());
     start.elapsed()
@@ -63,7 +82,7 @@ fn drain_scan(keys: &[Key]) -> Duration {
 
 /// Half the keys are queued first but not ready (re-marked), half behind them are ready:
 /// drain the ready half. A FIFO scan walks the not-ready half on every pop.
-fn staggered_heap(keys: &[Key]) -> Duration {
+fn staggered_heap(keys: &[Key], by: Completing) -> Duration {
     let (late, ready) = keys.split_at(keys.len() / 2);
     let t0 = Instant::now();
     let mut set = DirtySet::new(config(), t0);
@@ -76,7 +95,7 @@ fn staggered_heap(keys: &[Key]) -> Duration {
     }
     let mut n = 0;
     while let Some(r) = set.pop_ready(t0 + CO) {
-        set.complete(&r.key, freshen::Outcome::Rebuilt, t0 + CO);
+        complete(&mut set, &r, by, t0 + CO);
         n += 1;
     }
     assert_eq!(n, ready.len());
@@ -136,7 +155,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     ]);
     // When every key is ready the FIFO pops from its front in O(1): a plain drain is the
     // scan's best case, run at full size.
-    let heap = best_of(runs, || drain_heap(&all));
+    let heap = best_of(runs, || drain_heap(&all, Completing::Ticket));
     let scan = best_of(runs, || drain_scan(&all));
     t.row(vec![
         "mark + drain".into(),
@@ -152,7 +171,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     };
     for &n in sizes {
         let ks = &all[..n.min(all.len())];
-        let heap = best_of(runs, || staggered_heap(ks));
+        let heap = best_of(runs, || staggered_heap(ks, Completing::Ticket));
         let (scan, r) = if ks.len() <= SCAN_LIMIT / 2 {
             let s = best_of(1, || staggered_scan(ks));
             (dur(s), ratio(s, heap))
@@ -168,6 +187,34 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         ]);
     }
     t.print();
+
+    // Completing by ticket against completing by key, alternated so that both see the
+    // same machine; best of the runs for each.
+    let mut c = Table::new(&[
+        "case",
+        "keys",
+        "complete by ticket",
+        "complete by key",
+        "key / ticket",
+    ]);
+    let pairs = if opts.quick { 1 } else { 5 };
+    let cases: [(&str, Drain); 2] = [("mark + drain", drain_heap), ("staggered", staggered_heap)];
+    for (name, f) in cases {
+        let (mut ticket, mut key) = (Duration::MAX, Duration::MAX);
+        for _ in 0..pairs {
+            ticket = ticket.min(f(&all, Completing::Ticket));
+            key = key.min(f(&all, Completing::Key));
+        }
+        c.row(vec![
+            name.into(),
+            big.to_string(),
+            dur(ticket),
+            dur(key),
+            ratio(key, ticket),
+        ]);
+    }
+    println!();
+    c.print();
 
     let (measured, reported) = bytes_per_key(&all);
     let key_bytes = all[0].heap_size();

@@ -30,6 +30,12 @@
 //! deadline and is pushed again with the new one (lazy invalidation). Each queued key
 //! has exactly one heap entry, so the heap never outgrows the dirty set, and mark, pop,
 //! complete and the next wake-up are all O(log n).
+//!
+//! A popped key carries a [`Ticket`] naming its slot, so the caller completes it
+//! ([`DirtySet::complete_ticket`]) without hashing the key and searching the index a
+//! second time. A ticket holds the slot's generation, which moves on with every pop: a
+//! stale ticket (of a run already completed) is refused (`NotRunning`), never applied
+//! to a later run of the key or to whichever key holds the slot now.
 
 use std::time::{Duration, Instant};
 
@@ -84,10 +90,20 @@ pub enum Mark {
     Revived,
 }
 
+/// Names the slot of a running key, from [`Ready::ticket`]: what
+/// [`DirtySet::complete_ticket`] takes to complete it without looking the key up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    slot: u32,
+    /// The slot's generation when the key was popped; every pop moves it on.
+    generation: u32,
+}
+
 /// A key due for rebuild, from [`DirtySet::pop_ready`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ready {
-    /// The key; it is now running until [`DirtySet::complete`].
+    /// The key; it is now running until [`DirtySet::complete_ticket`] (or
+    /// [`DirtySet::complete`]).
     pub key: Key,
     /// When the oldest change this rebuild covers made the key dirty.
     pub first_dirty: Instant,
@@ -97,6 +113,8 @@ pub struct Ready {
     /// Whether a change made this rebuild due; `false` when only a reconcile sweep (or
     /// a request) listed the key. Freshness and amplification count changes only.
     pub by_change: bool,
+    /// Completes this run by its slot.
+    pub ticket: Ticket,
 }
 
 /// How a rebuild ended, for [`DirtySet::complete`].
@@ -139,7 +157,7 @@ enum State {
 }
 
 /// Per-key state. Times are nanoseconds since the set's epoch. The meaning of the three
-/// time fields depends on the state, which keeps a slot at 48 bytes:
+/// time fields depends on the state, which keeps a slot at 56 bytes:
 ///
 /// | state            | `first`             | `last`               | `job_first`       |
 /// |------------------|---------------------|----------------------|-------------------|
@@ -152,13 +170,18 @@ enum State {
 /// `failures` counts failures that blamed the key, `stalls` those that blamed the path
 /// (they only lengthen the backoff); both reset on success. `changed` says whether a
 /// change (not only a sweep) dirtied the pending work, `job_changed` the same of the
-/// running job (kept by its retries); both fit in the slot's padding.
+/// running job (kept by its retries); both fit in the slot's padding. `hash` is the
+/// key's index hash, kept so that completing by ticket finds the index bucket without
+/// hashing the key; `generation` moves on with each pop (and survives the slot's reuse
+/// by another key), which is what makes a stale [`Ticket`] harmless.
 #[derive(Debug)]
 struct Slot {
     key: Option<Key>,
     first: u64,
     last: u64,
     job_first: u64,
+    hash: Hash32,
+    generation: u32,
     failures: u16,
     stalls: u16,
     state: State,
@@ -280,11 +303,13 @@ impl DirtySet {
     }
 
     fn alloc(&mut self, key: &Key, hash: Hash32, vacant: usize, now: u64, changed: bool) -> u32 {
-        let slot = Slot {
+        let mut slot = Slot {
             key: Some(key.clone()),
             first: now,
             last: now,
             job_first: 0,
+            hash,
+            generation: 0,
             failures: 0,
             stalls: 0,
             state: State::Dirty,
@@ -293,6 +318,7 @@ impl DirtySet {
         };
         let i = match self.free.pop() {
             Some(i) => {
+                slot.generation = self.slots[i as usize].generation;
                 self.slots[i as usize] = slot;
                 i
             }
@@ -306,7 +332,8 @@ impl DirtySet {
     }
 
     fn release(&mut self, i: u32, bucket: usize) {
-        self.slots[i as usize].key = None;
+        let s = &mut self.slots[i as usize];
+        s.key = None;
         self.index.remove(bucket);
         self.free.push(i);
     }
@@ -431,6 +458,7 @@ impl DirtySet {
         }
         s.changed = false;
         s.state = State::Running;
+        s.generation = s.generation.wrapping_add(1);
         self.queued -= 1;
         self.running += 1;
         let ready = Ready {
@@ -438,6 +466,10 @@ impl DirtySet {
             first_dirty: self.epoch + Duration::from_nanos(s.job_first),
             failures: u32::from(s.failures) + u32::from(s.stalls),
             by_change: s.job_changed,
+            ticket: Ticket {
+                slot: top.slot,
+                generation: s.generation,
+            },
         };
         Some(ready)
     }
@@ -448,12 +480,40 @@ impl DirtySet {
         Some(self.instant(top.deadline))
     }
 
-    /// Records how the running rebuild of `key` ended.
+    /// Records how the running rebuild of `key` ended. Looks the key up; prefer
+    /// [`complete_ticket`](Self::complete_ticket) with the ticket `pop_ready` gave.
     pub fn complete(&mut self, key: &Key, outcome: Outcome, now: Instant) -> Completion {
-        let now = self.ns(now);
-        let Probe::Found { slot: i, bucket } = self.find(key).1 else {
+        let Probe::Found { slot, bucket } = self.find(key).1 else {
             return Completion::NotRunning;
         };
+        self.finish(slot, Some(bucket), outcome, now)
+    }
+
+    /// Records how the running rebuild named by `ticket` ended, going straight to its
+    /// slot. A ticket whose run already completed is refused with `NotRunning`.
+    pub fn complete_ticket(
+        &mut self,
+        ticket: Ticket,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Completion {
+        match self.slots.get(ticket.slot as usize) {
+            Some(s) if s.generation == ticket.generation && s.key.is_some() => {
+                self.finish(ticket.slot, None, outcome, now)
+            }
+            _ => Completion::NotRunning,
+        }
+    }
+
+    /// Ends the run in slot `i`; `bucket` is its index bucket when the caller knows it.
+    fn finish(
+        &mut self,
+        i: u32,
+        bucket: Option<usize>,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Completion {
+        let now = self.ns(now);
         let s = &mut self.slots[i as usize];
         let redirty = match s.state {
             State::Running => false,
@@ -469,6 +529,10 @@ impl DirtySet {
             s.failures = 0;
             s.stalls = 0;
             if !redirty {
+                let hash = s.hash;
+                let bucket = bucket
+                    .or_else(|| self.index.locate(hash, i))
+                    .expect("a live slot is in the index");
                 self.release(i, bucket);
                 return Completion::Clean;
             }
@@ -811,6 +875,55 @@ mod tests {
             s2.pop_ready(t0 + 22 * MS).unwrap().first_dirty,
             t0 + 12 * MS
         );
+    }
+
+    #[test]
+    fn a_ticket_completes_its_run_and_a_stale_one_completes_nothing() {
+        let (mut s, t0) = set(10, 1000);
+        s.mark(&k("a"), t0);
+        let a = s.pop_ready(t0 + 10 * MS).unwrap();
+        assert_eq!(
+            s.complete_ticket(a.ticket, Outcome::Rebuilt, t0 + 11 * MS),
+            Completion::Clean
+        );
+        assert!(s.is_idle());
+        // "b" takes the slot "a" freed; a's ticket names that slot but not b's run.
+        s.mark(&k("b"), t0 + 12 * MS);
+        let b = s.pop_ready(t0 + 22 * MS).unwrap();
+        assert_eq!(b.ticket.slot, a.ticket.slot, "the slot was reused");
+        assert_eq!(
+            s.complete_ticket(a.ticket, Outcome::Rebuilt, t0 + 23 * MS),
+            Completion::NotRunning
+        );
+        assert_eq!(s.running(), 1, "b still runs");
+        // A ticket's outcome is the key's: a failure backs off like `complete`'s.
+        assert!(matches!(
+            s.complete_ticket(b.ticket, Outcome::Failed(Retry::Key), t0 + 24 * MS),
+            Completion::Retry { failures: 1, .. }
+        ));
+        assert_eq!(
+            s.complete_ticket(b.ticket, Outcome::Rebuilt, t0 + 25 * MS),
+            Completion::NotRunning,
+            "a retry waiting in backoff is not running"
+        );
+        // The retry is a new run with a ticket of its own; the old one is stale.
+        let again = s.pop_ready(t0 + 10_000 * MS).unwrap();
+        assert_ne!(again.ticket, b.ticket);
+        assert_eq!(
+            s.complete_ticket(b.ticket, Outcome::Rebuilt, t0 + 10_000 * MS),
+            Completion::NotRunning
+        );
+        assert_eq!(
+            s.complete_ticket(again.ticket, Outcome::Rebuilt, t0 + 10_000 * MS),
+            Completion::Clean
+        );
+        assert!(s.is_idle());
+        for key in ["a", "b"] {
+            assert!(
+                matches!(s.find(&k(key)).1, Probe::Vacant(_)),
+                "the index forgot {key}"
+            );
+        }
     }
 
     #[test]

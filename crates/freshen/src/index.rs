@@ -90,6 +90,20 @@ impl Index {
         }
     }
 
+    /// The bucket recording `slot` (whose key hashed to `hash`): a probe that compares
+    /// bucket words only, never a key, for a caller that already knows the slot.
+    pub(crate) fn locate(&self, hash: Hash32, slot: u32) -> Option<usize> {
+        let want = ((hash.0 as u64) << 32) | (slot as u64 + 1);
+        let mut i = self.home(hash);
+        loop {
+            match self.buckets[i] {
+                EMPTY => return None,
+                b if b == want => return Some(i),
+                _ => i = (i + 1) & self.mask(),
+            }
+        }
+    }
+
     /// Records that `slot` holds a key with `hash`, at `vacant` from a [`find`](Self::find)
     /// that found nothing (no other change in between).
     pub(crate) fn insert(&mut self, hash: Hash32, slot: u32, vacant: usize) {
@@ -177,6 +191,7 @@ mod tests {
                         model.insert(key, slot);
                     }
                     (2, Probe::Found { slot, bucket }) => {
+                        prop_assert_eq!(index.locate(h, slot), Some(bucket));
                         index.remove(bucket);
                         slab[slot as usize] = None;
                         model.remove(&key);

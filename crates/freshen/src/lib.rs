@@ -139,7 +139,7 @@ pub use channel::{ChannelSource, Feed, FeedClosed, channel};
 /// How many keys a sweep lists between two [`Report::SweepProgress`] lines.
 pub const SWEEP_PROGRESS_EVERY: u64 = 100_000;
 
-pub use dirty::{Completion, DirtyConfig, DirtySet, Mark, Outcome, Ready};
+pub use dirty::{Completion, DirtyConfig, DirtySet, Mark, Outcome, Ready, Ticket};
 pub use event::{Columns, Op, Row, RowEvent, Tx, Value};
 pub use fanout::{Branch, fanout};
 pub use histogram::HistogramSnapshot;

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::backoff::Backoff;
-use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
+use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
 use crate::rebuild::{Due, KeySink, Rebuild};
 use crate::refresher::{Command, FanOut, Parts, Quarantined, ReportFn, ScopeFn, Shared};
 use crate::schema::{Watched, breaking, concerns};
@@ -90,6 +90,8 @@ async fn pump(
 
 struct JobKey {
     key: Key,
+    /// Completes the key in the dirty set without a second lookup.
+    ticket: Ticket,
     first_dirty: std::time::Instant,
     by_change: bool,
     covered: Option<BatchId>,
@@ -672,6 +674,7 @@ impl Runner {
         };
         let job = JobKey {
             key: ready.key,
+            ticket: ready.ticket,
             first_dirty: ready.first_dirty,
             by_change: ready.by_change,
             covered,
@@ -826,7 +829,7 @@ impl Runner {
             self.dirty.expedite_stalled(now);
         }
         for m in meta {
-            self.dirty.complete(&m.key, Outcome::Rebuilt, now);
+            self.dirty.complete_ticket(m.ticket, Outcome::Rebuilt, now);
             if let Some(t) = &mut self.tracker {
                 t.succeeded(m.covered);
             }
@@ -880,7 +883,10 @@ impl Runner {
         for m in meta {
             let txids = dues.next().map(|d| d.txids).unwrap_or_default();
             Recorder::add(&st.rebuilds_failed, 1);
-            match self.dirty.complete(&m.key, Outcome::Failed(counted), now) {
+            match self
+                .dirty
+                .complete_ticket(m.ticket, Outcome::Failed(counted), now)
+            {
                 Completion::Poisoned => self.poisoned(m, txids, error, &text),
                 Completion::Retry { at, failures } => {
                     if let Some(t) = &mut self.tracker {

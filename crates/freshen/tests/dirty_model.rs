@@ -1,11 +1,12 @@
 //! DirtySet against a deliberately simple reference model: a list scanned on every
 //! operation (what the Go original does). Random operation sequences must agree on what
-//! fires when.
+//! fires when. Runs are completed by key or by ticket, and tickets of finished runs are
+//! replayed: a stale ticket must change nothing.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use freshen::{Backoff, Completion, DirtyConfig, DirtySet, Key, Mark, Outcome, Retry};
+use freshen::{Backoff, Completion, DirtyConfig, DirtySet, Key, Mark, Outcome, Retry, Ticket};
 use proptest::prelude::*;
 
 const CO: u64 = 10;
@@ -132,7 +133,13 @@ enum Op {
     Revive(u8),
     Advance(u64),
     Pop,
-    Complete { which: usize, outcome: Outcome },
+    Complete {
+        which: usize,
+        outcome: Outcome,
+        by_ticket: bool,
+    },
+    /// Completes with the ticket of a run that already ended.
+    Stale(usize),
 }
 
 fn outcome() -> impl Strategy<Value = Outcome> {
@@ -149,7 +156,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..6).prop_map(Op::Revive),
         3 => (0u64..25).prop_map(Op::Advance),
         3 => Just(Op::Pop),
-        3 => (0usize..6, outcome()).prop_map(|(which, outcome)| Op::Complete { which, outcome }),
+        3 => (0usize..6, outcome(), any::<bool>())
+            .prop_map(|(which, outcome, by_ticket)| Op::Complete { which, outcome, by_ticket }),
+        1 => (0usize..6).prop_map(Op::Stale),
     ]
 }
 
@@ -181,7 +190,8 @@ proptest! {
         let mut set = DirtySet::new(cfg, t0);
         let mut model = Model::default();
         let mut now = 0u64;
-        let mut running: Vec<u8> = Vec::new();
+        let mut running: Vec<(u8, Ticket)> = Vec::new();
+        let mut spent: Vec<Ticket> = Vec::new();
         let key = |k: u8| Key::from(format!("k{k}"));
 
         for op in ops {
@@ -214,16 +224,27 @@ proptest! {
                             prop_assert_eq!(r.first_dirty, ms(first));
                             prop_assert_eq!(r.failures, e.failures + e.stalls);
                             e.st = St::Running { job_first: first, redirty: None };
-                            running.push(k);
+                            running.push((k, r.ticket));
                         }
                     }
                 }
-                Op::Complete { which, outcome } => {
+                Op::Stale(which) => {
+                    if !spent.is_empty() {
+                        let t = spent[which % spent.len()];
+                        prop_assert_eq!(set.complete_ticket(t, Outcome::Rebuilt, ms(now)), Completion::NotRunning);
+                    }
+                }
+                Op::Complete { which, outcome, by_ticket } => {
                     if running.is_empty() {
                         continue;
                     }
-                    let k = running.remove(which % running.len());
-                    let got = set.complete(&key(k), outcome, ms(now));
+                    let (k, ticket) = running.remove(which % running.len());
+                    spent.push(ticket);
+                    let got = if by_ticket {
+                        set.complete_ticket(ticket, outcome, ms(now))
+                    } else {
+                        set.complete(&key(k), outcome, ms(now))
+                    };
                     let e = model.keys.get_mut(&k).unwrap();
                     let St::Running { job_first, redirty } = e.st.clone() else { unreachable!() };
                     if outcome == Outcome::Rebuilt {

@@ -135,6 +135,10 @@ impl Observe for Roles {
     }
 }
 
+/// How often a standby tries to take over: the takeover delay after the active process
+/// dies.
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
 /// How long to wait between tries when the upstream cannot be reached at all.
 const UNREACHABLE_RETRY: Duration = Duration::from_secs(2);
 
@@ -161,7 +165,7 @@ pub async fn lead(
                     announced = Some(who.clone());
                 }
                 roles.set(Role::Standby(who));
-                freshen_postgres::STANDBY_RETRY
+                STANDBY_RETRY
             }
             // Unusable from the start (unreachable, wrong password, bad URL): fail as
             // starting the pipeline would. A standby that loses the database retries.

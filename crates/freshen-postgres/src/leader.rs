@@ -16,8 +16,6 @@
 //!        └──held elsewhere──▶ Held { holder } ──1 s──▶ try_acquire
 //! ```
 
-use std::time::Duration;
-
 use tokio_postgres::Client;
 
 use crate::error::ErrorKind;
@@ -143,9 +141,6 @@ impl Leadership {
         }
     }
 }
-
-/// How often a standby tries to take over.
-pub const STANDBY_RETRY: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

@@ -118,7 +118,7 @@ pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
 pub use fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use incremental::{PgIncrementalSettings, PgIncrementalSource};
-pub use leader::{Attempt, Holder, Leadership, STANDBY_RETRY};
+pub use leader::{Attempt, Holder, Leadership};
 pub use lsn::{Lsn, ParseLsnError};
 pub use pgoutput::DecodeError;
 pub use pool::connect_pool;

@@ -82,9 +82,11 @@ impl Binary {
     }
 }
 
-/// The test virtualenv: `$FRESHEN_TEST_VENV`, else `target/test-venv` in the workspace.
+/// The test virtualenv: `$FRESHEN_TEST_VENV`, else `target/test-venv` in the workspace. An
+/// empty value counts as unset, as `scripts/test-deps-brokers` reads it (`${VAR:-…}`):
+/// both must agree on where the brokers are.
 pub(crate) fn venv_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("FRESHEN_TEST_VENV") {
+    if let Some(dir) = std::env::var_os("FRESHEN_TEST_VENV").filter(|d| !d.is_empty()) {
         let dir = PathBuf::from(dir);
         if dir.is_absolute() {
             return dir;
@@ -289,7 +291,7 @@ mod tests {
 
     #[test]
     fn the_venv_is_in_the_workspace_target() {
-        if std::env::var_os("FRESHEN_TEST_VENV").is_none() {
+        if std::env::var_os("FRESHEN_TEST_VENV").is_none_or(|d| d.is_empty()) {
             assert!(venv_dir().ends_with("target/test-venv"));
             assert!(
                 venv_dir()

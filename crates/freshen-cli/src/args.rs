@@ -63,16 +63,7 @@ impl Instance {
                 file.display()
             );
         };
-        let mut addr = listen;
-        // A wildcard listener answers on loopback too.
-        if addr.ip().is_unspecified() {
-            addr.set_ip(if addr.is_ipv4() {
-                std::net::Ipv4Addr::LOCALHOST.into()
-            } else {
-                std::net::Ipv6Addr::LOCALHOST.into()
-            });
-        }
-        Ok(format!("http://{addr}"))
+        Ok(crate::status::local_url(listen))
     }
 }
 

@@ -17,14 +17,6 @@ fn endpoint(cfg: &Config) -> anyhow::Result<(String, Option<String>)> {
     let Some(cf) = &cfg.changefeed else {
         bail!("the configuration has no [changefeed]");
     };
-    let mut addr = cf.http.listen;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(if addr.is_ipv4() {
-            std::net::Ipv4Addr::LOCALHOST.into()
-        } else {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        });
-    }
     let configured = cf
         .http
         .tokens
@@ -36,7 +28,7 @@ fn endpoint(cfg: &Config) -> anyhow::Result<(String, Option<String>)> {
                 .or_else(|| t.token_env.as_deref().and_then(|v| std::env::var(v).ok()))
         });
     let token = configured.or_else(|| std::env::var(TOKEN_ENV).ok());
-    Ok((format!("http://{addr}"), token))
+    Ok((crate::status::local_url(cf.http.listen), token))
 }
 
 /// Starts a snapshot of `tables` (`schema.table`), or with none prints the progress.

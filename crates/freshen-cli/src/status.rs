@@ -6,6 +6,20 @@ use tokio::net::TcpStream;
 
 use crate::http::Status;
 
+/// The base URL that reaches a listener bound to `listen` from this host: a wildcard
+/// address (`0.0.0.0`, `::`) answers on loopback too.
+pub fn local_url(listen: std::net::SocketAddr) -> String {
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    format!("http://{addr}")
+}
+
 /// GETs `{base}{path}` over plain HTTP/1.1 and returns the status code and body. The
 /// endpoints are local and tiny; a client library would be a heavy dependency for this.
 pub async fn get(base: &str, path: &str) -> anyhow::Result<(u16, String)> {

@@ -32,26 +32,6 @@ listen = "127.0.0.1:{feed}"
     )
 }
 
-/// Every event in the log, in sequence order.
-async fn read_all(base: &str) -> Vec<Value> {
-    let mut out = Vec::new();
-    let mut from = 0u64;
-    loop {
-        let (code, body) =
-            freshen_cli::status::get(base, &format!("/changefeed?from_seq={from}&limit=500"))
-                .await
-                .expect("changefeed answers");
-        assert_eq!(code, 200, "{body}");
-        let doc: Value = serde_json::from_str(&body).unwrap();
-        let events = doc["events"].as_array().unwrap().clone();
-        if events.is_empty() {
-            return out;
-        }
-        from = events.last().unwrap()["sequence"].as_u64().unwrap();
-        out.extend(events);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_committed_change_is_logged_once_in_order_across_a_sigkill() {
     let pg = start_pg();
@@ -104,7 +84,7 @@ async fn every_committed_change_is_logged_once_in_order_across_a_sigkill() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let events = loop {
         wait_http(&base, "/changefeed/stats", 200, Duration::from_secs(30)).await;
-        let events = read_all(&base).await;
+        let events = changefeed_events(&base).await;
         if events.len() >= expected.len() || Instant::now() > deadline {
             break events;
         }
@@ -187,7 +167,7 @@ async fn an_initial_snapshot_reads_the_existing_rows_through_the_binary() {
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     let events = loop {
-        let events = read_all(&base).await;
+        let events = changefeed_events(&base).await;
         if events.iter().any(|e| e["op"] == "update") || Instant::now() > deadline {
             break events;
         }
@@ -232,7 +212,7 @@ async fn an_initial_snapshot_reads_the_existing_rows_through_the_binary() {
     assert!(started.status.success(), "{started:?}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let reads = read_all(&base)
+        let reads = changefeed_events(&base)
             .await
             .iter()
             .filter(|e| e["op"] == "read")
@@ -283,7 +263,7 @@ async fn a_table_created_in_a_captured_schema_reaches_the_changefeed() {
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let events = loop {
-        let events = read_all(&base).await;
+        let events = changefeed_events(&base).await;
         if events.len() >= 2 {
             break events;
         }

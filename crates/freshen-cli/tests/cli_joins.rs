@@ -16,32 +16,16 @@ async fn joined_views_equal_a_fresh_computation_across_a_sigkill() {
     let pg = start_pg();
     let mut c = connect(&pg.url()).await;
     c.batch_execute(saas::SCHEMA).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    // A debounce long enough that changes are pending when the process dies.
+    // A debounce long enough that changes are pending (debounced or fanning out) when
+    // the process dies.
     let timing = "coalesce = \"200ms\"\nmax_wait = \"1s\"";
-    let cfg = write_config(
-        dir.path(),
-        &saas::config(&pg.url(), &format!("127.0.0.1:{port}"), timing),
-    );
-    let mut first = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
-    // Seeded after the start: with no reconcile there is no backfill, the stream is all.
-    saas::seed(&c).await;
-    let mut r = Rng::new(0x5aa5);
-    saas::workload(&mut c, &mut r, 150).await;
-    saas::wait_equal(&c, Duration::from_secs(60)).await;
-    // Dimension changes and moves still pending (debounced or fanning out) when killed.
-    saas::workload(&mut c, &mut r, 150).await;
-    first.kill().unwrap();
-    first.wait().unwrap();
-    saas::workload(&mut c, &mut r, 100).await;
-
-    let mut second = spawn_run(dir.path(), &cfg, 2);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
-    saas::workload(&mut c, &mut r, 100).await;
-    saas::wait_equal(&c, Duration::from_secs(90)).await;
+    let (_dir, base, mut second) = saas::across_a_sigkill(
+        &mut c,
+        |http| saas::config(&pg.url(), http, timing),
+        0x5aa5,
+        [150, 150, 100, 100],
+    )
+    .await;
 
     let rows: i64 = c
         .query_one("SELECT count(*) FROM account_mrr WHERE mrr > 0", &[])
@@ -49,13 +33,7 @@ async fn joined_views_equal_a_fresh_computation_across_a_sigkill() {
         .unwrap()
         .get(0);
     assert!(rows > 0, "the workload produced revenue to check");
-    let metrics = wait_http(&base, "/metrics", 200, Duration::from_secs(5)).await;
-    let fanned = metrics
-        .lines()
-        .find(|l| l.starts_with("freshen_fanout_keys_total{view=\"account_mrr\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("fan-out metric missing:\n{metrics}"));
+    let fanned = saas::fanned_keys(&base).await;
     assert!(fanned > 0, "plan changes fanned out after the restart");
     second.kill().unwrap();
     second.wait().unwrap();

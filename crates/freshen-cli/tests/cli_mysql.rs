@@ -208,26 +208,6 @@ async fn a_sigkilled_run_resumes_from_its_stored_position() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
-/// Every event of the changefeed at `base`, in sequence order.
-async fn feed(base: &str) -> Vec<serde_json::Value> {
-    let mut out = Vec::new();
-    let mut from = 0u64;
-    loop {
-        let (code, body) =
-            freshen_cli::status::get(base, &format!("/changefeed?from_seq={from}&limit=500"))
-                .await
-                .expect("the changefeed answers");
-        assert_eq!(code, 200, "{body}");
-        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let events = doc["events"].as_array().unwrap().clone();
-        let Some(last) = events.last() else {
-            return out;
-        };
-        from = last["sequence"].as_u64().unwrap();
-        out.extend(events);
-    }
-}
-
 /// The log replayed by key (a PUT sets the row, a DELETE removes it), as `id → value`.
 fn replay(events: &[serde_json::Value]) -> std::collections::BTreeMap<i64, i64> {
     let mut rows = std::collections::BTreeMap::new();
@@ -312,7 +292,7 @@ listen = "127.0.0.1:{feed_port}"
         .collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let events = feed(&base).await;
+        let events = changefeed_events(&base).await;
         let replayed = replay(&events);
         if replayed == truth {
             assert!(

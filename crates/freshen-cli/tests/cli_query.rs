@@ -6,8 +6,6 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::Value;
 use support::saas;
 use support::*;
@@ -17,29 +15,15 @@ async fn query_views_equal_a_fresh_computation_under_a_random_workload() {
     let pg = start_pg();
     let mut c = connect(&pg.url()).await;
     c.batch_execute(saas::SCHEMA).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     let timing = "coalesce = \"100ms\"\nmax_wait = \"1s\"";
-    let cfg = write_config(
-        dir.path(),
-        &saas::query_config(&pg.url(), &format!("127.0.0.1:{port}"), timing),
-    );
-    let mut first = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
-    saas::seed(&c).await;
-    let mut r = Rng::new(0x9e37);
-    saas::workload(&mut c, &mut r, 200).await;
-    saas::wait_equal(&c, Duration::from_secs(60)).await;
     // Changes still pending when the process dies are replayed to the restarted one.
-    saas::workload(&mut c, &mut r, 100).await;
-    first.kill().unwrap();
-    first.wait().unwrap();
-    saas::workload(&mut c, &mut r, 100).await;
-    let mut second = spawn_run(dir.path(), &cfg, 2);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
-    saas::workload(&mut c, &mut r, 100).await;
-    saas::wait_equal(&c, Duration::from_secs(90)).await;
+    let (_dir, base, mut second) = saas::across_a_sigkill(
+        &mut c,
+        |http| saas::query_config(&pg.url(), http, timing),
+        0x9e37,
+        [200, 100, 100, 100],
+    )
+    .await;
 
     let counts: (i64, i64) = {
         let row = c
@@ -62,13 +46,7 @@ async fn query_views_equal_a_fresh_computation_under_a_random_workload() {
         .unwrap()
         .get(0);
     assert_eq!(deleted, 0, "deleted accounts lost their rows");
-    let metrics = wait_http(&base, "/metrics", 200, Duration::from_secs(5)).await;
-    let fanned = metrics
-        .lines()
-        .find(|l| l.starts_with("freshen_fanout_keys_total{view=\"account_mrr\"}"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("fan-out metric missing:\n{metrics}"));
+    let fanned = saas::fanned_keys(&base).await;
     assert!(fanned > 0, "plan changes fanned out to the query-mode view");
     second.kill().unwrap();
     second.wait().unwrap();

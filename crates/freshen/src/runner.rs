@@ -128,6 +128,10 @@ const OLDEST_SAMPLE: Duration = Duration::from_secs(1);
 pub(crate) struct Runner {
     /// When the oldest waiting change was last looked up.
     oldest_sampled: Option<Instant>,
+    /// The longest-running call's start and the listing sweep's start as last published:
+    /// turning an instant into wall-clock time reads two clocks, so it is done only when
+    /// they change, not on every wake-up.
+    published_starts: (Option<std::time::Instant>, Option<Instant>),
     /// Keys the running sweep listed so far, and when it began (for its report).
     sweep_listed: u64,
     sweep_began: Option<Instant>,
@@ -199,6 +203,7 @@ impl Runner {
             sweeper: Sweeper::new(p.reconcile, now),
             sweep_listed: 0,
             oldest_sampled: None,
+            published_starts: (None, None),
             sweep_began: None,
             report: p.report,
             grace: p.grace,
@@ -1039,9 +1044,24 @@ impl Runner {
         }
         Recorder::set(&st.dirty, self.dirty.queued() as u64);
         Recorder::set(&st.in_flight, self.dirty.running() as u64);
-        // At most `workers` calls run: a scan is cheap.
-        st.set_oldest_in_flight(self.job_keys.values().map(|j| j.started).min());
-        st.set_sweep(self.sweep_began.map(Instant::into_std), self.sweep_listed);
+        // At most `workers` calls run: the scan is cheap.
+        let starts = (
+            self.job_keys.values().map(|j| j.started).min(),
+            self.sweep_began,
+        );
+        if starts != self.published_starts {
+            self.published_starts = starts;
+            st.set_oldest_in_flight(starts.0);
+            st.set_sweep_since(starts.1.map(Instant::into_std));
+        }
+        Recorder::set(
+            &st.sweep_listed,
+            if starts.1.is_some() {
+                self.sweep_listed
+            } else {
+                0
+            },
+        );
         Recorder::set(&st.poisoned, self.dirty.poisoned() as u64);
         Recorder::set(&st.poisoned_holding, self.holding.len() as u64);
         let unacked = self.tracker.as_ref().map_or(0, |t| t.unreleased());

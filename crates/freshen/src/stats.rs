@@ -245,11 +245,9 @@ impl Recorder {
         self.oldest_in_flight_ns.store(wall_ns(at), Relaxed);
     }
 
-    /// Records the listing sweep's start and keys so far.
-    pub(crate) fn set_sweep(&self, since: Option<std::time::Instant>, listed: u64) {
+    /// Records when the listing sweep started.
+    pub(crate) fn set_sweep_since(&self, since: Option<std::time::Instant>) {
         self.sweep_since_ns.store(wall_ns(since), Relaxed);
-        self.sweep_listed
-            .store(if since.is_some() { listed } else { 0 }, Relaxed);
     }
 
     pub(crate) fn touch_rebuild(&self) {

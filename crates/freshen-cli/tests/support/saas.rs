@@ -304,3 +304,47 @@ query = "SELECT a.id AS account_id, a.name, a.region, coalesce((SELECT string_ag
 "#
     )
 }
+
+/// Drives the workload through `freshen run` across a SIGKILL: the config is `text(listen)`,
+/// the data is seeded after the start (no backfill: the stream is all), then `n[0]`
+/// transactions, `n[1]` more still pending (debounced or fanning out) when the process is
+/// killed, `n[2]` while nothing runs, and `n[3]` on the restarted process; returns once
+/// the read models equal a fresh computation, with where the run's files are, its base
+/// URL and the restarted process.
+pub async fn across_a_sigkill(
+    c: &mut Client,
+    text: impl FnOnce(&str) -> String,
+    seed: u64,
+    n: [usize; 4],
+) -> (tempfile::TempDir, String, super::Running) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = super::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = super::write_config(dir.path(), &text(&format!("127.0.0.1:{port}")));
+    let mut first = super::spawn_run(dir.path(), &cfg, 1);
+    super::wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    self::seed(c).await;
+    let mut r = Rng::new(seed);
+    workload(c, &mut r, n[0]).await;
+    wait_equal(c, Duration::from_secs(60)).await;
+    workload(c, &mut r, n[1]).await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    workload(c, &mut r, n[2]).await;
+    let second = super::spawn_run(dir.path(), &cfg, 2);
+    super::wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    workload(c, &mut r, n[3]).await;
+    wait_equal(c, Duration::from_secs(90)).await;
+    (dir, base, second)
+}
+
+/// The view keys fan-outs have sent to `account_mrr`, from `/metrics`.
+pub async fn fanned_keys(base: &str) -> u64 {
+    let metrics = super::wait_http(base, "/metrics", 200, Duration::from_secs(5)).await;
+    metrics
+        .lines()
+        .find(|l| l.starts_with("freshen_fanout_keys_total{view=\"account_mrr\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("fan-out metric missing:\n{metrics}"))
+}

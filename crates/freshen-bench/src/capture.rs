@@ -18,6 +18,7 @@ use freshen_postgres::{ConnectionConfig, PgSource, PgSourceConfig, PublicationMo
 use freshen_testenv::PgServer;
 
 use crate::report::{Table, dur, rate};
+use crate::workload::server_cpu;
 use crate::{Opts, alloc};
 
 struct Setup {
@@ -76,9 +77,18 @@ fn drop_slot(s: &Setup, name: &str) {
         s.pg.psql(&format!("SELECT pg_drop_replication_slot('{name}')"));
 }
 
+/// What one reader's run took: wall time, and the CPU the server spent serving it (the
+/// walsender decoding and sending; measured on the whole server, whose other processes
+/// are idle meanwhile).
+struct Cost {
+    took: Duration,
+    server: Duration,
+}
+
 /// `pg_recvlogical` from a fresh copy to the end of the transaction.
-fn recvlogical(s: &mut Setup) -> anyhow::Result<Duration> {
+fn recvlogical(s: &mut Setup) -> anyhow::Result<Cost> {
     let slot = copy_slot(s)?;
+    let server0 = server_cpu(&s.pg.data_dir());
     let t0 = Instant::now();
     let out = Command::new(s.pg.bin_dir().join("pg_recvlogical"))
         .args(["-d", &s.pg.url(), "--slot", &slot, "--start", "--no-loop"])
@@ -87,17 +97,19 @@ fn recvlogical(s: &mut Setup) -> anyhow::Result<Duration> {
         .output()
         .context("running pg_recvlogical")?;
     let took = t0.elapsed();
+    let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
     anyhow::ensure!(
         out.status.success(),
         "pg_recvlogical failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     drop_slot(s, &slot);
-    Ok(took)
+    Ok(Cost { took, server })
 }
 
 struct FreshenRun {
     took: Duration,
+    server: Duration,
     batches: usize,
     peak_queued: u64,
     rss_base: usize,
@@ -137,7 +149,8 @@ fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (took, batches, peak_queued) = rt.block_on(async {
+    let server0 = server_cpu(&s.pg.data_dir());
+    let (took, server, batches, peak_queued) = rt.block_on(async {
         let t0 = Instant::now();
         let mut src = PgSource::start(cfg).await?;
         let mut got = 0usize;
@@ -152,15 +165,17 @@ fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
             b.into_parts().2.ack();
         }
         let took = t0.elapsed();
+        let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
         let peak = src.health().peak_queued_events;
         src.shutdown().await;
-        anyhow::Ok((took, batches, peak))
+        anyhow::Ok((took, server, batches, peak))
     })?;
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     drop_slot(s, &slot);
     Ok(FreshenRun {
         took,
+        server,
         batches,
         peak_queued,
         rss_base,
@@ -173,6 +188,10 @@ fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
+}
+
+fn per_row(d: Duration, rows: usize) -> String {
+    format!("{:.2} µs", d.as_secs_f64() * 1e6 / rows as f64)
 }
 
 pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
@@ -188,28 +207,37 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         theirs.push(recvlogical(&mut s)?);
         ours.push(freshen(&mut s, rows)?);
     }
-    let t_theirs = median(theirs);
+    let t_theirs = median(theirs.iter().map(|c| c.took).collect());
+    let s_theirs = median(theirs.iter().map(|c| c.server).collect());
     let t_ours = median(ours.iter().map(|r| r.took).collect());
+    let s_ours = median(ours.iter().map(|r| r.server).collect());
     let mut t = Table::new(&[
         "reader",
         &format!("{rows} rows, 1 transaction"),
         "rows/s",
         "vs pg_recvlogical",
+        "server CPU per row",
     ]);
     t.row(vec![
         "pg_recvlogical (to /dev/null)".into(),
         dur(t_theirs),
         rate(rows as f64, t_theirs),
         "1.00×".into(),
+        per_row(s_theirs, rows),
     ]);
     t.row(vec![
         "freshen PgSource (decoded, batched, acked)".into(),
         dur(t_ours),
         rate(rows as f64, t_ours),
         format!("{:.2}×", t_theirs.as_secs_f64() / t_ours.as_secs_f64()),
+        per_row(s_ours, rows),
     ]);
     t.print();
-    println!("\nthroughput ratio (goal ≥ 0.9×): median of {runs} alternating runs each\n");
+    println!(
+        "\nthroughput ratio (goal ≥ 0.9×): median of {runs} alternating runs each; server CPU: \
+         the whole server's user + system time during the run (the walsender decoding and \
+         sending; nothing else runs)\n"
+    );
 
     // Memory: a transaction 10× larger must not need 10× the memory.
     let small_rows = rows / 10;

@@ -45,6 +45,12 @@ fn mib(b: usize) -> String {
 
 /// A server with `rows` inserted in one transaction after slot `origin` was created.
 fn setup(rows: usize) -> anyhow::Result<Setup> {
+    setup_with(rows, 1)
+}
+
+/// The same with the rows inserted by `transactions` transactions of equal size (an
+/// OLTP stream: a Begin and a Commit message around every few rows).
+fn setup_with(rows: usize, transactions: usize) -> anyhow::Result<Setup> {
     let pg = PgServer::start().context("PostgreSQL for the capture benchmark")?;
     pg.psql(
         "CREATE TABLE bench (id int PRIMARY KEY, dev text NOT NULL, v int NOT NULL);
@@ -52,9 +58,26 @@ fn setup(rows: usize) -> anyhow::Result<Setup> {
     )?;
     // Its own statement: a slot cannot be created in a transaction that wrote.
     pg.psql("SELECT pg_create_logical_replication_slot('origin', 'pgoutput')")?;
-    pg.psql(&format!(
-        "INSERT INTO bench SELECT g, 'dev-' || (g % 1000), g FROM generate_series(1, {rows}) g"
-    ))?;
+    if transactions <= 1 {
+        pg.psql(&format!(
+            "INSERT INTO bench SELECT g, 'dev-' || (g % 1000), g FROM generate_series(1, {rows}) g"
+        ))?;
+    } else {
+        // A procedure may COMMIT between statements: one transaction per step.
+        let per = rows.div_ceil(transactions);
+        pg.psql(&format!(
+            "CREATE PROCEDURE fill() LANGUAGE plpgsql AS $$
+             BEGIN
+               FOR t IN 0..{last} LOOP
+                 INSERT INTO bench SELECT g, 'dev-' || (g % 1000), g
+                   FROM generate_series(t * {per} + 1, least((t + 1) * {per}, {rows})) g;
+                 COMMIT;
+               END LOOP;
+             END $$",
+            last = transactions - 1
+        ))?;
+        pg.psql("CALL fill()")?;
+    }
     let end_lsn = pg.psql("SELECT pg_current_wal_lsn()")?;
     Ok(Setup {
         pg,
@@ -194,18 +217,19 @@ fn per_row(d: Duration, rows: usize) -> String {
     format!("{:.2} µs", d.as_secs_f64() * 1e6 / rows as f64)
 }
 
-pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
-    let (rows, runs) = if opts.quick {
-        (20_000, 1)
-    } else {
-        (1_000_000, 3)
-    };
-    let mut s = setup(rows)?;
+/// Alternating runs of both readers over copies of `s`'s slot; prints their table and
+/// returns freshen's runs.
+fn compare(
+    s: &mut Setup,
+    rows: usize,
+    runs: usize,
+    shape: &str,
+) -> anyhow::Result<Vec<FreshenRun>> {
     let mut theirs = Vec::new();
     let mut ours = Vec::new();
     for _ in 0..runs {
-        theirs.push(recvlogical(&mut s)?);
-        ours.push(freshen(&mut s, rows)?);
+        theirs.push(recvlogical(s)?);
+        ours.push(freshen(s, rows)?);
     }
     let t_theirs = median(theirs.iter().map(|c| c.took).collect());
     let s_theirs = median(theirs.iter().map(|c| c.server).collect());
@@ -213,7 +237,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     let s_ours = median(ours.iter().map(|r| r.server).collect());
     let mut t = Table::new(&[
         "reader",
-        &format!("{rows} rows, 1 transaction"),
+        &format!("{rows} rows, {shape}"),
         "rows/s",
         "vs pg_recvlogical",
         "server CPU per row",
@@ -238,6 +262,27 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
          the whole server's user + system time during the run (the walsender decoding and \
          sending; nothing else runs)\n"
     );
+    Ok(ours)
+}
+
+pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
+    let (rows, runs, oltp_rows) = if opts.quick {
+        (20_000, 1, 20_000)
+    } else {
+        (1_000_000, 3, 200_000)
+    };
+    let mut s = setup(rows)?;
+    let ours = compare(&mut s, rows, runs, "1 transaction")?;
+    drop(s);
+    // Steady OLTP: the same rows in two-row transactions (Begin, two Inserts, Commit).
+    let mut oltp = setup_with(oltp_rows, oltp_rows / 2)?;
+    compare(
+        &mut oltp,
+        oltp_rows,
+        runs,
+        &format!("{} transactions", oltp_rows / 2),
+    )?;
+    drop(oltp);
 
     // Memory: a transaction 10× larger must not need 10× the memory.
     let small_rows = rows / 10;

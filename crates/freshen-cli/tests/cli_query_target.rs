@@ -94,11 +94,6 @@ async fn a_query_reads_the_source_and_writes_another_database() {
     let t = connect(&dst.url()).await;
     s.batch_execute(SOURCE).await.unwrap();
     t.batch_execute(TARGET).await.unwrap();
-    s.batch_execute(
-        "INSERT INTO readings (device, value) SELECT 1 + g % 12, g FROM generate_series(1, 600) g",
-    )
-    .await
-    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(dir.path(), &config(&src.url(), &dst.url(), QUERY));
 
@@ -147,9 +142,27 @@ async fn a_query_reads_the_source_and_writes_another_database() {
 
     // run: every change on the source reaches the target, in the target's types.
     let mut run = spawn_run(dir.path(), &cfg, 1);
+    // Changes count from the slot on (the view has no sweep to backfill).
+    freshen_testenv::refresher::eventually(60, "freshen to stream from its slot", || async {
+        let active: i64 = s
+            .query_one(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'freshen_test' AND active",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (active == 1).then_some(())
+    })
+    .await;
+    s.batch_execute(
+        "INSERT INTO readings (device, value) SELECT 1 + g % 12, g FROM generate_series(1, 600) g",
+    )
+    .await
+    .unwrap();
     let truth = rows(&s, TRUTH).await;
     assert_eq!(truth.len(), 12);
-    freshen_testenv::refresher::eventually(60, "the start-up state in the target", || async {
+    freshen_testenv::refresher::eventually(60, "the first rows in the target", || async {
         (rows(&t, DERIVED).await == rows(&s, TRUTH).await).then_some(())
     })
     .await;

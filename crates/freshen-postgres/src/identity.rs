@@ -578,7 +578,14 @@ mod tests {
     }
 
     /// (case, facts, needs, whole_rows, expected choice, expected verdict).
-    type Case<'a> = (&'a str, IdentityFacts, Vec<ViewNeed>, bool, &'a str, &'a str);
+    type Case<'a> = (
+        &'a str,
+        IdentityFacts,
+        Vec<ViewNeed>,
+        bool,
+        &'a str,
+        &'a str,
+    );
 
     /// The verdict's name, for a compact table.
     fn verdict(v: &Verdict) -> &'static str {

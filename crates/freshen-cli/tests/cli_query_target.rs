@@ -140,6 +140,27 @@ async fn a_query_reads_the_source_and_writes_another_database() {
         "{f:#?}"
     );
 
+    // A type the target column cannot take on assignment is named with both types.
+    let wrong = config(
+        &src.url(),
+        &dst.url(),
+        &QUERY.replace("count(*) AS n", "now() AS n"),
+    );
+    std::fs::write(&bad_cfg, wrong).unwrap();
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(&bad_cfg)
+        .output()
+        .unwrap();
+    let f = findings(&out);
+    assert!(
+        f.iter().any(|x| x["level"] == "error"
+            && x["message"].as_str().is_some_and(|m| m.contains(
+                "column `n`: the query returns timestamptz on the source, which the target's public.device_totals.n (bigint) does not take"
+            ))),
+        "{f:#?}"
+    );
+
     // run: every change on the source reaches the target, in the target's types.
     let mut run = spawn_run(dir.path(), &cfg, 1);
     // Changes count from the slot on (the view has no sweep to backfill).

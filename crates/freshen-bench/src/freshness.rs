@@ -52,7 +52,7 @@ use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, Script, config, connect, ms, runtime, server,
 };
 
-const SCHEMA: &str = "
+pub(crate) const SCHEMA: &str = "
 CREATE TABLE readings (
     id bigserial PRIMARY KEY,
     device int NOT NULL,
@@ -64,13 +64,13 @@ CREATE TABLE applied (id bigserial PRIMARY KEY, device int, snap pg_snapshot NOT
 CREATE INDEX ON applied (device, id);
 ";
 
-const FRESHEN: &str = "CREATE TABLE device_totals (
+pub(crate) const FRESHEN: &str = "CREATE TABLE device_totals (
     device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL, snap pg_snapshot NOT NULL
 )";
 
 /// The README's rebuild, with the snapshot stamped on the row and logged in one statement
 /// (so the round trips are the same as without the measurement).
-const REBUILD: [&str; 2] = [
+pub(crate) const REBUILD: [&str; 2] = [
     "DELETE FROM device_totals WHERE device = $1",
     "WITH t AS (INSERT INTO device_totals (device, total, n, snap) SELECT device, sum(value), count(*), pg_current_snapshot() FROM readings WHERE device = $1 GROUP BY device RETURNING device, snap) INSERT INTO applied (device, snap) SELECT device, snap FROM t",
 ];
@@ -131,13 +131,13 @@ REFRESH MATERIALIZED VIEW CONCURRENTLY device_totals;
 COMMIT;";
 
 /// Readings no derived state has seen yet.
-const UNSEEN_FRESHEN: &str = "SELECT count(*) FROM readings r WHERE NOT EXISTS (
+pub(crate) const UNSEEN_FRESHEN: &str = "SELECT count(*) FROM readings r WHERE NOT EXISTS (
     SELECT 1 FROM device_totals d WHERE d.device = r.device AND pg_visible_in_snapshot(r.tx, d.snap))";
 const UNSEEN_MATVIEW: &str = "SELECT count(*) FROM readings r WHERE NOT coalesce(
     pg_visible_in_snapshot(r.tx, (SELECT snap FROM applied ORDER BY id DESC LIMIT 1)), false)";
 
 /// Per reading: the commit of the first derived state that saw it, minus its own commit.
-fn latencies(matview: bool) -> String {
+pub(crate) fn latencies(matview: bool) -> String {
     let which = if matview {
         "a.device IS NULL"
     } else {
@@ -154,15 +154,15 @@ fn latencies(matview: bool) -> String {
     )
 }
 
-struct Latency {
-    changes: i64,
-    never: i64,
-    p50: Option<Duration>,
-    p99: Option<Duration>,
-    max: Option<Duration>,
+pub(crate) struct Latency {
+    pub(crate) changes: i64,
+    pub(crate) never: i64,
+    pub(crate) p50: Option<Duration>,
+    pub(crate) p99: Option<Duration>,
+    pub(crate) max: Option<Duration>,
 }
 
-async fn measure(c: &Client, sql: &str) -> anyhow::Result<Latency> {
+pub(crate) async fn measure(c: &Client, sql: &str) -> anyhow::Result<Latency> {
     let row = c.query_one(sql, &[]).await?;
     let secs = |i: usize| {
         row.get::<_, Option<f64>>(i)
@@ -180,7 +180,7 @@ async fn measure(c: &Client, sql: &str) -> anyhow::Result<Latency> {
 }
 
 /// Polls until `unseen` counts nothing (two minutes at most).
-async fn settle(c: &Client, unseen: &str) -> anyhow::Result<()> {
+pub(crate) async fn settle(c: &Client, unseen: &str) -> anyhow::Result<()> {
     let t0 = Instant::now();
     loop {
         let n: i64 = c.query_one(unseen, &[]).await?.get(0);

@@ -17,6 +17,7 @@ mod huge_tx;
 mod incremental;
 mod kafka;
 mod rebuild_index;
+mod replica_identity;
 mod report;
 mod scan;
 mod scheduler;
@@ -84,9 +85,19 @@ const SCENARIOS: &[Scenario] = &[
         run: write_tax::run,
     },
     Scenario {
+        name: "write-tax-hot",
+        about: "write-tax on Zipf(1.1) hot keys (where row triggers serialize): CPU per tx, TPS, writer latency p50/p99 for no derived table, decoding alone, row triggers, freshen (hand-written, over arrays, query mode)",
+        run: write_tax::run_hot,
+    },
+    Scenario {
         name: "rebuild-index",
         about: "a query-mode rebuild's cost per key with no index, a btree, a covering btree and a clustered table on the key; and per batch size",
         run: rebuild_index::run,
+    },
+    Scenario {
+        name: "replica-identity",
+        about: "REPLICA IDENTITY DEFAULT / USING INDEX (id, device) / FULL on one update workload: WAL per tx, the walsender's CPU per row, PgSource decode rate",
+        run: replica_identity::run,
     },
     Scenario {
         name: "freshness",

@@ -130,6 +130,9 @@ pub(crate) struct LoadResult {
     pub(crate) tps: f64,
     /// When pgbench exited: every one of its transactions had committed by then.
     pub(crate) ended: Instant,
+    /// Per-transaction latency p50 and p99 from pgbench's transaction log
+    /// ([`Bench::run_logged`] only).
+    pub(crate) latency: Option<(Duration, Duration)>,
 }
 
 /// Where pgbench runs: the binary and the server's URL.
@@ -149,6 +152,16 @@ impl Bench {
 
     /// Runs the scripts for `load.duration` (blocking) and parses pgbench's summary.
     pub(crate) fn run(&self, scripts: &[Script], load: &Load) -> anyhow::Result<LoadResult> {
+        self.run_with(scripts, load, false)
+    }
+
+    /// [`run`](Self::run), with every transaction's latency logged (`pgbench -l`) and
+    /// summed up as p50 and p99.
+    pub(crate) fn run_logged(&self, scripts: &[Script], load: &Load) -> anyhow::Result<LoadResult> {
+        self.run_with(scripts, load, true)
+    }
+
+    fn run_with(&self, scripts: &[Script], load: &Load, log: bool) -> anyhow::Result<LoadResult> {
         let dir = tempfile::tempdir().context("a directory for the pgbench scripts")?;
         let mut cmd = Command::new(&self.bin);
         cmd.args(["-n", "-M", "prepared", "--random-seed", "20240601"])
@@ -163,6 +176,9 @@ impl Bench {
         }
         for (k, v) in &load.vars {
             cmd.args(["-D", &format!("{k}={v}")]);
+        }
+        if log {
+            cmd.arg("-l").arg("--log-prefix").arg(dir.path().join("tx"));
         }
         for s in scripts {
             let path = dir.path().join(format!("{}.sql", s.name));
@@ -196,8 +212,34 @@ impl Bench {
             retries: field("total number of retries:").unwrap_or(0.0) as u64,
             tps: field("tps =").context("pgbench printed no tps")?,
             ended,
+            latency: if log {
+                Some(latency_percentiles(dir.path())?)
+            } else {
+                None
+            },
         })
     }
+}
+
+/// p50 and p99 of the latencies in pgbench's transaction logs (`tx.*` in `dir`): each
+/// line is `client transaction latency_us script epoch epoch_us …`; failed transactions
+/// (no number in the latency field) are left out.
+fn latency_percentiles(dir: &std::path::Path) -> anyhow::Result<(Duration, Duration)> {
+    let mut us: Vec<u64> = Vec::new();
+    for e in std::fs::read_dir(dir)?.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("tx.") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path())?;
+        us.extend(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().nth(2)?.parse::<u64>().ok()),
+        );
+    }
+    anyhow::ensure!(!us.is_empty(), "pgbench logged no transaction");
+    us.sort_unstable();
+    let at = |q: f64| Duration::from_micros(us[((us.len() - 1) as f64 * q).round() as usize]);
+    Ok((at(0.5), at(0.99)))
 }
 
 /// The same rollup in query mode: freshen writes what it returns for a batch of devices.

@@ -10,6 +10,8 @@
 //!   FULL`, the index on `readings(device)`, a publication and a slot) with the slot read
 //!   by `pg_recvlogical` to /dev/null — the cost of logical decoding itself, which any
 //!   CDC consumer pays, so that (d) − (a′) is what freshen adds;
+//! - (a″) the same without the index on `readings(device)`, which only the rebuild needs:
+//!   decoding alone;
 //! - (b) row triggers keeping `device_totals` by upsert-deltas (the usual hand-written
 //!   kind, correct for INSERT, UPDATE within and across devices, DELETE, and removing a
 //!   device whose last reading went); deadlocks between them are retried (pgbench
@@ -30,6 +32,12 @@
 //! every process of the run (server, pgbench, freshen, pg_recvlogical, the refresher) per
 //! committed transaction, until the derived table caught up — the tax itself, and a
 //! figure that barely moves when other work shares the machine, where TPS does.
+//!
+//! `write-tax-hot` runs the same mix with device popularity ~ Zipf(1.1) (the readings to
+//! start with, inserts and moves; updates and deletes pick a reading at random, so their
+//! devices follow the skew): the workload where row triggers serialize writers on the
+//! hottest devices' rollup rows. Its rows: (a), (a″), (b), (d), (d′), (e). Every run logs
+//! each transaction's latency (`pgbench -l`), reported as p50 / p99.
 //!
 //! Two settings of the server, each its own table: durable commits (PostgreSQL's
 //! defaults: each commit waits for its WAL flush, as in production) and CPU-bound (fsync
@@ -67,6 +75,7 @@ use crate::workload::{
 enum Variant {
     Bare,
     Decode,
+    DecodeOnly,
     Triggers,
     MatView,
     Freshen,
@@ -75,9 +84,10 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 7] = [
+    const ALL: [Variant; 8] = [
         Variant::Bare,
         Variant::Decode,
+        Variant::DecodeOnly,
         Variant::Triggers,
         Variant::MatView,
         Variant::Freshen,
@@ -96,6 +106,9 @@ impl Variant {
         match self {
             Variant::Bare => "(a) no derived table",
             Variant::Decode => "(a′) reference: what (d) needs, slot read by pg_recvlogical",
+            Variant::DecodeOnly => {
+                "(a″) reference: decoding alone (FULL, slot read by pg_recvlogical), without the rebuild's index"
+            }
             Variant::Triggers => "(b) row triggers (upsert deltas)",
             Variant::MatView => "(c) matview, REFRESH CONCURRENTLY every 1 s",
             Variant::Freshen => "(d) freshen (coalesce 100 ms)",
@@ -149,18 +162,65 @@ CREATE TABLE device_totals (device int PRIMARY KEY, total bigint NOT NULL, n big
 INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings GROUP BY device;
 ";
 
-fn scripts() -> Vec<Script> {
+/// How the writes pick devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// Every device alike.
+    Uniform,
+    /// Device popularity ~ Zipf(s = [`ZIPF_S`]): the readings to start with, the inserts
+    /// and the moves' new devices; updates and deletes pick a reading at random, so their
+    /// devices follow the same skew.
+    Hot,
+}
+
+/// The skew of the hot-key workload (the `amplification` scenario's): the hottest of the
+/// 1000 devices takes about 18 % of the writes, the top 25 about 60 %.
+const ZIPF_S: f64 = 1.1;
+
+impl Keys {
+    /// A pgbench expression drawing a device.
+    fn device(self) -> String {
+        match self {
+            Keys::Uniform => format!("random(1, {DEVICES})"),
+            Keys::Hot => format!("random_zipfian(1, {DEVICES}, {ZIPF_S})"),
+        }
+    }
+
+    /// The readings to start with.
+    fn seed(self, rows: u64) -> String {
+        match self {
+            Keys::Uniform => format!(
+                "INSERT INTO readings (device, value) SELECT 1 + g % {DEVICES}, g % 1000 FROM generate_series(1, {rows}) g"
+            ),
+            // Inverse CDF over the devices' cumulative Zipf weights, seeded.
+            Keys::Hot => format!(
+                "SELECT setseed(0.42);
+                 CREATE TEMP TABLE zipf AS
+                     SELECT k AS device, (sum(power(k, -{ZIPF_S})) OVER (ORDER BY k)
+                                          / sum(power(k, -{ZIPF_S})) OVER ())::float8 AS upto
+                     FROM generate_series(1, {DEVICES}) k;
+                 CREATE INDEX ON zipf (upto);
+                 INSERT INTO readings (device, value)
+                     SELECT (SELECT z.device FROM zipf z WHERE z.upto >= r.u ORDER BY z.upto LIMIT 1), r.g % 1000
+                     FROM (SELECT g, random() AS u FROM generate_series(1, {rows}) g) r;"
+            ),
+        }
+    }
+}
+
+fn scripts(keys: Keys) -> Vec<Script> {
     let s = |name, weight, body: &str| Script {
         name,
         weight,
         body: body.to_string(),
     };
+    let dev = keys.device();
     vec![
         s(
             "insert",
             4,
             &format!(
-                "\\set dev random(1, {DEVICES})\n\\set v random(0, 999)\n\
+                "\\set dev {dev}\n\\set v random(0, 999)\n\
                  INSERT INTO readings (device, value) VALUES (:dev, :v);\n"
             ),
         ),
@@ -174,7 +234,7 @@ fn scripts() -> Vec<Script> {
             "move",
             2,
             &format!(
-                "\\set id random(1, :rows)\n\\set dev random(1, {DEVICES})\n\
+                "\\set id random(1, :rows)\n\\set dev {dev}\n\
                  UPDATE readings SET device = :dev WHERE id = :id;\n"
             ),
         ),
@@ -333,12 +393,16 @@ impl Drop for Drain {
     }
 }
 
-fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result<Outcome> {
+fn run_variant(
+    mode: Mode,
+    keys: Keys,
+    v: Variant,
+    rows: u64,
+    load: &Load,
+) -> anyhow::Result<Outcome> {
     let pg: PgServer = server(mode.settings())?;
     pg.psql(READINGS)?;
-    pg.psql(&format!(
-        "INSERT INTO readings (device, value) SELECT 1 + g % {DEVICES}, g % 1000 FROM generate_series(1, {rows}) g"
-    ))?;
+    pg.psql(&keys.seed(rows))?;
     match v {
         Variant::Bare => {}
         Variant::Triggers => {
@@ -355,10 +419,15 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
             pg.psql("CREATE PUBLICATION decode FOR TABLE readings")?;
             pg.psql("SELECT pg_create_logical_replication_slot('decode', 'pgoutput')")?;
         }
+        Variant::DecodeOnly => {
+            pg.psql("ALTER TABLE readings REPLICA IDENTITY FULL")?;
+            pg.psql("CREATE PUBLICATION decode FOR TABLE readings")?;
+            pg.psql("SELECT pg_create_logical_replication_slot('decode', 'pgoutput')")?;
+        }
     }
     pg.psql("VACUUM ANALYZE")?;
     let _drain = match v {
-        Variant::Decode => Some(Drain(
+        Variant::Decode | Variant::DecodeOnly => Some(Drain(
             Command::new(pg.bin_dir().join("pg_recvlogical"))
                 .args([
                     "-d",
@@ -420,9 +489,10 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
         let lsn0 = wal_lsn(&admin).await?;
         let (cpu0, check0) = (tree_cpu(), process_cpu(checker));
         let (b, l) = (bench.clone(), load.clone());
-        let result = tokio::task::spawn_blocking(move || b.run(&scripts(), &l)).await??;
+        let result =
+            tokio::task::spawn_blocking(move || b.run_logged(&scripts(keys), &l)).await??;
         let stale = match v {
-            Variant::Bare | Variant::Decode => None,
+            Variant::Bare | Variant::Decode | Variant::DecodeOnly => None,
             _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
         };
         let wal = wal_since(&admin, &lsn0).await?;
@@ -476,6 +546,26 @@ fn run_variant(mode: Mode, v: Variant, rows: u64, load: &Load) -> anyhow::Result
 }
 
 pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
+    measure(opts, Keys::Uniform, &Variant::ALL)
+}
+
+/// The variants of the hot-key run: where row triggers serialize on the hottest
+/// devices' rollup rows.
+const HOT: [Variant; 6] = [
+    Variant::Bare,
+    Variant::DecodeOnly,
+    Variant::Triggers,
+    Variant::Freshen,
+    Variant::FreshenArrays,
+    Variant::FreshenQuery,
+];
+
+/// `write-tax-hot`: the same mix with devices drawn from Zipf(1.1).
+pub(crate) fn run_hot(opts: &Opts) -> anyhow::Result<()> {
+    measure(opts, Keys::Hot, &HOT)
+}
+
+fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> {
     let (rows, secs, rounds) = if opts.quick {
         (10_000u64, 1, 1)
     } else {
@@ -487,15 +577,22 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         rate: None,
         vars: vec![("rows".into(), rows.to_string())],
     };
+    let spread = match keys {
+        Keys::Uniform => format!("{DEVICES} devices alike"),
+        Keys::Hot => format!(
+            "devices ~ Zipf(s = {ZIPF_S}) over {DEVICES} (the readings to start with, inserts and moves; \
+             updates and deletes pick a reading at random, so their devices follow the same skew)"
+        ),
+    };
     for mode in [Mode::Durable, Mode::CpuBound] {
         let t0 = Instant::now();
         let mut results: Vec<(Variant, Vec<Outcome>)> =
-            Variant::ALL.iter().map(|v| (*v, Vec::new())).collect();
+            variants.iter().map(|v| (*v, Vec::new())).collect();
         for round in 0..rounds {
             for (v, outs) in &mut results {
-                let o = run_variant(mode, *v, rows, &load)?;
+                let o = run_variant(mode, keys, *v, rows, &load)?;
                 eprintln!(
-                    "  write-tax {mode:?} round {}/{rounds}: {:<62} {:>7.0} tps",
+                    "  write-tax {keys:?} {mode:?} round {}/{rounds}: {:<62} {:>7.0} tps",
                     round + 1,
                     v.label(),
                     o.load.tps
@@ -506,12 +603,14 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         println!("### {}\n", mode.label());
         table(&results);
         println!(
-            "\n{} clients, {secs} s per run, {rows} readings over {DEVICES} devices to start; mix: 40% insert, \
+            "\n{} clients, {secs} s per run, {rows} readings to start, {spread}; mix: 40% insert, \
              30% update, 20% move to another device, 10% delete. Median TPS of {rounds} alternating rounds, \
              a fresh server per run ({:.0} s in all). CPU per tx: user + system time of every process of \
              the run (server, pgbench, freshen, pg_recvlogical, the matview refresher; not the truth \
              checks) from the start of the load until the derived table had caught up, per committed \
-             transaction — steadier than TPS when other work shares the machine. Staleness: worst round, from the last commit to the \
+             transaction — steadier than TPS when other work shares the machine. Writer latency: \
+             p50 / p99 of every transaction of the run (pgbench's log), median over the rounds. \
+             Staleness: worst round, from the last commit to the \
              first check that found the derived table equal to a fresh GROUP BY. \
              WAL per tx: bytes of WAL from the start of the load until caught up, per committed transaction. \
              device_totals writes: row versions inserted / updated (HOT) / deleted from before freshen's \
@@ -532,10 +631,11 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
     let base_cpu = cpu_of(&results[0].1);
     let mut t = Table::new(&[
         "variant",
-        "TPS (median)",
-        "vs (a)",
         "CPU per tx (median)",
         "vs (a)",
+        "TPS (median)",
+        "vs (a)",
+        "writer latency p50 / p99",
         "WAL per tx (median)",
         "device_totals ins / upd (HOT) / del (last round)",
         "dead tuples at end",
@@ -548,7 +648,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         let tps = median(outs.iter().map(|o| o.load.tps).collect());
         let retries: u64 = outs.iter().map(|o| o.load.retries).sum();
         let failed: u64 = outs.iter().map(|o| o.load.failed).sum();
-        let (stale, equal) = if matches!(v, Variant::Bare | Variant::Decode) {
+        let (stale, equal) = if matches!(v, Variant::Bare | Variant::Decode | Variant::DecodeOnly) {
             ("–".to_string(), "–".to_string())
         } else {
             let worst = outs
@@ -563,10 +663,11 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         };
         t.row(vec![
             v.label().into(),
-            format!("{tps:.0}"),
-            format!("{:.2}×", tps / base.max(1e-9)),
             format!("{:.0} µs", cpu_of(outs) * 1e6),
             format!("{:.2}×", cpu_of(outs) / base_cpu.max(1e-12)),
+            format!("{tps:.0}"),
+            format!("{:.2}×", tps / base.max(1e-9)),
+            latency(outs),
             format!(
                 "{:.0} B",
                 median(outs.iter().map(|o| o.wal_per_tx).collect())
@@ -584,4 +685,16 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         ]);
     }
     t.print();
+}
+
+/// Median over the rounds of the writers' p50 and p99 latency.
+fn latency(outs: &[Outcome]) -> String {
+    let of = |f: fn(&(Duration, Duration)) -> Duration| {
+        let v: Vec<f64> = outs
+            .iter()
+            .filter_map(|o| o.load.latency.as_ref().map(|l| f(l).as_secs_f64()))
+            .collect();
+        (!v.is_empty()).then(|| Duration::from_secs_f64(median(v)))
+    };
+    format!("{} / {}", ms(of(|l| l.0)), ms(of(|l| l.1)))
 }

@@ -160,6 +160,7 @@ mod tests {
                     table: "readings".into(),
                     key: vec!["device".into()],
                     keys: None,
+                    fixed_key: false,
                     line: None,
                 },
                 Watch {
@@ -167,6 +168,7 @@ mod tests {
                     table: "devices".into(),
                     key: vec!["id".into()],
                     keys: None,
+                    fixed_key: false,
                     line: None,
                 },
                 Watch {
@@ -174,6 +176,7 @@ mod tests {
                     table: "plans".into(),
                     key: vec!["id".into()],
                     keys: Some("SELECT device FROM readings WHERE plan = $1".into()),
+                    fixed_key: false,
                     line: None,
                 },
             ],

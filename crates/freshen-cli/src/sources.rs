@@ -117,6 +117,7 @@ pub fn plan(cfg: &Config) -> Plan {
                     schema: w.schema.clone(),
                     table: w.table.clone(),
                     key: w.key.clone(),
+                    fixed_key: w.fixed_key,
                 })
             })
             .collect(),

@@ -37,8 +37,13 @@ impl Flavor {
 /// Each view gets a pool of its own ([`Target::view`]).
 #[derive(Clone)]
 pub enum Target {
-    /// A PostgreSQL database.
-    Postgres(freshen_postgres::ConnectionConfig, Visibility),
+    /// A PostgreSQL database; and the source database when it is another PostgreSQL
+    /// database (query-mode views read it and write here).
+    Postgres(
+        freshen_postgres::ConnectionConfig,
+        Visibility,
+        Option<freshen_postgres::ConnectionConfig>,
+    ),
     /// A MySQL/MariaDB database (its URL), and whether it is the source server (so
     /// rebuilds can wait for the dirtying transactions to be visible).
     #[cfg(feature = "mysql")]
@@ -58,8 +63,13 @@ impl std::fmt::Debug for Target {
 /// One view's connections to the target.
 #[derive(Clone)]
 pub enum ViewPool {
-    /// To PostgreSQL.
-    Postgres(freshen_postgres::Pool, Visibility),
+    /// To PostgreSQL; with a pool to the source database for a query-mode view whose
+    /// source is another PostgreSQL database.
+    Postgres(
+        freshen_postgres::Pool,
+        Visibility,
+        Option<freshen_postgres::Pool>,
+    ),
     /// To MySQL/MariaDB.
     #[cfg(feature = "mysql")]
     MySql(mysql_async::Pool, bool),
@@ -90,7 +100,16 @@ impl Target {
                 let probe = freshen_postgres::connect_pool(&conn, 1)
                     .context("cannot set up the target connection pool")?;
                 let visibility = postgres_visibility(source_url, url, &probe).await?;
-                Ok(Target::Postgres(conn, visibility))
+                let source = match source_url
+                    .filter(|s| *s != url && Flavor::of(s) == Some(Flavor::Postgres))
+                {
+                    Some(s) => Some(
+                        freshen_postgres::ConnectionConfig::from_url(s)
+                            .context("the source URL is not usable")?,
+                    ),
+                    None => None,
+                };
+                Ok(Target::Postgres(conn, visibility, source))
             }
             #[cfg(feature = "mysql")]
             Some(Flavor::MySql) => {
@@ -114,13 +133,21 @@ impl Target {
     pub fn view(&self, view: &View, cap: Option<usize>) -> anyhow::Result<ViewPool> {
         let size = pool_size(view, cap);
         Ok(match self {
-            Target::Postgres(conn, visibility) => {
-                let mut conn = conn.clone();
-                conn.statement_timeout = view.timing.statement_timeout;
-                conn.application_name = format!("freshen {}", view.name);
-                let pool = freshen_postgres::connect_pool(&conn, size)
-                    .context("cannot set up the target connection pool")?;
-                ViewPool::Postgres(pool, visibility.clone())
+            Target::Postgres(conn, visibility, source) => {
+                let pool_for = |c: &freshen_postgres::ConnectionConfig, what: &str| {
+                    let mut c = c.clone();
+                    c.statement_timeout = view.timing.statement_timeout;
+                    c.application_name = format!("freshen {}", view.name);
+                    freshen_postgres::connect_pool(&c, size)
+                        .with_context(|| format!("cannot set up the {what} connection pool"))
+                };
+                let pool = pool_for(conn, "target")?;
+                // Query mode reads where the view's tables are.
+                let source = match source.as_ref().filter(|_| view.query.is_some()) {
+                    Some(s) => Some(pool_for(s, "source")?),
+                    None => None,
+                };
+                ViewPool::Postgres(pool, visibility.clone(), source)
             }
             #[cfg(feature = "mysql")]
             Target::MySql(url, same) => ViewPool::MySql(
@@ -137,11 +164,14 @@ impl ViewPool {
     pub async fn rebuild(&self, view: &View) -> anyhow::Result<Box<dyn Rebuild>> {
         let what = || format!("view {}: the rebuild statements are not usable", view.name);
         Ok(match self {
-            ViewPool::Postgres(pool, visibility) if view.query.is_some() => {
+            ViewPool::Postgres(pool, visibility, source) if view.query.is_some() => {
                 let (into, key, query) = query_parts(view);
-                let b = QueryRebuild::builder(pool.clone(), into, key, query)
+                let mut b = QueryRebuild::builder(pool.clone(), into, key, query)
                     .batch(view.rebuild_batch.unwrap_or(DEFAULT_QUERY_BATCH))
                     .visibility(visibility.clone());
+                if let Some(source) = source {
+                    b = b.read_from(source.clone());
+                }
                 let rebuild = b
                     .build()
                     .await
@@ -149,7 +179,7 @@ impl ViewPool {
                 tracing::debug!(view = %view.name, statement = rebuild.statement(), "query mode");
                 Box::new(rebuild)
             }
-            ViewPool::Postgres(pool, visibility) => {
+            ViewPool::Postgres(pool, visibility, _) => {
                 let mut b = SqlRebuild::builder(pool.clone())
                     .statements(view.rebuild.iter().cloned())
                     .visibility(visibility.clone())
@@ -199,7 +229,7 @@ impl ViewPool {
                 )
             };
             match self {
-                ViewPool::Postgres(pool, visibility) => {
+                ViewPool::Postgres(pool, visibility, _) => {
                     let sql = w.keys.clone().unwrap_or_default();
                     let fanout = SqlFanOut::builder(pool.clone(), sql)
                         .arity(view.arity())
@@ -235,7 +265,7 @@ impl ViewPool {
     /// The view's reconcile listing.
     pub fn enumerate(&self, sql: &str) -> Box<dyn Enumerate> {
         match self {
-            ViewPool::Postgres(pool, _) => Box::new(SqlEnumerate::new(pool.clone(), sql)),
+            ViewPool::Postgres(pool, _, _) => Box::new(SqlEnumerate::new(pool.clone(), sql)),
             #[cfg(feature = "mysql")]
             ViewPool::MySql(pool, _) => {
                 Box::new(freshen_mysql::MySqlEnumerate::new(pool.clone(), sql))
@@ -246,7 +276,7 @@ impl ViewPool {
     /// What `check` finds about the view's statements.
     pub async fn check(&self, view: &View) -> Vec<Finding> {
         match self {
-            ViewPool::Postgres(pool, _) => {
+            ViewPool::Postgres(pool, _, source) => {
                 let key: Vec<String> = view
                     .direct()
                     .next()
@@ -256,30 +286,61 @@ impl ViewPool {
                     Some(q) => vec![q.query.clone()],
                     None => view.rebuild.clone(),
                 };
-                let mut found = freshen_postgres::check::statements(
-                    pool,
-                    freshen_postgres::check::StatementShape {
-                        view: &view.name,
-                        arity: view.arity(),
-                        key_columns: &key,
-                        batch: view.rebuild_batch.is_some(),
-                    },
-                    &statements,
-                    view.reconcile.as_ref().map(|r| r.keys.as_str()),
-                )
-                .await;
+                let shape = freshen_postgres::check::StatementShape {
+                    view: &view.name,
+                    arity: view.arity(),
+                    key_columns: &key,
+                    batch: view.rebuild_batch.is_some(),
+                };
+                let reconcile = view.reconcile.as_ref().map(|r| r.keys.as_str());
+                // A query with a separate source reads there; the sweep lists the target.
+                let reads = source.as_ref().unwrap_or(pool);
+                let mut found = if source.is_some() {
+                    let mut f =
+                        freshen_postgres::check::statements(reads, shape, &statements, None).await;
+                    f.extend(
+                        freshen_postgres::check::statements(pool, shape, &[], reconcile).await,
+                    );
+                    f
+                } else {
+                    freshen_postgres::check::statements(pool, shape, &statements, reconcile).await
+                };
                 match pool.get().await {
-                    Ok(client) => {
-                        found.extend(
-                            freshen_postgres::check::check_view(&client, &view_spec(view)).await,
-                        );
-                        if view.query.is_some() {
+                    Ok(client) => match source {
+                        None => {
                             found.extend(
-                                freshen_postgres::check::query_view(&client, &query_spec(view))
+                                freshen_postgres::check::check_view(&client, &view_spec(view))
                                     .await,
                             );
+                            if view.query.is_some() {
+                                found.extend(
+                                    freshen_postgres::check::query_view(&client, &query_spec(view))
+                                        .await,
+                                );
+                            }
                         }
-                    }
+                        Some(source) => match source.get().await {
+                            Ok(read) => {
+                                found.extend(
+                                    freshen_postgres::check::check_view(&read, &view_spec(view))
+                                        .await,
+                                );
+                                found.extend(
+                                    freshen_postgres::check::query_view_across(
+                                        &read,
+                                        &client,
+                                        &query_spec(view),
+                                    )
+                                    .await,
+                                );
+                            }
+                            Err(e) => found.push(Finding::error(
+                                "source",
+                                view.name.clone(),
+                                format!("cannot connect: {e}"),
+                            )),
+                        },
+                    },
                     Err(e) => found.push(Finding::error(
                         "target",
                         view.name.clone(),

@@ -181,15 +181,12 @@ async fn check_lists_every_mismatch_between_a_query_and_its_target() {
         "[[views]]",
         "[target]\nurl = \"postgres://app@elsewhere/app\"\n\n[[views]]",
     );
-    let (code, f) = check_json(dir.path(), &other_target, true);
-    assert_eq!(code, Some(1), "{f:#?}");
+    // Another PostgreSQL target is fine: the query reads the source and writes there
+    // (cli_query_target).
+    let (_, f) = check_json(dir.path(), &other_target, true);
     assert!(
-        has(
-            &f,
-            "error",
-            "config",
-            "which here is not the source database; query mode needs them to be one"
-        ),
+        !f.iter()
+            .any(|x| x["level"] == "error" && x["check"] == "config"),
         "{f:#?}"
     );
 }

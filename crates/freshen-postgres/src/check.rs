@@ -72,9 +72,7 @@ pub(crate) async fn source(s: &PgSourceSettings, plan: &Plan) -> Vec<Finding> {
         out.push(f);
     }
     out.extend(publication_safety(&admin, s, &tables).await);
-    for w in &plan.watched {
-        out.push(identity(&admin, w).await);
-    }
+    out.extend(crate::identity::findings(&admin, plan).await);
     if plan.changefeed {
         out.extend(partial_updates(&admin, &tables).await);
     }
@@ -205,32 +203,6 @@ async fn publication(
         },
         Err(e) => Finding::error("publication", name, e.to_string()),
     })
-}
-
-async fn identity(admin: &PgAdmin, w: &freshen::plug::Watched) -> Finding {
-    let table = TableName::new(&w.schema, &w.table);
-    let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
-    match admin.check_replica_identity(&table, &cols).await {
-        Ok(c) if c.carries_old_scope => Finding::ok(
-            "replica_identity",
-            table.to_string(),
-            format!(
-                "{} carries the old key of view {}",
-                c.identity.identity, w.view
-            ),
-        ),
-        Ok(c) => Finding::warning(
-            "replica_identity",
-            table.to_string(),
-            format!(
-                "view {}: {}",
-                w.view,
-                c.advice
-                    .unwrap_or_else(|| "the old key is not carried".into())
-            ),
-        ),
-        Err(e) => Finding::error("replica_identity", table.to_string(), e.to_string()),
-    }
 }
 
 /// Tables whose changefeed events can lack an unchanged large value: under a replica
@@ -1089,6 +1061,45 @@ pub async fn query_view(client: &Client, spec: &QuerySpec<'_>) -> Vec<Finding> {
             ),
         )),
     }
+    out.extend(index_findings(client, spec).await);
+    out
+}
+
+/// [`query_view`] for a query that runs on `source` and whose rows are written into a
+/// separate `target` database: the query's output is compared with the target table
+/// there, and the watched tables' indexes are looked up on the source.
+pub async fn query_view_across(
+    source: &Client,
+    target: &Client,
+    spec: &QuerySpec<'_>,
+) -> Vec<Finding> {
+    let subject = format!("view {} query", spec.view);
+    let mut out = Vec::new();
+    match crate::query::plan_across(source, target, &spec.into, spec.key, spec.query).await {
+        Err(e) => out.push(Finding::error("query", subject.clone(), e.to_string())),
+        Ok(Err(problems)) => {
+            for p in problems {
+                out.push(Finding::error("query", subject.clone(), p));
+            }
+        }
+        Ok(Ok(_)) => out.push(Finding::ok(
+            "query",
+            subject.clone(),
+            format!(
+                "reads the source and writes into {} in the target database, keyed on ({}), up to {} key(s) per statement; rows whose values did not change are not rewritten",
+                spec.into,
+                spec.key.join(", "),
+                spec.batch
+            ),
+        )),
+    }
+    out.extend(index_findings(source, spec).await);
+    out
+}
+
+/// Whether each watched table has an index leading with the view's key.
+async fn index_findings(client: &Client, spec: &QuerySpec<'_>) -> Vec<Finding> {
+    let mut out = Vec::new();
     for (table, key) in &spec.sources {
         let subject = format!("view {} watch {table}", spec.view);
         match crate::query::indexes(client, table).await {

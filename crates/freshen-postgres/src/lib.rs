@@ -77,6 +77,7 @@
 //! rustls with the ring provider, for SQL and replication connections alike;
 //! `sslmode` `disable`, `prefer`, `require`, `verify-full` (with `sslrootcert`).
 
+mod across;
 mod admin;
 mod assemble;
 pub mod check;
@@ -86,6 +87,7 @@ mod drift;
 mod enumerate;
 mod error;
 mod fanout;
+mod identity;
 pub mod incremental;
 mod leader;
 mod lsn;
@@ -117,6 +119,9 @@ pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
 pub use fanout::{SqlFanOut, SqlFanOutBuilder};
+pub use identity::{
+    Choice, FULL_COST, IdentityFacts, Recommendation, UniqueIndex, Verdict, ViewNeed, recommend,
+};
 pub use incremental::{PgIncrementalSettings, PgIncrementalSource};
 pub use leader::{Attempt, Holder, Leadership};
 pub use lsn::{Lsn, ParseLsnError};

@@ -29,6 +29,9 @@ pub(crate) struct Merge<'a> {
     pub(crate) key: &'a [String],
     /// The other columns the query returns.
     pub(crate) values: &'a [String],
+    /// The key parameters' array types (`integer[]`, …), when the statement's query does
+    /// not use `$1..$n` itself (so PostgreSQL cannot infer them): a separate target.
+    pub(crate) key_types: Option<&'a [String]>,
 }
 
 impl Merge<'_> {
@@ -90,14 +93,18 @@ impl Merge<'_> {
     /// `t`'s key is one of the batch's: `$1..$n` are arrays of key parts, typed by the
     /// query that uses them first.
     fn in_batch(&self) -> String {
+        let param = |i: usize| match self.key_types.and_then(|t| t.get(i - 1)) {
+            Some(ty) => format!("${i}::{ty}"),
+            None => format!("${i}"),
+        };
         match self.key {
-            [one] => format!("t.{} = ANY($1)", quote_ident(one)),
+            [one] => format!("t.{} = ANY({})", quote_ident(one), param(1)),
             parts => {
                 let cols: Vec<String> = parts
                     .iter()
                     .map(|k| format!("t.{}", quote_ident(k)))
                     .collect();
-                let params: Vec<String> = (1..=parts.len()).map(|i| format!("${i}")).collect();
+                let params: Vec<String> = (1..=parts.len()).map(param).collect();
                 format!(
                     "({}) IN (SELECT * FROM unnest({}))",
                     cols.join(", "),
@@ -174,6 +181,7 @@ mod tests {
             into: &into,
             key: &key,
             values: &values,
+            key_types: None,
         }
         .statement("SELECT device, sum(v) AS total, count(*) AS n FROM r WHERE device = ANY($1) GROUP BY device");
         assert_eq!(
@@ -193,6 +201,7 @@ mod tests {
             into: &into,
             key: &key,
             values: &[],
+            key_types: None,
         }
         .statement(
             "SELECT a, \"b\"\"c\" FROM x WHERE (a, \"b\"\"c\") IN (SELECT * FROM unnest($1, $2))  ",
@@ -223,6 +232,7 @@ mod tests {
             into: &into,
             key: &key,
             values: &[],
+            key_types: None,
         }
         .statement("SELECT k FROM x WHERE k = ANY($1) -- the batch");
         assert!(sql.contains("-- the batch\n)"), "{sql}");

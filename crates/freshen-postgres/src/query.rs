@@ -14,6 +14,7 @@ use freshen::{BoxError, BoxFuture, Due, Rebuild, Retry};
 use tokio_postgres::Client;
 use tokio_postgres::types::Kind;
 
+use crate::across::Across;
 use crate::check::db_message;
 use crate::error::ErrorKind;
 use crate::merge::{Merge, column_problems};
@@ -38,8 +39,17 @@ pub const DEFAULT_QUERY_BATCH: usize = 64;
 /// the key columns: a key has one row.
 #[derive(Clone, Debug)]
 pub struct QueryRebuild {
-    inner: SqlRebuild,
+    inner: Inner,
     statement: String,
+}
+
+/// Where the query runs.
+#[derive(Clone, Debug)]
+enum Inner {
+    /// In the target database: one statement reads and writes.
+    Same(SqlRebuild),
+    /// On the source, its rows written into another database.
+    Across(Across),
 }
 
 /// Configures a [`QueryRebuild`]; from [`QueryRebuild::builder`].
@@ -52,9 +62,19 @@ pub struct QueryRebuildBuilder {
     batch: usize,
     visibility: Visibility,
     visibility_wait: Duration,
+    source: Option<Pool>,
 }
 
 impl QueryRebuildBuilder {
+    /// Runs the query on `source` (the database the view reads) and writes its rows into
+    /// the builder's pool, another database ([`across`](crate::across)). The visibility
+    /// guard then runs in the query's own snapshot on the source, unless
+    /// [`Visibility::Off`].
+    pub fn read_from(mut self, source: Pool) -> Self {
+        self.source = Some(source);
+        self
+    }
+
     /// Keys per statement (default [`DEFAULT_QUERY_BATCH`]).
     pub fn batch(mut self, max_keys: usize) -> Self {
         self.batch = max_keys;
@@ -83,6 +103,9 @@ impl QueryRebuildBuilder {
                 &["batch size must be at least 1".into()],
             ));
         }
+        if let Some(source) = self.source.clone() {
+            return self.build_across(source).await;
+        }
         let c = client(&self.pool).await?;
         let statement = match plan(&c, &self.into, &self.key, &self.query).await? {
             Ok(statement) => statement,
@@ -97,7 +120,34 @@ impl QueryRebuildBuilder {
             .visibility_wait(self.visibility_wait)
             .build()
             .await?;
-        Ok(QueryRebuild { inner, statement })
+        Ok(QueryRebuild {
+            inner: Inner::Same(inner),
+            statement,
+        })
+    }
+
+    async fn build_across(self, source: Pool) -> Result<QueryRebuild, PgError> {
+        let s = client(&source).await?;
+        let t = client(&self.pool).await?;
+        let planned = match plan_across(&s, &t, &self.into, &self.key, &self.query).await? {
+            Ok(p) => p,
+            Err(found) => return Err(problems(&self.into, &found)),
+        };
+        drop((s, t));
+        let statement = planned.write.clone();
+        Ok(QueryRebuild {
+            inner: Inner::Across(Across {
+                source,
+                target: self.pool,
+                fetch: planned.fetch,
+                write: planned.write,
+                key_types: planned.key_types,
+                check: !matches!(self.visibility, Visibility::Off),
+                visibility_wait: self.visibility_wait,
+                batch: self.batch,
+            }),
+            statement,
+        })
     }
 }
 
@@ -127,32 +177,173 @@ impl QueryRebuild {
             batch: DEFAULT_QUERY_BATCH,
             visibility: Visibility::InSnapshot,
             visibility_wait: Duration::from_secs(2),
+            source: None,
         }
     }
 
-    /// The statement each batch runs.
+    /// The statement each batch runs (with a separate source: the write).
     pub fn statement(&self) -> &str {
         &self.statement
     }
 
     /// Rebuilds `due` (as [`Rebuild::rebuild`] does), with the typed error.
     pub async fn run(&self, due: &[Due]) -> Result<(), PgError> {
-        self.inner.run(due).await
+        match &self.inner {
+            Inner::Same(r) => r.run(due).await,
+            Inner::Across(a) => a.run(due).await,
+        }
     }
 }
 
 impl Rebuild for QueryRebuild {
     fn rebuild<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<(), BoxError>> {
-        self.inner.rebuild(due)
+        match &self.inner {
+            Inner::Same(r) => r.rebuild(due),
+            Inner::Across(a) => Box::pin(async move { a.run(due).await.map_err(Into::into) }),
+        }
     }
 
     fn classify(&self, error: &BoxError) -> Retry {
-        self.inner.classify(error)
+        error
+            .downcast_ref::<PgError>()
+            .map_or(Retry::Key, PgError::retry)
     }
 
     fn max_batch(&self) -> usize {
-        self.inner.max_batch()
+        match &self.inner {
+            Inner::Same(r) => r.max_batch(),
+            Inner::Across(a) => a.batch,
+        }
     }
+}
+
+/// What [`plan_across`] writes.
+pub(crate) struct AcrossPlan {
+    pub(crate) fetch: String,
+    pub(crate) write: String,
+    pub(crate) key_types: Vec<tokio_postgres::types::Type>,
+}
+
+/// [`plan`] for a query that runs on `source` and writes into `into` on `target`: the
+/// query's output is compared with the target table in the target database (names, key,
+/// required columns, unique key, and that each type can be assigned there), and the
+/// write is prepared on the target.
+pub(crate) async fn plan_across(
+    source: &Client,
+    target: &Client,
+    into: &TableName,
+    key: &[String],
+    query: &str,
+) -> Result<Result<AcrossPlan, Vec<String>>, PgError> {
+    let mut found = Vec::new();
+    let stmt = match source.prepare(query).await {
+        Ok(s) => s,
+        Err(e) => {
+            found.push(format!(
+                "the query does not prepare on the source: {}",
+                db_message(&e)
+            ));
+            return Ok(Err(found));
+        }
+    };
+    let key_types = match crate::across::array_elements(stmt.params()) {
+        Some(t) if t.len() == key.len() => t,
+        _ => {
+            found.push(params_problem(key, stmt.params()));
+            Vec::new()
+        }
+    };
+    let Some(columns) = target_columns(target, into).await? else {
+        found.push(format!(
+            "the target table {into} does not exist in the target database"
+        ));
+        return Ok(Err(found));
+    };
+    let output: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
+    let names: Vec<String> = columns.iter().map(|t| t.name.clone()).collect();
+    found.extend(column_problems(key, &output, &names));
+    for t in &columns {
+        if t.required && !output.contains(&t.name) {
+            found.push(format!(
+                "{into}.{} is NOT NULL without a default, and the query does not return it",
+                t.name
+            ));
+        }
+    }
+    if key.iter().all(|k| names.contains(k)) && !unique_on(target, into, key).await? {
+        found.push(format!(
+            "{into} has no primary key or unique index on ({}) in the target database: a key must have one row",
+            key.join(", ")
+        ));
+    }
+    for c in stmt.columns() {
+        let Some(t) = columns.iter().find(|t| t.name == c.name()) else {
+            continue;
+        };
+        if !crate::across::fits(target, c.type_(), t.type_oid).await? {
+            found.push(format!(
+                "column `{}`: the query returns {} on the source, which the target's {into}.{} ({}) does not take",
+                c.name(),
+                c.type_().name(),
+                c.name(),
+                t.type_name
+            ));
+        }
+    }
+    if !found.is_empty() {
+        return Ok(Err(found));
+    }
+    let shape: Vec<crate::across::Column> = columns
+        .iter()
+        .map(|t| crate::across::Column {
+            name: t.name.clone(),
+            type_name: t.type_name.clone(),
+        })
+        .collect();
+    let (fetch, write) = crate::across::statements(into, key, query, &output, &shape);
+    if let Err(e) = source.prepare(&fetch).await {
+        found.push(format!(
+            "the query's rows cannot be read as text: {}",
+            db_message(&e)
+        ));
+    }
+    if let Err(e) = target.prepare(&write).await {
+        found.push(format!(
+            "the statement written into the target does not prepare: {}",
+            db_message(&e)
+        ));
+    }
+    if !found.is_empty() {
+        return Ok(Err(found));
+    }
+    Ok(Ok(AcrossPlan {
+        fetch,
+        write,
+        key_types,
+    }))
+}
+
+/// The query does not take its batch as one array per key part.
+fn params_problem(key: &[String], params: &[tokio_postgres::types::Type]) -> String {
+    let example: Vec<String> = key
+        .iter()
+        .enumerate()
+        .map(|(i, k)| format!("{} = ANY(${})", quote_ident(k), i + 1))
+        .collect();
+    let got: Vec<String> = params
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("${} is {}", i + 1, t.name()))
+        .collect();
+    format!(
+        "the query must select its batch of keys with one array per key part ({}): {}",
+        example.join(" AND "),
+        if got.is_empty() {
+            "it takes no parameters".to_string()
+        } else {
+            got.join(", ")
+        }
+    )
 }
 
 /// A column of the target table as the merge needs it.
@@ -161,6 +352,8 @@ struct TargetColumn {
     type_name: String,
     /// NOT NULL without a default: an insert must give it.
     required: bool,
+    /// The column's type.
+    type_oid: u32,
 }
 
 /// Checks `query` against `into` and writes the merge statement: `Ok(Ok(sql))`, or
@@ -182,25 +375,7 @@ pub(crate) async fn plan(
     };
     let params = stmt.params();
     if params.len() != key.len() || params.iter().any(|t| !matches!(t.kind(), Kind::Array(_))) {
-        let example: Vec<String> = key
-            .iter()
-            .enumerate()
-            .map(|(i, k)| format!("{} = ANY(${})", quote_ident(k), i + 1))
-            .collect();
-        let got: Vec<String> = params
-            .iter()
-            .enumerate()
-            .map(|(i, t)| format!("${} is {}", i + 1, t.name()))
-            .collect();
-        found.push(format!(
-            "the query must select its batch of keys with one array per key part ({}): {}",
-            example.join(" AND "),
-            if got.is_empty() {
-                "it takes no parameters".to_string()
-            } else {
-                got.join(", ")
-            }
-        ));
+        found.push(params_problem(key, params));
     }
     let target = match target_columns(c, into).await? {
         Some(t) => t,
@@ -259,6 +434,7 @@ pub(crate) async fn plan(
         into,
         key,
         values: &values,
+        key_types: None,
     }
     .statement(query);
     if let Err(e) = c.prepare(&sql).await {
@@ -279,7 +455,7 @@ async fn target_columns(
     let rows = c
         .query(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
-                    a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' \
+                    a.attnotnull AND NOT a.atthasdef AND a.attidentity = '', a.atttypid \
              FROM pg_attribute a JOIN pg_class r ON r.oid = a.attrelid \
              JOIN pg_namespace n ON n.oid = r.relnamespace \
              WHERE n.nspname = $1 AND r.relname = $2 AND r.relkind IN ('r', 'p') \
@@ -297,6 +473,7 @@ async fn target_columns(
                 name: r.get(0),
                 type_name: r.get(1),
                 required: r.get(2),
+                type_oid: r.get(3),
             })
             .collect(),
     ))

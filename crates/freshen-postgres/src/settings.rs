@@ -305,7 +305,7 @@ impl SourcePlug for PgSourceSettings {
             let connection = self.connection()?;
             let admin = PgAdmin::connect(&connection).await?;
             // A weak replica identity works, with a weaker promise: say so once.
-            for w in &plan.watched {
+            for w in plan.watched.iter().filter(|w| !w.fixed_key) {
                 let table = TableName::new(&w.schema, &w.table);
                 let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
                 let c = admin

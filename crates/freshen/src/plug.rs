@@ -31,6 +31,9 @@ pub struct Watched {
     pub table: String,
     /// The changed row's columns that make the view's key.
     pub key: Vec<String>,
+    /// Declared by the user: no UPDATE changes the key columns and rows are not deleted,
+    /// so the view needs no old key from this table.
+    pub fixed_key: bool,
 }
 
 /// What a configuration asks of its source.

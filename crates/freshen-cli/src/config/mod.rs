@@ -89,6 +89,9 @@ pub struct Watch {
     /// A key fan-out: SQL mapping the changed row's `key` columns (`$1..$n`) to the
     /// view's keys (`SELECT account_id FROM subscriptions WHERE plan_id = $1`).
     pub keys: Option<String>,
+    /// Declared (`fixed_key = true`): no UPDATE changes the key columns and rows are
+    /// not deleted, so the view needs no old key (`check`'s replica identity advice).
+    pub fixed_key: bool,
     /// Line in the file.
     pub line: Option<usize>,
 }
@@ -1040,8 +1043,9 @@ fn read_query(
     })
 }
 
-/// Query mode reads and writes the target with PostgreSQL statements: it needs a
-/// PostgreSQL target that is the database the view reads (not another one).
+/// Query mode reads the source and writes the target with PostgreSQL statements: it
+/// needs a PostgreSQL target, and a source that is that database or another PostgreSQL
+/// one.
 fn check_query_targets(
     r: &mut Reader<'_, '_>,
     views: &[View],
@@ -1061,11 +1065,15 @@ fn check_query_targets(
                     v.name
                 ),
             );
-        } else if source_url.is_some_and(|s| s != url) {
+        } else if source_url.is_some_and(|s| {
+            s != url && crate::target::Flavor::of(s) != Some(crate::target::Flavor::Postgres)
+        }) {
+            // A PostgreSQL source in another database is read by the query there
+            // (freshen_postgres::QueryRebuildBuilder::read_from); others cannot be.
             r.p.at_line(
                 q.line,
                 format!(
-                    "view `{}`: `query` runs in the [target] database, which here is not the source database; query mode needs them to be one (drop [target]), or use hand-written `rebuild` statements (which may read the source through foreign tables)",
+                    "view `{}`: `query` reads a PostgreSQL source; with this source it would run in the [target] database instead: use hand-written `rebuild` statements",
                     v.name
                 ),
             );
@@ -1144,7 +1152,8 @@ fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
     let mut out: Vec<Watch> = Vec::new();
     for (w, path) in &entries {
         let w = Tbl { path, ..*w };
-        r.known_keys(w, &["table", "key", "keys"]);
+        r.known_keys(w, &["table", "key", "keys", "fixed_key"]);
+        let fixed_key = r.flag(w, "fixed_key").unwrap_or(false);
         let line = r.line(w.span.map(|s| s..s));
         let table = r.string(w, "table");
         if table.is_none() && w.t.get("table").is_none() {
@@ -1214,6 +1223,7 @@ fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
             table: table_name,
             key: key.value,
             keys: keys.map(|k| k.value),
+            fixed_key,
             line,
         });
     }

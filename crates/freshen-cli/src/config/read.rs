@@ -299,6 +299,22 @@ impl<'s, 'e> Reader<'s, 'e> {
         None
     }
 
+    /// An optional boolean.
+    pub(crate) fn flag(&mut self, t: Tbl<'_>, key: &str) -> Option<bool> {
+        let item = self.get(t, key)?;
+        match item.as_bool() {
+            Some(b) => Some(b),
+            None => {
+                let path = join(t.path, key);
+                self.p.at(
+                    item.span(),
+                    format!("`{path}` must be true or false, not {}", type_name(item)),
+                );
+                None
+            }
+        }
+    }
+
     /// An optional integer within `range`.
     pub(crate) fn int(
         &mut self,

@@ -100,6 +100,7 @@ mod rebuild;
 mod rows;
 mod settings;
 mod snapshot;
+mod snapshot_window;
 mod source;
 mod tls;
 mod toast;
@@ -126,6 +127,10 @@ pub use query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
 pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
 pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
-pub use snapshot::{Chunk, TableReader, WATERMARK_PREFIX, XidSnapshot, write_watermark};
+pub use snapshot::{
+    Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,
+    write_watermark,
+};
+pub use snapshot_window::{ChunkCheck, StreamedKeys, row_key};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
 pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};

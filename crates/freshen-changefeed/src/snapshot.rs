@@ -248,31 +248,7 @@ impl Changefeed {
                     "snapshots need the changefeed to capture from PostgreSQL".to_owned(),
                 )
             })?;
-        if tables.is_empty() {
-            return Err(Error::Invalid(
-                "tables: name at least one table to snapshot".to_owned(),
-            ));
-        }
-        let mut resolved = Vec::new();
-        let mut unknown = Vec::new();
-        for name in tables {
-            let hits: Vec<&TableName> = known
-                .iter()
-                .filter(|t| t.to_string() == *name || t.name == *name)
-                .collect();
-            match hits.as_slice() {
-                [one] => resolved.push((*one).clone()),
-                _ => unknown.push(name.as_str()),
-            }
-        }
-        if !unknown.is_empty() {
-            let known: Vec<String> = known.iter().map(ToString::to_string).collect();
-            return Err(Error::Invalid(format!(
-                "tables: not captured by this changefeed (or ambiguous): {}; captured: {}",
-                unknown.join(", "),
-                known.join(", ")
-            )));
-        }
+        let resolved = freshen_postgres::resolve_tables(&known, tables).map_err(Error::Invalid)?;
         self.begin_snapshots(&resolved).await?;
         let p = self.snapshots.lock_progress();
         Ok(resolved

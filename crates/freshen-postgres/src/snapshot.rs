@@ -109,6 +109,36 @@ impl SnapshotProgress {
     }
 }
 
+/// Resolves the tables a snapshot request names (`schema.table`, or a table name that
+/// `known` holds once) against `known`; every unknown or ambiguous name, with the known
+/// ones, in one message.
+pub fn resolve_tables(known: &[TableName], names: &[String]) -> Result<Vec<TableName>, String> {
+    if names.is_empty() {
+        return Err("tables: name at least one table to snapshot".to_owned());
+    }
+    let mut resolved = Vec::new();
+    let mut unknown = Vec::new();
+    for name in names {
+        let hits: Vec<&TableName> = known
+            .iter()
+            .filter(|t| t.to_string() == *name || t.name == *name)
+            .collect();
+        match hits.as_slice() {
+            [one] => resolved.push((*one).clone()),
+            _ => unknown.push(name.as_str()),
+        }
+    }
+    if !unknown.is_empty() {
+        let known: Vec<String> = known.iter().map(ToString::to_string).collect();
+        return Err(format!(
+            "tables: not captured (or ambiguous): {}; captured: {}",
+            unknown.join(", "),
+            known.join(", ")
+        ));
+    }
+    Ok(resolved)
+}
+
 /// One chunk of a table's rows.
 #[derive(Debug, Clone)]
 pub struct Chunk {

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use freshen::{Key, RowEvent};
+use freshen::{Key, Op, RowEvent};
 
 use crate::XidSnapshot;
 
@@ -54,6 +54,9 @@ pub struct StreamedKeys {
     /// Per key, `(xid, commit)` of each change not yet known to be seen by every later
     /// snapshot.
     keys: HashMap<Key, Vec<(u64, u64)>>,
+    /// `(xid, commit)` of each TRUNCATE of the table, kept the same way: it changes
+    /// every key.
+    truncates: Vec<(u64, u64)>,
 }
 
 impl StreamedKeys {
@@ -66,10 +69,14 @@ impl StreamedKeys {
     /// primary-key change). An event without a transaction position is taken as
     /// unseen by any snapshot (it drops its rows: safe, the live event is published).
     pub fn record(&mut self, event: &RowEvent) {
+        let at = event.tx.map_or((u64::MAX, u64::MAX), |t| (t.id, t.commit));
+        if event.op == Op::Truncate {
+            self.truncates.push(at);
+            return;
+        }
         if event.pk_names.is_empty() {
             return;
         }
-        let at = event.tx.map_or((u64::MAX, u64::MAX), |t| (t.id, t.commit));
         for key in event.scope_keys(&event.pk_names) {
             let seen = self.keys.entry(key).or_default();
             if !seen.contains(&at) {
@@ -81,9 +88,8 @@ impl StreamedKeys {
     /// Whether the chunk's row under `key` may be stale: a change of that key the
     /// chunk's check [misses](ChunkCheck::misses).
     pub fn stale(&self, key: &Key, check: &ChunkCheck) -> bool {
-        self.keys
-            .get(key)
-            .is_some_and(|v| v.iter().any(|&(xid, commit)| check.misses(xid, commit)))
+        let misses = |&(xid, commit): &(u64, u64)| check.misses(xid, commit);
+        self.truncates.iter().any(misses) || self.keys.get(key).is_some_and(|v| v.iter().any(misses))
     }
 
     /// Forgets the changes `check`'s snapshot saw: every later chunk's snapshot sees
@@ -93,6 +99,8 @@ impl StreamedKeys {
             v.retain(|&(xid, _)| !check.snapshot.sees(xid));
             !v.is_empty()
         });
+        self.truncates
+            .retain(|&(xid, _)| !check.snapshot.sees(xid));
     }
 
     /// How many keys are remembered.
@@ -102,18 +110,19 @@ impl StreamedKeys {
 
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.truncates.is_empty()
     }
 
     /// Forgets everything (the table's snapshot ended).
     pub fn clear(&mut self) {
         self.keys.clear();
+        self.truncates.clear();
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use freshen::{Op, Row, Tx, Value};
+    use freshen::{Row, Tx, Value};
 
     use super::*;
 
@@ -204,6 +213,18 @@ mod tests {
         assert!(!k.stale(&key(2), &later));
         k.forget_seen(&later);
         assert!(k.is_empty());
+    }
+
+    #[test]
+    fn a_truncate_the_chunk_did_not_see_drops_every_row() {
+        let mut k = StreamedKeys::new();
+        k.record(&RowEvent::new("public", "t", Op::Truncate).with_tx(Tx {
+            id: 16,
+            commit: 3000,
+            index: 0,
+        }));
+        assert!(k.stale(&key(1), &check()));
+        assert!(k.stale(&key(77), &check()));
     }
 
     #[test]

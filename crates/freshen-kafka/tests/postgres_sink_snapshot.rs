@@ -123,7 +123,10 @@ async fn run(pg: &PgServer, bootstrap: &str, initial: bool, pause_ms: u64) -> Ru
 
 impl Run {
     fn progress(&self) -> Option<SnapshotProgress> {
-        self.snapshots.status().into_iter().find(|p| p.table == "items")
+        self.snapshots
+            .status()
+            .into_iter()
+            .find(|p| p.table == "items")
     }
 
     async fn stop(self) {
@@ -334,7 +337,10 @@ async fn a_sink_snapshot_taken_while_writers_run_replays_to_the_table() {
     })
     .await;
     let writes = w.stop().await;
-    assert!(writes > 100, "the writers ran during the snapshot ({writes})");
+    assert!(
+        writes > 100,
+        "the writers ran during the snapshot ({writes})"
+    );
     let want = table(&c).await;
     let r = reader(&bootstrap, "replay");
     let mut replay = Replay::default();
@@ -359,8 +365,13 @@ async fn a_sink_snapshot_taken_while_writers_run_replays_to_the_table() {
         .unwrap()
         .get(0);
     let stored: SnapshotProgress = serde_json::from_str(&stored).unwrap();
-    assert_eq!((stored.state, stored.rows), (SnapshotState::Done, done.rows));
-    eprintln!("sink snapshot: {done:?}; {reads} reads so far, {live} live records, {writes} writes");
+    assert_eq!(
+        (stored.state, stored.rows),
+        (SnapshotState::Done, done.rows)
+    );
+    eprintln!(
+        "sink snapshot: {done:?}; {reads} reads so far, {live} live records, {writes} writes"
+    );
     run.stop().await;
 }
 

@@ -99,8 +99,8 @@ mod reader;
 mod rebuild;
 mod rows;
 mod settings;
-mod snapshot;
 mod sink_snapshot;
+mod snapshot;
 mod snapshot_window;
 mod source;
 mod tls;
@@ -128,11 +128,11 @@ pub use query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
 pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
 pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
+pub use sink_snapshot::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
 pub use snapshot::{
     Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,
     resolve_tables, write_watermark,
 };
-pub use sink_snapshot::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
 pub use snapshot_window::{ChunkCheck, StreamedKeys, row_key};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
 pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};

@@ -294,6 +294,10 @@ impl SinkSnapshots {
                 .map(|t| SnapshotProgress::new(t, now_ms()))
                 .collect()
         };
+        if !fresh.is_empty() {
+            // Created on first use: a sink that never snapshots leaves no table behind.
+            self.prepare(pool).await?;
+        }
         for p in &fresh {
             self.save(pool, p).await?;
         }
@@ -325,10 +329,7 @@ impl SinkSnapshots {
         let mut failures = 0u32;
         // Load the stored progress (retried: the source may be down at start).
         loop {
-            let loaded = async {
-                self.prepare(&pool).await?;
-                self.load(&pool).await
-            };
+            let loaded = self.load(&pool);
             let r = tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 r = loaded => r,
@@ -564,6 +565,14 @@ impl SinkSnapshots {
     async fn load(&self, pool: &Pool) -> Result<Vec<SnapshotProgress>, PgError> {
         let store = &self.inner.settings.store;
         let c = client(pool).await?;
+        let exists: bool = c
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&store.quoted()])
+            .await
+            .map_err(|e| PgError::sql(format!("cannot look for {store}"), e))?
+            .get(0);
+        if !exists {
+            return Ok(Vec::new());
+        }
         let rows = c
             .query(
                 &format!(

@@ -89,7 +89,8 @@ impl StreamedKeys {
     /// chunk's check [misses](ChunkCheck::misses).
     pub fn stale(&self, key: &Key, check: &ChunkCheck) -> bool {
         let misses = |&(xid, commit): &(u64, u64)| check.misses(xid, commit);
-        self.truncates.iter().any(misses) || self.keys.get(key).is_some_and(|v| v.iter().any(misses))
+        self.truncates.iter().any(misses)
+            || self.keys.get(key).is_some_and(|v| v.iter().any(misses))
     }
 
     /// Forgets the changes `check`'s snapshot saw: every later chunk's snapshot sees
@@ -99,8 +100,7 @@ impl StreamedKeys {
             v.retain(|&(xid, _)| !check.snapshot.sees(xid));
             !v.is_empty()
         });
-        self.truncates
-            .retain(|&(xid, _)| !check.snapshot.sees(xid));
+        self.truncates.retain(|&(xid, _)| !check.snapshot.sees(xid));
     }
 
     /// How many keys are remembered.

@@ -64,3 +64,87 @@ pub(super) fn read(r: &mut Reader<'_, '_>, t: Tbl<'_>, source: Option<&Source>) 
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Sink, parse};
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        (name == "DATABASE_URL").then(|| "postgres://app@db/app".to_owned())
+    }
+
+    fn config(source: &str, sink: &str) -> String {
+        format!(
+            r#"[source]
+{source}
+
+[[sinks]]
+kind = "kafka"
+brokers = "127.0.0.1:9092"
+topic = "pg"
+{sink}
+"#
+        )
+    }
+
+    const POSTGRES: &str = "kind = \"postgres\"\nurl = \"${DATABASE_URL}\"";
+
+    #[test]
+    fn a_sinks_snapshot_settings_are_read_beside_its_own() {
+        let src = config(
+            POSTGRES,
+            "snapshot = \"initial\"\nsnapshot_chunk_rows = 500\nsnapshot_pause_ms = 20",
+        );
+        let c = parse(&src, "f.toml", &env).unwrap();
+        let Sink::Kafka(k, s) = &c.sinks[0];
+        assert_eq!(k.topic, "pg");
+        assert_eq!(
+            *s,
+            SinkSnapshot {
+                mode: SnapshotMode::Initial,
+                chunk_rows: 500,
+                pause: Duration::from_millis(20),
+            }
+        );
+        // As for the changefeed: no snapshot unless asked.
+        let c = parse(&config(POSTGRES, ""), "f.toml", &env).unwrap();
+        let Sink::Kafka(_, s) = &c.sinks[0];
+        assert_eq!(*s, SinkSnapshot::default());
+        assert_eq!(s.mode, SnapshotMode::Never);
+    }
+
+    #[test]
+    fn bad_snapshot_settings_are_all_reported_with_their_lines() {
+        let src = config(
+            POSTGRES,
+            "snapshot = \"always\"\nsnapshot_chunk_rows = 0\nsnapshot_pause_ms = -1",
+        );
+        let p = parse(&src, "f.toml", &env).unwrap_err().lines();
+        for w in [
+            "f.toml:9: `sinks[0].snapshot` must be one of `initial`, `never`, not `always`",
+            "f.toml:10: `sinks[0].snapshot_chunk_rows` must be between 1 and 1000000, not 0",
+            "f.toml:11: `sinks[0].snapshot_pause_ms` must be between 0 and 3600000, not -1",
+        ] {
+            assert!(
+                p.iter().any(|l| l.starts_with(w)),
+                "missing {w:?} in\n{}",
+                p.join("\n")
+            );
+        }
+    }
+
+    #[test]
+    fn an_initial_snapshot_needs_the_postgres_replication_source() {
+        let src = config(
+            "kind = \"postgres-incremental\"\nurl = \"${DATABASE_URL}\"\ncursor = \"updated_at\"",
+            "snapshot = \"initial\"",
+        );
+        let p = parse(&src, "f.toml", &env).unwrap_err().lines();
+        assert!(
+            p.iter().any(|l| l.starts_with("f.toml:10: `sinks[0].snapshot` \"initial\" reads from a PostgreSQL replication source, not a postgres-incremental source")),
+            "{}",
+            p.join("\n")
+        );
+    }
+}

@@ -234,6 +234,151 @@ topic_mode = "single"
     assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
 }
 
+/// A sink's snapshots through the binary: with `snapshot = "initial"` the rows that
+/// existed before it started arrive as READ events (`op` `r`) before and among the live
+/// changes; a second sink (`"never"`) publishes none until `freshen snapshot --sink 1`
+/// asks, and `/status` shows both sinks' progress. Wrong requests are refused clearly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_sink_snapshots_existing_rows_initially_and_on_demand() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, amount int NOT NULL);
+         INSERT INTO orders SELECT g, 1 FROM generate_series(1, 250) g;",
+    )
+    .await
+    .unwrap();
+    create_topic(&kafka.bootstrap(), "first").await;
+    create_topic(&kafka.bootstrap(), "later").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "postgres"
+url = "{url}"
+slot = "freshen_sink_snap"
+publication = "freshen_sink_snap"
+tables = ["public.orders"]
+
+[http]
+listen = "127.0.0.1:{port}"
+
+[[sinks]]
+kind = "kafka"
+brokers = "{brokers}"
+topic = "first"
+topic_mode = "single"
+snapshot = "initial"
+snapshot_chunk_rows = 100
+
+[[sinks]]
+kind = "kafka"
+brokers = "{brokers}"
+topic = "later"
+topic_mode = "single"
+"#,
+            url = pg.url(),
+            brokers = kafka.bootstrap()
+        ),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, DEADLINE).await;
+    // Sink 0's initial snapshot, done (the library tests cover writers during one).
+    let status = freshen_testenv::refresher::eventually(60, "sink 0's snapshot done", || {
+        let base = base.clone();
+        async move {
+            let body = wait_http(&base, "/status", 200, DEADLINE).await;
+            let v: Value = serde_json::from_str(&body).ok()?;
+            (v["sink_snapshots"][0]["tables"][0]["state"] == "done").then_some(v)
+        }
+    })
+    .await;
+    let s0 = &status["sink_snapshots"][0];
+    assert_eq!(
+        (
+            s0["sink"].as_u64(),
+            s0["id"].as_str(),
+            s0["tables"][0]["rows"].as_u64()
+        ),
+        (Some(0), Some("kafka:first"), Some(250)),
+        "{status}"
+    );
+    c.execute("UPDATE orders SET amount = 2 WHERE id = 7", &[])
+        .await
+        .unwrap();
+    c.execute("INSERT INTO orders VALUES (1000, 3)", &[])
+        .await
+        .unwrap();
+
+    // Sink 0: every existing row once as a READ, then the two live changes.
+    let got = consume(&kafka.bootstrap(), "first", "reader", 252, dir.path());
+    let reads: std::collections::BTreeSet<i64> = got
+        .iter()
+        .filter(|(_, v)| v["op"] == "r")
+        .map(|(k, _)| k["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(reads, (1..=250).collect(), "every existing row read once");
+    assert!(
+        got.iter()
+            .filter(|(_, v)| v["op"] == "r")
+            .all(|(_, v)| v["source"]["snapshot"] == "incremental" && v["before"].is_null())
+    );
+    assert!(got.iter().any(|(k, v)| v["op"] == "c" && k["id"] == 1000));
+    let last7 = got.iter().rev().find(|(k, _)| k["id"] == 7).unwrap();
+    assert_eq!(last7.1["after"]["amount"], json!(2), "{got:?}");
+
+    // Sink 1 took no snapshot; asked for, it publishes the rows as they are now.
+    let ask = |args: &[&str]| {
+        freshen()
+            .args(["snapshot", "-c"])
+            .arg(&cfg)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = ask(&["--sink", "1", "public.nope"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("public.nope") && err.contains("400"), "{err}");
+    let out = ask(&["--sink", "7", "orders"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no sink 7"));
+    let out = ask(&["--sink", "1", "orders"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["snapshots"][0]["table"], "orders", "{answer}");
+    let got = consume(&kafka.bootstrap(), "later", "reader", 251, dir.path());
+    assert!(
+        got.iter().all(|(_, v)| v["op"] == "r"),
+        "only the snapshot: {got:?}"
+    );
+    let seven = got.iter().find(|(k, _)| k["id"] == 7).unwrap();
+    assert_eq!(seven.1["after"]["amount"], json!(2));
+    let progress = freshen_testenv::refresher::eventually(30, "sink 1's snapshot done", || {
+        let out = ask(&["--sink", "1"]);
+        async move {
+            let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+            (v[0]["tables"][0]["state"] == "done").then_some(v)
+        }
+    })
+    .await;
+    assert_eq!(progress[0]["tables"][0]["rows"], json!(251), "{progress}");
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+}
+
 /// The same sink from a MySQL (MariaDB) binlog source: the envelope names the database
 /// and table, and the key is the primary key.
 #[cfg(feature = "mysql")]

@@ -26,6 +26,11 @@
 //!   the snapshot each was read under, and watermarks written into the WAL, for
 //!   snapshots interleaved with the stream (the changefeed's DBLog snapshots). The
 //!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
+//!   [`ChunkCheck`] and [`StreamedKeys`] decide which of a chunk's rows are stale.
+//! - [`SinkSnapshots`]: the same snapshots for a sink (Kafka): chunks spliced into the
+//!   sink's own stream at their high watermarks ([`SinkSnapshots::splice`]), checked
+//!   against the keys the stream carried meanwhile, progress stored in the source
+//!   database once the sink has delivered a chunk.
 //! - [`SqlFanOut`]: a [`freshen::Expand`] that maps changed parent rows to view keys
 //!   with a query, in a snapshot that sees the change, page by page.
 //! - [`PgIncrementalSource`] ([`incremental`]): a cursor-polling source for databases

@@ -289,15 +289,20 @@ topic_mode = "single"
     let mut child = spawn_run(dir.path(), &cfg, 1);
     wait_http(&base, "/healthz", 200, DEADLINE).await;
     // Sink 0's initial snapshot, done (the library tests cover writers during one).
-    let status = freshen_testenv::refresher::eventually(60, "sink 0's snapshot done", || {
-        let base = base.clone();
-        async move {
-            let body = wait_http(&base, "/status", 200, DEADLINE).await;
-            let v: Value = serde_json::from_str(&body).ok()?;
-            (v["sink_snapshots"][0]["tables"][0]["state"] == "done").then_some(v)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let body = wait_http(&base, "/status", 200, DEADLINE).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if v["sink_snapshots"][0]["tables"][0]["state"] == "done" {
+            break v;
         }
-    })
-    .await;
+        assert!(
+            Instant::now() < deadline,
+            "sink 0's snapshot not done: {v}\n{}",
+            log_of(dir.path(), 1)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let s0 = &status["sink_snapshots"][0];
     assert_eq!(
         (
@@ -356,13 +361,17 @@ topic_mode = "single"
     );
     let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(answer["snapshots"][0]["table"], "orders", "{answer}");
-    let got = consume(&kafka.bootstrap(), "later", "reader", 251, dir.path());
-    assert!(
-        got.iter().all(|(_, v)| v["op"] == "r"),
-        "only the snapshot: {got:?}"
-    );
-    let seven = got.iter().find(|(k, _)| k["id"] == 7).unwrap();
-    assert_eq!(seven.1["after"]["amount"], json!(2));
+    // Its two live changes, then every row as it is now.
+    let got = consume(&kafka.bootstrap(), "later", "reader", 253, dir.path());
+    let reads: Vec<&(Value, Value)> = got.iter().filter(|(_, v)| v["op"] == "r").collect();
+    let ids: std::collections::BTreeSet<i64> = reads
+        .iter()
+        .map(|(k, _)| k["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(reads.len(), 251, "each row once");
+    assert_eq!(ids, (1..=250).chain([1000]).collect());
+    let seven = reads.iter().find(|(k, _)| k["id"] == 7).unwrap();
+    assert_eq!(seven.1["after"]["amount"], json!(2), "the row as it is now");
     let progress = freshen_testenv::refresher::eventually(30, "sink 1's snapshot done", || {
         let out = ask(&["--sink", "1"]);
         async move {

@@ -327,27 +327,18 @@ impl SinkSnapshots {
         let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let mut jitter = Jitter::from_clock();
         let mut failures = 0u32;
-        // Load the stored progress (retried: the source may be down at start).
+        // Load the stored progress and, with `initial`, record the tables without one
+        // as pending (retried: the source may be down at start).
         loop {
-            let loaded = self.load(&pool);
             let r = tokio::select! {
                 () = &mut shutdown => return Ok(()),
-                r = loaded => r,
+                r = self.start(&pool, &tables) => r,
             };
             match r {
-                Ok(stored) => {
-                    let mut st = self.lock();
-                    st.progress = stored
-                        .into_iter()
-                        .filter(|p| tables.contains(&p.table_name()))
-                        .map(|p| (p.table_name(), p))
-                        .collect();
-                    st.source = Some((pool.clone(), tables.clone()));
-                    break;
-                }
+                Ok(()) => break,
                 Err(e) if e.kind() == ErrorKind::Config => return Err(e),
                 Err(e) => {
-                    tracing::warn!(sink = %self.sink(), error = %e, "sink snapshot: cannot read the stored progress; retrying");
+                    tracing::warn!(sink = %self.sink(), error = %e, "sink snapshot: cannot read or store progress; retrying");
                     let delay = backoff.delay(failures, jitter.unit());
                     failures = failures.saturating_add(1);
                     tokio::select! {
@@ -358,20 +349,6 @@ impl SinkSnapshots {
             }
         }
         failures = 0;
-        if self.inner.settings.initial {
-            let missing: Vec<TableName> = {
-                let st = self.lock();
-                tables
-                    .iter()
-                    .filter(|t| !st.progress.contains_key(t))
-                    .cloned()
-                    .collect()
-            };
-            tokio::select! {
-                () = &mut shutdown => return Ok(()),
-                r = self.begin(&pool, &missing) => r?,
-            }
-        }
         loop {
             let next = self
                 .lock()
@@ -412,6 +389,29 @@ impl SinkSnapshots {
                 }
             }
         }
+    }
+
+    /// Loads the stored progress of `tables` and, with `initial`, begins those without.
+    async fn start(&self, pool: &Pool, tables: &[TableName]) -> Result<(), PgError> {
+        let stored = self.load(pool).await?;
+        let missing: Vec<TableName> = {
+            let mut st = self.lock();
+            st.progress = stored
+                .into_iter()
+                .filter(|p| tables.contains(&p.table_name()))
+                .map(|p| (p.table_name(), p))
+                .collect();
+            st.source = Some((pool.clone(), tables.to_vec()));
+            tables
+                .iter()
+                .filter(|t| !st.progress.contains_key(t))
+                .cloned()
+                .collect()
+        };
+        if self.inner.settings.initial {
+            self.begin(pool, &missing).await?;
+        }
+        Ok(())
     }
 
     fn stop_recording(&self) {

@@ -388,6 +388,133 @@ topic_mode = "single"
     assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
 }
 
+/// A sink's snapshot survives a SIGKILL of the binary: the restarted process resumes
+/// after the last chunk it delivered (stored in the source), and every row reaches the
+/// topic as a READ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_snapshot_resumes_after_a_sigkill() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, amount int NOT NULL);
+         INSERT INTO orders SELECT g, 1 FROM generate_series(1, 3000) g;",
+    )
+    .await
+    .unwrap();
+    create_topic(&kafka.bootstrap(), "killed").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[source]
+kind = "postgres"
+url = "{url}"
+slot = "freshen_sink_kill"
+publication = "freshen_sink_kill"
+tables = ["public.orders"]
+
+[http]
+listen = "127.0.0.1:{port}"
+
+[[sinks]]
+kind = "kafka"
+brokers = "{brokers}"
+topic = "killed"
+topic_mode = "single"
+snapshot = "initial"
+snapshot_chunk_rows = 100
+snapshot_pause_ms = 50
+"#,
+            url = pg.url(),
+            brokers = kafka.bootstrap()
+        ),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let progress = |body: &str| -> (String, u64) {
+        let v: Value = serde_json::from_str(body).unwrap();
+        let t = &v["sink_snapshots"][0]["tables"][0];
+        (
+            t["state"].as_str().unwrap_or("").to_owned(),
+            t["chunks"].as_u64().unwrap_or(0),
+        )
+    };
+    let mut first = spawn_run(dir.path(), &cfg, 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (state, chunks) = progress(&wait_http(&base, "/status", 200, DEADLINE).await);
+        if chunks >= 5 {
+            assert_eq!(state, "running", "killed mid-snapshot");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", log_of(dir.path(), 1));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let stored: String = c
+        .query_one("SELECT progress::text FROM freshen_sink_snapshots", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let stored: Value = serde_json::from_str(&stored).unwrap();
+    assert_eq!(stored["state"], "running", "{stored}");
+    let resume_after: i64 = stored["after"][0].as_str().unwrap().parse().unwrap();
+    assert!(resume_after >= 500 && resume_after < 3000, "{stored}");
+
+    let mut second = spawn_run(dir.path(), &cfg, 2);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok((200, body)) = freshen_cli::status::get(&base, "/status").await
+            && progress(&body).0 == "done"
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", log_of(dir.path(), 2));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        log_of(dir.path(), 2).contains("resuming after its last delivered chunk"),
+        "{}",
+        log_of(dir.path(), 2)
+    );
+    // Every row at least once (the chunk in flight at the kill may come twice).
+    let want: std::collections::BTreeSet<i64> = (1..=3000).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("group.id", "reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["killed"]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen != want {
+        assert!(
+            Instant::now() < deadline,
+            "{} of 3000 rows arrived",
+            seen.len()
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let key: Value = serde_json::from_slice(m.key().unwrap()).unwrap();
+            let value: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            assert_eq!(value["op"], "r");
+            seen.insert(key["id"].as_i64().unwrap());
+        }
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(
+        second.wait().unwrap().success(),
+        "{}",
+        log_of(dir.path(), 2)
+    );
+}
+
 /// The same sink from a MySQL (MariaDB) binlog source: the envelope names the database
 /// and table, and the key is the primary key.
 #[cfg(feature = "mysql")]

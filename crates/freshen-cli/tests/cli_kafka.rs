@@ -462,7 +462,7 @@ snapshot_pause_ms = 50
     let stored: Value = serde_json::from_str(&stored).unwrap();
     assert_eq!(stored["state"], "running", "{stored}");
     let resume_after: i64 = stored["after"][0].as_str().unwrap().parse().unwrap();
-    assert!(resume_after >= 500 && resume_after < 3000, "{stored}");
+    assert!((500..3000).contains(&resume_after), "{stored}");
 
     let mut second = spawn_run(dir.path(), &cfg, 2);
     let deadline = Instant::now() + Duration::from_secs(60);

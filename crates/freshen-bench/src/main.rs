@@ -66,7 +66,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "snapshot",
-        about: "changefeed snapshot rows/s vs COPY (SELECT …) TO STDOUT of the same table; peak RSS at two table sizes; writers' TPS with and without a snapshot",
+        about: "changefeed and Kafka sink snapshot rows/s vs COPY (SELECT …) TO STDOUT of the same table; peak RSS at two table sizes; writers' TPS with and without a snapshot",
         run: snapshot::run,
     },
     Scenario {

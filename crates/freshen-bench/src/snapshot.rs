@@ -4,6 +4,10 @@
 //! two table sizes (flat: one chunk in memory at a time), and the writers' TPS (pgbench
 //! updating the table) with and without a snapshot running.
 //!
+//! The same table is also snapshotted into a Kafka sink (`freshen_postgres::SinkSnapshots`
+//! spliced into a `KafkaSink`, READ events delivered to a broker with `acks=all`, the
+//! progress stored in the source per chunk), side by side with COPY and the changefeed.
+//!
 //! The capture runs throughout (the snapshot needs it, and the TPS baseline has it
 //! too), so the TPS difference is the snapshot's own cost on the source.
 
@@ -14,7 +18,8 @@ use freshen_changefeed::{
     Changefeed, ChangefeedConfig, SnapshotProgress, SnapshotSource, SnapshotState,
 };
 use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode, TableName,
+    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotSettings,
+    SinkSnapshots, SlotMode, TableName,
 };
 use futures_util::StreamExt;
 use tokio_postgres::Client;
@@ -104,6 +109,83 @@ async fn snapshot(
     }
 }
 
+/// Asks the sink's snapshots for `table` and waits until done; returns it, the time and
+/// the peak RSS over it (KiB).
+async fn sink_snapshot(
+    snaps: &SinkSnapshots,
+    table: &str,
+) -> anyhow::Result<(SnapshotProgress, Duration, u64)> {
+    reset_peak();
+    let started = Instant::now();
+    snaps.request(&[table.to_owned()]).await?;
+    loop {
+        let done = snaps
+            .status()
+            .into_iter()
+            .find(|p| p.table == table && p.state == SnapshotState::Done);
+        if let Some(p) = done {
+            return Ok((p, started.elapsed(), status_kib("VmHWM:")));
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the sink snapshot of {table} did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Kafka sink on its own slot, with its snapshots: the sink's task and the driver's.
+async fn kafka_sink(
+    conn: &ConnectionConfig,
+    bootstrap: &str,
+    tables: Vec<TableName>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(
+    SinkSnapshots,
+    Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+)> {
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let source = PgSource::start(PgSourceConfig {
+        connection: conn.clone(),
+        slot: "bench_sink_snap".into(),
+        slot_mode: SlotMode::CreateIfMissing,
+        publication: "bench_sink_snap".into(),
+        publication_mode: PublicationMode::CreateIfMissing,
+        tables: tables.clone(),
+        ..PgSourceConfig::default()
+    })
+    .await?;
+    let snaps =
+        SinkSnapshots::new(SinkSnapshotSettings::new("kafka:bench", false).chunk_rows(CHUNK_ROWS));
+    let sink = freshen_kafka::KafkaSink::new(&freshen_kafka::KafkaSinkConfig::new(
+        bootstrap,
+        "bench",
+        freshen_kafka::TopicMode::Single,
+    ))?;
+    let s = snaps.clone();
+    let stop_sink = stopped(stop.clone());
+    let sink = tokio::spawn(async move {
+        let splice = move |b: &freshen::Batch| {
+            s.splice(b)
+                .into_iter()
+                .map(|x| (x.at, x.rows, x.delivered))
+                .collect()
+        };
+        sink.run_interleaved(source, splice, stop_sink).await?;
+        anyhow::Ok(())
+    });
+    let s = snaps.clone();
+    let pool = freshen_postgres::connect_pool(conn, 1)?;
+    let stop_driver = stopped(stop);
+    let driver = tokio::spawn(async move {
+        s.run(pool, tables, stop_driver).await?;
+        anyhow::Ok(())
+    });
+    Ok((snaps, vec![sink, driver]))
+}
+
 async fn run_async(opts: &Opts) -> anyhow::Result<()> {
     let rows: u64 = if opts.quick { 100_000 } else { 1_000_000 };
     let small = rows / 10;
@@ -153,6 +235,19 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
         tokio::spawn(async move { cf.run_snapshots(source, stop).await })
     };
 
+    let kafka = freshen_testenv::KafkaServer::start()
+        .context("a Kafka broker (scripts/test-deps-brokers)")?;
+    let (sink_snaps, sink_tasks) = kafka_sink(
+        &conn,
+        &kafka.bootstrap(),
+        vec![
+            TableName::new("public", "snap"),
+            TableName::new("public", "snap_small"),
+        ],
+        stop_rx.clone(),
+    )
+    .await?;
+
     // Side by side, no writers: COPY of each table, then a snapshot of it.
     let idle_rss = status_kib("VmRSS:");
     let mut t = Table::new(&[
@@ -174,6 +269,14 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
         let (p, took, peak) = snapshot(&cf, table).await?;
         t.row(vec![
             format!("changefeed snapshot of {table}, chunks of {CHUNK_ROWS}, fsync"),
+            p.rows.to_string(),
+            dur(took),
+            rate(p.rows as f64, took),
+            format!("{} ({})", mib(peak), mib(idle_rss)),
+        ]);
+        let (p, took, peak) = sink_snapshot(&sink_snaps, table).await?;
+        t.row(vec![
+            format!("Kafka sink snapshot of {table}, chunks of {CHUNK_ROWS}, READ events delivered (acks=all)"),
             p.rows.to_string(),
             dur(took),
             rate(p.rows as f64, took),
@@ -247,6 +350,9 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
     );
 
     let _ = stop_tx.send(true);
+    for t in sink_tasks {
+        t.await??;
+    }
     driver.await??;
     capture.await??;
     cf.close().await;

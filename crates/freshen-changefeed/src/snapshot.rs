@@ -36,8 +36,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use freshen::{Backoff, Jitter, Op, RowEvent, StreamMark};
-use freshen_postgres::{Pool, TableName, TableReader, WATERMARK_PREFIX, XidSnapshot};
-use serde::{Deserialize, Serialize};
+pub(crate) use freshen_postgres::ChunkCheck;
+use freshen_postgres::{Pool, TableName, TableReader, WATERMARK_PREFIX};
+pub use freshen_postgres::{SnapshotProgress, SnapshotState};
 use tokio::sync::{Notify, oneshot};
 
 use crate::record::unix_ms;
@@ -48,78 +49,25 @@ use crate::{Changefeed, Error, SnapshotMode};
 /// before it is read again (the capture loop may be reconnecting meanwhile).
 const WATERMARK_WAIT: Duration = Duration::from_secs(300);
 
-/// Where a table's snapshot stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SnapshotState {
-    /// Asked for; not started.
-    Pending,
-    /// Some chunks are in the log; resumes after `after`.
-    Running,
-    /// Every row was read (or the table was truncated meanwhile).
-    Done,
-}
-
-/// One table's snapshot progress, as stored with the log and shown by
-/// `GET /changefeed/snapshot`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct SnapshotProgress {
-    /// The table's schema.
-    pub schema: String,
-    /// The table.
-    pub table: String,
-    /// Where it stands.
-    pub state: SnapshotState,
-    /// The primary key of the last row read (as text, in key order): the next chunk
-    /// starts after it.
-    pub after: Option<Vec<String>>,
-    /// Rows appended as `read` events.
-    pub rows: u64,
-    /// Rows dropped because their row changed while the chunk was in flight (the live
-    /// event is in the log instead).
-    pub dropped: u64,
-    /// Chunks committed.
-    pub chunks: u64,
-    /// When the snapshot was asked for (ms since the Unix epoch).
-    pub started_ms: u64,
-    /// When it ended.
-    pub finished_ms: Option<u64>,
-    /// The last failure reading from the source, until a chunk succeeds again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-impl SnapshotProgress {
-    fn new(t: &TableName, now: u64) -> SnapshotProgress {
-        SnapshotProgress {
-            schema: t.schema.clone(),
-            table: t.name.clone(),
-            state: SnapshotState::Pending,
-            after: None,
-            rows: 0,
-            dropped: 0,
-            chunks: 0,
-            started_ms: now,
-            finished_ms: None,
-            last_error: None,
-        }
-    }
-
-    pub(crate) fn store_key(&self) -> String {
+impl SnapshotRecord for SnapshotProgress {
+    fn store_key(&self) -> String {
         store_key(&self.schema, &self.table)
     }
 
-    pub(crate) fn to_json(&self) -> Vec<u8> {
+    fn to_json(&self) -> Vec<u8> {
         let mut p = self.clone();
         // Failures are for the status, not for the next run.
         p.last_error = None;
         serde_json::to_vec(&p).unwrap_or_default()
     }
+}
 
-    fn name(&self) -> TableName {
-        TableName::new(&self.schema, &self.table)
-    }
+/// How the changefeed stores a table's progress with its log.
+pub(crate) trait SnapshotRecord {
+    /// The key in the log's snapshot table.
+    fn store_key(&self) -> String;
+    /// The stored value.
+    fn to_json(&self) -> Vec<u8>;
 }
 
 /// The high watermark's content for chunk `id` (the low one says `low`: the writer
@@ -130,17 +78,6 @@ fn high_mark(id: &str) -> String {
 
 fn store_key(schema: &str, table: &str) -> String {
     format!("{schema}\0{table}")
-}
-
-/// What the writer checks a chunk's rows against.
-#[derive(Debug, Clone)]
-pub(crate) struct ChunkCheck {
-    /// What the chunk's SELECT saw.
-    pub(crate) snapshot: XidSnapshot,
-    /// The low watermark's WAL position (the end of its record, as
-    /// `pg_logical_emit_message` returns it: a transaction whose commit record starts
-    /// there or later committed after it).
-    pub(crate) low: u64,
 }
 
 /// A chunk read and waiting for its high watermark.
@@ -311,31 +248,7 @@ impl Changefeed {
                     "snapshots need the changefeed to capture from PostgreSQL".to_owned(),
                 )
             })?;
-        if tables.is_empty() {
-            return Err(Error::Invalid(
-                "tables: name at least one table to snapshot".to_owned(),
-            ));
-        }
-        let mut resolved = Vec::new();
-        let mut unknown = Vec::new();
-        for name in tables {
-            let hits: Vec<&TableName> = known
-                .iter()
-                .filter(|t| t.to_string() == *name || t.name == *name)
-                .collect();
-            match hits.as_slice() {
-                [one] => resolved.push((*one).clone()),
-                _ => unknown.push(name.as_str()),
-            }
-        }
-        if !unknown.is_empty() {
-            let known: Vec<String> = known.iter().map(ToString::to_string).collect();
-            return Err(Error::Invalid(format!(
-                "tables: not captured by this changefeed (or ambiguous): {}; captured: {}",
-                unknown.join(", "),
-                known.join(", ")
-            )));
-        }
+        let resolved = freshen_postgres::resolve_tables(&known, tables).map_err(Error::Invalid)?;
         self.begin_snapshots(&resolved).await?;
         let p = self.snapshots.lock_progress();
         Ok(resolved
@@ -372,7 +285,7 @@ impl Changefeed {
         let rx = self.core.write_submit(ops)?;
         self.core.wait(rx).await?;
         for p in fresh {
-            tracing::info!(table = %p.name(), "changefeed snapshot requested");
+            tracing::info!(table = %p.table_name(), "changefeed snapshot requested");
             self.snapshots.set(p);
         }
         self.snapshots.wake.notify_one();
@@ -452,7 +365,7 @@ impl Changefeed {
         source: &SnapshotSource,
         mut progress: SnapshotProgress,
     ) -> Result<(), ChunkError> {
-        let table = progress.name();
+        let table = progress.table_name();
         let reader = TableReader::new(source.pool.clone(), table.clone())
             .await
             .map_err(|e| ChunkError::Source(e.to_string()))?;
@@ -563,7 +476,7 @@ impl Changefeed {
             let mut p = f.next;
             p.state = SnapshotState::Done;
             p.finished_ms = Some(unix_ms(SystemTime::now()));
-            tracing::info!(table = %p.name(), "changefeed snapshot: the table was truncated meanwhile; every row from now on streams live");
+            tracing::info!(table = %p.table_name(), "changefeed snapshot: the table was truncated meanwhile; every row from now on streams live");
             (Vec::new(), p)
         } else {
             (f.rows, f.next)
@@ -584,6 +497,8 @@ async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use freshen::{Row, Tx, Value};
+
+    use freshen_postgres::XidSnapshot;
 
     use super::*;
     use crate::{ChangefeedConfig, Filter};

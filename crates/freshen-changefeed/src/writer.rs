@@ -14,7 +14,7 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::record::{self, Encoder, Extra, RecordRef};
-use crate::snapshot::{ChunkCheck, SnapshotProgress};
+use crate::snapshot::{ChunkCheck, SnapshotProgress, SnapshotRecord};
 use crate::store::{self, DEAD, EVENTS, GROUPS, LATEST, LEASES, LogState, META, SNAPSHOTS};
 use crate::{Durability, Error};
 
@@ -542,7 +542,7 @@ fn changed_since(
     };
     Ok(RecordRef::parse(v.value())
         .and_then(|r| record::position_of(&r))
-        .is_some_and(|(lsn, xid)| lsn >= check.low || !check.snapshot.sees(xid)))
+        .is_some_and(|(lsn, xid)| check.misses(xid, lsn)))
 }
 
 /// Removes the index entry of a deleted record when it still names it.

@@ -1,5 +1,6 @@
 //! `/admin`: steer a running pipeline over the metrics listener — start a view's sweep,
-//! list and re-admit quarantined keys, rebuild given keys now, reload the configuration.
+//! list and re-admit quarantined keys, rebuild given keys now, reload the configuration,
+//! start a sink's snapshot of some tables.
 //!
 //! Who may: with `[http] admin_token` set, requests must present it as a bearer token;
 //! without one the endpoints are open on a loopback listener (the Host allow-list and
@@ -62,6 +63,8 @@ pub enum AdminError {
     Reload(String),
     /// This process cannot reload (not started from a file).
     NoReload,
+    /// No sink of that index takes snapshots.
+    NoSink(usize),
 }
 
 impl IntoResponse for AdminError {
@@ -86,6 +89,12 @@ impl IntoResponse for AdminError {
             AdminError::Reload(why) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("the configuration was not reloaded (the running one goes on): {why}"),
+            ),
+            AdminError::NoSink(i) => (
+                StatusCode::NOT_FOUND,
+                format!(
+                    "sink {i} takes no snapshots (sinks are numbered from 0 in [[sinks]] order; snapshots need a PostgreSQL source)"
+                ),
             ),
             AdminError::NoReload => (
                 StatusCode::CONFLICT,
@@ -289,6 +298,37 @@ async fn reload(State((o, _)): State<Shared>) -> Result<Json<serde_json::Value>,
     }
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotRequest {
+    tables: Vec<String>,
+}
+
+/// Starts snapshots of the named tables into sink `sink` (its index in `[[sinks]]`);
+/// answers at once with their progress.
+async fn sink_snapshot(
+    State((o, _)): State<Shared>,
+    Path(sink): Path<usize>,
+    body: Result<Json<SnapshotRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AdminError> {
+    let Json(req) = body.map_err(|e| {
+        AdminError::BadKey(format!(
+            "give tables: the tables to snapshot, e.g. {{\"tables\": [\"public.orders\"]}} ({e})"
+        ))
+    })?;
+    let snapshots = o.sink(sink).ok_or(AdminError::NoSink(sink))?;
+    let progress = snapshots
+        .request(&req.tables)
+        .await
+        .map_err(|e| AdminError::BadKey(e.to_string()))?;
+    tracing::info!(sink, tables = ?req.tables, "sink snapshot requested over /admin");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "sink": sink, "snapshots": progress })),
+    )
+        .into_response())
+}
+
 /// The `/admin` routes, guarded by `access`.
 pub fn routes(o: Arc<dyn Observe>, access: Access) -> Router {
     let state: Shared = (o, Arc::new(access));
@@ -298,6 +338,7 @@ pub fn routes(o: Arc<dyn Observe>, access: Access) -> Router {
         .route("/admin/views/{view}/readmit", post(readmit))
         .route("/admin/views/{view}/rebuild", post(rebuild))
         .route("/admin/reload", post(reload))
+        .route("/admin/sinks/{sink}/snapshot", post(sink_snapshot))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
 }

@@ -145,11 +145,16 @@ pub enum Command {
         file: ConfigFile,
     },
     /// Snapshot tables into a running instance's changefeed (existing rows as `read`
-    /// events), or with no table show each table's snapshot progress.
+    /// events), or with `--sink N` into its N-th sink (READ events, `op` `r`); with no
+    /// table show each table's snapshot progress.
     Snapshot {
-        /// The configuration file (its `[changefeed]`).
+        /// The configuration file (its `[changefeed]`, or with `--sink` its `[http]`).
         #[command(flatten)]
         file: ConfigFile,
+        /// The sink to snapshot into, by its place in `[[sinks]]` (from 0) instead of
+        /// the changefeed.
+        #[arg(long, value_name = "N")]
+        sink: Option<usize>,
         /// Tables to snapshot, `schema.table`.
         tables: Vec<String>,
     },

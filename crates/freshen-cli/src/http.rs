@@ -24,6 +24,15 @@ pub trait Observe: Send + Sync + 'static {
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
         Vec::new()
     }
+    /// Each sink's snapshot progress (none without sink snapshots).
+    fn sink_snapshots(&self) -> Vec<crate::sink_snapshot::SinkSnapshotStatus> {
+        Vec::new()
+    }
+    /// The snapshots of sink `index` (`[[sinks]]` order), for `/admin`.
+    fn sink(&self, index: usize) -> Option<freshen_postgres::SinkSnapshots> {
+        let _ = index;
+        None
+    }
     /// The handle of the view named `view`, for `/admin` (none: no such view).
     fn handle(&self, view: &str) -> Option<freshen::Handle> {
         let _ = view;
@@ -58,6 +67,9 @@ pub struct Status {
     /// The changefeed's snapshots, table by table.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<freshen_changefeed::SnapshotProgress>,
+    /// Each sink's snapshots, table by table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sink_snapshots: Vec<crate::sink_snapshot::SinkSnapshotStatus>,
 }
 
 fn active() -> String {
@@ -242,6 +254,7 @@ pub fn status(o: &dyn Observe) -> Status {
         source,
         views: o.views().iter().map(ViewStatus::from).collect(),
         snapshots: o.snapshots(),
+        sink_snapshots: o.sink_snapshots(),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod pipeline;
 pub mod reload;
 pub mod run;
 pub mod scope;
+pub mod sink_snapshot;
 pub mod snapshot;
 pub mod sources;
 pub mod standby;

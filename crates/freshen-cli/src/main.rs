@@ -70,7 +70,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             println!("freshen {}", freshen_cli::args::version());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Snapshot { file, tables } => {
+        Command::Snapshot { file, sink, tables } => {
             let cfg = match config::load_offline(&file.config) {
                 Ok(c) => c,
                 Err(e) => {
@@ -78,7 +78,11 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
             };
-            println!("{}", freshen_cli::snapshot::run(&cfg, &tables).await?);
+            let out = match sink {
+                Some(n) => freshen_cli::snapshot::run_sink(&cfg, n, &tables).await?,
+                None => freshen_cli::snapshot::run(&cfg, &tables).await?,
+            };
+            println!("{out}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Completions { shell } => {

@@ -35,15 +35,31 @@ type SinkRun = Box<
         + Send,
 >;
 
-/// Sets up `sink` (connects its producer) and returns how to run it.
-fn sink_run(sink: &Sink) -> anyhow::Result<SinkRun> {
+/// Sets up `sink` (connects its producer) and returns how to run it, with its snapshot
+/// driver (a PostgreSQL source only).
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+fn sink_run(
+    cfg: &Config,
+    sink: &Sink,
+) -> anyhow::Result<(SinkRun, Option<crate::sink_snapshot::Driver>)> {
     match *sink {
         #[cfg(feature = "kafka")]
-        Sink::Kafka(ref k) => {
+        Sink::Kafka(ref k, ref snapshot) => {
             let s = freshen_kafka::KafkaSink::new(k).context("cannot set up the Kafka sink")?;
-            Ok(Box::new(move |branch, stop| {
-                Box::pin(async move { s.run(branch, stop).await.map_err(Into::into) })
-            }))
+            let driver = crate::sink_snapshot::driver(cfg, &k.topic, snapshot)?;
+            let splice = driver
+                .as_ref()
+                .map(|d| crate::sink_snapshot::splice(d.snapshots.clone()));
+            let run: SinkRun = Box::new(move |branch, stop| {
+                Box::pin(async move {
+                    match splice {
+                        Some(splice) => s.run_interleaved(branch, splice, stop).await,
+                        None => s.run(branch, stop).await,
+                    }
+                    .map_err(Into::into)
+                })
+            });
+            Ok((run, driver))
         }
     }
 }
@@ -60,6 +76,8 @@ struct ViewRun {
 pub struct Pipeline {
     views: Vec<ViewRun>,
     sinks: Vec<(SinkRun, Branch)>,
+    /// The sinks' snapshot drivers.
+    sink_drivers: Vec<crate::sink_snapshot::Driver>,
     changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
     /// Where the changefeed's snapshots read from (a PostgreSQL source only).
     snapshots: Option<freshen_changefeed::SnapshotSource>,
@@ -87,6 +105,8 @@ pub struct Observer {
     source: Arc<dyn SourceProbe>,
     /// The changefeed, for its snapshot progress.
     changefeed: Option<Changefeed>,
+    /// The sinks' snapshots, by sink index.
+    sink_snapshots: Vec<(usize, freshen_postgres::SinkSnapshots)>,
     running: AtomicBool,
     /// Per view, freshness snapshots of the last [`RECENT`] (oldest first).
     windows: std::sync::Mutex<
@@ -144,6 +164,17 @@ impl Observe for Observer {
             .as_ref()
             .map(Changefeed::snapshot_status)
             .unwrap_or_default()
+    }
+
+    fn sink_snapshots(&self) -> Vec<crate::sink_snapshot::SinkSnapshotStatus> {
+        crate::sink_snapshot::status(&self.sink_snapshots)
+    }
+
+    fn sink(&self, index: usize) -> Option<freshen_postgres::SinkSnapshots> {
+        self.sink_snapshots
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, s)| s.clone())
     }
 
     fn views(&self) -> Vec<ViewStats> {
@@ -294,8 +325,15 @@ impl Pipeline {
             }
         }
         let mut sinks = Vec::new();
-        for sink in &cfg.sinks {
-            sinks.push(sink_run(sink)?);
+        let mut sink_drivers = Vec::new();
+        let mut sink_snapshots = Vec::new();
+        for (i, sink) in cfg.sinks.iter().enumerate() {
+            let (run, driver) = sink_run(cfg, sink)?;
+            sinks.push(run);
+            if let Some(d) = driver {
+                sink_snapshots.push((i, d.snapshots.clone()));
+                sink_drivers.push(d);
+            }
         }
         let changefeed = match &cfg.changefeed {
             Some(c) => {
@@ -371,12 +409,14 @@ impl Pipeline {
                 .collect(),
             source: probe,
             changefeed: changefeed.as_ref().map(|(cf, ..)| cf.clone()),
+            sink_snapshots,
             running: AtomicBool::new(true),
             windows: std::sync::Mutex::new(vec![std::collections::VecDeque::new(); views.len()]),
         });
         Ok(Pipeline {
             views,
             sinks,
+            sink_drivers,
             changefeed,
             snapshots,
             observer,
@@ -408,6 +448,13 @@ impl Pipeline {
             tasks.spawn(async move {
                 let r = sink(branch, stop).await;
                 (format!("sink {i}"), r)
+            });
+        }
+        for (i, driver) in self.sink_drivers.into_iter().enumerate() {
+            let stop = stopped(stop_rx.clone());
+            tasks.spawn(async move {
+                let r = driver.run(stop).await;
+                (format!("sink {i} snapshots"), r)
             });
         }
         if let Some((cf, branch, listener, state)) = self.changefeed {

@@ -1,9 +1,12 @@
 //! `freshen snapshot`: start a changefeed snapshot of some tables on a running instance
-//! (`POST /changefeed/snapshot`), or show each table's progress (`GET`).
+//! (`POST /changefeed/snapshot`), or show each table's progress (`GET`); with
+//! `--sink N`, a snapshot into the N-th sink (`POST /admin/sinks/N/snapshot` on the
+//! metrics listener), or its progress (from `/status`).
 //!
 //! The address is the configuration's `[changefeed.http] listen`; the bearer token,
 //! when the changefeed requires one, the first `admin` token of the configuration (its
-//! value or its `token_env`), else `$FRESHEN_CHANGEFEED_TOKEN`.
+//! value or its `token_env`), else `$FRESHEN_CHANGEFEED_TOKEN`. For a sink: `[http]
+//! listen` and `[http] admin_token`.
 
 use anyhow::{Context, bail};
 
@@ -55,5 +58,44 @@ pub async fn run(cfg: &Config, tables: &[String]) -> anyhow::Result<String> {
     }
     let v: serde_json::Value =
         serde_json::from_str(&body).context("the changefeed's answer is not JSON")?;
+    Ok(serde_json::to_string_pretty(&v)?)
+}
+
+/// Starts a snapshot of `tables` into sink `sink`, or with none prints its progress.
+pub async fn run_sink(cfg: &Config, sink: usize, tables: &[String]) -> anyhow::Result<String> {
+    if sink >= cfg.sinks.len() {
+        bail!(
+            "the configuration has {} sink(s) ([[sinks]], numbered from 0): no sink {sink}",
+            cfg.sinks.len()
+        );
+    }
+    let Some(http) = &cfg.http else {
+        bail!("the configuration has no [http]: a sink's snapshots are asked for on its listener");
+    };
+    let base = crate::status::local_url(http.listen);
+    let token = http.admin_token.as_ref().map(|t| t.expose().to_owned());
+    if tables.is_empty() {
+        let (code, body) =
+            crate::status::request(&base, "GET", "/status", token.as_deref(), None).await?;
+        if !(200..300).contains(&code) {
+            bail!("{base}/status answered {code}: {}", body.trim());
+        }
+        let status: crate::http::Status =
+            serde_json::from_str(&body).context("the status is not what this freshen reads")?;
+        let mine: Vec<_> = status
+            .sink_snapshots
+            .into_iter()
+            .filter(|s| s.sink == sink)
+            .collect();
+        return Ok(serde_json::to_string_pretty(&mine)?);
+    }
+    let path = format!("/admin/sinks/{sink}/snapshot");
+    let body = serde_json::json!({ "tables": tables }).to_string();
+    let (code, body) =
+        crate::status::request(&base, "POST", &path, token.as_deref(), Some(&body)).await?;
+    if !(200..300).contains(&code) {
+        bail!("{base}{path} answered {code}: {}", body.trim());
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).context("the answer is not JSON")?;
     Ok(serde_json::to_string_pretty(&v)?)
 }

@@ -122,6 +122,16 @@ impl Observe for Roles {
         self.active().map(|o| o.snapshots()).unwrap_or_default()
     }
 
+    fn sink_snapshots(&self) -> Vec<crate::sink_snapshot::SinkSnapshotStatus> {
+        self.active()
+            .map(|o| o.sink_snapshots())
+            .unwrap_or_default()
+    }
+
+    fn sink(&self, index: usize) -> Option<freshen_postgres::SinkSnapshots> {
+        self.active().and_then(|o| o.sink(index))
+    }
+
     fn handle(&self, view: &str) -> Option<freshen::Handle> {
         self.active().and_then(|o| o.handle(view))
     }

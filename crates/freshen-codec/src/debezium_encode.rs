@@ -102,8 +102,23 @@ impl DebeziumEncoder {
             enc: self,
             event,
             ts_ms,
+            read: false,
         };
         // Writing to a Vec cannot fail, and every map key here is a string.
+        serde_json::to_writer(out, &envelope).expect("serializing to memory cannot fail");
+    }
+
+    /// Appends the value of a row read by a snapshot to `out`: `op` `r` (Debezium's
+    /// READ) and `source.snapshot` `"incremental"`, as Debezium marks the rows of its
+    /// incremental (watermark-interleaved, DBLog) snapshots. `event` is the row as an
+    /// insert (its `new` image).
+    pub fn encode_read_into(&self, event: &RowEvent, ts_ms: u64, out: &mut Vec<u8>) {
+        let envelope = Envelope {
+            enc: self,
+            event,
+            ts_ms,
+            read: true,
+        };
         serde_json::to_writer(out, &envelope).expect("serializing to memory cannot fail");
     }
 
@@ -183,6 +198,8 @@ struct Envelope<'a> {
     enc: &'a DebeziumEncoder,
     event: &'a RowEvent,
     ts_ms: u64,
+    /// A row read by a snapshot.
+    read: bool,
 }
 
 impl Serialize for Envelope<'_> {
@@ -196,9 +213,10 @@ impl Serialize for Envelope<'_> {
             &SourceJson {
                 enc: self.enc,
                 event: e,
+                read: self.read,
             },
         )?;
-        m.serialize_entry("op", op_code(e.op))?;
+        m.serialize_entry("op", if self.read { "r" } else { op_code(e.op) })?;
         m.serialize_entry("ts_ms", &self.ts_ms)?;
         m.end()
     }
@@ -207,6 +225,7 @@ impl Serialize for Envelope<'_> {
 struct SourceJson<'a> {
     enc: &'a DebeziumEncoder,
     event: &'a RowEvent,
+    read: bool,
 }
 
 impl Serialize for SourceJson<'_> {
@@ -217,7 +236,7 @@ impl Serialize for SourceJson<'_> {
         m.serialize_entry("connector", "freshen")?;
         m.serialize_entry("name", &self.enc.name)?;
         m.serialize_entry("ts_ms", &millis(e.commit_ts))?;
-        m.serialize_entry("snapshot", "false")?;
+        m.serialize_entry("snapshot", if self.read { "incremental" } else { "false" })?;
         m.serialize_entry("db", &self.enc.database)?;
         m.serialize_entry("schema", &*e.schema)?;
         m.serialize_entry("table", &*e.table)?;

@@ -210,6 +210,36 @@ fn encoded_value_has_the_debezium_envelope() {
     assert_eq!(order.len(), 8);
 }
 
+/// A snapshot's row is Debezium's READ: `op` `r`, `source.snapshot` `incremental`
+/// (what Debezium's own watermark-interleaved snapshots say), and our decoder — as
+/// Debezium consumers do — applies it like an insert.
+#[test]
+fn a_snapshot_read_is_op_r_and_decodes_as_an_insert() {
+    let enc = DebeziumEncoder::new("shop");
+    let row = RowEvent::new("public", "orders", Op::Insert)
+        .with_pk(["id"])
+        .with_new(Row::from_pairs([
+            ("id", Value::Int(7)),
+            ("note", Value::text("x")),
+        ]));
+    let mut out = Vec::new();
+    enc.encode_read_into(&row, 5, &mut out);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["op"], "r");
+    assert_eq!(v["source"]["snapshot"], "incremental");
+    assert_eq!(v["after"], serde_json::json!({"id": 7, "note": "x"}));
+    assert_eq!(v["before"], serde_json::Value::Null);
+    let live = enc.encode_value(&row, 5);
+    let live: serde_json::Value = serde_json::from_slice(&live).unwrap();
+    assert_eq!(
+        (live["op"].as_str(), live["source"]["snapshot"].as_str()),
+        (Some("c"), Some("false"))
+    );
+    let back = one(enc.encode_key(&row).as_deref(), &out);
+    assert_eq!(back.op, Op::Insert);
+    assert_eq!(back.new, row.new);
+}
+
 #[test]
 fn encode_then_decode_round_trips() {
     let event = sample();

@@ -8,6 +8,8 @@
 //! - [`KafkaSink`]: freshen's captured changes published in Debezium's envelope (key =
 //!   the primary key as JSON) by an idempotent producer with `acks=all`; a batch is
 //!   acknowledged upstream only once every record of it is delivered.
+//!   [`KafkaSink::run_interleaved`] also publishes a snapshot's rows as READ events
+//!   (`op` `r`) at their place in the stream (`freshen_postgres::SinkSnapshots`).
 //!
 //! Both are configured by serde structs ([`KafkaSourceConfig`], [`KafkaSinkConfig`])
 //! that the `freshen` binary embeds in its TOML.

@@ -128,18 +128,28 @@ impl KafkaSink {
 
     /// Publishes `events` in order and waits until every one is delivered.
     pub async fn publish(&self, events: &[RowEvent]) -> Result<(), Error> {
-        self.enqueue(events).await?.settle().await
+        self.enqueue(events, &[]).await?.settle().await
     }
 
-    /// Hands every record of `events` to the producer, in order; the deliveries are
-    /// awaited by [`InFlight::settle`].
-    async fn enqueue(&self, events: &[RowEvent]) -> Result<InFlight, Error> {
+    /// Hands every record of `events` to the producer, in order, with each of `reads`
+    /// (rows read by a snapshot, published as READ events) before the event at its
+    /// index; the deliveries are awaited by [`InFlight::settle`].
+    async fn enqueue(
+        &self,
+        events: &[RowEvent],
+        reads: &[(usize, Vec<RowEvent>)],
+    ) -> Result<InFlight, Error> {
         let ts_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let mut deliveries = Vec::with_capacity(events.len());
         let mut value = Vec::with_capacity(512);
-        for event in events {
+        let mut pending_reads = reads.iter().peekable();
+        for (i, event) in events.iter().enumerate() {
+            while let Some((_, rows)) = pending_reads.next_if(|(at, _)| *at <= i) {
+                self.enqueue_reads(rows, ts_ms, &mut value, &mut deliveries)
+                    .await?;
+            }
             let topic = self.topic_for(event);
             if changes_key(event) {
                 // A primary-key change: delete, tombstone, create (Debezium's records).
@@ -165,10 +175,33 @@ impl KafkaSink {
                 .await?;
             deliveries.push((topic, fut));
         }
+        for (_, rows) in pending_reads {
+            self.enqueue_reads(rows, ts_ms, &mut value, &mut deliveries)
+                .await?;
+        }
         Ok(InFlight {
             deliveries,
             counters: self.counters.clone(),
         })
+    }
+
+    /// Hands rows read by a snapshot to the producer as READ events (`op` `r`).
+    async fn enqueue_reads(
+        &self,
+        rows: &[RowEvent],
+        ts_ms: u64,
+        value: &mut Vec<u8>,
+        deliveries: &mut Vec<(String, DeliveryFuture)>,
+    ) -> Result<(), Error> {
+        for row in rows {
+            let topic = self.topic_for(row);
+            let key = self.encoder.encode_key(row);
+            value.clear();
+            self.encoder.encode_read_into(row, ts_ms, value);
+            let fut = self.send(&topic, key.as_deref(), Some(value), None).await?;
+            deliveries.push((topic, fut));
+        }
+        Ok(())
     }
 
     /// Hands one record to the producer, waiting while its queue is full.
@@ -218,6 +251,28 @@ impl KafkaSink {
         S: Source,
         F: Future<Output = ()> + Send,
     {
+        self.run_interleaved(source, |_: &Batch| Vec::new(), shutdown)
+            .await
+    }
+
+    /// [`run`](Self::run), publishing rows a snapshot read among the stream's changes:
+    /// `interleave` is called on every batch, in order, before it is published, and
+    /// answers `(index, rows, delivered)` for each run of rows to publish as READ events
+    /// (`op` `r`) before the batch's event at `index`; `delivered` is acknowledged with
+    /// the batch, once every record up to and including it is delivered (a failed
+    /// delivery drops it unacknowledged). `freshen_postgres::SinkSnapshots::splice`
+    /// answers this for DBLog snapshots.
+    pub async fn run_interleaved<S, F, I>(
+        &self,
+        source: S,
+        mut interleave: I,
+        shutdown: F,
+    ) -> Result<(), Error>
+    where
+        S: Source,
+        F: Future<Output = ()> + Send,
+        I: FnMut(&Batch) -> Vec<(usize, Vec<RowEvent>, Ack)> + Send,
+    {
         let (tx, mut rx) = mpsc::channel(2);
         let (stop_tx, stop_rx) = oneshot::channel();
         // The source is read on its own task: a `next_batch` is never dropped half-way
@@ -247,8 +302,10 @@ impl KafkaSink {
                     None => source_done = true,
                     Some(Err(e)) => break Err(Error::Source(e)),
                     Some(Ok(batch)) => {
+                        let spliced = interleave(&batch);
                         let (events, _skipped, ack) = batch.into_parts();
-                        match self.enqueue(&events).await {
+                        let (reads, ack) = with_reads(spliced, ack);
+                        match self.enqueue(&events, &reads).await {
                             Ok(pending) => in_flight.push_back((tokio::spawn(pending.settle()), ack)),
                             Err(e) => break Err(e),
                         }
@@ -277,6 +334,29 @@ impl KafkaSink {
         }
         result
     }
+}
+
+/// The rows to splice into a batch, and one acknowledgement for the batch and them.
+fn with_reads(
+    spliced: Vec<(usize, Vec<RowEvent>, Ack)>,
+    ack: Ack,
+) -> (Vec<(usize, Vec<RowEvent>)>, Ack) {
+    if spliced.is_empty() {
+        return (Vec::new(), ack);
+    }
+    let mut reads = Vec::with_capacity(spliced.len());
+    let mut acks = Vec::with_capacity(spliced.len());
+    for (at, rows, delivered) in spliced {
+        reads.push((at, rows));
+        acks.push(delivered);
+    }
+    let all = Ack::new(move || {
+        for a in acks {
+            a.ack();
+        }
+        ack.ack();
+    });
+    (reads, all)
 }
 
 /// Batches a sink keeps in flight before it waits for the oldest.

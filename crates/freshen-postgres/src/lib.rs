@@ -26,6 +26,11 @@
 //!   the snapshot each was read under, and watermarks written into the WAL, for
 //!   snapshots interleaved with the stream (the changefeed's DBLog snapshots). The
 //!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
+//!   [`ChunkCheck`] and [`StreamedKeys`] decide which of a chunk's rows are stale.
+//! - [`SinkSnapshots`]: the same snapshots for a sink (Kafka): chunks spliced into the
+//!   sink's own stream at their high watermarks ([`SinkSnapshots::splice`]), checked
+//!   against the keys the stream carried meanwhile, progress stored in the source
+//!   database once the sink has delivered a chunk.
 //! - [`SqlFanOut`]: a [`freshen::Expand`] that maps changed parent rows to view keys
 //!   with a query, in a snapshot that sees the change, page by page.
 //! - [`PgIncrementalSource`] ([`incremental`]): a cursor-polling source for databases
@@ -101,7 +106,9 @@ mod reader;
 mod rebuild;
 mod rows;
 mod settings;
+mod sink_snapshot;
 mod snapshot;
+mod snapshot_window;
 mod source;
 mod tls;
 mod toast;
@@ -131,6 +138,11 @@ pub use query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
 pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
 pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
-pub use snapshot::{Chunk, TableReader, WATERMARK_PREFIX, XidSnapshot, write_watermark};
+pub use sink_snapshot::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
+pub use snapshot::{
+    Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,
+    resolve_tables, write_watermark,
+};
+pub use snapshot_window::{ChunkCheck, StreamedKeys, row_key};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
 pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};

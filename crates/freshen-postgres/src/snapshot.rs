@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use freshen::{Columns, Op, Row, RowEvent};
+use serde::{Deserialize, Serialize};
 use tokio_postgres::IsolationLevel;
 
 use crate::error::ErrorKind;
@@ -41,6 +42,101 @@ impl XidSnapshot {
     pub fn sees(&self, xid: u64) -> bool {
         xid < self.xmin || (xid < self.xmax && self.xip.binary_search(&xid).is_err())
     }
+}
+
+/// Where a table's snapshot stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SnapshotState {
+    /// Asked for; not started.
+    Pending,
+    /// Some chunks are in the log; resumes after `after`.
+    Running,
+    /// Every row was read (or the table was truncated meanwhile).
+    Done,
+}
+
+/// One table's snapshot progress, as the changefeed stores it with its log
+/// (`GET /changefeed/snapshot`) and a sink in the source database (`/status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SnapshotProgress {
+    /// The table's schema.
+    pub schema: String,
+    /// The table.
+    pub table: String,
+    /// Where it stands.
+    pub state: SnapshotState,
+    /// The primary key of the last row read (as text, in key order): the next chunk
+    /// starts after it.
+    pub after: Option<Vec<String>>,
+    /// Rows appended (published) as `read` events.
+    pub rows: u64,
+    /// Rows dropped because their row changed while the chunk was in flight (the live
+    /// event is in the log, or was published, instead).
+    pub dropped: u64,
+    /// Chunks committed.
+    pub chunks: u64,
+    /// When the snapshot was asked for (ms since the Unix epoch).
+    pub started_ms: u64,
+    /// When it ended.
+    pub finished_ms: Option<u64>,
+    /// The last failure reading from the source, until a chunk succeeds again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl SnapshotProgress {
+    /// A snapshot of `t` asked for at `now` (ms since the Unix epoch), not started.
+    pub fn new(t: &TableName, now: u64) -> SnapshotProgress {
+        SnapshotProgress {
+            schema: t.schema.clone(),
+            table: t.name.clone(),
+            state: SnapshotState::Pending,
+            after: None,
+            rows: 0,
+            dropped: 0,
+            chunks: 0,
+            started_ms: now,
+            finished_ms: None,
+            last_error: None,
+        }
+    }
+
+    /// The table.
+    pub fn table_name(&self) -> TableName {
+        TableName::new(&self.schema, &self.table)
+    }
+}
+
+/// Resolves the tables a snapshot request names (`schema.table`, or a table name that
+/// `known` holds once) against `known`; every unknown or ambiguous name, with the known
+/// ones, in one message.
+pub fn resolve_tables(known: &[TableName], names: &[String]) -> Result<Vec<TableName>, String> {
+    if names.is_empty() {
+        return Err("tables: name at least one table to snapshot".to_owned());
+    }
+    let mut resolved = Vec::new();
+    let mut unknown = Vec::new();
+    for name in names {
+        let hits: Vec<&TableName> = known
+            .iter()
+            .filter(|t| t.to_string() == *name || t.name == *name)
+            .collect();
+        match hits.as_slice() {
+            [one] => resolved.push((*one).clone()),
+            _ => unknown.push(name.as_str()),
+        }
+    }
+    if !unknown.is_empty() {
+        let known: Vec<String> = known.iter().map(ToString::to_string).collect();
+        return Err(format!(
+            "tables: not captured (or ambiguous): {}; captured: {}",
+            unknown.join(", "),
+            known.join(", ")
+        ));
+    }
+    Ok(resolved)
 }
 
 /// One chunk of a table's rows.

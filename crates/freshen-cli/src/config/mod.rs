@@ -3,6 +3,8 @@
 
 mod problems;
 pub(crate) mod read;
+#[cfg(feature = "kafka")]
+mod sink_snapshot;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,6 +15,8 @@ use toml_edit::{Document, Item};
 pub use problems::ConfigError;
 use problems::Problem;
 use read::{Reader, Tbl};
+#[cfg(feature = "kafka")]
+pub use sink_snapshot::SinkSnapshot;
 
 /// A connection URL that may hold a password: never printed, never logged.
 pub use freshen::SecretUrl as Secret;
@@ -27,9 +31,10 @@ pub type Source = std::sync::Arc<dyn freshen::plug::SourcePlug>;
 /// Where captured changes are published besides the views.
 #[derive(Debug, Clone)]
 pub enum Sink {
-    /// Every change to Kafka in Debezium's envelope.
+    /// Every change to Kafka in Debezium's envelope (and, with a snapshot, the rows
+    /// that already exist as READ events).
     #[cfg(feature = "kafka")]
-    Kafka(Box<freshen_kafka::KafkaSinkConfig>),
+    Kafka(Box<freshen_kafka::KafkaSinkConfig>, SinkSnapshot),
 }
 
 /// Timing and failure options; `[defaults]` and every view may set them.
@@ -457,7 +462,7 @@ fn parse_with(
         }
         None => Timing::default(),
     };
-    let sinks = read_sinks(&mut r, root);
+    let sinks = read_sinks(&mut r, root, source.as_ref());
     let changefeed = root.t.get("changefeed").and_then(|item| {
         let mark = r.mark();
         let cf: freshen_changefeed::ChangefeedConfig = r.serde_table(item, "changefeed", &[])?;
@@ -1081,7 +1086,8 @@ fn check_query_targets(
     }
 }
 
-fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
+#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
+fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Vec<Sink> {
     let Some(item) = root.t.get("sinks") else {
         return Vec::new();
     };
@@ -1110,8 +1116,13 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
         #[cfg(feature = "kafka")]
         {
             let mark = r.mark();
-            let sink: Option<freshen_kafka::KafkaSinkConfig> =
-                r.serde_table(entry, &path, &["kind"]);
+            let snapshot = sink_snapshot::read(r, t, source);
+            let skip: Vec<&str> = ["kind"]
+                .iter()
+                .chain(sink_snapshot::KEYS)
+                .copied()
+                .collect();
+            let sink: Option<freshen_kafka::KafkaSinkConfig> = r.serde_table(entry, &path, &skip);
             if let Some(sink) = sink {
                 let problems = if r.judged_since(mark) {
                     sink.problems()
@@ -1122,7 +1133,7 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Vec<Sink> {
                     r.problem_in(entry, &path, p, kind.line);
                 }
                 if problems.is_empty() {
-                    out.push(Sink::Kafka(Box::new(sink)));
+                    out.push(Sink::Kafka(Box::new(sink), snapshot));
                 }
             }
         }

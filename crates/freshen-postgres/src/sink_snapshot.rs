@@ -1,0 +1,640 @@
+//! Snapshots for a sink (Kafka): the rows that already exist, published as READ events
+//! among the live changes, with DBLog's watermarks, resumable from the last chunk the
+//! sink delivered.
+//!
+//! The algorithm is the changefeed's (`freshen-changefeed`'s `snapshot` module): per
+//! chunk, a low watermark (non-transactional logical message), a primary-key-ordered
+//! SELECT in a REPEATABLE READ transaction whose snapshot is kept, a high watermark
+//! (transactional). What differs is where a chunk's rows are checked and where progress
+//! lives:
+//!
+//! - The sink calls [`SinkSnapshots::splice`] on every batch, in stream order, before
+//!   publishing it. While a table is being read, the keys the stream carries for it are
+//!   remembered ([`StreamedKeys`]); when the chunk's high watermark comes by, the rows
+//!   whose key changed in a way the chunk's SELECT may not show ([`ChunkCheck`]) are
+//!   dropped — the live change was published before the watermark, and whatever follows
+//!   it is published after the chunk — and the rest go to the sink at the watermark's
+//!   place in the batch.
+//! - Progress lives in the source database (table `freshen_sink_snapshots`, one row per
+//!   sink and table, the progress as JSON), written only once the sink reports the
+//!   chunk delivered (its [`Spliced::delivered`] acknowledgement). Why there: the sink's
+//!   own broker has no transactional place for it short of an extra topic; a local file
+//!   would be lost with a container; and the source is where the rows come from, is
+//!   already written to (the watermarks), and is backed up with them. A crash between
+//!   delivery and the write publishes the chunk again on restart: at least once.
+//!
+//! At most one chunk is in flight, so memory is bounded by `chunk_rows` (plus the keys
+//! streamed while it is in flight), and `pause` spaces chunks out.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deadpool_postgres::Pool;
+use freshen::{Ack, Backoff, Batch, Jitter, RowEvent, StreamMark};
+use tokio::sync::{Notify, oneshot};
+
+use crate::error::ErrorKind;
+use crate::pool::client;
+use crate::snapshot_window::row_key;
+use crate::{
+    ChunkCheck, PgError, SnapshotProgress, SnapshotState, StreamedKeys, TableName, TableReader,
+    WATERMARK_PREFIX, write_watermark,
+};
+
+/// How long a chunk waits for its high watermark to come through the sink (and be
+/// delivered) before it is read again.
+const WATERMARK_WAIT: Duration = Duration::from_secs(300);
+
+/// The default table of sink snapshot progress.
+pub const SINK_SNAPSHOT_TABLE: &str = "freshen_sink_snapshots";
+
+/// How a sink's snapshots run.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SinkSnapshotSettings {
+    /// The sink's identity in the progress table (e.g. `kafka:<topic>`): a sink with a
+    /// new identity starts its snapshots over.
+    pub sink: String,
+    /// On start, read every table without a completed snapshot (`snapshot =
+    /// "initial"`); otherwise only tables asked for.
+    pub initial: bool,
+    /// Rows per chunk.
+    pub chunk_rows: usize,
+    /// Pause between chunks.
+    pub pause: Duration,
+    /// Where progress is stored.
+    pub store: TableName,
+}
+
+impl SinkSnapshotSettings {
+    /// Settings for sink `sink`: 10 000 rows per chunk, no pause, progress in
+    /// `public.freshen_sink_snapshots`.
+    pub fn new(sink: impl Into<String>, initial: bool) -> SinkSnapshotSettings {
+        SinkSnapshotSettings {
+            sink: sink.into(),
+            initial,
+            chunk_rows: 10_000,
+            pause: Duration::ZERO,
+            store: TableName::new("public", SINK_SNAPSHOT_TABLE),
+        }
+    }
+
+    /// Rows per chunk.
+    pub fn chunk_rows(mut self, n: usize) -> SinkSnapshotSettings {
+        self.chunk_rows = n.max(1);
+        self
+    }
+
+    /// Pause between chunks.
+    pub fn pause(mut self, pause: Duration) -> SinkSnapshotSettings {
+        self.pause = pause;
+        self
+    }
+}
+
+/// Rows of a chunk to publish at a place in a batch.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Spliced {
+    /// Index in the batch's events before which the rows go (the high watermark's
+    /// place).
+    pub at: usize,
+    /// The rows, as inserts: publish them as READ events.
+    pub rows: Vec<RowEvent>,
+    /// Call once the rows are delivered (and every event of the batch before them):
+    /// the table's progress is stored then. Dropping it unacknowledged reads the chunk
+    /// again.
+    pub delivered: Ack,
+}
+
+/// A chunk read and waiting for its high watermark in the sink's stream.
+struct InFlight {
+    id: String,
+    rows: Vec<RowEvent>,
+    check: ChunkCheck,
+    next: SnapshotProgress,
+    reply: oneshot::Sender<SnapshotProgress>,
+}
+
+#[derive(Default)]
+struct State {
+    in_flight: Option<InFlight>,
+    /// The table being read and the keys the stream carried for it meanwhile.
+    recording: Option<TableName>,
+    keys: StreamedKeys,
+    progress: BTreeMap<TableName, SnapshotProgress>,
+    /// Where snapshots read from, once [`SinkSnapshots::run`] runs.
+    source: Option<(Pool, Vec<TableName>)>,
+}
+
+struct Inner {
+    settings: SinkSnapshotSettings,
+    state: Mutex<State>,
+    wake: Notify,
+    nonce: u64,
+    counter: AtomicU64,
+}
+
+/// One sink's snapshots: the driver ([`run`](Self::run)), the splice the sink calls on
+/// every batch ([`splice`](Self::splice)), requests and progress. Cheap to clone.
+#[derive(Clone)]
+pub struct SinkSnapshots {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SinkSnapshots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkSnapshots")
+            .field("sink", &self.inner.settings.sink)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one chunk did not make it to the sink.
+enum ChunkError {
+    Stopped,
+    Source(PgError),
+}
+
+impl From<PgError> for ChunkError {
+    fn from(e: PgError) -> ChunkError {
+        ChunkError::Source(e)
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl SinkSnapshots {
+    /// Snapshots as `settings` say; nothing runs until [`run`](Self::run).
+    pub fn new(settings: SinkSnapshotSettings) -> SinkSnapshots {
+        SinkSnapshots {
+            inner: Arc::new(Inner {
+                settings,
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+                nonce: Jitter::from_clock().next_u64(),
+                counter: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sink's identity.
+    pub fn sink(&self) -> &str {
+        &self.inner.settings.sink
+    }
+
+    /// Each table's progress, by name.
+    pub fn status(&self) -> Vec<SnapshotProgress> {
+        self.lock().progress.values().cloned().collect()
+    }
+
+    /// Called by the sink on every batch, in stream order, before publishing it:
+    /// remembers the keys of the table being read, and returns the chunk whose high
+    /// watermark is in the batch (its rows checked) to publish at its place.
+    pub fn splice(&self, batch: &Batch) -> Vec<Spliced> {
+        let mut st = self.lock();
+        if st.recording.is_none() && st.in_flight.is_none() {
+            return Vec::new();
+        }
+        let marks = batch.marks();
+        let mut out = Vec::new();
+        let mut m = 0;
+        for (i, e) in batch.events().iter().enumerate() {
+            while let Some(mark) = marks.get(m).filter(|k| k.at <= i) {
+                self.at_mark(&mut st, mark, &mut out);
+                m += 1;
+            }
+            st.record(e);
+        }
+        for mark in &marks[m.min(marks.len())..] {
+            self.at_mark(&mut st, mark, &mut out);
+        }
+        out
+    }
+
+    fn at_mark(&self, st: &mut State, mark: &StreamMark, out: &mut Vec<Spliced>) {
+        if &*mark.prefix != WATERMARK_PREFIX {
+            return;
+        }
+        let ours = st
+            .in_flight
+            .as_ref()
+            .is_some_and(|f| high_mark(&f.id).as_bytes() == &*mark.content);
+        if !ours {
+            return;
+        }
+        let Some(f) = st.in_flight.take() else {
+            return;
+        };
+        let mut next = f.next;
+        let total = f.rows.len();
+        // A TRUNCATE the chunk did not see drops every row (rows inserted after it
+        // stream live, or come with a later chunk).
+        let rows: Vec<RowEvent> = f
+            .rows
+            .into_iter()
+            .filter(|r| row_key(r).is_none_or(|k| !st.keys.stale(&k, &f.check)))
+            .collect();
+        next.dropped += (total - rows.len()) as u64;
+        st.keys.forget_seen(&f.check);
+        next.rows += rows.len() as u64;
+        next.chunks += 1;
+        let reply = f.reply;
+        out.push(Spliced {
+            at: mark.at,
+            rows,
+            delivered: Ack::new(move || {
+                let _ = reply.send(next);
+            }),
+        });
+    }
+
+    /// Asks for snapshots of `tables` (`schema.table`, or a table name the sink's
+    /// tables hold once): each one not already under way starts over from its first
+    /// row. Needs [`run`](Self::run) running; unknown tables are an error naming them.
+    pub async fn request(&self, tables: &[String]) -> Result<Vec<SnapshotProgress>, PgError> {
+        let (pool, known) = self.lock().source.clone().ok_or_else(|| {
+            PgError::new(
+                ErrorKind::Config,
+                "this sink's snapshots are not running (they read from a PostgreSQL source)",
+            )
+        })?;
+        let resolved = crate::snapshot::resolve_tables(&known, tables)
+            .map_err(|e| PgError::new(ErrorKind::Config, e))?;
+        self.begin(&pool, &resolved).await?;
+        let st = self.lock();
+        Ok(resolved
+            .iter()
+            .filter_map(|t| st.progress.get(t).cloned())
+            .collect())
+    }
+
+    /// Records `tables` as pending (unless under way) and wakes the driver.
+    async fn begin(&self, pool: &Pool, tables: &[TableName]) -> Result<(), PgError> {
+        let fresh: Vec<SnapshotProgress> = {
+            let st = self.lock();
+            tables
+                .iter()
+                .filter(|t| {
+                    !st.progress
+                        .get(t)
+                        .is_some_and(|p| p.state != SnapshotState::Done)
+                })
+                .map(|t| SnapshotProgress::new(t, now_ms()))
+                .collect()
+        };
+        if !fresh.is_empty() {
+            // Created on first use: a sink that never snapshots leaves no table behind.
+            self.prepare(pool).await?;
+        }
+        for p in &fresh {
+            self.save(pool, p).await?;
+        }
+        let mut st = self.lock();
+        for p in fresh {
+            tracing::info!(sink = %self.sink(), table = %p.table_name(), "sink snapshot requested");
+            st.progress.insert(p.table_name(), p);
+        }
+        drop(st);
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Runs snapshots from `pool` (the source database; its WAL must be the stream the
+    /// sink publishes) over `tables` until `shutdown` completes: with `initial`, first
+    /// every table without a completed snapshot; unfinished ones resume after their last
+    /// delivered chunk; then those asked for ([`request`](Self::request)). Failures
+    /// reading the source are retried with backoff and shown in the progress
+    /// (`last_error`).
+    pub async fn run(
+        &self,
+        pool: Pool,
+        tables: Vec<TableName>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), PgError> {
+        tokio::pin!(shutdown);
+        let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
+        let mut jitter = Jitter::from_clock();
+        let mut failures = 0u32;
+        // Load the stored progress and, with `initial`, record the tables without one
+        // as pending (retried: the source may be down at start).
+        loop {
+            let r = tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                r = self.start(&pool, &tables) => r,
+            };
+            match r {
+                Ok(()) => break,
+                Err(e) if e.kind() == ErrorKind::Config => return Err(e),
+                Err(e) => {
+                    tracing::warn!(sink = %self.sink(), error = %e, "sink snapshot: cannot read or store progress; retrying");
+                    let delay = backoff.delay(failures, jitter.unit());
+                    failures = failures.saturating_add(1);
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+        failures = 0;
+        loop {
+            let next = self
+                .lock()
+                .progress
+                .values()
+                .find(|p| p.state != SnapshotState::Done)
+                .cloned();
+            let Some(progress) = next else {
+                let woken = self.inner.wake.notified();
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    () = woken => continue,
+                }
+            };
+            let table = progress.table_name();
+            let result = tokio::select! {
+                () = &mut shutdown => Err(ChunkError::Stopped),
+                r = self.snapshot_table(&pool, progress) => r,
+            };
+            match result {
+                Ok(()) => failures = 0,
+                Err(ChunkError::Stopped) => {
+                    self.stop_recording();
+                    return Ok(());
+                }
+                Err(ChunkError::Source(e)) => {
+                    self.stop_recording();
+                    tracing::warn!(sink = %self.sink(), table = %table, error = %e, "sink snapshot: reading the source failed; retrying");
+                    if let Some(p) = self.lock().progress.get_mut(&table) {
+                        p.last_error = Some(e.to_string());
+                    }
+                    let delay = backoff.delay(failures, jitter.unit());
+                    failures = failures.saturating_add(1);
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads the stored progress of `tables` and, with `initial`, begins those without.
+    async fn start(&self, pool: &Pool, tables: &[TableName]) -> Result<(), PgError> {
+        let stored = self.load(pool).await?;
+        let missing: Vec<TableName> = {
+            let mut st = self.lock();
+            st.progress = stored
+                .into_iter()
+                .filter(|p| tables.contains(&p.table_name()))
+                .map(|p| (p.table_name(), p))
+                .collect();
+            st.source = Some((pool.clone(), tables.to_vec()));
+            tables
+                .iter()
+                .filter(|t| !st.progress.contains_key(t))
+                .cloned()
+                .collect()
+        };
+        if self.inner.settings.initial {
+            self.begin(pool, &missing).await?;
+        }
+        Ok(())
+    }
+
+    fn stop_recording(&self) {
+        let mut st = self.lock();
+        st.in_flight = None;
+        st.recording = None;
+        st.keys.clear();
+    }
+
+    /// Reads one table to its end, chunk by chunk.
+    async fn snapshot_table(
+        &self,
+        pool: &Pool,
+        mut progress: SnapshotProgress,
+    ) -> Result<(), ChunkError> {
+        let table = progress.table_name();
+        {
+            // Remember the table's streamed keys from before its first low watermark.
+            let mut st = self.lock();
+            st.recording = Some(table.clone());
+            st.keys.clear();
+        }
+        let reader = TableReader::new(pool.clone(), table.clone()).await?;
+        match &progress.after {
+            None => tracing::info!(sink = %self.sink(), table = %table, "sink snapshot starting"),
+            Some(after) => tracing::info!(
+                sink = %self.sink(), table = %table, after = ?after, rows = progress.rows,
+                "sink snapshot resuming after its last delivered chunk"
+            ),
+        }
+        loop {
+            progress = self.chunk(pool, &reader, progress).await?;
+            tracing::debug!(
+                sink = %self.sink(), table = %table, rows = progress.rows,
+                dropped = progress.dropped, chunks = progress.chunks,
+                "sink snapshot chunk delivered"
+            );
+            if progress.state == SnapshotState::Done {
+                self.stop_recording();
+                tracing::info!(
+                    sink = %self.sink(), table = %table, rows = progress.rows,
+                    dropped = progress.dropped, chunks = progress.chunks, "sink snapshot done"
+                );
+                return Ok(());
+            }
+            if !self.inner.settings.pause.is_zero() {
+                tokio::time::sleep(self.inner.settings.pause).await;
+            }
+        }
+    }
+
+    /// One chunk: low watermark, SELECT, high watermark, its delivery by the sink, and
+    /// the stored progress. Returns the table's progress after it.
+    async fn chunk(
+        &self,
+        pool: &Pool,
+        reader: &TableReader,
+        progress: SnapshotProgress,
+    ) -> Result<SnapshotProgress, ChunkError> {
+        let s = &self.inner;
+        let id = format!(
+            "sink:{:016x}:{}",
+            s.nonce,
+            s.counter.fetch_add(1, Ordering::Relaxed)
+        );
+        let low = write_watermark(pool, &format!("{id} low"), false).await?;
+        let chunk = reader
+            .read_chunk(progress.after.as_deref(), s.settings.chunk_rows)
+            .await?;
+        let mut next = progress.clone();
+        next.last_error = None;
+        if chunk.last_key.is_some() {
+            next.after = chunk.last_key;
+        }
+        if chunk.rows.len() < s.settings.chunk_rows {
+            next.state = SnapshotState::Done;
+            next.finished_ms = Some(now_ms());
+        } else {
+            next.state = SnapshotState::Running;
+        }
+        let (reply, rx) = oneshot::channel();
+        self.lock().in_flight = Some(InFlight {
+            id: id.clone(),
+            rows: chunk.rows,
+            check: ChunkCheck {
+                snapshot: chunk.snapshot,
+                low: low.0,
+            },
+            next,
+            reply,
+        });
+        let unregister = || {
+            let mut st = self.lock();
+            if st.in_flight.as_ref().is_some_and(|f| f.id == id) {
+                st.in_flight = None;
+            }
+        };
+        if let Err(e) = write_watermark(pool, &high_mark(&id), true).await {
+            unregister();
+            return Err(e.into());
+        }
+        let p = tokio::select! {
+            r = rx => match r {
+                Ok(p) => p,
+                // The sink dropped the chunk undelivered (it failed or stopped).
+                Err(_) => return Err(ChunkError::Stopped),
+            },
+            () = tokio::time::sleep(WATERMARK_WAIT) => {
+                unregister();
+                return Err(ChunkError::Source(PgError::new(ErrorKind::Server, format!(
+                    "the high watermark did not come through the sink within {}s; is the sink running?",
+                    WATERMARK_WAIT.as_secs()
+                ))));
+            }
+        };
+        self.save(pool, &p).await?;
+        self.lock().progress.insert(p.table_name(), p.clone());
+        Ok(p)
+    }
+
+    /// Creates the progress table when missing.
+    async fn prepare(&self, pool: &Pool) -> Result<(), PgError> {
+        let store = &self.inner.settings.store;
+        let c = client(pool).await?;
+        let exists: bool = c
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&store.quoted()])
+            .await
+            .map_err(|e| PgError::sql(format!("cannot look for {store}"), e))?
+            .get(0);
+        if exists {
+            return Ok(());
+        }
+        c.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+               sink text NOT NULL, \
+               source_table text NOT NULL, \
+               progress jsonb NOT NULL, \
+               updated_at timestamptz NOT NULL DEFAULT now(), \
+               PRIMARY KEY (sink, source_table))",
+            store.quoted()
+        ))
+        .await
+        .map_err(|e| {
+            PgError::sql(
+                format!("cannot create the sink snapshot table {store} (grant CREATE on its schema, or create it)"),
+                e,
+            )
+        })
+    }
+
+    async fn load(&self, pool: &Pool) -> Result<Vec<SnapshotProgress>, PgError> {
+        let store = &self.inner.settings.store;
+        let c = client(pool).await?;
+        let exists: bool = c
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&store.quoted()])
+            .await
+            .map_err(|e| PgError::sql(format!("cannot look for {store}"), e))?
+            .get(0);
+        if !exists {
+            return Ok(Vec::new());
+        }
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT progress::text FROM {} WHERE sink = $1",
+                    store.quoted()
+                ),
+                &[&self.inner.settings.sink],
+            )
+            .await
+            .map_err(|e| PgError::sql(format!("cannot read {store}"), e))?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let text: String = r.get(0);
+                let p = serde_json::from_str::<SnapshotProgress>(&text);
+                if let Err(e) = &p {
+                    tracing::warn!(sink = %self.sink(), error = %e, "sink snapshot: unreadable progress ignored");
+                }
+                p.ok()
+            })
+            .collect())
+    }
+
+    async fn save(&self, pool: &Pool, p: &SnapshotProgress) -> Result<(), PgError> {
+        let store = &self.inner.settings.store;
+        let mut stored = p.clone();
+        // Failures are for the status, not for the next run.
+        stored.last_error = None;
+        let json = serde_json::to_string(&stored).unwrap_or_default();
+        let c = client(pool).await?;
+        c.execute(
+            &format!(
+                "INSERT INTO {} (sink, source_table, progress) VALUES ($1, $2, $3::text::jsonb) \
+                 ON CONFLICT (sink, source_table) DO UPDATE \
+                 SET progress = EXCLUDED.progress, updated_at = now()",
+                store.quoted()
+            ),
+            &[
+                &self.inner.settings.sink,
+                &p.table_name().to_string(),
+                &json,
+            ],
+        )
+        .await
+        .map_err(|e| PgError::sql(format!("cannot store sink snapshot progress in {store}"), e))?;
+        Ok(())
+    }
+}
+
+impl State {
+    /// Remembers a streamed event of the table being read.
+    fn record(&mut self, e: &RowEvent) {
+        let Some(t) = &self.recording else {
+            return;
+        };
+        if *e.schema == *t.schema && *e.table == *t.name {
+            self.keys.record(e);
+        }
+    }
+}
+
+/// The high watermark's content for chunk `id`.
+fn high_mark(id: &str) -> String {
+    format!("{id} high")
+}

@@ -8,6 +8,11 @@
 //! - [`KafkaSink`]: freshen's captured changes published in Debezium's envelope (key =
 //!   the primary key as JSON) by an idempotent producer with `acks=all`; a batch is
 //!   acknowledged upstream only once every record of it is delivered.
+//! - The key stream, for rebuild work spread over many instances: a capture instance's
+//!   [`KeyPublisher`] publishes each view's dirtied scope keys ([`KeyRecord`]) to the
+//!   partition that owns them ([`partition_of`]); workers read them as a consumer group
+//!   ([`KeySource`]), fence their rebuilds by partition ownership and commit offsets
+//!   after the rebuilds, so single flight per key holds across instances.
 //!
 //! Both are configured by serde structs ([`KafkaSourceConfig`], [`KafkaSinkConfig`])
 //! that the `freshen` binary embeds in its TOML.
@@ -22,6 +27,11 @@ mod config;
 mod context;
 mod dead_letter;
 mod error;
+mod fence;
+mod key_config;
+mod key_publisher;
+mod key_source;
+mod keys;
 mod offsets;
 mod plug;
 mod sink;
@@ -30,6 +40,10 @@ mod stats;
 
 pub use config::{KafkaSinkConfig, KafkaSourceConfig, StartFrom, TopicMode};
 pub use error::Error;
+pub use key_config::KeyStreamConfig;
+pub use key_publisher::{KeyPublisher, Keyer};
+pub use key_source::{KeySource, KeyStreamProbe, ViewKeys};
+pub use keys::{KeyDecodeError, KeyRecord, partition_of};
 pub use sink::KafkaSink;
 pub use source::{KafkaSource, SourceStatsHandle, Undecodable};
 pub use stats::{SinkStats, SourceStats};

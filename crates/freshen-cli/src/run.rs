@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use crate::config;
 use crate::http::{self, Observe as _};
+use crate::role::Role;
 use crate::{logging, pipeline, standby};
 
 async fn shutdown_signal() {
@@ -17,12 +18,20 @@ async fn shutdown_signal() {
     }
 }
 
-/// `freshen run -c path`: until SIGINT/SIGTERM, or until another process takes over.
-pub async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+/// `freshen run -c path [--role capture|worker]`: until SIGINT/SIGTERM, or until
+/// another process takes over.
+pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<ExitCode> {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
             eprint!("{e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let role = match crate::role::resolve(&cfg, role) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
             return Ok(ExitCode::from(2));
         }
     };
@@ -85,7 +94,7 @@ pub async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
             }
         }
     });
-    let result = lead_and_run(cfg, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
+    let result = lead_and_run(cfg, role, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
     let _ = stop_http.send(());
     if let Some(s) = server {
         let _ = s.await;
@@ -114,14 +123,20 @@ pub async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
 /// `None`: stopped while standby.
 async fn lead_and_run(
     mut cfg: config::Config,
+    role: Option<Role>,
     roles: &standby::Roles,
     mut reloads: tokio::sync::mpsc::UnboundedReceiver<(config::Config, crate::reload::Change)>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<Option<std::sync::Arc<pipeline::Observer>>> {
-    let lease = standby::lead(&*cfg.source, roles, stop_rx)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Workers share the work through their consumer group: none waits for another.
+    let lease = if role == Some(Role::Worker) {
+        Some(None)
+    } else {
+        standby::lead(&*cfg.source, roles, stop_rx)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+    };
     let Some(lease) = lease else {
         return Ok(None);
     };
@@ -144,7 +159,7 @@ async fn lead_and_run(
     let mut unchanged: Vec<String> = Vec::new();
     let mut previous: Option<config::Config> = None;
     loop {
-        let p = match pipeline::Pipeline::start_keeping(&cfg, &unchanged).await {
+        let p = match pipeline::Pipeline::start_as(&cfg, &unchanged, role).await {
             Ok(p) => p,
             // A reloaded file that validates but cannot start (a statement that does not
             // prepare, a table that is missing): back to the last one that ran.

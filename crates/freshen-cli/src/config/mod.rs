@@ -1,6 +1,7 @@
 //! The configuration file: parse, validate everything (every problem at once, with its
 //! line), then resolve into the settings the program runs with.
 
+mod key_stream;
 mod problems;
 pub(crate) mod read;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 use freshen::AckPolicy;
 use toml_edit::{Document, Item};
 
+pub use key_stream::KeyStream;
 pub use problems::ConfigError;
 use problems::Problem;
 use read::{Reader, Tbl};
@@ -254,6 +256,9 @@ pub struct Config {
     pub sinks: Vec<Sink>,
     /// The durable changefeed, when configured.
     pub changefeed: Option<freshen_changefeed::ChangefeedConfig>,
+    /// Rebuild work spread over many instances (`[key_stream]`): see
+    /// [`crate::role`].
+    pub key_stream: Option<KeyStream>,
     /// Offline only: variables that are not set here, with their line and where they
     /// are used (their values were not judged).
     pub unset: Vec<(Option<usize>, String, String)>,
@@ -293,6 +298,7 @@ const TOP: &[&str] = &[
     "views",
     "sinks",
     "changefeed",
+    "key_stream",
 ];
 const TIMING: &[&str] = &[
     "coalesce",
@@ -483,6 +489,7 @@ fn parse_with(
         !sinks.is_empty() || changefeed.is_some(),
     );
     check_query_targets(&mut r, &views, target.as_ref(), source.as_ref());
+    let key_stream = key_stream::read(&mut r, root, &views);
 
     let kind = root
         .t
@@ -510,6 +517,7 @@ fn parse_with(
             views,
             sinks,
             changefeed,
+            key_stream,
             unset: r
                 .unset
                 .iter()

@@ -176,4 +176,40 @@ mod tests {
         );
         assert!(partitions_line(&[]).contains("none"));
     }
+
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn a_role_needs_a_key_stream_and_a_key_stream_needs_a_role() {
+        let base = r#"
+[source]
+kind = "postgres"
+url = "postgres://app@db/app"
+
+[[views]]
+name = "v"
+watch = [{ table = "readings", key = ["device"] }]
+rebuild = ["SELECT 1 WHERE $1::text IS NOT NULL"]
+"#;
+        let env = |_: &str| None;
+        let single = crate::config::parse(base, "f.toml", &env).unwrap();
+        assert_eq!(resolve(&single, None), Ok(None));
+        let e = resolve(&single, Some(Role::Worker)).unwrap_err();
+        assert!(
+            e.contains("--role worker") && e.contains("[key_stream]"),
+            "{e}"
+        );
+        let spread = format!(
+            "{base}\n[key_stream]\nbrokers = \"k:9092\"\ntopic = \"keys\"\ngroup = \"w\"\n"
+        );
+        let spread = crate::config::parse(&spread, "f.toml", &env).unwrap();
+        assert_eq!(
+            resolve(&spread, Some(Role::Capture)),
+            Ok(Some(Role::Capture))
+        );
+        let e = resolve(&spread, None).unwrap_err();
+        assert!(
+            e.contains("--role capture") && e.contains("--role worker"),
+            "{e}"
+        );
+    }
 }

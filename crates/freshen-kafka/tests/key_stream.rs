@@ -45,9 +45,20 @@ fn config(bootstrap: &str) -> KeyStreamConfig {
         .session_timeout_ms(session_ms(KafkaFlavor::Noida))
 }
 
-/// Every rebuild: which worker, which view and key, when it ran, which txids it saw.
+/// One rebuild: which worker, which view and key, when it ran, which txids it saw.
+#[derive(Clone)]
+struct Span {
+    worker: usize,
+    view: &'static str,
+    key: Key,
+    start: Instant,
+    end: Instant,
+    txids: Vec<u64>,
+}
+
+/// Every rebuild.
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(usize, &'static str, Key, Instant, Instant, Vec<u64>)>>>);
+struct Spans(Arc<Mutex<Vec<Span>>>);
 
 struct Recording {
     worker: usize,
@@ -67,14 +78,14 @@ impl Rebuild for Recording {
             let end = Instant::now();
             let mut s = self.spans.0.lock().unwrap();
             for d in due {
-                s.push((
-                    self.worker,
-                    self.view,
-                    d.key.clone(),
+                s.push(Span {
+                    worker: self.worker,
+                    view: self.view,
+                    key: d.key.clone(),
                     start,
                     end,
-                    d.txids.clone(),
-                ));
+                    txids: d.txids.clone(),
+                });
             }
             Ok(())
         })
@@ -258,8 +269,8 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
             let s = spans.0.lock().unwrap();
             last.iter().all(|(device, (at, _))| {
                 VIEWS.iter().all(|v| {
-                    s.iter().any(|(_, view, k, start, _, _)| {
-                        view == v && k.as_str() == Some(device.as_str()) && start >= at
+                    s.iter().any(|r| {
+                        r.view == *v && r.key.as_str() == Some(device.as_str()) && r.start >= *at
                     })
                 })
             })
@@ -269,29 +280,26 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
 
     let s = spans.0.lock().unwrap().clone();
     // The transaction ids travelled with the keys (the worker's visibility guard).
-    assert!(s.iter().all(|(.., txids)| txids.iter().all(|t| *t > 1000)));
-    assert!(s.iter().any(|(.., txids)| !txids.is_empty()));
+    assert!(s.iter().all(|r| r.txids.iter().all(|t| *t > 1000)));
+    assert!(s.iter().any(|r| !r.txids.is_empty()));
     // No two rebuilds of one key overlapped, whoever ran them.
-    let mut by_key: BTreeMap<(&str, Key), Vec<(Instant, Instant, usize)>> = BTreeMap::new();
-    for (w, v, k, start, end, _) in &s {
-        by_key
-            .entry((v, k.clone()))
-            .or_default()
-            .push((*start, *end, *w));
+    let mut by_key: BTreeMap<(&str, Key), Vec<&Span>> = BTreeMap::new();
+    for r in &s {
+        by_key.entry((r.view, r.key.clone())).or_default().push(r);
     }
     let mut moved = 0;
     for ((v, k), mut spans) in by_key {
-        spans.sort();
+        spans.sort_by_key(|r| r.start);
         for pair in spans.windows(2) {
             assert!(
-                pair[1].0 >= pair[0].1,
+                pair[1].start >= pair[0].end,
                 "{v}/{k}: worker {} started at {:?} while worker {} ran until {:?}",
-                pair[1].2,
-                pair[1].0,
-                pair[0].2,
-                pair[0].1
+                pair[1].worker,
+                pair[1].start,
+                pair[0].worker,
+                pair[0].end
             );
-            if pair[0].2 != pair[1].2 {
+            if pair[0].worker != pair[1].worker {
                 moved += 1;
             }
         }

@@ -18,6 +18,7 @@ mod incremental;
 mod kafka;
 mod rebuild_index;
 mod report;
+mod scale_out;
 mod scan;
 mod scheduler;
 mod snapshot;
@@ -107,6 +108,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "incremental",
         about: "source cost on the server: cursor polling (postgres-incremental: 100 ms and 1 s, lookback 0 and 5 s) vs logical replication on the same writes; changes/s, server CPU per change, idle CPU per poll",
         run: incremental::run,
+    },
+    Scenario {
+        name: "scale-out",
+        about: "rebuilds/s of one view with 1, 2 and 4 key stream workers on a rebuild-heavy workload; PostgreSQL's and freshen's CPU (where the database becomes the limit)",
+        run: scale_out::run,
     },
     Scenario {
         name: "huge-tx",

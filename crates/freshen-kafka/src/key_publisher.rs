@@ -8,16 +8,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use freshen::{Ack, Key, RowEvent, Source};
+use freshen::{Ack, Gap, Key, Op, RowEvent, Source};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::key_config::KeyStreamConfig;
-use crate::keys::{KeyRecord, partition_of};
+use crate::keys::{KeyRecord, StreamRecord, partition_of};
 use crate::sink::{InFlight, MAX_IN_FLIGHT, QUEUE_FULL_PAUSE, flatten, pump};
 use crate::stats::{SinkCounters, SinkStats, add};
 
@@ -26,6 +26,10 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Publishes dirtied scope keys to the key stream.
 ///
+/// - A TRUNCATE, or a gap the source reports ([`Batch::gaps`](freshen::Batch::gaps)),
+///   gives no key: it is published as a gap record for every view to every partition, so
+///   that each worker's views sweep (rebuilding the keys they own), as a single instance
+///   would after a TRUNCATE.
 /// - One record per (view, key, transaction) of a batch: a key dirtied twice by one
 ///   transaction is published once. The value is a [`KeyRecord`] (the view, the key, the
 ///   transaction id and commit position that the worker's visibility guard checks).
@@ -124,8 +128,32 @@ impl KeyPublisher {
         out
     }
 
-    /// Hands every record to the producer; the deliveries are awaited by the result.
-    async fn enqueue(&self, records: &[KeyRecord]) -> Result<InFlight, Error> {
+    /// The gaps of a batch: its TRUNCATEs and the gaps its source reported, each once.
+    pub fn gaps(events: &[RowEvent], reported: &[Gap]) -> Vec<Gap> {
+        let mut out: Vec<Gap> = Vec::new();
+        let truncates = events
+            .iter()
+            .filter(|e| e.op == Op::Truncate)
+            .map(|e| Gap::new(&*e.schema, &*e.table, "TRUNCATE (at the capture instance)"));
+        for g in reported.iter().cloned().chain(truncates) {
+            if !out
+                .iter()
+                .any(|o| o.schema == g.schema && o.table == g.table)
+            {
+                out.push(g);
+            }
+        }
+        out
+    }
+
+    /// Hands every record to the producer (a gap record to every partition, for each
+    /// view); the deliveries are awaited by the result.
+    async fn enqueue(
+        &self,
+        records: &[KeyRecord],
+        gaps: &[Gap],
+        views: &[String],
+    ) -> Result<InFlight, Error> {
         let mut deliveries = Vec::with_capacity(records.len());
         let mut value = Vec::with_capacity(64);
         for r in records {
@@ -136,26 +164,14 @@ impl KeyPublisher {
             }
             let key = r.kafka_key();
             let partition = partition_of(&r.view, &r.key, self.partitions);
-            loop {
-                let record = FutureRecord::to(&self.topic)
-                    .partition(partition)
-                    .key(&key[..])
-                    .payload(&value[..]);
-                match self.producer.send_result(record) {
-                    Ok(fut) => {
-                        deliveries.push((self.topic.clone(), fut));
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                        tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                    }
-                    Err((error, _)) => {
-                        add(&self.counters.failed, 1);
-                        return Err(Error::Delivery {
-                            topic: self.topic.clone(),
-                            error,
-                        });
-                    }
+            deliveries.push(self.send(partition, &key, &value).await?);
+        }
+        for gap in gaps {
+            for view in views {
+                value.clear();
+                StreamRecord::encode_gap(view, gap, &mut value);
+                for partition in 0..self.partitions {
+                    deliveries.push(self.send(partition, view.as_bytes(), &value).await?);
                 }
             }
         }
@@ -163,6 +179,34 @@ impl KeyPublisher {
             deliveries,
             counters: self.counters.clone(),
         })
+    }
+
+    /// Hands one record to the producer, waiting while its queue is full.
+    async fn send(
+        &self,
+        partition: i32,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(String, DeliveryFuture), Error> {
+        loop {
+            let record = FutureRecord::to(&self.topic)
+                .partition(partition)
+                .key(key)
+                .payload(value);
+            match self.producer.send_result(record) {
+                Ok(fut) => return Ok((self.topic.clone(), fut)),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((error, _)) => {
+                    add(&self.counters.failed, 1);
+                    return Err(Error::Delivery {
+                        topic: self.topic.clone(),
+                        error,
+                    });
+                }
+            }
+        }
     }
 
     /// Publishes the keys of every batch of `source` (`keyer` maps a row change to the
@@ -209,9 +253,11 @@ impl KeyPublisher {
                     None => source_done = true,
                     Some(Err(e)) => break Err(Error::Source(e)),
                     Some(Ok(batch)) => {
+                        let reported = batch.gaps().to_vec();
                         let (events, _skipped, ack) = batch.into_parts();
                         let records = self.records(&events, views, keyer);
-                        match self.enqueue(&records).await {
+                        let gaps = Self::gaps(&events, &reported);
+                        match self.enqueue(&records, &gaps, views).await {
                             Ok(pending) => in_flight.push_back((tokio::spawn(pending.settle()), ack)),
                             Err(e) => break Err(e),
                         }

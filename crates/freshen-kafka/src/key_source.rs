@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use freshen::{
-    Ack, Batch, BoxError, BoxFuture, Capabilities, Due, Rebuild, Retry, ScopedKey, Source,
+    Ack, Batch, BoxError, BoxFuture, Capabilities, Due, Gap, Rebuild, Retry, ScopedKey, Source,
     SourceError,
 };
 use rdkafka::ClientConfig;
@@ -23,7 +23,7 @@ use crate::error::needs_a_person;
 use crate::fence::Fences;
 use crate::key_config::KeyStreamConfig;
 use crate::key_publisher::partition_count;
-use crate::keys::{KeyRecord, partition_of};
+use crate::keys::{StreamRecord, partition_of};
 use crate::offsets::{Mark, Tp};
 use crate::source::acknowledge;
 use crate::stats::{SourceStats, add};
@@ -33,7 +33,7 @@ const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// One read of the key stream: its records, what could not be decoded, its offsets.
 struct Read {
-    records: Vec<KeyRecord>,
+    records: Vec<StreamRecord>,
     skipped: Vec<String>,
     marks: Vec<Mark>,
 }
@@ -44,6 +44,8 @@ struct Read {
 ///   partitions that must move, and the others keep being rebuilt meanwhile.
 /// - Keys go to the views by name ([`split`](Self::split)), each marked dirty with the
 ///   transaction id its record carries, so the rebuild's visibility guard still holds.
+///   A gap record (a TRUNCATE at the capture instance) reaches its view as a
+///   [`Gap`]: the view sweeps, if it has a reconcile.
 /// - Offsets are committed per partition only up to what every view acknowledged:
 ///   under `after-rebuild`, after the rebuilds of the keys read.
 /// - Single flight across instances: wrap each view's rebuild with
@@ -177,7 +179,7 @@ impl KeySource {
     fn take(
         &self,
         msg: &BorrowedMessage<'_>,
-        out: &mut Vec<(Tp, u64, i64, Result<KeyRecord, String>)>,
+        out: &mut Vec<(Tp, u64, i64, Result<StreamRecord, String>)>,
     ) {
         add(&self.shared.counters.messages, 1);
         let tp: Tp = (Arc::from(msg.topic()), msg.partition());
@@ -185,7 +187,7 @@ impl KeySource {
             add(&self.shared.counters.dropped_revoked, 1);
             return;
         };
-        let record = KeyRecord::decode(msg.payload().unwrap_or_default())
+        let record = StreamRecord::decode(msg.payload().unwrap_or_default())
             .map_err(|e| format!("{}[{}]@{}: {e}", msg.topic(), msg.partition(), msg.offset()));
         out.push((tp, epoch, msg.offset(), record));
     }
@@ -466,24 +468,38 @@ async fn pump(
             }
         };
         let mut per_view: Vec<Vec<ScopedKey>> = vec![Vec::new(); senders.len()];
+        let mut gaps: Vec<Vec<Gap>> = vec![Vec::new(); senders.len()];
         let mut skipped = read.skipped;
         for r in read.records {
-            match index.get(&r.view) {
-                Some(&i) => per_view[i].push(ScopedKey {
-                    key: r.key,
-                    txid: r.txid,
+            let view = match &r {
+                StreamRecord::Key(k) => &k.view,
+                StreamRecord::Gap { view, .. } => view,
+            };
+            let Some(&i) = index.get(view) else {
+                skipped.push(format!(
+                    "a record of view {view:?}, which this worker does not run: every worker must run the capture's views"
+                ));
+                continue;
+            };
+            match r {
+                StreamRecord::Key(k) => per_view[i].push(ScopedKey {
+                    key: k.key,
+                    txid: k.txid,
                 }),
-                None => skipped.push(format!(
-                    "a key of view {:?}, which this worker does not run: every worker must run the capture's views",
-                    r.view
-                )),
+                StreamRecord::Gap { gap, .. } => {
+                    if !gaps[i].contains(&gap) {
+                        gaps[i].push(gap);
+                    }
+                }
             }
         }
         let acks = shares(source.ack(read.marks), senders.len());
         // Every view gets every batch, empty or not: acknowledgements then leave each
         // view in order, so the shared ones do too.
-        for (i, ((tx, keys), ack)) in senders.iter().zip(per_view).zip(acks).enumerate() {
-            let mut batch = Batch::new(Vec::new(), ack).with_keys(keys);
+        for (i, (((tx, keys), gaps), ack)) in
+            senders.iter().zip(per_view).zip(gaps).zip(acks).enumerate()
+        {
+            let mut batch = Batch::new(Vec::new(), ack).with_keys(keys).with_gaps(gaps);
             if i == 0 {
                 for s in &skipped {
                     batch = batch.with_skipped(s.clone());

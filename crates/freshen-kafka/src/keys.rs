@@ -11,6 +11,11 @@
 //! u16 parts, then per part      u8 0 (NULL) | u8 1, u32 length, UTF-8 bytes
 //! ```
 //!
+//! or, for a change the capture instance cannot turn into keys (a TRUNCATE, a row gap),
+//! a *gap record* (flag bit 2 alone): the view, then the schema, the table and the reason
+//! (u16 length and UTF-8 bytes each). A gap record goes to every partition, so that
+//! every worker's view sweeps (each rebuilding the keys it owns).
+//!
 //! Its Kafka key is the view and the key's parts (`view NUL parts…`, the same bytes the
 //! partition is hashed from), for tools that read the topic; freshen never reads it.
 //!
@@ -28,6 +33,57 @@ use freshen::Key;
 const MAGIC: &[u8; 3] = b"fk1";
 const HAS_TXID: u8 = 1;
 const HAS_POSITION: u8 = 2;
+const IS_GAP: u8 = 4;
+
+/// What one key stream record says: a key to rebuild, or a gap to sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamRecord {
+    /// A dirtied scope key.
+    Key(KeyRecord),
+    /// Rows of a table changed in a way that gives no key (a TRUNCATE): the view sweeps.
+    Gap {
+        /// The view.
+        view: String,
+        /// The table and why.
+        gap: freshen::Gap,
+    },
+}
+
+impl StreamRecord {
+    /// Reads a record's value, key or gap.
+    pub fn decode(bytes: &[u8]) -> Result<StreamRecord, KeyDecodeError> {
+        if bytes.len() > 3 && bytes[..3] == MAGIC[..] && bytes[3] == IS_GAP {
+            let mut r = Reader(&bytes[4..]);
+            let mut text = || -> Result<String, KeyDecodeError> {
+                let n = usize::from(r.u16()?);
+                Ok(r.text(n)?.to_owned())
+            };
+            let (view, schema, table, reason) = (text()?, text()?, text()?, text()?);
+            if !r.0.is_empty() {
+                return Err(KeyDecodeError("trailing bytes"));
+            }
+            return Ok(StreamRecord::Gap {
+                view,
+                gap: freshen::Gap::new(schema, table, reason),
+            });
+        }
+        KeyRecord::decode(bytes).map(StreamRecord::Key)
+    }
+
+    /// Appends a gap record's value for `view` to `out` (texts cut at 65535 bytes).
+    pub fn encode_gap(view: &str, gap: &freshen::Gap, out: &mut Vec<u8>) {
+        out.extend_from_slice(MAGIC);
+        out.push(IS_GAP);
+        for t in [view, &gap.schema, &gap.table, &gap.reason] {
+            let mut end = t.len().min(usize::from(u16::MAX));
+            while !t.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.extend_from_slice(&(end as u16).to_be_bytes());
+            out.extend_from_slice(&t.as_bytes()[..end]);
+        }
+    }
+}
 
 /// One dirtied scope key, as the key stream carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -308,6 +364,40 @@ mod tests {
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn gap_records_roundtrip_and_keys_still_decode() {
+        let gap = freshen::Gap::new("public", "readings", "TRUNCATE");
+        let mut b = Vec::new();
+        StreamRecord::encode_gap("totals", &gap, &mut b);
+        assert_eq!(
+            StreamRecord::decode(&b),
+            Ok(StreamRecord::Gap {
+                view: "totals".into(),
+                gap
+            })
+        );
+        for n in 0..b.len() {
+            assert!(StreamRecord::decode(&b[..n]).is_err(), "truncated at {n}");
+        }
+        let key = KeyRecord {
+            view: "v".into(),
+            key: Key::from("k"),
+            txid: None,
+            position: Some(1),
+        };
+        let mut b = Vec::new();
+        key.encode_into(&mut b).unwrap();
+        assert_eq!(StreamRecord::decode(&b), Ok(StreamRecord::Key(key)));
+        // A long reason is cut on a character boundary, never split inside one.
+        let long = freshen::Gap::new("s", "t", "é".repeat(40_000));
+        let mut b = Vec::new();
+        StreamRecord::encode_gap("v", &long, &mut b);
+        let Ok(StreamRecord::Gap { gap, .. }) = StreamRecord::decode(&b) else {
+            panic!("decodes");
+        };
+        assert_eq!(gap.reason.len(), 65534);
     }
 
     #[test]

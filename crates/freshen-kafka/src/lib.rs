@@ -43,7 +43,7 @@ pub use error::Error;
 pub use key_config::KeyStreamConfig;
 pub use key_publisher::{KeyPublisher, Keyer};
 pub use key_source::{KeySource, KeyStreamProbe, ViewKeys};
-pub use keys::{KeyDecodeError, KeyRecord, partition_of};
+pub use keys::{KeyDecodeError, KeyRecord, StreamRecord, partition_of};
 pub use sink::KafkaSink;
 pub use source::{KafkaSource, SourceStatsHandle, Undecodable};
 pub use stats::{SinkStats, SourceStats};

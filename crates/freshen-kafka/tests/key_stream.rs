@@ -197,6 +197,100 @@ async fn capture_acknowledges_a_batch_only_once_its_keys_are_in_kafka() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_truncate_at_the_capture_sweeps_the_views_on_every_worker() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "keys", PARTITIONS).await;
+    let (feed, _task) = capture(&bootstrap).await;
+    // Two workers, each view sweeping its listed keys: each key rebuilt by its owner only.
+    let spans = Spans::default();
+    let mut workers = Vec::new();
+    for id in 0..2 {
+        let source = KeySource::connect(&config(&bootstrap)).await.unwrap();
+        let probe = source.probe();
+        let rebuild = source.fence(
+            VIEWS[0],
+            Box::new(Recording {
+                worker: id,
+                view: VIEWS[0],
+                spans: spans.clone(),
+            }),
+        );
+        let mut sources = source.split(vec![VIEWS[0].to_string(), VIEWS[1].to_string()]);
+        let other = sources.pop().unwrap();
+        let running = Running::spawn(
+            Refresher::builder()
+                .source(sources.pop().unwrap())
+                .scope(|_: &RowEvent| Vec::<Key>::new())
+                .rebuild_with(rebuild)
+                .watches("public", "readings", &["device"])
+                .reconcile(Duration::from_secs(3600), || async {
+                    Ok::<_, std::io::Error>(
+                        (0..DEVICES)
+                            .map(|i| Key::from(format!("dev-{i:02}")))
+                            .collect(),
+                    )
+                })
+                .sweep_at_start(false)
+                .build()
+                .unwrap(),
+        );
+        let other = Running::spawn(
+            Refresher::builder()
+                .source(other)
+                .scope(|_: &RowEvent| Vec::<Key>::new())
+                .rebuild(|_: Key| async { Ok::<_, std::io::Error>(()) })
+                .build()
+                .unwrap(),
+        );
+        workers.push((running, other, probe));
+    }
+    until("both workers own partitions, all of them", || {
+        let owned: Vec<Vec<i32>> = workers.iter().map(|(.., p)| p.owned()).collect();
+        owned.iter().all(|o| !o.is_empty())
+            && owned.iter().map(Vec::len).sum::<usize>() == PARTITIONS as usize
+    })
+    .await;
+    let acked = Arc::new(Mutex::new(false));
+    let a = acked.clone();
+    let truncate = RowEvent::new("public", "readings", Op::Truncate);
+    let other = RowEvent::new("public", "unwatched", Op::Truncate);
+    feed.send(Batch::new(
+        vec![truncate.clone(), truncate, other],
+        Ack::new(move || *a.lock().unwrap() = true),
+    ))
+    .await
+    .unwrap();
+    until("the truncate is published", || *acked.lock().unwrap()).await;
+    // Each table once, for each view, to every partition.
+    let ends = high_watermarks(&bootstrap, "keys", PARTITIONS);
+    assert_eq!(ends, vec![4; PARTITIONS as usize]);
+
+    until("every key swept and rebuilt by its owner", || {
+        let s = spans.0.lock().unwrap();
+        let keys: BTreeSet<String> = s.iter().map(|r| r.key.to_string()).collect();
+        keys.len() == DEVICES
+    })
+    .await;
+    until("both workers saw the gap", || {
+        workers.iter().all(|(r, ..)| r.handle.stats().gaps >= 1)
+    })
+    .await;
+    let s = spans.0.lock().unwrap().clone();
+    for r in &s {
+        let p = freshen_kafka::partition_of(VIEWS[0], &r.key, PARTITIONS);
+        let owner = workers
+            .iter()
+            .position(|(.., probe)| probe.owned().contains(&p));
+        assert_eq!(owner, Some(r.worker), "{} rebuilt by its owner", r.key);
+    }
+    for (r, o, _) in workers {
+        r.stop().await;
+        o.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
@@ -206,12 +300,12 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
 
     // Load: every device changes again and again, each batch its own transaction.
     let changed: Arc<Mutex<BTreeMap<String, (Instant, u64)>>> = Arc::default();
-    let stop_load = Arc::new(tokio::sync::Notify::new());
+    let stop_load = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
         let (changed, stop) = (changed.clone(), stop_load.clone());
         tokio::spawn(async move {
             let mut txid = 1000u64;
-            loop {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 txid += 1;
                 let devices: Vec<String> = (0..8)
                     .map(|j| format!("dev-{:02}", (txid as usize * 7 + j * 5) % DEVICES))
@@ -221,14 +315,9 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
                     changed.lock().unwrap().insert(d.clone(), (now, txid));
                 }
                 let events = devices.iter().map(|d| reading(d, txid)).collect();
-                tokio::select! {
-                    _ = stop.notified() => break,
-                    sent = feed.send(Batch::new(events, Ack::none())) => sent.unwrap(),
-                }
-                tokio::select! {
-                    _ = stop.notified() => break,
-                    _ = tokio::time::sleep(Duration::from_millis(3)) => {}
-                }
+                feed.send(Batch::new(events, Ack::none())).await.unwrap();
+                // The pace of the writes (load, not synchronisation).
+                tokio::time::sleep(Duration::from_millis(3)).await;
             }
         })
     };
@@ -258,8 +347,11 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
         w1.rebuilt() + w2.rebuilt() > mark + 20
     })
     .await;
-    stop_load.notify_waiters();
-    load.await.unwrap();
+    stop_load.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::time::timeout(DEADLINE, load)
+        .await
+        .expect("the load stops")
+        .unwrap();
 
     // Every view's key was rebuilt by a rebuild that started after its last change.
     let last: BTreeMap<String, (Instant, u64)> = changed.lock().unwrap().clone();

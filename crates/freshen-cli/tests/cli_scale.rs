@@ -63,6 +63,7 @@ statement_timeout = "5s"
 name = "device_totals"
 watch = [{{ table = "public.readings", key = ["device"] }}]
 keys_per_transaction = 1
+reconcile = {{ every = "1h", keys = "SELECT device FROM readings UNION SELECT device FROM device_totals" }}
 rebuild = [
   "INSERT INTO rebuild_log (view, key, worker, started) VALUES ('device_totals', $1, '${{FRESHEN_INSTANCE}}', clock_timestamp())",
   "DELETE FROM device_totals WHERE device = $1",
@@ -256,6 +257,17 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
     let transactions = load.await.unwrap();
     assert!(transactions > 0);
     wait_equal(&c, Duration::from_secs(120)).await;
+
+    // A TRUNCATE gives no key: the capture sends it to every partition as a gap, and
+    // each worker's views sweep (with the dead worker's partitions, their new owner's).
+    c.batch_execute("TRUNCATE readings").await.unwrap();
+    wait_equal(&c, Duration::from_secs(120)).await;
+    let left: i64 = c
+        .query_one("SELECT count(*) FROM device_totals", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the truncated table's keys were swept away");
 
     // No two committed rebuilds of one key by different instances overlapped in time.
     let overlaps: Vec<(String, String, String)> = c

@@ -198,11 +198,12 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
              INSERT INTO readings (device, value)
                SELECT 'dev-' || (g % {keys}), g % 97 FROM generate_series(1, {}) g;
              CREATE INDEX ON readings (device);
-             CREATE TABLE device_totals (device text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
-             VACUUM ANALYZE readings;",
+             CREATE TABLE device_totals (device text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);",
             keys * rows_per_key
         ))
         .await?;
+        // On its own: VACUUM cannot run in the implicit transaction of a batch.
+        c.batch_execute("VACUUM ANALYZE readings").await?;
         create_topic(&bootstrap).await?;
         publish(&bootstrap, keys).await?;
         let mut t = Table::new(&[

@@ -68,7 +68,7 @@ rebuild = [
   "INSERT INTO rebuild_log (view, key, worker, started) VALUES ('device_totals', $1, '${{FRESHEN_INSTANCE}}', clock_timestamp())",
   "DELETE FROM device_totals WHERE device = $1",
   "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
-  "UPDATE rebuild_log SET finished = clock_timestamp() FROM pg_sleep(0.005) WHERE id = currval('rebuild_log_id_seq') AND key = $1",
+  "UPDATE rebuild_log SET finished = clock_timestamp() FROM pg_sleep(0.02) WHERE id = currval('rebuild_log_id_seq') AND key = $1",
 ]
 
 [[views]]
@@ -240,6 +240,29 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
         true,
     )
     .await;
+
+    // A sweep on every worker at once: each lists every key, and rebuilds only the ones
+    // whose partition it owns (unfenced, all three would rebuild every key together).
+    let sweep = |w: &Instance| {
+        let base = w.base.clone();
+        async move {
+            freshen_cli::status::request(
+                &base,
+                "POST",
+                "/admin/views/device_totals/sweep",
+                None,
+                None,
+            )
+            .await
+            .map(|(code, _)| code)
+        }
+    };
+    let (a, b, d) = tokio::join!(sweep(&w1), sweep(&w3), sweep(&w4));
+    for code in [a, b, d] {
+        assert_eq!(code.ok(), Some(202), "a sweep on request");
+    }
+    let n = rebuilt(&c).await;
+    progress(&c, "after the sweeps", n).await;
 
     // The capture instance SIGKILLed mid-load, and started again: it replays what it had
     // not confirmed.

@@ -19,6 +19,8 @@ mod kafka;
 mod rebuild_index;
 mod replica_identity;
 mod report;
+#[cfg(feature = "scale-out")]
+mod scale_out;
 mod scan;
 mod scheduler;
 mod snapshot;
@@ -120,6 +122,11 @@ const SCENARIOS: &[Scenario] = &[
         run: incremental::run,
     },
     Scenario {
+        name: "scale-out",
+        about: "rebuilds/s of one view with 1, 2 and 4 key stream workers on a rebuild-heavy workload; PostgreSQL's and freshen's CPU (where the database becomes the limit)",
+        run: scale_out_run,
+    },
+    Scenario {
         name: "huge-tx",
         about: "freshen's peak RSS and heap against idle while one 1M-row transaction streams through the pipeline",
         run: huge_tx::run,
@@ -138,6 +145,18 @@ struct Args {
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
+}
+
+#[cfg(feature = "scale-out")]
+fn scale_out_run(opts: &Opts) -> anyhow::Result<()> {
+    scale_out::run(opts)
+}
+
+/// Without the feature the worker pipeline is not built: say how to get it.
+#[cfg(not(feature = "scale-out"))]
+fn scale_out_run(_opts: &Opts) -> anyhow::Result<()> {
+    println!("(not built: run with `--features scale-out`)");
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {

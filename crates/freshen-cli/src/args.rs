@@ -90,6 +90,10 @@ pub enum Command {
         /// The configuration file.
         #[command(flatten)]
         file: ConfigFile,
+        /// With a `[key_stream]`: this instance's part — `capture` (reads the source,
+        /// publishes the views' keys; one instance) or `worker` (rebuilds; any number).
+        #[arg(long, value_enum)]
+        role: Option<crate::role::Role>,
     },
     /// Validate a configuration file and the database it points at.
     Check {

@@ -14,6 +14,7 @@ pub mod logging;
 pub mod metrics;
 pub mod pipeline;
 pub mod reload;
+pub mod role;
 pub mod run;
 pub mod scope;
 pub mod sink_snapshot;

@@ -12,7 +12,7 @@ use freshen_cli::{check, demo, drop, logging, status};
 
 async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
     match args.command {
-        Command::Run { file } => freshen_cli::run::run(&file.config).await,
+        Command::Run { file, role } => freshen_cli::run::run(&file.config, role).await,
         Command::Check {
             file,
             json,

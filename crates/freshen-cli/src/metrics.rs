@@ -124,6 +124,10 @@ pub struct SourceStatus {
     /// publication while running); any entry makes `/healthz` unhealthy.
     #[serde(default)]
     pub problems: Vec<String>,
+    /// A key stream worker: the partitions of the key stream it owns now (`None` for
+    /// a source that is not split between instances).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<Vec<i32>>,
 }
 
 /// One view's name and its refresher's stats.

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use crate::config::{Config, Sink, View};
 use crate::http::Observe;
 use crate::metrics::{SourceStatus, ViewStats};
+use crate::role::Role;
 use crate::scope::ViewScope;
 use crate::target::{Target, ViewPool};
 
@@ -27,7 +28,7 @@ const LAG_SAMPLE: Duration = Duration::from_secs(5);
 pub const RECENT: Duration = Duration::from_secs(60);
 
 /// A sink's run, started with its branch of the source and the shutdown signal.
-type SinkRun = Box<
+pub(crate) type SinkRun = Box<
     dyn FnOnce(
             Branch,
             freshen::BoxFuture<'static, ()>,
@@ -215,6 +216,7 @@ impl Observe for Observer {
             reconnects: h.reconnects,
             events: h.events,
             last_error: h.last_error,
+            partitions: h.partitions,
             problems: h
                 .problems
                 .into_iter()
@@ -240,7 +242,7 @@ impl Observe for Observer {
 fn refresher(
     view: &View,
     (pool, rebuild, fanouts): (ViewPool, Box<dyn Rebuild>, Vec<Box<dyn Expand>>),
-    source: Branch,
+    source: Box<dyn freshen::Source>,
     ack: freshen::AckPolicy,
     sweep_at_start: bool,
 ) -> anyhow::Result<ViewRun> {
@@ -310,7 +312,21 @@ impl Pipeline {
     /// Like [`start`](Self::start), after a reload: the views named in `unchanged` were
     /// right when the previous pipeline stopped, so they skip the start-up sweep.
     pub async fn start_keeping(cfg: &Config, unchanged: &[String]) -> anyhow::Result<Pipeline> {
-        let target = if cfg.views.is_empty() {
+        Pipeline::start_as(cfg, unchanged, None).await
+    }
+
+    /// Like [`start_keeping`](Self::start_keeping), for one role of a configuration that
+    /// spreads its rebuilds (see [`crate::role`]); `None`: everything here.
+    pub async fn start_as(
+        cfg: &Config,
+        unchanged: &[String],
+        role: Option<Role>,
+    ) -> anyhow::Result<Pipeline> {
+        if role == Some(Role::Worker) {
+            return Pipeline::start_worker(cfg, unchanged).await;
+        }
+        let capture = role == Some(Role::Capture);
+        let target = if cfg.views.is_empty() || capture {
             None
         } else {
             Some(Target::connect(cfg).await?)
@@ -327,6 +343,9 @@ impl Pipeline {
         let mut sinks = Vec::new();
         let mut sink_drivers = Vec::new();
         let mut sink_snapshots = Vec::new();
+        if capture {
+            sinks.push(crate::role::publisher(cfg).await?);
+        }
         for (i, sink) in cfg.sinks.iter().enumerate() {
             let (run, driver) = sink_run(cfg, sink)?;
             sinks.push(run);
@@ -356,12 +375,18 @@ impl Pipeline {
             .start(&crate::sources::plan(cfg))
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the {kind} source: {e}"))?;
-        let mut branches = fanout(source, cfg.consumers()).into_iter();
+        // A capture instance runs no views: its publisher takes their place.
+        let consumers = if capture {
+            sinks.len() + usize::from(cfg.changefeed.is_some())
+        } else {
+            cfg.consumers()
+        };
+        let mut branches = fanout(source, consumers).into_iter();
         let mut views = Vec::new();
         for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
             let branch = branches.next().expect("one branch per consumer");
             let sweep = !unchanged.contains(&view.name);
-            views.push(refresher(view, rebuild, branch, cfg.ack, sweep)?);
+            views.push(refresher(view, rebuild, Box::new(branch), cfg.ack, sweep)?);
         }
         let sinks = sinks
             .into_iter()
@@ -395,6 +420,67 @@ impl Pipeline {
             let branch = branches.next().expect("one branch per consumer");
             (cf, branch, listener, state)
         });
+        Ok(Pipeline::assemble(
+            views,
+            (sinks, sink_drivers, sink_snapshots),
+            changefeed,
+            snapshots,
+            probe,
+        ))
+    }
+
+    /// A worker of a spread configuration: the views' keys come from the key stream
+    /// (no source, sinks or changefeed here: they run on the capture instance).
+    async fn start_worker(cfg: &Config, unchanged: &[String]) -> anyhow::Result<Pipeline> {
+        let target = Target::connect(cfg).await?;
+        let mut prepared = Vec::new();
+        let mut rebuilds = Vec::new();
+        for view in &cfg.views {
+            let pool = target.view(view, cfg.target.pool_size)?;
+            rebuilds.push(pool.rebuild(view).await?);
+            prepared.push((pool, Vec::new()));
+        }
+        let worker = crate::role::worker(cfg, rebuilds).await?;
+        let mut views = Vec::new();
+        for (((view, (pool, fanouts)), rebuild), source) in cfg
+            .views
+            .iter()
+            .zip(prepared)
+            .zip(worker.rebuilds)
+            .zip(worker.sources)
+        {
+            let sweep = !unchanged.contains(&view.name);
+            views.push(refresher(
+                view,
+                (pool, rebuild, fanouts),
+                source,
+                cfg.ack,
+                sweep,
+            )?);
+        }
+        Ok(Pipeline::assemble(
+            views,
+            (Vec::new(), Vec::new(), Vec::new()),
+            None,
+            None,
+            worker.probe,
+        ))
+    }
+
+    /// The sinks come with their snapshot drivers and those drivers' progress by sink
+    /// number.
+    #[allow(clippy::type_complexity)]
+    fn assemble(
+        views: Vec<ViewRun>,
+        (sinks, sink_drivers, sink_snapshots): (
+            Vec<(SinkRun, Branch)>,
+            Vec<crate::sink_snapshot::Driver>,
+            Vec<(usize, freshen_postgres::SinkSnapshots)>,
+        ),
+        changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
+        snapshots: Option<freshen_changefeed::SnapshotSource>,
+        probe: Arc<dyn SourceProbe>,
+    ) -> Pipeline {
         let observer = Arc::new(Observer {
             views: views
                 .iter()
@@ -413,14 +499,14 @@ impl Pipeline {
             running: AtomicBool::new(true),
             windows: std::sync::Mutex::new(vec![std::collections::VecDeque::new(); views.len()]),
         });
-        Ok(Pipeline {
+        Pipeline {
             views,
             sinks,
             sink_drivers,
             changefeed,
             snapshots,
             observer,
-        })
+        }
     }
 
     /// What the HTTP endpoints and the demo read.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use crate::config;
 use crate::http::{self, Observe as _};
+use crate::role::Role;
 use crate::{logging, pipeline, standby};
 
 async fn shutdown_signal() {
@@ -17,12 +18,20 @@ async fn shutdown_signal() {
     }
 }
 
-/// `freshen run -c path`: until SIGINT/SIGTERM, or until another process takes over.
-pub async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+/// `freshen run -c path [--role capture|worker]`: until SIGINT/SIGTERM, or until
+/// another process takes over.
+pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<ExitCode> {
     let cfg = match config::load(path) {
         Ok(c) => c,
         Err(e) => {
             eprint!("{e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let role = match crate::role::resolve(&cfg, role) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
             return Ok(ExitCode::from(2));
         }
     };
@@ -85,7 +94,7 @@ pub async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
             }
         }
     });
-    let result = lead_and_run(cfg, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
+    let result = lead_and_run(cfg, role, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
     let _ = stop_http.send(());
     if let Some(s) = server {
         let _ = s.await;
@@ -119,14 +128,20 @@ const RESTART_MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(30
 /// `None`: stopped while standby.
 async fn lead_and_run(
     mut cfg: config::Config,
+    role: Option<Role>,
     roles: &standby::Roles,
     mut reloads: tokio::sync::mpsc::UnboundedReceiver<(config::Config, crate::reload::Change)>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<Option<std::sync::Arc<pipeline::Observer>>> {
-    let lease = standby::lead(&*cfg.source, roles, stop_rx)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Workers share the work through their consumer group: none waits for another.
+    let lease = if role == Some(Role::Worker) {
+        Some(None)
+    } else {
+        standby::lead(&*cfg.source, roles, stop_rx)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+    };
     let Some(lease) = lease else {
         return Ok(None);
     };
@@ -155,7 +170,7 @@ async fn lead_and_run(
     let mut last: Option<std::sync::Arc<pipeline::Observer>> = None;
     let mut delay = RESTART_FIRST_DELAY;
     loop {
-        let p = match pipeline::Pipeline::start_keeping(&cfg, &unchanged).await {
+        let p = match pipeline::Pipeline::start_as(&cfg, &unchanged, role).await {
             Ok(p) => {
                 delay = RESTART_FIRST_DELAY;
                 unstarted = None;

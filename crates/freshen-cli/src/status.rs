@@ -111,6 +111,9 @@ pub fn render(s: &Status) -> String {
         src.reconnects,
         src.events,
     );
+    if let Some(parts) = &src.partitions {
+        out.push_str(&crate::role::partitions_line(parts));
+    }
     if let Some(e) = &src.last_error {
         out.push_str(&format!("last error: {e}\n"));
     }

@@ -339,7 +339,7 @@ impl fmt::Debug for KafkaSinkConfig {
 }
 
 /// Property names with their values hidden.
-struct Redacted<'a>(&'a BTreeMap<String, String>);
+pub(crate) struct Redacted<'a>(pub(crate) &'a BTreeMap<String, String>);
 
 impl fmt::Debug for Redacted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -349,7 +349,11 @@ impl fmt::Debug for Redacted<'_> {
     }
 }
 
-fn reserved(props: &BTreeMap<String, String>, reserved: &[&str], problems: &mut Vec<String>) {
+pub(crate) fn reserved(
+    props: &BTreeMap<String, String>,
+    reserved: &[&str],
+    problems: &mut Vec<String>,
+) {
     for name in props.keys() {
         if reserved.contains(&name.as_str()) {
             problems.push(format!(
@@ -379,7 +383,7 @@ pub(crate) fn valid_topic_char(c: char) -> bool {
 }
 
 /// `brokers` as a string or a list of strings.
-fn brokers<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+pub(crate) fn brokers<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {

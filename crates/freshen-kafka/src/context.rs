@@ -1,12 +1,14 @@
 //! The consumer's callbacks: rebalances and commit results update the offset tracker.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::fence::Fences;
 use crate::offsets::{Offsets, Tp};
 use crate::stats::{SourceCounters, SourceStats, add};
 
@@ -38,6 +40,54 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) struct Context {
     pub(crate) shared: Arc<Shared>,
+    /// A key stream worker's fence: revoked partitions stop their rebuilds first.
+    pub(crate) fencing: Option<Arc<Fencing>>,
+}
+
+/// A key stream worker's fence and how long a revocation waits on it.
+#[derive(Debug)]
+pub(crate) struct Fencing {
+    pub(crate) fences: Fences,
+    pub(crate) topic: String,
+    pub(crate) revoke_timeout: Duration,
+}
+
+impl Fencing {
+    fn partitions(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements()
+            .iter()
+            .filter(|e| e.topic() == self.topic)
+            .map(|e| e.partition())
+            .collect()
+    }
+
+    /// Before revoked partitions go: no rebuild of their keys starts any more, and the
+    /// running ones are waited for (up to the revoke timeout), so that the next owner
+    /// never rebuilds a key while this instance still does.
+    fn revoke(&self, tpl: &TopicPartitionList, shared: &Shared) {
+        let parts = self.partitions(tpl);
+        self.fences.lock().revoke(parts.iter().copied());
+        if self.fences.lock().running(&parts) == 0 {
+            return;
+        }
+        add(&shared.counters.revoke_waits, 1);
+        let wait = || self.fences.wait_idle(&parts, self.revoke_timeout);
+        // The callback runs on the task polling the consumer: on a multi-threaded
+        // runtime, hand that worker's other tasks (the rebuilds among them) away first.
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let left = if multi {
+            tokio::task::block_in_place(wait)
+        } else {
+            wait()
+        };
+        if left > 0 {
+            add(&shared.counters.revoke_timeouts, 1);
+            *shared.last_error() = Some(format!(
+                "{left} rebuild(s) of revoked partitions {parts:?} still ran after revoke_timeout_ms; their new owner may start the same keys"
+            ));
+        }
+    }
 }
 
 impl ClientContext for Context {}
@@ -45,9 +95,17 @@ impl ClientContext for Context {}
 impl ConsumerContext for Context {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let revoked = match rebalance {
-            Rebalance::Revoke(tpl) => self.shared.offsets().revoke(tps(tpl)),
+            Rebalance::Revoke(tpl) => {
+                if let Some(f) = &self.fencing {
+                    f.revoke(tpl, &self.shared);
+                }
+                self.shared.offsets().revoke(tps(tpl))
+            }
             // The assignment is lost (session expired): commits would be refused anyway.
             Rebalance::Error(_) => {
+                if let Some(f) = &self.fencing {
+                    f.fences.lock().revoke_all();
+                }
                 let _ = self.shared.offsets().revoke_all();
                 return;
             }
@@ -70,6 +128,9 @@ impl ConsumerContext for Context {
         if let Rebalance::Assign(tpl) = rebalance {
             add(&self.shared.counters.rebalances, 1);
             self.shared.offsets().assign(tps(tpl));
+            if let Some(f) = &self.fencing {
+                f.fences.lock().assign(f.partitions(tpl));
+            }
         }
     }
 

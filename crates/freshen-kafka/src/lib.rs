@@ -10,6 +10,11 @@
 //!   acknowledged upstream only once every record of it is delivered.
 //!   [`KafkaSink::run_interleaved`] also publishes a snapshot's rows as READ events
 //!   (`op` `r`) at their place in the stream (`freshen_postgres::SinkSnapshots`).
+//! - The key stream, for rebuild work spread over many instances: a capture instance's
+//!   [`KeyPublisher`] publishes each view's dirtied scope keys ([`KeyRecord`]) to the
+//!   partition that owns them ([`partition_of`]); workers read them as a consumer group
+//!   ([`KeySource`]), fence their rebuilds by partition ownership and commit offsets
+//!   after the rebuilds, so single flight per key holds across instances.
 //!
 //! Both are configured by serde structs ([`KafkaSourceConfig`], [`KafkaSinkConfig`])
 //! that the `freshen` binary embeds in its TOML.
@@ -24,6 +29,11 @@ mod config;
 mod context;
 mod dead_letter;
 mod error;
+mod fence;
+mod key_config;
+mod key_publisher;
+mod key_source;
+mod keys;
 mod offsets;
 mod plug;
 mod sink;
@@ -32,6 +42,10 @@ mod stats;
 
 pub use config::{KafkaSinkConfig, KafkaSourceConfig, StartFrom, TopicMode};
 pub use error::Error;
+pub use key_config::KeyStreamConfig;
+pub use key_publisher::{KeyPublisher, Keyer};
+pub use key_source::{KeySource, KeyStreamProbe, ViewKeys};
+pub use keys::{KeyDecodeError, KeyRecord, StreamRecord, partition_of};
 pub use sink::KafkaSink;
 pub use source::{KafkaSource, SourceStatsHandle, Undecodable};
 pub use stats::{SinkStats, SourceStats};

@@ -360,19 +360,19 @@ fn with_reads(
 }
 
 /// Batches a sink keeps in flight before it waits for the oldest.
-const MAX_IN_FLIGHT: usize = 64;
+pub(crate) const MAX_IN_FLIGHT: usize = 64;
 /// Pause before retrying a record the producer's full queue refused.
-const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(1);
+pub(crate) const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(1);
 
 /// The deliveries of one batch.
-struct InFlight {
-    deliveries: Vec<(String, DeliveryFuture)>,
-    counters: Arc<SinkCounters>,
+pub(crate) struct InFlight {
+    pub(crate) deliveries: Vec<(String, DeliveryFuture)>,
+    pub(crate) counters: Arc<SinkCounters>,
 }
 
 impl InFlight {
     /// Waits for every delivery; the first failure, if any.
-    async fn settle(self) -> Result<(), Error> {
+    pub(crate) async fn settle(self) -> Result<(), Error> {
         let mut first = None;
         for (topic, fut) in self.deliveries {
             let error = match fut.await {
@@ -391,12 +391,14 @@ impl InFlight {
 }
 
 /// A settled batch: a settling task that panicked counts as a failed delivery.
-fn flatten(done: Result<Result<(), Error>, tokio::task::JoinError>) -> Result<(), Error> {
+pub(crate) fn flatten(
+    done: Result<Result<(), Error>, tokio::task::JoinError>,
+) -> Result<(), Error> {
     done.unwrap_or(Err(Error::Client(KafkaError::Canceled)))
 }
 
 /// Reads `source` into `tx` until told to stop, then hands the source back.
-async fn pump<S: Source>(
+pub(crate) async fn pump<S: Source>(
     mut source: S,
     tx: mpsc::Sender<Option<Result<Batch, SourceError>>>,
     mut stop: oneshot::Receiver<()>,

@@ -191,6 +191,7 @@ impl KafkaSource {
         let shared = Arc::new(Shared::default());
         let consumer: StreamConsumer<Context> = cc.create_with_context(Context {
             shared: shared.clone(),
+            fencing: None,
         })?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -357,7 +358,7 @@ impl KafkaSource {
 }
 
 /// The acknowledgement of one batch: record its offsets, commit what moved.
-fn acknowledge(
+pub(crate) fn acknowledge(
     consumer: Weak<StreamConsumer<Context>>,
     shared: Arc<Shared>,
     marks: Vec<Mark>,

@@ -31,6 +31,15 @@ pub struct SourceStats {
     pub consumer_errors: u64,
     /// Partition assignments and revocations.
     pub rebalances: u64,
+    /// Key stream workers: rebuilds of keys whose partition had moved to another
+    /// instance, skipped (the new owner rebuilds them).
+    pub fenced: u64,
+    /// Key stream workers: revocations that found rebuilds of their keys running and
+    /// waited for them.
+    pub revoke_waits: u64,
+    /// Key stream workers: revocations whose running rebuilds outlasted
+    /// `revoke_timeout_ms` (see the README's "Scaling out" for what that risks).
+    pub revoke_timeouts: u64,
     /// The last consumer error recovered from, if any.
     pub last_error: Option<String>,
 }
@@ -48,6 +57,9 @@ pub(crate) struct SourceCounters {
     pub(crate) commit_failures: AtomicU64,
     pub(crate) consumer_errors: AtomicU64,
     pub(crate) rebalances: AtomicU64,
+    pub(crate) fenced: AtomicU64,
+    pub(crate) revoke_waits: AtomicU64,
+    pub(crate) revoke_timeouts: AtomicU64,
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -69,6 +81,9 @@ impl SourceCounters {
             commit_failures: g(&self.commit_failures),
             consumer_errors: g(&self.consumer_errors),
             rebalances: g(&self.rebalances),
+            fenced: g(&self.fenced),
+            revoke_waits: g(&self.revoke_waits),
+            revoke_timeouts: g(&self.revoke_timeouts),
             last_error: None,
         }
     }

@@ -67,6 +67,7 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
     let marks = batch.marks().to_vec();
     let gaps = batch.gaps().to_vec();
     let changes = batch.schema_changes().to_vec();
+    let keys = batch.keys().to_vec();
     let (events, skipped, ack) = batch.into_parts();
     let remaining = Arc::new(AtomicUsize::new(n));
     let upstream = Arc::new(Mutex::new(Some(ack)));
@@ -86,7 +87,8 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
                 Batch::shared(events.clone(), ack)
                     .with_marks(marks.clone())
                     .with_gaps(gaps.clone())
-                    .with_schema_changes(changes.clone()),
+                    .with_schema_changes(changes.clone())
+                    .with_keys(keys.clone()),
                 |b, e| b.with_skipped(e.to_string()),
             )
         })

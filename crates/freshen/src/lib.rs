@@ -154,8 +154,8 @@ pub use report::{BuildError, Report, RunError};
 pub use retry::Retry;
 pub use schema::{Difference, Gap, SchemaChange};
 pub use source::{
-    Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
-    SourceProbe, SourceProblem, StreamMark,
+    Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, ScopedKey, Source, SourceError,
+    SourceHealth, SourceProbe, SourceProblem, StreamMark,
 };
 pub use stats::Stats;
 

@@ -425,6 +425,8 @@ impl Runner {
         let now = Instant::now().into_std();
         let gaps = batch.gaps().to_vec();
         let changes = batch.schema_changes().to_vec();
+        let mut batch = batch;
+        let scoped = batch.take_keys();
         let (events, skipped, ack) = batch.into_parts();
         let st = &self.shared.stats;
         Recorder::add(&st.batches_received, 1);
@@ -470,6 +472,9 @@ impl Runner {
             }
         }
         self.scratch = keys;
+        for k in scoped {
+            self.mark(k.key, now, id, k.txid);
+        }
         if let Some(ack) = ack {
             ack.ack();
             Recorder::add(&self.shared.stats.batches_acked, 1);

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::{Gap, RowEvent, SchemaChange};
+use crate::{Gap, Key, RowEvent, SchemaChange};
 
 /// A boxed error that can cross threads.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -64,7 +64,19 @@ pub struct Batch {
     marks: Vec<StreamMark>,
     gaps: Vec<Gap>,
     schema_changes: Vec<SchemaChange>,
+    keys: Vec<ScopedKey>,
     ack: Ack,
+}
+
+/// A key someone else already scoped (a capture instance that publishes keys, not
+/// rows): the refresher marks it dirty as it is, without running its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopedKey {
+    /// The key, in the view's own key space.
+    pub key: Key,
+    /// The transaction whose change dirtied it (PostgreSQL `xid8`), when known: the
+    /// rebuild's snapshot must see it (see [`Due::txids`](crate::Due)).
+    pub txid: Option<u64>,
 }
 
 /// A marker written into the source's change stream by someone other than a row change
@@ -96,6 +108,7 @@ impl Batch {
             marks: Vec::new(),
             gaps: Vec::new(),
             schema_changes: Vec::new(),
+            keys: Vec::new(),
             ack,
         }
     }
@@ -108,6 +121,7 @@ impl Batch {
             marks: Vec::new(),
             gaps: Vec::new(),
             schema_changes: Vec::new(),
+            keys: Vec::new(),
             ack,
         }
     }
@@ -141,6 +155,23 @@ impl Batch {
     pub fn with_schema_changes(mut self, changes: Vec<SchemaChange>) -> Batch {
         self.schema_changes = changes;
         self
+    }
+
+    /// Adds keys already scoped (see [`ScopedKey`]): each is marked dirty as the keys
+    /// of an event are, holding the batch's acknowledgement until it is rebuilt.
+    pub fn with_keys(mut self, keys: Vec<ScopedKey>) -> Batch {
+        self.keys = keys;
+        self
+    }
+
+    /// Keys already scoped that the batch carries besides its events.
+    pub fn keys(&self) -> &[ScopedKey] {
+        &self.keys
+    }
+
+    /// Takes the batch's already-scoped keys out of it.
+    pub fn take_keys(&mut self) -> Vec<ScopedKey> {
+        std::mem::take(&mut self.keys)
     }
 
     /// Schema changes seen among the events.
@@ -320,6 +351,10 @@ pub struct SourceHealth {
     pub lag_seconds: Option<f64>,
     /// The upstream's state of the retained position (a slot's `wal_status`).
     pub retention: Option<String>,
+    /// The partitions of a shared stream this instance owns now (a member of a consumer
+    /// group that splits the work, such as a key stream worker); `None` when the source
+    /// is not split between instances.
+    pub partitions: Option<Vec<i32>>,
 }
 
 /// Something wrong with a running source's setup, and the table it concerns (so that a

@@ -604,6 +604,49 @@ async fn a_rebuild_sees_every_transaction_that_dirtied_its_key() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn keys_scoped_elsewhere_are_rebuilt_with_their_txids_and_hold_the_ack() {
+    let (feed, source) = channel(8);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let acks = Acks::default();
+    let r = Refresher::builder()
+        .source(source)
+        // The scope would give nothing: only the batch's own keys are rebuilt.
+        .scope(|_: &RowEvent| Vec::<Key>::new())
+        .rebuild_with(SeeTxids(seen.clone()))
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let keys = vec![
+        freshen::ScopedKey {
+            key: Key::from("a"),
+            txid: Some(7),
+        },
+        freshen::ScopedKey {
+            key: Key::from_parts([Some("eu"), None]),
+            txid: None,
+        },
+        freshen::ScopedKey {
+            key: Key::from("a"),
+            txid: Some(9),
+        },
+    ];
+    feed.send(acks.batch(1, Vec::new()).with_keys(keys))
+        .await
+        .unwrap();
+    drop(feed);
+    r.run(std::future::pending()).await.unwrap();
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_by(|x, y| x.key.cmp(&y.key));
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[1].key, Key::from("a"));
+    assert_eq!(seen[1].txids, [7, 9]);
+    assert_eq!(seen[0].key, Key::from_parts([Some("eu"), None]));
+    assert!(seen[0].txids.is_empty());
+    assert_eq!(acks.list(), [1], "acknowledged once both were rebuilt");
+    assert_eq!(h.stats().keys_marked, 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn shutdown_lets_running_rebuilds_finish_and_acks_them() {
     let (feed, source) = channel(8);
     let acks = Acks::default();

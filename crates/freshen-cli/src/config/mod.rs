@@ -1,6 +1,7 @@
 //! The configuration file: parse, validate everything (every problem at once, with its
 //! line), then resolve into the settings the program runs with.
 
+mod key_stream;
 mod problems;
 pub(crate) mod read;
 #[cfg(feature = "kafka")]
@@ -12,6 +13,7 @@ use std::time::Duration;
 use freshen::AckPolicy;
 use toml_edit::{Document, Item};
 
+pub use key_stream::KeyStream;
 pub use problems::ConfigError;
 use problems::Problem;
 use read::{Reader, Tbl};
@@ -268,6 +270,9 @@ pub struct Config {
     pub source_digest: u64,
     /// The same for `[[sinks]]` and `[changefeed]` together.
     pub outputs_digest: u64,
+    /// Rebuild work spread over many instances (`[key_stream]`): see
+    /// [`crate::role`].
+    pub key_stream: Option<KeyStream>,
     /// Offline only: variables that are not set here, with their line and where they
     /// are used (their values were not judged).
     pub unset: Vec<(Option<usize>, String, String)>,
@@ -307,6 +312,7 @@ const TOP: &[&str] = &[
     "views",
     "sinks",
     "changefeed",
+    "key_stream",
 ];
 const TIMING: &[&str] = &[
     "coalesce",
@@ -497,6 +503,7 @@ fn parse_with(
         !sinks.is_empty() || changefeed.is_some(),
     );
     check_query_targets(&mut r, &views, target.as_ref(), source.as_ref());
+    let key_stream = key_stream::read(&mut r, root, &views);
 
     let kind = root
         .t
@@ -529,6 +536,7 @@ fn parse_with(
             views,
             sinks,
             changefeed,
+            key_stream,
             unset: r
                 .unset
                 .iter()

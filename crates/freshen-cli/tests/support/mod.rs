@@ -220,6 +220,22 @@ pub fn spawn_run(dir: &Path, config: &Path, n: u32) -> Running {
     )
 }
 
+/// `freshen run -c path --role role` with `env` set, logging to `run-{n}.log` in `dir`.
+pub fn spawn_role(dir: &Path, config: &Path, n: u32, role: &str, env: &[(&str, &str)]) -> Running {
+    let log = std::fs::File::create(dir.join(format!("run-{n}.log"))).expect("log file");
+    Running(
+        freshen()
+            .args(["run", "--role", role, "-c"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn freshen run"),
+    )
+}
+
 pub fn log_of(dir: &Path, n: u32) -> String {
     std::fs::read_to_string(dir.join(format!("run-{n}.log"))).unwrap_or_default()
 }

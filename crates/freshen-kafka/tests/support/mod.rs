@@ -152,3 +152,19 @@ pub fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> 
         })
         .collect()
 }
+
+/// The end offset (high watermark) of each partition of `topic`.
+pub fn high_watermarks(bootstrap: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "freshen-test-watermarks")
+        .create()
+        .expect("consumer for watermarks");
+    (0..partitions)
+        .map(|p| {
+            c.fetch_watermarks(topic, p, DEADLINE)
+                .expect("watermarks")
+                .1
+        })
+        .collect()
+}

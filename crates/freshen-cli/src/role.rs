@@ -1,0 +1,215 @@
+//! Which part of the work an instance does when a configuration spreads its rebuilds
+//! over many instances (`[key_stream]`; the README's "Scaling out"):
+//!
+//! - **capture** (one at a time: it holds the source's slot): reads `[source]`, maps
+//!   each change to the views' scope keys and publishes them to the key stream, to the
+//!   partition that owns each key; a transaction is confirmed to the source only once
+//!   all its keys are in Kafka. Sinks and the changefeed run here too. No rebuilds.
+//! - **worker** (as many as the topic has partitions): reads the key stream as a
+//!   consumer group and rebuilds with the views' SQL; a key's rebuild runs only while
+//!   its partition is owned here, and offsets are committed after the rebuilds.
+//!
+//! Without `[key_stream]` an instance does everything itself, as always.
+
+use std::sync::Arc;
+
+use crate::config::Config;
+
+/// A role, as `freshen run --role` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Read the source, publish the views' keys to the key stream.
+    Capture,
+    /// Read the key stream, rebuild.
+    Worker,
+}
+
+impl Role {
+    /// As the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Capture => "capture",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+/// The role this instance runs: `None` does everything itself (no `[key_stream]`).
+/// A configuration with `[key_stream]` says which role by `--role`; one without cannot
+/// take a role.
+pub fn resolve(cfg: &Config, asked: Option<Role>) -> Result<Option<Role>, String> {
+    match (cfg.key_stream.is_some(), asked) {
+        (true, Some(r)) => Ok(Some(r)),
+        (true, None) => Err(
+            "the configuration has a [key_stream]: say which part this instance runs, `--role capture` (one instance: reads the source, publishes keys) or `--role worker` (any number: rebuilds)"
+                .into(),
+        ),
+        (false, Some(r)) => Err(format!(
+            "`--role {}` needs a [key_stream] table in the configuration (the Kafka topic between the capture instance and the workers)",
+            r.name()
+        )),
+        (false, None) => Ok(None),
+    }
+}
+
+/// The capture role's publisher, run like a sink on its branch of the source.
+#[cfg(feature = "kafka")]
+pub(crate) async fn publisher(cfg: &Config) -> anyhow::Result<crate::pipeline::SinkRun> {
+    use anyhow::Context as _;
+    let ks = cfg
+        .key_stream
+        .as_ref()
+        .context("the capture role needs [key_stream]")?;
+    let publisher = freshen_kafka::KeyPublisher::connect(ks)
+        .await
+        .context("cannot set up the key stream's producer")?;
+    tracing::info!(
+        topic = %ks.topic,
+        partitions = publisher.partitions(),
+        "capture: publishing the views' keys"
+    );
+    let scopes: Vec<_> = cfg.views.iter().map(crate::scope::ViewScope::new).collect();
+    let names: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
+    let keyer: Box<freshen_kafka::Keyer> = Box::new(move |e, out| {
+        for (i, s) in scopes.iter().enumerate() {
+            out.extend(s.keys(e).map(|k| (i, k)));
+        }
+    });
+    Ok(Box::new(move |branch, stop| {
+        Box::pin(async move {
+            publisher
+                .run(branch, &names, &*keyer, stop)
+                .await
+                .map_err(Into::into)
+        })
+    }))
+}
+
+/// The capture role without Kafka built in (configuration already refuses this).
+#[cfg(not(feature = "kafka"))]
+pub(crate) async fn publisher(_cfg: &Config) -> anyhow::Result<crate::pipeline::SinkRun> {
+    anyhow::bail!("[key_stream] is not built into this freshen: build it with `--features kafka`")
+}
+
+/// What a worker runs its views on: one source per view (its keys from the stream) and
+/// each view's rebuild fenced by partition ownership.
+pub(crate) struct Worker {
+    /// Per view, in configuration order.
+    pub(crate) sources: Vec<Box<dyn freshen::Source>>,
+    /// Per view, fenced.
+    pub(crate) rebuilds: Vec<Box<dyn freshen::Rebuild>>,
+    /// The key stream's health (partitions owned).
+    pub(crate) probe: Arc<dyn freshen::SourceProbe>,
+}
+
+/// Joins the workers' group and fences `rebuilds` (one per view).
+#[cfg(feature = "kafka")]
+pub(crate) async fn worker(
+    cfg: &Config,
+    rebuilds: Vec<Box<dyn freshen::Rebuild>>,
+) -> anyhow::Result<Worker> {
+    use anyhow::Context as _;
+    let ks = cfg
+        .key_stream
+        .as_ref()
+        .context("the worker role needs [key_stream]")?;
+    let source = freshen_kafka::KeySource::connect(ks)
+        .await
+        .context("cannot join the key stream's consumer group")?;
+    tracing::info!(
+        topic = %ks.topic,
+        group = %ks.group,
+        partitions = source.partitions(),
+        "worker: rebuilding the keys of the partitions assigned here"
+    );
+    let probe = Arc::new(source.probe());
+    let rebuilds = cfg
+        .views
+        .iter()
+        .zip(rebuilds)
+        .map(|(v, r)| source.fence(&v.name, r))
+        .collect();
+    let names = cfg.views.iter().map(|v| v.name.clone()).collect();
+    let sources = source
+        .split(names)
+        .into_iter()
+        .map(|s| Box::new(s) as Box<dyn freshen::Source>)
+        .collect();
+    Ok(Worker {
+        sources,
+        rebuilds,
+        probe,
+    })
+}
+
+/// The worker role without Kafka built in (configuration already refuses this).
+#[cfg(not(feature = "kafka"))]
+pub(crate) async fn worker(
+    _cfg: &Config,
+    _rebuilds: Vec<Box<dyn freshen::Rebuild>>,
+) -> anyhow::Result<Worker> {
+    anyhow::bail!("[key_stream] is not built into this freshen: build it with `--features kafka`")
+}
+
+/// The status line of a worker's partitions: which key stream partitions it owns.
+pub fn partitions_line(parts: &[i32]) -> String {
+    if parts.is_empty() {
+        return "key stream partitions owned: none (waiting for an assignment, or more workers than partitions)\n".into();
+    }
+    let list: Vec<String> = parts.iter().map(i32::to_string).collect();
+    format!(
+        "key stream partitions owned: {} ({})\n",
+        list.join(", "),
+        parts.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_read_as_a_list() {
+        assert_eq!(
+            partitions_line(&[0, 3, 5]),
+            "key stream partitions owned: 0, 3, 5 (3)\n"
+        );
+        assert!(partitions_line(&[]).contains("none"));
+    }
+
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn a_role_needs_a_key_stream_and_a_key_stream_needs_a_role() {
+        let base = r#"
+[source]
+kind = "postgres"
+url = "postgres://app@db/app"
+
+[[views]]
+name = "v"
+watch = [{ table = "readings", key = ["device"] }]
+rebuild = ["SELECT 1 WHERE $1::text IS NOT NULL"]
+"#;
+        let env = |_: &str| None;
+        let single = crate::config::parse(base, "f.toml", &env).unwrap();
+        assert_eq!(resolve(&single, None), Ok(None));
+        let e = resolve(&single, Some(Role::Worker)).unwrap_err();
+        assert!(
+            e.contains("--role worker") && e.contains("[key_stream]"),
+            "{e}"
+        );
+        let spread = format!(
+            "{base}\n[key_stream]\nbrokers = \"k:9092\"\ntopic = \"keys\"\ngroup = \"w\"\n"
+        );
+        let spread = crate::config::parse(&spread, "f.toml", &env).unwrap();
+        assert_eq!(
+            resolve(&spread, Some(Role::Capture)),
+            Ok(Some(Role::Capture))
+        );
+        let e = resolve(&spread, None).unwrap_err();
+        assert!(
+            e.contains("--role capture") && e.contains("--role worker"),
+            "{e}"
+        );
+    }
+}

@@ -183,7 +183,7 @@ impl Assembler {
     /// UPDATE and DELETE cannot replicate is an error the application meets first.
     fn discover(&mut self, r: &crate::pgoutput::Relation) {
         let table = crate::TableName::new(&r.namespace, &r.name);
-        if self.shapes.knows(r.oid) || !self.relations.by_schema(&table) {
+        if self.shapes.knows(r.oid) || !self.relations.by_pattern(&table) {
             return;
         }
         let keyless = match r.replica_identity {
@@ -194,11 +194,11 @@ impl Assembler {
         if keyless {
             tracing::error!(
                 table = %table,
-                "freshen-postgres: discovered a table in a captured schema whose UPDATE and DELETE cannot replicate (no primary key, or REPLICA IDENTITY NOTHING): the application's UPDATE and DELETE on it fail while it is published; add a primary key or run ALTER TABLE {} REPLICA IDENTITY FULL",
+                "freshen-postgres: discovered a table (by a [source] tables pattern) whose UPDATE and DELETE cannot replicate (no primary key, or REPLICA IDENTITY NOTHING): the application's UPDATE and DELETE on it fail while it is published; add a primary key or run ALTER TABLE {} REPLICA IDENTITY FULL",
                 table.quoted()
             );
         } else {
-            tracing::info!(table = %table, "freshen-postgres: discovered a table in a captured schema; its changes are captured from now on");
+            tracing::info!(table = %table, "freshen-postgres: discovered a table (by a [source] tables pattern); its changes are captured from now on");
         }
     }
 

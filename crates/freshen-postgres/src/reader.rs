@@ -92,8 +92,8 @@ pub(crate) struct ReaderSetup {
     pub(crate) config: Arc<PgSourceConfig>,
     pub(crate) tls: Option<Arc<ClientConfig>>,
     pub(crate) watched: Option<std::collections::HashSet<TableName>>,
-    /// Schemas whose every table is watched, those created later too.
-    pub(crate) schemas: std::collections::HashSet<String>,
+    /// Tables watched by pattern, those created later too.
+    pub(crate) patterns: Vec<crate::TablePattern>,
     /// Primary keys of the tables with REPLICA IDENTITY FULL (for `pk_names`).
     pub(crate) primary_keys: std::collections::HashMap<TableName, Vec<String>>,
     /// The watched tables' shapes at start (OID, name, columns), for schema changes.
@@ -173,7 +173,7 @@ impl Reader {
         let batch = s.config.batch_size;
         let mut asm = Assembler::new(
             Relations::new(s.watched)
-                .with_schemas(s.schemas)
+                .with_patterns(s.patterns)
                 .with_primary_keys(s.primary_keys),
             XidClock::new(0),
             batch,

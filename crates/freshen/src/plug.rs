@@ -165,6 +165,14 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The `[source] tables` entries that select tables by pattern (`"all"`,
+    /// `"schema.*"`, `"schema.prefix_*"`), which the source follows as tables appear, and
+    /// how often others (the changefeed's snapshots) should look for new ones. `None`:
+    /// the source captures named tables only.
+    fn discovery(&self) -> Option<Discovery> {
+        None
+    }
+
     /// The database the events come from, when the source reads one directly: rebuilds
     /// that run there (the default target) can prove they see the changes that dirtied
     /// their keys. `None` for brokers.
@@ -201,6 +209,15 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
             Err(format!("a {kind} source keeps nothing upstream that `drop` could remove").into())
         })
     }
+}
+
+/// What [`SourcePlug::discovery`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    /// The pattern entries, as written.
+    pub patterns: Vec<String>,
+    /// How often to read the catalog for tables they select.
+    pub every: Duration,
 }
 
 /// The outcome of [`SourcePlug::lead`].

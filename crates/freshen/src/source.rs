@@ -254,6 +254,11 @@ pub struct Capabilities {
     pub snapshot: bool,
     /// Whether the source polls a cursor column instead of reading a change log.
     pub cursor: bool,
+    /// Whether a polled cursor finds rows committed late with an earlier cursor value by
+    /// a time window alone (`lookback`: MySQL, MariaDB), not by the transactions the
+    /// server reports running (PostgreSQL's `xmin` horizon): a transaction that commits
+    /// more than `lookback` after a poll read past its cursor value is missed.
+    pub lookback_only: bool,
     /// Whether some changes may arrive without their rows, as a [`Gap`](crate::Gap) (a
     /// key-only message, a statement, a partition dropped): then the views over the
     /// table sweep, so a view without a reconcile sweep misses them.
@@ -273,6 +278,7 @@ impl Capabilities {
         schema_changes: false,
         snapshot: false,
         cursor: false,
+        lookback_only: false,
         row_gaps: false,
     };
 }

@@ -15,7 +15,12 @@ use freshen_mysql::incremental::{
 use freshen_testenv::MariaDbServer;
 use support::*;
 
-fn config(db: &MariaDbServer, cursor: &str, page_size: usize, lookback: Duration) -> IncrementalConfig {
+fn config(
+    db: &MariaDbServer,
+    cursor: &str,
+    page_size: usize,
+    lookback: Duration,
+) -> IncrementalConfig {
     IncrementalConfig {
         url: db.url("app"),
         store_url: None,
@@ -80,7 +85,8 @@ async fn take_polls(src: &mut MySqlIncrementalSource, polls: u64) -> Vec<(i64, i
     take_until(src, "more polls", |_| handle.stats().polls >= target).await
 }
 
-const SCHEMA: &str = "CREATE TABLE events (id INT PRIMARY KEY, seq BIGINT NOT NULL, v INT NOT NULL, KEY (seq))";
+const SCHEMA: &str =
+    "CREATE TABLE events (id INT PRIMARY KEY, seq BIGINT NOT NULL, v INT NOT NULL, KEY (seq))";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ties_on_the_cursor_across_pages_are_neither_lost_nor_repeated() {
@@ -93,7 +99,11 @@ async fn ties_on_the_cursor_across_pages_are_neither_lost_nor_repeated() {
     for id in (0..60).rev() {
         values.push(format!("({id}, {}, {id})", id % 3));
     }
-    exec(&mut c, &format!("INSERT INTO events VALUES {}", values.join(", "))).await;
+    exec(
+        &mut c,
+        &format!("INSERT INTO events VALUES {}", values.join(", ")),
+    )
+    .await;
     let mut src = MySqlIncrementalSource::start(config(&db, "seq", 7, Duration::from_millis(300)))
         .await
         .unwrap();
@@ -129,7 +139,11 @@ async fn a_late_commit_is_found_within_the_lookback_and_missed_without_one() {
         exec(&mut late, "COMMIT").await;
         if found {
             seen.extend(take_until(&mut src, "the late row", |s| s.contains(&(1, 1))).await);
-            assert_eq!(src.handle().stats().reread_events, 1, "found by the re-read");
+            assert_eq!(
+                src.handle().stats().reread_events,
+                1,
+                "found by the re-read"
+            );
             // And handed over once: the range is read again until the lookback passes.
             seen.extend(take_polls(&mut src, 5).await);
             assert_eq!(seen.iter().filter(|r| **r == (1, 1)).count(), 1);
@@ -166,7 +180,11 @@ async fn temporal_cursors_and_binary_keys_page_exactly() {
             id % 3
         ));
     }
-    exec(&mut c, &format!("INSERT INTO events VALUES {}", values.join(", "))).await;
+    exec(
+        &mut c,
+        &format!("INSERT INTO events VALUES {}", values.join(", ")),
+    )
+    .await;
     let mut src = MySqlIncrementalSource::start(config(&db, "updated_at", 4, Duration::ZERO))
         .await
         .unwrap();
@@ -184,12 +202,19 @@ async fn a_restart_resumes_from_the_stored_cursor() {
     let db = server();
     let mut c = sql(&db).await;
     exec(&mut c, SCHEMA).await;
-    exec(&mut c, "INSERT INTO events VALUES (1, 1, 1), (2, 2, 2), (3, 3, 3)").await;
+    exec(
+        &mut c,
+        "INSERT INTO events VALUES (1, 1, 1), (2, 2, 2), (3, 3, 3)",
+    )
+    .await;
     let cfg = config(&db, "seq", 100, Duration::ZERO);
     let mut src = MySqlIncrementalSource::start(cfg.clone()).await.unwrap();
     take_until(&mut src, "the rows", |s| s.len() >= 3).await;
     let handle = src.handle();
-    take_until(&mut src, "the cursor stored", |_| handle.stats().stored >= 1).await;
+    take_until(&mut src, "the cursor stored", |_| {
+        handle.stats().stored >= 1
+    })
+    .await;
     src.shutdown().await;
     drop(src);
     let stored: Option<String> = mysql_async::prelude::Queryable::query_first(

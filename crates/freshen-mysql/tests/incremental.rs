@@ -231,3 +231,36 @@ async fn a_restart_resumes_from_the_stored_cursor() {
     seen.extend(take_polls(&mut src, 3).await);
     assert_eq!(seen, [(4, 4)], "only what came after the stored cursor");
 }
+
+/// One active process per source name: the first takes the named lock, a second on the
+/// same name is told who holds it, another name is independent, and once the holder's
+/// session ends (its process killed) the standby takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_leads_per_name_and_a_standby_takes_over() {
+    use freshen::plug::Lease;
+    use freshen_mysql::incremental::try_acquire;
+    let db = server();
+    let url = db.url("app");
+    let first = try_acquire(&url, "rollups").await.unwrap();
+    assert!(matches!(first, Lease::Granted(_)), "the first leads");
+    match try_acquire(&url, "rollups").await.unwrap() {
+        Lease::Held(who) => assert!(who.contains("session"), "{who}"),
+        _ => panic!("a second process on the same name must wait"),
+    }
+    assert!(matches!(
+        try_acquire(&url, "other").await.unwrap(),
+        Lease::Granted(_)
+    ));
+    drop(first);
+    eventually(20, "the standby takes over", || {
+        let url = url.clone();
+        async move {
+            matches!(
+                try_acquire(&url, "rollups").await.unwrap(),
+                Lease::Granted(_)
+            )
+            .then_some(())
+        }
+    })
+    .await;
+}

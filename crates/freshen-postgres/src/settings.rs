@@ -265,7 +265,7 @@ impl SourcePlug for PgSourceSettings {
             .filter(|t| TablePattern::parse(t).is_some())
             .cloned()
             .collect();
-        (!patterns.is_empty()).then(|| freshen::plug::Discovery {
+        (!patterns.is_empty()).then_some(freshen::plug::Discovery {
             patterns,
             every: self.discover_every,
         })

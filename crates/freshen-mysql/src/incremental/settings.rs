@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use freshen::plug::{Finding, Plan, SourcePlug, Started};
+use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{Backoff, BoxError, BoxFuture, SecretUrl};
 use mysql_async::prelude::Queryable;
 use serde::{Deserialize, Deserializer};
@@ -289,6 +289,16 @@ impl SourcePlug for MySqlIncrementalSettings {
 
     fn check<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Vec<Finding>> {
         Box::pin(check(self, plan))
+    }
+
+    /// One active process per source name: a named lock (`GET_LOCK`) held by a session
+    /// of the cursor store's database (writable, unlike a read replica that may be the
+    /// polled one); the server frees it when that session ends, a SIGKILL included.
+    fn lead(&self) -> BoxFuture<'_, Result<Lease, BoxError>> {
+        Box::pin(async move {
+            let url = self.store_url.as_ref().unwrap_or(&self.url);
+            Ok(crate::incremental::lead::try_acquire(url.expose(), &self.name).await?)
+        })
     }
 
     fn start<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Result<Started, BoxError>> {

@@ -408,7 +408,10 @@ impl Changefeed {
     /// Runs snapshots until `shutdown` completes: with `snapshot = "initial"`, first
     /// every table of `source` that has no snapshot yet; unfinished ones resume after
     /// their last committed chunk; then those asked for
-    /// ([`Changefeed::request_snapshot`], `POST /changefeed/snapshot`).
+    /// ([`Changefeed::request_snapshot`], `POST /changefeed/snapshot`). With
+    /// [`SnapshotSource::discovering`], the catalog is read at start and every period
+    /// for tables the source's patterns select: new ones are logged and captured, and
+    /// snapshotted with `snapshot = "initial"`.
     ///
     /// Needs [`Changefeed::capture`] running on the PostgreSQL source that streams these
     /// tables: a chunk goes into the log when its high watermark comes through that
@@ -440,7 +443,7 @@ impl Changefeed {
         let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let mut jitter = Jitter::from_clock();
         let mut failures = 0u32;
-        let mut discovered: Vec<TableName> = Vec::new();
+        let mut discovered: Option<Vec<TableName>> = None;
         let mut next_discovery = tokio::time::Instant::now();
         loop {
             if !source.patterns.is_empty() && tokio::time::Instant::now() >= next_discovery {
@@ -489,11 +492,12 @@ impl Changefeed {
     /// captured tables (logged, and snapshotted with `snapshot = "initial"` unless it
     /// has been); an unfinished snapshot of one that left the selection (dropped,
     /// renamed, moved away) ends, so it cannot hold the others up. `discovered`: the
-    /// tables found so far. A catalog failure is logged and tried at the next round.
+    /// tables found so far (`None` before the first round, whose tables are not news).
+    /// A catalog failure is logged and tried at the next round.
     async fn discover(
         &self,
         source: &SnapshotSource,
-        discovered: &mut Vec<TableName>,
+        discovered: &mut Option<Vec<TableName>>,
     ) -> Result<(), Error> {
         let admin = PgAdmin::from_pool(source.pool.clone());
         let found = match admin.selected_tables(&source.patterns).await {
@@ -503,7 +507,8 @@ impl Changefeed {
                 return Ok(());
             }
         };
-        let at_start = discovered.is_empty();
+        let at_start = discovered.is_none();
+        let discovered = discovered.get_or_insert_with(Vec::new);
         let fresh: Vec<TableName> = found
             .iter()
             .filter(|t| !discovered.contains(t) && !source.tables.contains(t))

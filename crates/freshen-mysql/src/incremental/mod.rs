@@ -29,7 +29,9 @@
 //! and for the source. Set `lookback` above the longest write transaction on the polled
 //! tables. The cost: each poll re-reads the rows of the last `lookback` (an index range
 //! scan with an index on the cursor), and the source remembers their positions to hand
-//! each over once.
+//! each over once — memory in proportion to the rows read within one `lookback`, which
+//! while catching up on a big table (polls back to back) is every row read in that time;
+//! the pending range is then read again at most once a poll interval.
 //!
 //! # What it cannot do
 //!

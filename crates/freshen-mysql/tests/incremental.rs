@@ -264,3 +264,54 @@ async fn one_process_leads_per_name_and_a_standby_takes_over() {
     })
     .await;
 }
+
+/// SELECT is all the polled database needs: a user with SELECT on the table alone polls
+/// it, its cursors kept in another database it may write; a revoked grant is reported
+/// for the table (health problems) and polling resumes once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_select_only_user_polls_and_a_revoked_grant_is_reported_until_restored() {
+    use freshen::SourceProbe;
+    let db = server();
+    let mut c = sql(&db).await;
+    exec(&mut c, SCHEMA).await;
+    exec(
+        &mut c,
+        "CREATE DATABASE meta; CREATE USER reader@'%'; CREATE USER reader@localhost; \
+         GRANT SELECT ON app.events TO reader@'%'; GRANT SELECT ON app.events TO reader@localhost; \
+         GRANT ALL ON meta.* TO reader@'%'; GRANT ALL ON meta.* TO reader@localhost; \
+         INSERT INTO events VALUES (1, 1, 1)",
+    )
+    .await;
+    let url = |database: &str| db.url(database).replacen("://root@", "://reader@", 1);
+    let mut cfg = config(&db, "seq", 100, Duration::ZERO);
+    cfg.url = url("app");
+    cfg.store_url = Some(url("meta"));
+    cfg.store_table = TableName::new("meta", "freshen_cursors");
+    let mut src = MySqlIncrementalSource::start(cfg).await.unwrap();
+    take_until(&mut src, "the first row", |s| s.contains(&(1, 1))).await;
+    let handle = src.handle();
+    take_until(&mut src, "the cursor stored", |_| {
+        handle.stats().stored >= 1
+    })
+    .await;
+
+    exec(
+        &mut c,
+        "REVOKE SELECT ON app.events FROM reader@'%'; REVOKE SELECT ON app.events FROM reader@localhost",
+    )
+    .await;
+    take_until(&mut src, "the problem reported", |_| {
+        handle.health().problems.iter().any(|p| {
+            p.table == Some(("app".into(), "events".into())) && p.message.contains("app.events")
+        })
+    })
+    .await;
+    exec(
+        &mut c,
+        "GRANT SELECT ON app.events TO reader@'%'; GRANT SELECT ON app.events TO reader@localhost; \
+         INSERT INTO events VALUES (2, 2, 2)",
+    )
+    .await;
+    take_until(&mut src, "polling again", |s| s.contains(&(2, 2))).await;
+    assert!(handle.health().problems.is_empty());
+}

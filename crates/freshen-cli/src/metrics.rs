@@ -124,6 +124,10 @@ pub struct SourceStatus {
     /// publication while running); any entry makes `/healthz` unhealthy.
     #[serde(default)]
     pub problems: Vec<String>,
+    /// Tables found while running through a `[source] tables` pattern
+    /// (`schema.table`, in the order found).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub discovered: Vec<String>,
 }
 
 /// One view's name and its refresher's stats.

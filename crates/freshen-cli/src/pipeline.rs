@@ -202,6 +202,11 @@ impl Observe for Observer {
                     None => p.message,
                 })
                 .collect(),
+            discovered: h
+                .discovered
+                .iter()
+                .map(|(schema, table)| format!("{schema}.{table}"))
+                .collect(),
         }
     }
 }

@@ -282,6 +282,16 @@ async fn a_table_created_in_a_captured_schema_reaches_the_changefeed() {
         log.contains("discovered a table") && log.contains("refunds"),
         "{log}"
     );
+    // And /status lists it (app.orders was there at start: not a discovery).
+    let (_, body) = freshen_cli::status::get(&format!("http://127.0.0.1:{http}"), "/status")
+        .await
+        .unwrap();
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["source"]["discovered"],
+        serde_json::json!(["app.refunds"]),
+        "{doc}"
+    );
 }
 
 /// `tables = "app.order_*"` with `snapshot = "initial"`: the matching tables' rows are

@@ -62,6 +62,8 @@ pub(crate) struct Assembler {
     /// relation is not a change.
     shapes: Shapes,
     schema_changes: Vec<SchemaChange>,
+    /// Tables discovered since the last [`Assembler::take_discovered`].
+    discovered: Vec<crate::TableName>,
     commit_end: Option<u64>,
     first_commit: Option<SystemTime>,
 }
@@ -82,6 +84,7 @@ impl Assembler {
             marks: Vec::new(),
             shapes: Shapes::default(),
             schema_changes: Vec::new(),
+            discovered: Vec::new(),
             commit_end: None,
             first_commit: None,
         }
@@ -200,6 +203,12 @@ impl Assembler {
         } else {
             tracing::info!(table = %table, "freshen-postgres: discovered a table (by a [source] tables pattern); its changes are captured from now on");
         }
+        self.discovered.push(table);
+    }
+
+    /// The tables discovered since the last call.
+    pub(crate) fn take_discovered(&mut self) -> Vec<crate::TableName> {
+        std::mem::take(&mut self.discovered)
     }
 
     /// Decodes one change message. Returns a full batch to hand over first when the

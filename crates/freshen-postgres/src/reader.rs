@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) queued_events: AtomicU64,
     pub(crate) peak_queued_events: AtomicU64,
     pub(crate) last_error: Mutex<Option<String>>,
+    /// Tables discovered while running (see [`SourceHealth::discovered`](freshen::SourceHealth)).
+    pub(crate) discovered: Mutex<Vec<TableName>>,
     /// Highest `end_lsn` of an acknowledged commit batch.
     acked_end: AtomicU64,
     /// Sequence number of the newest acknowledged commit batch.
@@ -450,7 +452,22 @@ impl Reader {
                 self.shared
                     .received_lsn
                     .fetch_max(wal_start.0, Ordering::Relaxed);
-                for out in self.asm.change(&data) {
+                let outs = self.asm.change(&data);
+                let found = self.asm.take_discovered();
+                if !found.is_empty() {
+                    let mut d = self
+                        .shared
+                        .discovered
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    for t in found {
+                        // A table is discovered again after a reconnect: listed once.
+                        if !d.contains(&t) {
+                            d.push(t);
+                        }
+                    }
+                }
+                for out in outs {
                     if let Some(end) = self.send(out, client).await? {
                         return Ok(Some(end));
                     }

@@ -189,6 +189,14 @@ impl SourceProbe for PgHandle {
             .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
             .map(|d| d.as_secs_f64());
         out.retention = retention;
+        out.discovered = self
+            .shared
+            .discovered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|t| (t.schema.clone(), t.name.clone()))
+            .collect();
         out
     }
 

@@ -326,6 +326,9 @@ pub struct SourceHealth {
     pub lag_seconds: Option<f64>,
     /// The upstream's state of the retained position (a slot's `wal_status`).
     pub retention: Option<String>,
+    /// Tables the source found while running, captured through a pattern of its
+    /// configuration (`schema.*`, `"all"`), as `(schema, table)` in the order found.
+    pub discovered: Vec<(String, String)>,
 }
 
 /// Something wrong with a running source's setup, and the table it concerns (so that a

@@ -18,6 +18,7 @@ use freshen_postgres::{ConnectionConfig, PgSource, PgSourceConfig, PublicationMo
 use freshen_testenv::PgServer;
 
 use crate::report::{Table, dur, rate};
+use crate::workload::server_cpu;
 use crate::{Opts, alloc};
 
 struct Setup {
@@ -44,6 +45,12 @@ fn mib(b: usize) -> String {
 
 /// A server with `rows` inserted in one transaction after slot `origin` was created.
 fn setup(rows: usize) -> anyhow::Result<Setup> {
+    setup_with(rows, 1)
+}
+
+/// The same with the rows inserted by `transactions` transactions of equal size (an
+/// OLTP stream: a Begin and a Commit message around every few rows).
+fn setup_with(rows: usize, transactions: usize) -> anyhow::Result<Setup> {
     let pg = PgServer::start().context("PostgreSQL for the capture benchmark")?;
     pg.psql(
         "CREATE TABLE bench (id int PRIMARY KEY, dev text NOT NULL, v int NOT NULL);
@@ -51,9 +58,26 @@ fn setup(rows: usize) -> anyhow::Result<Setup> {
     )?;
     // Its own statement: a slot cannot be created in a transaction that wrote.
     pg.psql("SELECT pg_create_logical_replication_slot('origin', 'pgoutput')")?;
-    pg.psql(&format!(
-        "INSERT INTO bench SELECT g, 'dev-' || (g % 1000), g FROM generate_series(1, {rows}) g"
-    ))?;
+    if transactions <= 1 {
+        pg.psql(&format!(
+            "INSERT INTO bench SELECT g, 'dev-' || (g % 1000), g FROM generate_series(1, {rows}) g"
+        ))?;
+    } else {
+        // A procedure may COMMIT between statements: one transaction per step.
+        let per = rows.div_ceil(transactions);
+        pg.psql(&format!(
+            "CREATE PROCEDURE fill() LANGUAGE plpgsql AS $$
+             BEGIN
+               FOR t IN 0..{last} LOOP
+                 INSERT INTO bench SELECT g, 'dev-' || (g % 1000), g
+                   FROM generate_series(t * {per} + 1, least((t + 1) * {per}, {rows})) g;
+                 COMMIT;
+               END LOOP;
+             END $$",
+            last = transactions - 1
+        ))?;
+        pg.psql("CALL fill()")?;
+    }
     let end_lsn = pg.psql("SELECT pg_current_wal_lsn()")?;
     Ok(Setup {
         pg,
@@ -76,9 +100,18 @@ fn drop_slot(s: &Setup, name: &str) {
         s.pg.psql(&format!("SELECT pg_drop_replication_slot('{name}')"));
 }
 
+/// What one reader's run took: wall time, and the CPU the server spent serving it (the
+/// walsender decoding and sending; measured on the whole server, whose other processes
+/// are idle meanwhile).
+struct Cost {
+    took: Duration,
+    server: Duration,
+}
+
 /// `pg_recvlogical` from a fresh copy to the end of the transaction.
-fn recvlogical(s: &mut Setup) -> anyhow::Result<Duration> {
+fn recvlogical(s: &mut Setup) -> anyhow::Result<Cost> {
     let slot = copy_slot(s)?;
+    let server0 = server_cpu(&s.pg.data_dir());
     let t0 = Instant::now();
     let out = Command::new(s.pg.bin_dir().join("pg_recvlogical"))
         .args(["-d", &s.pg.url(), "--slot", &slot, "--start", "--no-loop"])
@@ -87,17 +120,19 @@ fn recvlogical(s: &mut Setup) -> anyhow::Result<Duration> {
         .output()
         .context("running pg_recvlogical")?;
     let took = t0.elapsed();
+    let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
     anyhow::ensure!(
         out.status.success(),
         "pg_recvlogical failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     drop_slot(s, &slot);
-    Ok(took)
+    Ok(Cost { took, server })
 }
 
 struct FreshenRun {
     took: Duration,
+    server: Duration,
     batches: usize,
     peak_queued: u64,
     rss_base: usize,
@@ -137,7 +172,8 @@ fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (took, batches, peak_queued) = rt.block_on(async {
+    let server0 = server_cpu(&s.pg.data_dir());
+    let (took, server, batches, peak_queued) = rt.block_on(async {
         let t0 = Instant::now();
         let mut src = PgSource::start(cfg).await?;
         let mut got = 0usize;
@@ -152,15 +188,17 @@ fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
             b.into_parts().2.ack();
         }
         let took = t0.elapsed();
+        let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
         let peak = src.health().peak_queued_events;
         src.shutdown().await;
-        anyhow::Ok((took, batches, peak))
+        anyhow::Ok((took, server, batches, peak))
     })?;
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     drop_slot(s, &slot);
     Ok(FreshenRun {
         took,
+        server,
         batches,
         peak_queued,
         rss_base,
@@ -175,41 +213,76 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
-    let (rows, runs) = if opts.quick {
-        (20_000, 1)
-    } else {
-        (1_000_000, 3)
-    };
-    let mut s = setup(rows)?;
+fn per_row(d: Duration, rows: usize) -> String {
+    format!("{:.2} µs", d.as_secs_f64() * 1e6 / rows as f64)
+}
+
+/// Alternating runs of both readers over copies of `s`'s slot; prints their table and
+/// returns freshen's runs.
+fn compare(
+    s: &mut Setup,
+    rows: usize,
+    runs: usize,
+    shape: &str,
+) -> anyhow::Result<Vec<FreshenRun>> {
     let mut theirs = Vec::new();
     let mut ours = Vec::new();
     for _ in 0..runs {
-        theirs.push(recvlogical(&mut s)?);
-        ours.push(freshen(&mut s, rows)?);
+        theirs.push(recvlogical(s)?);
+        ours.push(freshen(s, rows)?);
     }
-    let t_theirs = median(theirs);
+    let t_theirs = median(theirs.iter().map(|c| c.took).collect());
+    let s_theirs = median(theirs.iter().map(|c| c.server).collect());
     let t_ours = median(ours.iter().map(|r| r.took).collect());
+    let s_ours = median(ours.iter().map(|r| r.server).collect());
     let mut t = Table::new(&[
         "reader",
-        &format!("{rows} rows, 1 transaction"),
+        &format!("{rows} rows, {shape}"),
         "rows/s",
         "vs pg_recvlogical",
+        "server CPU per row",
     ]);
     t.row(vec![
         "pg_recvlogical (to /dev/null)".into(),
         dur(t_theirs),
         rate(rows as f64, t_theirs),
         "1.00×".into(),
+        per_row(s_theirs, rows),
     ]);
     t.row(vec![
         "freshen PgSource (decoded, batched, acked)".into(),
         dur(t_ours),
         rate(rows as f64, t_ours),
         format!("{:.2}×", t_theirs.as_secs_f64() / t_ours.as_secs_f64()),
+        per_row(s_ours, rows),
     ]);
     t.print();
-    println!("\nthroughput ratio (goal ≥ 0.9×): median of {runs} alternating runs each\n");
+    println!(
+        "\nthroughput ratio (goal ≥ 0.9×): median of {runs} alternating runs each; server CPU: \
+         the whole server's user + system time during the run (the walsender decoding and \
+         sending; nothing else runs)\n"
+    );
+    Ok(ours)
+}
+
+pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
+    let (rows, runs, oltp_rows) = if opts.quick {
+        (20_000, 1, 20_000)
+    } else {
+        (1_000_000, 3, 200_000)
+    };
+    let mut s = setup(rows)?;
+    let ours = compare(&mut s, rows, runs, "1 transaction")?;
+    drop(s);
+    // Steady OLTP: the same rows in two-row transactions (Begin, two Inserts, Commit).
+    let mut oltp = setup_with(oltp_rows, oltp_rows / 2)?;
+    compare(
+        &mut oltp,
+        oltp_rows,
+        runs,
+        &format!("{} transactions", oltp_rows / 2),
+    )?;
+    drop(oltp);
 
     // Memory: a transaction 10× larger must not need 10× the memory.
     let small_rows = rows / 10;

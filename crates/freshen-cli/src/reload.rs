@@ -76,8 +76,8 @@ impl std::fmt::Display for Refused {
 
 /// What changes from `old` to `new`, or why `new` cannot replace `old` without a restart.
 pub fn diff(old: &Config, new: &Config) -> Result<Change, Refused> {
-    // The plug's Debug is its settings (URLs redacted): a different source shows.
-    if format!("{:?}", old.source) != format!("{:?}", new.source) {
+    // The digest covers what Debug redacts (a new password in the URL).
+    if old.source_digest != new.source_digest {
         return Err(Refused(
             "`[source]` changed: a reload cannot move the slot (or the standby lease); restart to apply it".into(),
         ));
@@ -105,10 +105,8 @@ pub fn diff(old: &Config, new: &Config) -> Result<Change, Refused> {
             }
         }
     }
-    // Compared as written out: neither derives equality (their Debug hides secrets,
-    // which is all this needs).
-    let others_same = format!("{:?}", old.sinks) == format!("{:?}", new.sinks)
-        && format!("{:?}", old.changefeed) == format!("{:?}", new.changefeed);
+    // Compared as read (secrets included), like the source.
+    let others_same = old.outputs_digest == new.outputs_digest;
     if change.is_empty() && !others_same {
         // Sinks or the changefeed: no view is touched, but the pipeline restarts.
         change.changed.push("(sinks or changefeed)".into());
@@ -222,5 +220,27 @@ mod tests {
         let mut retargeted = old.clone();
         retargeted.target.pool_size = Some(2);
         assert_eq!(diff(&old, &retargeted).unwrap().changed, ["a"]);
+    }
+
+    #[test]
+    fn a_new_password_is_a_changed_source_though_debug_hides_it() {
+        let old = cfg(&view("a", "t1"), "postgres://u:one@h/d");
+        let new = cfg(&view("a", "t1"), "postgres://u:two@h/d");
+        assert_eq!(format!("{:?}", old.source), format!("{:?}", new.source));
+        let e = diff(&old, &new).unwrap_err();
+        assert!(e.0.contains("[source]"), "{e}");
+        // Layout and comments are not a change.
+        let src = |extra: &str| {
+            let text = format!(
+                "[source]{extra}\nkind = \"postgres\"\nurl = \"postgres://u:one@h/d\"\n{}",
+                view("a", "t1")
+            );
+            config::parse(&text, "f.toml", &|_| None).unwrap()
+        };
+        assert!(
+            diff(&src(""), &src("   # the database"))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -109,6 +109,11 @@ pub async fn run(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The first wait before starting the pipeline again after it could not start.
+const RESTART_FIRST_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest such wait.
+const RESTART_MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Waits to be the active process, then runs the pipeline until `shutdown` — or until
 /// another process took the lease over — restarting it with each accepted reload.
 /// `None`: stopped while standby.
@@ -143,22 +148,60 @@ async fn lead_and_run(
     tokio::pin!(shutdown);
     let mut unchanged: Vec<String> = Vec::new();
     let mut previous: Option<config::Config> = None;
+    // A reloaded configuration that could not start, kept while the one before it
+    // cannot start either (a database outage): it is tried first again.
+    let mut unstarted: Option<config::Config> = None;
+    let mut ran = false;
+    let mut last: Option<std::sync::Arc<pipeline::Observer>> = None;
+    let mut delay = RESTART_FIRST_DELAY;
     loop {
         let p = match pipeline::Pipeline::start_keeping(&cfg, &unchanged).await {
-            Ok(p) => p,
+            Ok(p) => {
+                delay = RESTART_FIRST_DELAY;
+                unstarted = None;
+                p
+            }
             // A reloaded file that validates but cannot start (a statement that does not
             // prepare, a table that is missing): back to the last one that ran.
             Err(e) if previous.is_some() => {
                 tracing::error!(
                     "reload: the new configuration cannot start, going back to the previous one: {e:#}"
                 );
-                cfg = previous.take().expect("checked");
+                unstarted = Some(std::mem::replace(
+                    &mut cfg,
+                    previous.take().expect("checked"),
+                ));
                 unchanged.clear();
+                continue;
+            }
+            // What ran before cannot start again: the database (or a broker) is most
+            // likely unreachable. An outage may delay rebuilds, never end the process:
+            // wait and try again, the newest accepted configuration first. Nothing was
+            // confirmed past what was rebuilt, so the source replays the rest.
+            Err(e) if ran => {
+                tracing::error!(
+                    "cannot start the pipeline again (trying again in {} s): {e:#}",
+                    delay.as_secs()
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = &mut shutdown => return Ok(last.take()),
+                    who = &mut taken => match who {
+                        Ok(who) => anyhow::bail!("another process took over this configuration ({who})"),
+                        Err(_) => return Ok(last.take()),
+                    },
+                }
+                delay = (delay * 2).min(RESTART_MAX_DELAY);
+                if let Some(new) = unstarted.take() {
+                    previous = Some(std::mem::replace(&mut cfg, new));
+                }
                 continue;
             }
             Err(e) => return Err(e),
         };
+        ran = true;
         let observer = p.observer();
+        last = Some(observer.clone());
         roles.activate(observer.clone());
         let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
         tracing::info!(views = ?views, "running");

@@ -191,3 +191,52 @@ async fn reload_adds_and_removes_views_under_load_and_refuses_a_bad_file() {
     );
     drop(run);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_while_the_database_is_down_waits_for_it() {
+    let mut pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let http = format!("127.0.0.1:{}", free_port());
+    let base = format!("http://{http}");
+    let cfg = write_config(dir.path(), &config(&pg.url(), &http, &[DEVICE_TOTALS]));
+    let mut run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(&base, "/healthz", 200, PATIENCE).await;
+    load(pg.url(), 11, 60).await.unwrap();
+    wait_view_equal(&c, "device_totals").await;
+    drop(c);
+
+    // The database goes away, then a new file arrives: neither the new configuration
+    // nor the one before can start. The process waits and tries again.
+    pg.stop().unwrap();
+    write_config(
+        dir.path(),
+        &config(&pg.url(), &http, &[DEVICE_TOTALS, SITE_TOTALS]),
+    );
+    sighup(run.id());
+    wait_log(dir.path(), "cannot start the pipeline again", 1).await;
+    assert!(
+        matches!(run.try_wait(), Ok(None)),
+        "an outage during a reload ended the process:\n{}",
+        log_of(dir.path(), 1)
+    );
+
+    // Back: the newest configuration runs, and everything written is rebuilt.
+    pg.start_again().unwrap();
+    let c = connect(&pg.url()).await;
+    load(pg.url(), 12, 60).await.unwrap();
+    wait_http(&base, "/healthz", 200, PATIENCE).await;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while view_names(&base).await != ["device_totals", "site_totals"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reloaded configuration never ran:\n{}",
+            log_of(dir.path(), 1)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_view_equal(&c, "device_totals").await;
+    wait_view_equal(&c, "site_totals").await;
+    assert!(matches!(run.try_wait(), Ok(None)));
+}

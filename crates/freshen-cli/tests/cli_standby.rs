@@ -95,3 +95,72 @@ async fn a_standby_takes_over_when_the_active_process_is_killed_under_load() {
     wait_equal(&c, PATIENCE).await;
     drop(b);
 }
+
+/// Polls both processes until exactly one is active and the other is a standby or has
+/// stopped (an active process whose lease was taken by the other stops, exit 1);
+/// returns the active one's index.
+async fn one_active(bases: &[String; 2], runs: &mut [&mut Running; 2]) -> usize {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let mut roles = Vec::new();
+        for i in 0..2 {
+            let gone = matches!(runs[i].try_wait(), Ok(Some(_)));
+            let role = if gone {
+                "stopped".to_owned()
+            } else {
+                freshen_cli::status::fetch(&bases[i])
+                    .await
+                    .map_or_else(|_| "unreachable".to_owned(), |s| s.role)
+            };
+            roles.push(role);
+        }
+        let active: Vec<usize> = (0..2).filter(|&i| roles[i] == "active").collect();
+        if let [i] = active[..]
+            && matches!(roles[1 - i].as_str(), "standby" | "stopped")
+        {
+            return i;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never exactly one active process: {roles:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_source_restarts_exactly_one_process_is_active() {
+    let mut pg = start_pg();
+    let mut c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let ports = [free_port(), free_port()];
+    let bases = ports.map(|p| format!("http://127.0.0.1:{p}"));
+    let cfgs = [0, 1].map(|i| {
+        write_config(
+            dirs[i].path(),
+            &config(&pg.url(), &format!("127.0.0.1:{}", ports[i])),
+        )
+    });
+    let mut a = spawn_run(dirs[0].path(), &cfgs[0], 1);
+    wait_http(&bases[0], "/healthz", 200, PATIENCE).await;
+    let mut b = spawn_run(dirs[1].path(), &cfgs[1], 1);
+    assert_eq!(one_active(&bases, &mut [&mut a, &mut b]).await, 0);
+    let mut r = Rng::new(0x5e57a);
+    workload(&mut c, &mut r, 60).await;
+
+    // Every session ends, the lock's too: both processes race for it afterwards.
+    pg.restart().unwrap();
+    let mut c = connect(&pg.url()).await;
+    workload(&mut c, &mut r, 120).await;
+    let active = one_active(&bases, &mut [&mut a, &mut b]).await;
+    workload(&mut c, &mut r, 60).await;
+    wait_equal(&c, PATIENCE).await;
+    // Still exactly the same one, and what the other said is in its log.
+    assert_eq!(one_active(&bases, &mut [&mut a, &mut b]).await, active);
+    let other = log_of(dirs[1 - active].path(), 1);
+    assert!(
+        other.contains("lease") || other.contains("standby"),
+        "the other process says what it is: {other}"
+    );
+}

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use freshen::plug::{Finding, Plan, SourcePlug, Started};
+use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture};
 
 use crate::config::TablePattern;
@@ -65,6 +65,24 @@ impl SourcePlug for MySqlSourceConfig {
                 ));
             }
             found
+        })
+    }
+
+    /// A named server lock (`GET_LOCK`) keyed by the source's name
+    /// ([`Leadership`](crate::Leadership)).
+    fn lead(&self) -> BoxFuture<'_, Result<Lease, BoxError>> {
+        Box::pin(async move {
+            Ok(
+                match crate::Leadership::try_acquire(self.url.expose(), &self.name).await? {
+                    crate::Attempt::Leader(mut l) => {
+                        Lease::Granted(Box::pin(async move { BoxError::from(l.lost().await) }))
+                    }
+                    crate::Attempt::Held(holder) => Lease::Held(match holder {
+                        Some(h) => h.to_string(),
+                        None => "another process".to_owned(),
+                    }),
+                },
+            )
         })
     }
 

@@ -232,39 +232,6 @@ async fn a_restart_resumes_from_the_stored_cursor() {
     assert_eq!(seen, [(4, 4)], "only what came after the stored cursor");
 }
 
-/// One active process per source name: the first takes the named lock, a second on the
-/// same name is told who holds it, another name is independent, and once the holder's
-/// session ends (its process killed) the standby takes over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_process_leads_per_name_and_a_standby_takes_over() {
-    use freshen::plug::Lease;
-    use freshen_mysql::incremental::try_acquire;
-    let db = server();
-    let url = db.url("app");
-    let first = try_acquire(&url, "rollups").await.unwrap();
-    assert!(matches!(first, Lease::Granted(_)), "the first leads");
-    match try_acquire(&url, "rollups").await.unwrap() {
-        Lease::Held(who) => assert!(who.contains("session"), "{who}"),
-        _ => panic!("a second process on the same name must wait"),
-    }
-    assert!(matches!(
-        try_acquire(&url, "other").await.unwrap(),
-        Lease::Granted(_)
-    ));
-    drop(first);
-    eventually(20, "the standby takes over", || {
-        let url = url.clone();
-        async move {
-            matches!(
-                try_acquire(&url, "rollups").await.unwrap(),
-                Lease::Granted(_)
-            )
-            .then_some(())
-        }
-    })
-    .await;
-}
-
 /// SELECT is all the polled database needs: a user with SELECT on the table alone polls
 /// it, its cursors kept in another database it may write; a revoked grant is reported
 /// for the table (health problems) and polling resumes once it is back.
@@ -314,4 +281,31 @@ async fn a_select_only_user_polls_and_a_revoked_grant_is_reported_until_restored
     .await;
     take_until(&mut src, "polling again", |s| s.contains(&(2, 2))).await;
     assert!(handle.health().problems.is_empty());
+}
+
+/// One active process per source name: a second `mysql-incremental` on the same name
+/// waits, a binlog source of that name does not (its lock is keyed apart), and once the
+/// holder's session ends the standby takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_leads_per_name_and_a_standby_takes_over() {
+    use freshen::plug::{Lease, SourcePlug};
+    use freshen_mysql::MySqlIncrementalSettings;
+    let db = server();
+    let settings: MySqlIncrementalSettings =
+        serde_json::from_value(serde_json::json!({"url": db.url("app"), "name": "rollups"}))
+            .unwrap();
+    let first = settings.lead().await.unwrap();
+    assert!(matches!(first, Lease::Granted(_)), "the first leads");
+    match settings.lead().await.unwrap() {
+        Lease::Held(who) => assert!(who.contains("connection"), "{who}"),
+        _ => panic!("a second process on the same name must wait"),
+    }
+    let binlog = freshen_mysql::MySqlSourceConfig::new(db.url("app"), "rollups");
+    assert!(matches!(binlog.lead().await.unwrap(), Lease::Granted(_)));
+    drop(first);
+    eventually(20, "the standby takes over", || {
+        let settings = settings.clone();
+        async move { matches!(settings.lead().await.unwrap(), Lease::Granted(_)).then_some(()) }
+    })
+    .await;
 }

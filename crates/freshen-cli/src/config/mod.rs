@@ -254,6 +254,12 @@ pub struct Config {
     pub sinks: Vec<Sink>,
     /// The durable changefeed, when configured.
     pub changefeed: Option<freshen_changefeed::ChangefeedConfig>,
+    /// A digest of the `[source]` table as read (secrets included; see
+    /// [`read::digest`]): a reload refuses a changed source even when only a redacted
+    /// value changed.
+    pub source_digest: u64,
+    /// The same for `[[sinks]]` and `[changefeed]` together.
+    pub outputs_digest: u64,
     /// Offline only: variables that are not set here, with their line and where they
     /// are used (their values were not judged).
     pub unset: Vec<(Option<usize>, String, String)>,
@@ -500,6 +506,11 @@ fn parse_with(
     match (source, target, r.p.list.is_empty()) {
         (Some(source), target, true) if target.is_some() || views.is_empty() => Ok(Config {
             source,
+            source_digest: root.t.get("source").map_or(0, read::digest),
+            outputs_digest: ["sinks", "changefeed"]
+                .iter()
+                .map(|k| root.t.get(k).map_or(0, read::digest))
+                .fold(0, |a, d| a.rotate_left(1) ^ d),
             ack: ack.unwrap_or_default(),
             target: target.unwrap_or(Target {
                 url: Secret::new(String::new()),

@@ -53,6 +53,59 @@ fn type_name(item: &Item) -> &'static str {
     }
 }
 
+/// A digest of what `item` says — keys and values, secrets included, without comments,
+/// layout or key order — so a reload can tell a changed `[source]` even where the
+/// settings' `Debug` form redacts the difference (a new password).
+pub(crate) fn digest(root: &Item) -> u64 {
+    use std::hash::{Hash, Hasher};
+    fn value(v: &Value, out: &mut String) {
+        match v {
+            Value::String(s) => out.push_str(&format!("{:?}", s.value())),
+            Value::Array(a) => {
+                out.push('[');
+                for e in a.iter() {
+                    value(e, out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            Value::InlineTable(t) => table(t, out),
+            Value::Integer(i) => out.push_str(&i.value().to_string()),
+            Value::Float(f) => out.push_str(&f.value().to_string()),
+            Value::Boolean(b) => out.push_str(&b.value().to_string()),
+            Value::Datetime(d) => out.push_str(&d.value().to_string()),
+        }
+    }
+    fn table(t: &dyn TableLike, out: &mut String) {
+        let mut entries: Vec<(&str, &Item)> = t.iter().collect();
+        entries.sort_by_key(|(k, _)| *k);
+        out.push('{');
+        for (k, v) in entries {
+            out.push_str(&format!("{k:?}="));
+            item(v, out);
+            out.push(';');
+        }
+        out.push('}');
+    }
+    fn item(i: &Item, out: &mut String) {
+        match i {
+            Item::Value(v) => value(v, out),
+            Item::Table(t) => table(t, out),
+            Item::ArrayOfTables(a) => {
+                for t in a.iter() {
+                    table(t, out);
+                }
+            }
+            Item::None => {}
+        }
+    }
+    let mut text = String::new();
+    item(root, &mut text);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
 fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()

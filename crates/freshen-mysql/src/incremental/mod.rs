@@ -49,17 +49,16 @@
 //! after the rebuilds their rows dirtied are done — so a restart or SIGKILL resumes from
 //! it and re-reads at most the pending range and what was not yet acknowledged.
 //!
-//! One process is active per source `name`: it holds a named lock (`GET_LOCK`) in the
-//! cursor store's database; a second process waits as a standby and takes over when the
-//! holder's session ends.
+//! One process is active per source `name`: it holds the binlog source's named lock
+//! ([`Leadership`](crate::Leadership), `GET_LOCK`), keyed `mysql-incremental:NAME`, on
+//! the cursor store's server; a second process waits as a standby and takes over when
+//! the holder's session ends.
 
-mod lead;
 mod settings;
 mod source;
 mod store;
 mod table;
 
-pub use lead::try_acquire;
 pub use settings::{MySqlIncrementalSettings, TableSettings};
 pub use source::{
     IncrementalConfig, IncrementalHandle, IncrementalStats, MySqlIncrementalSource, PolledTable,

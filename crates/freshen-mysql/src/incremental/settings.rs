@@ -297,7 +297,19 @@ impl SourcePlug for MySqlIncrementalSettings {
     fn lead(&self) -> BoxFuture<'_, Result<Lease, BoxError>> {
         Box::pin(async move {
             let url = self.store_url.as_ref().unwrap_or(&self.url);
-            Ok(crate::incremental::lead::try_acquire(url.expose(), &self.name).await?)
+            // Keyed apart from a binlog source of the same name.
+            let key = format!("mysql-incremental:{}", self.name);
+            Ok(
+                match crate::Leadership::try_acquire(url.expose(), &key).await? {
+                    crate::Attempt::Leader(mut l) => {
+                        Lease::Granted(Box::pin(async move { BoxError::from(l.lost().await) }))
+                    }
+                    crate::Attempt::Held(holder) => Lease::Held(match holder {
+                        Some(h) => h.to_string(),
+                        None => "another process".to_owned(),
+                    }),
+                },
+            )
         })
     }
 

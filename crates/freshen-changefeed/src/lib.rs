@@ -186,5 +186,5 @@ pub use filter::Filter;
 pub use groups::{Gap, GroupInfo, GroupSpec, Start};
 pub use http::{AppState, ServeError, app, serve};
 pub use log::{Changefeed, Event, Stats};
-pub use snapshot::{SnapshotProgress, SnapshotSource, SnapshotState};
+pub use snapshot::{DISCOVER_EVERY, SnapshotProgress, SnapshotSource, SnapshotState};
 pub use writer::AppendOutcome;

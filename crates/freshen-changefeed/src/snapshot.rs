@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime};
 
 use freshen::{Backoff, Jitter, Op, RowEvent, StreamMark};
 pub(crate) use freshen_postgres::ChunkCheck;
-use freshen_postgres::{Pool, TableName, TableReader, WATERMARK_PREFIX};
+use freshen_postgres::{PgAdmin, Pool, TableName, TablePattern, TableReader, WATERMARK_PREFIX};
 pub use freshen_postgres::{SnapshotProgress, SnapshotState};
 use tokio::sync::{Notify, oneshot};
 
@@ -206,12 +206,36 @@ impl Snapshots {
 pub struct SnapshotSource {
     pool: Pool,
     tables: Vec<TableName>,
+    /// The source's `[source] tables` patterns: their tables are looked up in the
+    /// catalog at start and every `discover_every`.
+    patterns: Vec<TablePattern>,
+    discover_every: Duration,
 }
+
+/// How often the catalog is read for tables the patterns select, by default.
+pub const DISCOVER_EVERY: Duration = Duration::from_secs(10);
 
 impl SnapshotSource {
     /// Reads from `pool`, for `tables`.
     pub fn new(pool: Pool, tables: Vec<TableName>) -> SnapshotSource {
-        SnapshotSource { pool, tables }
+        SnapshotSource {
+            pool,
+            tables,
+            patterns: Vec::new(),
+            discover_every: DISCOVER_EVERY,
+        }
+    }
+
+    /// Also every table `patterns` select (the source's `"all"`, `"schema.*"`,
+    /// `"schema.prefix_*"` entries, which its publication follows), read from the catalog
+    /// at start and every `every`: a table that appears later — created, renamed or
+    /// moved into a captured schema with rows in it (`ALTER TABLE … SET SCHEMA`) — is
+    /// logged as discovered and, with `snapshot = "initial"`, snapshotted, which the
+    /// stream alone cannot do for rows that were there before it was captured.
+    pub fn discovering(mut self, patterns: Vec<TablePattern>, every: Duration) -> SnapshotSource {
+        self.patterns = patterns;
+        self.discover_every = every.max(Duration::from_millis(10));
+        self
     }
 }
 
@@ -295,7 +319,10 @@ impl Changefeed {
     /// Runs snapshots until `shutdown` completes: with `snapshot = "initial"`, first
     /// every table of `source` that has no snapshot yet; unfinished ones resume after
     /// their last committed chunk; then those asked for
-    /// ([`Changefeed::request_snapshot`], `POST /changefeed/snapshot`).
+    /// ([`Changefeed::request_snapshot`], `POST /changefeed/snapshot`). With
+    /// [`SnapshotSource::discovering`], the catalog is read at start and every period
+    /// for tables the source's patterns select: new ones are logged and captured, and
+    /// snapshotted with `snapshot = "initial"`.
     ///
     /// Needs [`Changefeed::capture`] running on the PostgreSQL source that streams these
     /// tables: a chunk goes into the log when its high watermark comes through that
@@ -327,12 +354,25 @@ impl Changefeed {
         let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let mut jitter = Jitter::from_clock();
         let mut failures = 0u32;
+        let mut discovered: Option<Vec<TableName>> = None;
+        let mut next_discovery = tokio::time::Instant::now();
         loop {
+            if !source.patterns.is_empty() && tokio::time::Instant::now() >= next_discovery {
+                self.discover(&source, &mut discovered).await?;
+                next_discovery = tokio::time::Instant::now() + source.discover_every;
+            }
             let Some(progress) = self.snapshots.next_table() else {
                 let woken = self.snapshots.wake.notified();
+                let discovery = async {
+                    if source.patterns.is_empty() {
+                        std::future::pending::<()>().await;
+                    }
+                    tokio::time::sleep_until(next_discovery).await;
+                };
                 tokio::select! {
                     () = &mut shutdown => return Ok(()),
                     () = woken => continue,
+                    () = discovery => continue,
                 }
             };
             let key = progress.store_key();
@@ -357,6 +397,118 @@ impl Changefeed {
                 }
             }
         }
+    }
+
+    /// Reads the tables the source's patterns select now: each new one joins the
+    /// captured tables (logged, and snapshotted with `snapshot = "initial"` unless it
+    /// has been); an unfinished snapshot of one that left the selection (dropped,
+    /// renamed, moved away) ends, so it cannot hold the others up. `discovered`: the
+    /// tables found so far (`None` before the first round, whose tables are not news).
+    /// A catalog failure is logged and tried at the next round.
+    async fn discover(
+        &self,
+        source: &SnapshotSource,
+        discovered: &mut Option<Vec<TableName>>,
+    ) -> Result<(), Error> {
+        let admin = PgAdmin::from_pool(source.pool.clone());
+        let found = match admin.selected_tables(&source.patterns).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "changefeed: cannot read the tables the source's patterns select; trying again later");
+                return Ok(());
+            }
+        };
+        let at_start = discovered.is_none();
+        let discovered = discovered.get_or_insert_with(Vec::new);
+        let fresh: Vec<TableName> = found
+            .iter()
+            .filter(|t| !discovered.contains(t) && !source.tables.contains(t))
+            .cloned()
+            .collect();
+        let gone: Vec<TableName> = discovered
+            .iter()
+            .filter(|t| !found.contains(t))
+            .cloned()
+            .collect();
+        discovered.retain(|t| found.contains(t));
+        discovered.extend(fresh.iter().cloned());
+        {
+            let mut known = self
+                .snapshots
+                .tables
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let known = known.get_or_insert_with(Vec::new);
+            known.retain(|t| !gone.contains(t));
+            known.extend(fresh.iter().cloned());
+        }
+        self.abandon(&gone).await?;
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let mut wanted = Vec::new();
+        for t in &fresh {
+            if at_start {
+                tracing::debug!(table = %t, "changefeed: captured through a [source] tables pattern");
+            } else {
+                tracing::info!(table = %t, "changefeed: discovered a table (by a [source] tables pattern); it is captured from now on");
+            }
+            if self.snapshots.mode != SnapshotMode::Initial {
+                continue;
+            }
+            if self
+                .snapshots
+                .lock_progress()
+                .contains_key(&store_key(&t.schema, &t.name))
+            {
+                continue;
+            }
+            // A table the snapshot cannot read (no primary key) would retry forever
+            // ahead of the others: said once and left out.
+            match TableReader::new(source.pool.clone(), t.clone()).await {
+                Ok(_) => wanted.push(t.clone()),
+                Err(e) => {
+                    tracing::error!(table = %t, error = %e, "changefeed: cannot snapshot a discovered table; its rows that were there before stay out of the log (its changes stream)")
+                }
+            }
+        }
+        self.begin_snapshots(&wanted).await
+    }
+
+    /// Ends the unfinished snapshots of `tables` (which left the selection).
+    async fn abandon(&self, tables: &[TableName]) -> Result<(), Error> {
+        let now = unix_ms(SystemTime::now());
+        let ended: Vec<SnapshotProgress> = {
+            let p = self.snapshots.lock_progress();
+            tables
+                .iter()
+                .filter_map(|t| p.get(&store_key(&t.schema, &t.name)))
+                .filter(|p| p.state != SnapshotState::Done)
+                .map(|p| {
+                    let mut p = p.clone();
+                    p.state = SnapshotState::Done;
+                    p.finished_ms = Some(now);
+                    p
+                })
+                .collect()
+        };
+        if ended.is_empty() {
+            return Ok(());
+        }
+        let ops = ended
+            .iter()
+            .map(|p| WriteOp::PutSnapshot {
+                key: p.store_key(),
+                value: p.to_json(),
+            })
+            .collect();
+        let rx = self.core.write_submit(ops)?;
+        self.core.wait(rx).await?;
+        for p in ended {
+            tracing::warn!(table = %TableName::new(&p.schema, &p.table), rows = p.rows, "changefeed snapshot ended early: the table left the source's patterns (dropped, renamed or moved)");
+            self.snapshots.set(p);
+        }
+        Ok(())
     }
 
     /// Reads one table to its end, chunk by chunk.

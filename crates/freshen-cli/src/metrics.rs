@@ -128,6 +128,10 @@ pub struct SourceStatus {
     /// a source that is not split between instances).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<Vec<i32>>,
+    /// Tables found while running through a `[source] tables` pattern
+    /// (`schema.table`, in the order found).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub discovered: Vec<String>,
 }
 
 /// One view's name and its refresher's stats.

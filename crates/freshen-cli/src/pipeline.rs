@@ -235,6 +235,11 @@ impl Observe for Observer {
                     None => p.message,
                 })
                 .collect(),
+            discovered: h
+                .discovered
+                .iter()
+                .map(|(schema, table)| format!("{schema}.{table}"))
+                .collect(),
         }
     }
 }
@@ -409,7 +414,17 @@ impl Pipeline {
                     .into_iter()
                     .map(|(schema, table)| freshen_postgres::TableName::new(schema, table))
                     .collect();
-                Some(freshen_changefeed::SnapshotSource::new(pool, tables))
+                let source = freshen_changefeed::SnapshotSource::new(pool, tables);
+                Some(match cfg.source.discovery() {
+                    Some(d) => source.discovering(
+                        d.patterns
+                            .iter()
+                            .filter_map(|p| freshen_postgres::TablePattern::parse(p)?.ok())
+                            .collect(),
+                        d.every,
+                    ),
+                    None => source,
+                })
             }
             (_, Some(c)) if c.snapshot != freshen_changefeed::SnapshotMode::Never => {
                 anyhow::bail!("changefeed.snapshot: snapshots read from a PostgreSQL source");

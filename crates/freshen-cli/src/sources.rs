@@ -47,6 +47,8 @@ pub const KINDS: &[Kind] = &[
     kind::<freshen_postgres::PgIncrementalSettings>("postgres-incremental", true),
     #[cfg(feature = "mysql")]
     kind::<freshen_mysql::MySqlSourceConfig>("mysql", true),
+    #[cfg(feature = "mysql")]
+    kind::<freshen_mysql::MySqlIncrementalSettings>("mysql-incremental", true),
     #[cfg(feature = "kafka")]
     kind::<freshen_kafka::KafkaSourceConfig>("kafka", false),
     #[cfg(feature = "pulsar")]
@@ -57,6 +59,8 @@ pub const KINDS: &[Kind] = &[
 const LEFT_OUT: &[(&str, &str)] = &[
     #[cfg(not(feature = "mysql"))]
     ("mysql", "mysql"),
+    #[cfg(not(feature = "mysql"))]
+    ("mysql-incremental", "mysql"),
     #[cfg(not(feature = "kafka"))]
     ("kafka", "kafka"),
     #[cfg(not(feature = "pulsar"))]

@@ -117,6 +117,9 @@ pub fn render(s: &Status) -> String {
     if let Some(e) = &src.last_error {
         out.push_str(&format!("last error: {e}\n"));
     }
+    if !src.discovered.is_empty() {
+        out.push_str(&format!("discovered: {}\n", src.discovered.join(", ")));
+    }
     out.push_str(&format!(
         "\n{:<24} {:>9} {:>9} {:>8} {:>7} {:>8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9}\n",
         "view",

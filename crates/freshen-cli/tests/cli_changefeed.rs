@@ -282,4 +282,211 @@ async fn a_table_created_in_a_captured_schema_reaches_the_changefeed() {
         log.contains("discovered a table") && log.contains("refunds"),
         "{log}"
     );
+    // And /status lists it (app.orders was there at start: not a discovery).
+    let (_, body) = freshen_cli::status::get(&format!("http://127.0.0.1:{http}"), "/status")
+        .await
+        .unwrap();
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["source"]["discovered"],
+        serde_json::json!(["app.refunds"]),
+        "{doc}"
+    );
+}
+
+/// `tables = "app.order_*"` with `snapshot = "initial"`: the matching tables' rows are
+/// read at start, the schema's other tables stay out, and a table that joins later with
+/// rows in it (`ALTER TABLE … SET SCHEMA app`) — which no change in the stream announces
+/// — is discovered from the catalog, logged, snapshotted, and streamed from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_joining_a_pattern_with_rows_is_snapshotted() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(
+        "CREATE SCHEMA app; \
+         CREATE TABLE app.order_a (id bigint PRIMARY KEY); INSERT INTO app.order_a VALUES (1), (2), (3); \
+         CREATE TABLE app.other (id bigint PRIMARY KEY); INSERT INTO app.other VALUES (1); \
+         CREATE TABLE public.order_moved (id bigint PRIMARY KEY); INSERT INTO public.order_moved VALUES (10), (11);",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (http, feed) = (free_port(), free_port());
+    let text = config(&pg.url(), http, feed, &dir.path().join("feed.redb"))
+        .replace(
+            r#"tables = ["public.orders"]"#,
+            "tables = \"app.order_*\"\ndiscover_every = \"200ms\"",
+        )
+        .replace(
+            "durability = \"fsync\"",
+            "durability = \"fsync\"\nsnapshot = \"initial\"",
+        );
+    let cfg = write_config(dir.path(), &text);
+    let base = format!("http://127.0.0.1:{feed}");
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_http(
+        &format!("http://127.0.0.1:{http}"),
+        "/healthz",
+        200,
+        Duration::from_secs(30),
+    )
+    .await;
+    let count = |events: &[Value], table: &str, op: &str| {
+        events
+            .iter()
+            .filter(|e| e["table"] == table && e["op"] == op)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = changefeed_events(&base).await;
+        if count(&events, "order_a", "read") == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{events:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    c.batch_execute("ALTER TABLE public.order_moved SET SCHEMA app")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = changefeed_events(&base).await;
+        if count(&events, "order_moved", "read") == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{events:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.batch_execute("INSERT INTO app.order_moved VALUES (12); INSERT INTO app.other VALUES (2)")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let events = loop {
+        let events = changefeed_events(&base).await;
+        if count(&events, "order_moved", "insert") == 1 {
+            break events;
+        }
+        assert!(Instant::now() < deadline, "{events:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        count(&events, "other", "read") + count(&events, "other", "insert"),
+        0
+    );
+    assert_eq!(count(&events, "order_moved", "read"), 2, "read once");
+    let (_, body) = freshen_cli::status::get(&base, "/changefeed/snapshot")
+        .await
+        .unwrap();
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    let moved = doc["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["table"] == "order_moved")
+        .unwrap_or_else(|| panic!("{doc}"));
+    assert_eq!(
+        (&moved["state"], &moved["rows"]),
+        (&Value::from("done"), &Value::from(2)),
+        "{doc}"
+    );
+    let log = log_of(dir.path(), 1);
+    assert!(
+        log.contains("discovered a table") && log.contains("order_moved"),
+        "{log}"
+    );
+}
+
+/// `freshen check` with pattern entries: what each selects now (a pattern that selects
+/// nothing is a warning), a keyless table the publication would publish (an error, with
+/// its fix), and — for a role that is not a superuser — that it cannot create the
+/// publication, with what to do instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_lists_what_patterns_select_and_what_they_cannot_publish() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(
+        "CREATE SCHEMA app; CREATE SCHEMA sales; \
+         CREATE TABLE app.order_a (id bigint PRIMARY KEY); \
+         CREATE TABLE app.order_b (id bigint PRIMARY KEY); \
+         CREATE TABLE app.freshen_cursors (id bigint PRIMARY KEY); \
+         CREATE TABLE app.log (line text); \
+         CREATE ROLE plain LOGIN REPLICATION; GRANT USAGE ON SCHEMA app, sales TO plain;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let text = |url: &str| {
+        config(url, free_port(), free_port(), &dir.path().join("feed.redb")).replace(
+            r#"tables = ["public.orders"]"#,
+            r#"tables = ["app.order_*", "sales.*"]"#,
+        )
+    };
+    let check = |text: String| {
+        let cfg = write_config(dir.path(), &text);
+        let out = freshen()
+            .args(["check", "--json", "-c"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
+        (
+            out.status.code(),
+            doc["findings"].as_array().unwrap().clone(),
+        )
+    };
+    let has = |f: &[Value], level: &str, check: &str, needle: &str| {
+        f.iter().any(|x| {
+            x["level"] == level
+                && x["check"] == check
+                && x["message"].as_str().is_some_and(|m| m.contains(needle))
+        })
+    };
+
+    let (code, f) = check(text(&pg.url()));
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        has(
+            &f,
+            "ok",
+            "tables",
+            "selects 2 table(s) now: app.order_a, app.order_b"
+        ),
+        "{f:#?}"
+    );
+    assert!(
+        has(&f, "warning", "tables", "selects no table now"),
+        "{f:#?}"
+    );
+    assert!(
+        has(
+            &f,
+            "error",
+            "publication",
+            r#"ALTER TABLE "app"."log" REPLICA IDENTITY FULL"#
+        ),
+        "the schema's keyless table would be published: {f:#?}"
+    );
+
+    c.batch_execute("ALTER TABLE app.log ADD PRIMARY KEY (line)")
+        .await
+        .unwrap();
+    let (code, f) = check(text(&pg.url()));
+    assert_eq!(code, Some(0), "{f:#?}");
+    let (code, f) = check(text(&pg.url().replacen("://postgres@", "://plain@", 1)));
+    assert_eq!(code, Some(1), "{f:#?}");
+    assert!(
+        has(&f, "error", "privilege", "only a superuser may create"),
+        "{f:#?}"
+    );
+    assert!(
+        has(
+            &f,
+            "error",
+            "privilege",
+            r#"TABLES IN SCHEMA "app", "sales""#
+        ),
+        "{f:#?}"
+    );
 }

@@ -9,7 +9,7 @@ use support::freshen;
 fn expected() -> String {
     let mut sources = vec!["postgres", "postgres-incremental"];
     if cfg!(feature = "mysql") {
-        sources.push("mysql");
+        sources.extend(["mysql", "mysql-incremental"]);
     }
     if cfg!(feature = "kafka") {
         sources.push("kafka");

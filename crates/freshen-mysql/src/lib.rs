@@ -31,6 +31,9 @@
 //! - [`MySqlEnumerate`]: a [`freshen::Enumerate`] streaming keys from a query.
 //! - [`MySqlFanOut`]: a [`freshen::Expand`] mapping changed parent rows to view keys
 //!   with a query (a plan → its subscribed accounts), in a snapshot that sees the change.
+//! - [`MySqlIncrementalSource`] ([`incremental`]): a cursor-polling source for
+//!   databases without binlog grants (SELECT only): keyset pages past a cursor column,
+//!   late commits found within a lookback window, cursors stored after the rebuilds.
 //! - [`check_source`], [`check_statements`]: what `freshen check` reports, each finding
 //!   with its fix.
 //!
@@ -92,6 +95,7 @@ mod config;
 mod enumerate;
 mod error;
 mod fanout;
+pub mod incremental;
 mod leader;
 mod params;
 mod plug;
@@ -110,6 +114,7 @@ pub use enumerate::{MySqlEnumerate, connect_pool};
 pub use error::{ErrorKind, MySqlError, retry_for};
 pub use fanout::MySqlFanOut;
 pub use freshen::SecretUrl;
+pub use incremental::{MySqlIncrementalSettings, MySqlIncrementalSource};
 pub use leader::{Attempt, Holder, Leadership, lock_name};
 pub use mysql_async::Pool;
 pub use params::KeyType;

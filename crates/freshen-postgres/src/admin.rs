@@ -11,7 +11,10 @@ use freshen::BeforeImage;
 use crate::error::ErrorKind;
 use crate::pool::client;
 use crate::quote::{quote_ident, quote_literal};
-use crate::{ConnectionConfig, Lsn, PgError, PublicationMode, SlotMode, TableName, connect_pool};
+use crate::{
+    ConnectionConfig, Lsn, PgError, PublicationMode, SlotMode, TableName, TablePattern,
+    connect_pool,
+};
 
 /// A replication slot as `pg_replication_slots` shows it, with its lag.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,47 +309,85 @@ impl PgAdmin {
         }))
     }
 
-    /// The tables (ordinary and partitioned roots) of `schemas` now, in name order.
-    pub(crate) async fn schema_tables(
+    /// The tables (ordinary and partitioned roots, permanent) a publication for
+    /// `patterns` publishes now, in name order: every table of their schemas, or every
+    /// table outside the system schemas when one is [`TablePattern::All`].
+    pub(crate) async fn published_by(
         &self,
-        schemas: &[String],
+        patterns: &[TablePattern],
     ) -> Result<Vec<TableName>, PgError> {
-        if schemas.is_empty() {
+        if patterns.is_empty() {
             return Ok(Vec::new());
         }
+        let all = patterns.contains(&TablePattern::All);
+        let schemas = pattern_schemas(patterns);
         let c = client(&self.pool).await?;
         let rows = c
             .query(
                 "SELECT n.nspname::text, c.relname::text FROM pg_class c \
                  JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = ANY($1) AND c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                 WHERE ($1 OR n.nspname = ANY($2)) AND c.relkind IN ('r', 'p') \
+                   AND NOT c.relispartition AND c.relpersistence = 'p' \
                  ORDER BY 1, 2",
-                &[&schemas],
+                &[&all, &schemas],
             )
             .await
-            .map_err(|e| PgError::sql("cannot list the schemas' tables", e))?;
+            .map_err(|e| PgError::sql("cannot list the tables the patterns select", e))?;
         Ok(rows
             .iter()
             .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+            .filter(|t| !crate::select::system_schema(&t.schema))
             .collect())
     }
 
-    /// Which of `schemas` publication `name` does not publish as a whole (`FOR TABLES IN
-    /// SCHEMA`, or `FOR ALL TABLES`).
-    async fn unpublished_schemas(
+    /// The tables `patterns` select now, in name order (freshen's bookkeeping and
+    /// system tables left out).
+    pub async fn selected_tables(
+        &self,
+        patterns: &[TablePattern],
+    ) -> Result<Vec<TableName>, PgError> {
+        Ok(self
+            .published_by(patterns)
+            .await?
+            .into_iter()
+            .filter(|t| crate::select::any_matches(patterns, t))
+            .collect())
+    }
+
+    /// What publication `name` lacks to publish what `patterns` select as they grow:
+    /// `FOR ALL TABLES` for [`TablePattern::All`], each pattern's schema as a whole
+    /// otherwise. Each entry is a fix to run.
+    pub(crate) async fn unpublished_patterns(
         &self,
         name: &str,
-        schemas: &[String],
+        patterns: &[TablePattern],
     ) -> Result<Vec<String>, PgError> {
-        if schemas.is_empty() {
+        if patterns.is_empty() {
             return Ok(Vec::new());
         }
         let c = client(&self.pool).await?;
+        let all_tables: bool = c
+            .query_opt(
+                "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+                &[&name],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the publication", e))?
+            .is_some_and(|r| r.get(0));
+        if all_tables {
+            return Ok(Vec::new());
+        }
+        let mut fixes = Vec::new();
+        if patterns.contains(&TablePattern::All) {
+            fixes.push(format!(
+                "tables = \"all\" needs it FOR ALL TABLES, which it is not: drop it (`freshen drop`, for one freshen created) and let a superuser create it, or run as a superuser: DROP PUBLICATION {q}; CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)",
+                q = quote_ident(name)
+            ));
+        }
+        let schemas = pattern_schemas(patterns);
         let rows = c
             .query(
                 "SELECT s FROM unnest($2::text[]) s WHERE NOT EXISTS ( \
-                   SELECT FROM pg_publication p WHERE p.pubname = $1 AND p.puballtables) \
-                 AND NOT EXISTS ( \
                    SELECT FROM pg_publication_namespace pn \
                    JOIN pg_publication p ON p.oid = pn.pnpubid \
                    JOIN pg_namespace n ON n.oid = pn.pnnspid \
@@ -355,7 +396,33 @@ impl PgAdmin {
             )
             .await
             .map_err(|e| PgError::sql("cannot read the publication's schemas", e))?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+        let missing: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        if !missing.is_empty() {
+            fixes.push(format!(
+                "it does not include every table of {}: run (as a superuser) ALTER PUBLICATION {} ADD TABLES IN SCHEMA {}",
+                missing.join(", "),
+                quote_ident(name),
+                missing
+                    .iter()
+                    .map(|s| quote_ident(s))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        Ok(fixes)
+    }
+
+    /// Whether the role is a superuser (who alone may publish `FOR ALL TABLES` or `FOR
+    /// TABLES IN SCHEMA`).
+    pub async fn is_superuser(&self) -> Result<bool, PgError> {
+        let row = self
+            .one_row(
+                "whether the role is a superuser",
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+                &[],
+            )
+            .await?;
+        Ok(row.is_some_and(|r| r.get(0)))
     }
 
     /// The server's `wal_level`.
@@ -630,7 +697,7 @@ impl PgAdmin {
         &self,
         name: &str,
         tables: &[TableName],
-        schemas: &[String],
+        patterns: &[TablePattern],
         mode: PublicationMode,
     ) -> Result<(), PgError> {
         {
@@ -638,7 +705,7 @@ impl PgAdmin {
             // DELETE would have the application's writes fail, not freshen's.
             let c = client(&self.pool).await?;
             let mut all = tables.to_vec();
-            all.extend(self.schema_tables(schemas).await?);
+            all.extend(self.published_by(patterns).await?);
             let bad = crate::check::unpublishable(&c, &all).await?;
             if !bad.is_empty() {
                 return Err(crate::check::refuse_to_publish(name, &bad));
@@ -661,6 +728,22 @@ impl PgAdmin {
                 ));
             }
             None => {
+                if !patterns.is_empty() && !self.is_superuser().await? {
+                    return Err(PgError::new(
+                        ErrorKind::Setup,
+                        format!(
+                            "[source] tables {} needs a publication FOR {}, which only a superuser may create: have one run CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true) and set publication_mode = \"existing\", or list the tables by name",
+                            patterns
+                                .iter()
+                                .map(|p| format!("{:?}", p.to_string()))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            publication_objects(&[], patterns),
+                            quote_ident(name),
+                            publication_objects(tables, patterns),
+                        ),
+                    ));
+                }
                 let c = client(&self.pool).await?;
                 // Created and marked as freshen's in one transaction: `drop_publication`
                 // removes only publications that carry the mark.
@@ -668,13 +751,13 @@ impl PgAdmin {
                     // Via the partition root: a watched partitioned table's changes
                     // arrive under its own name, whatever partition they hit.
                     "BEGIN; CREATE PUBLICATION {name_q} FOR {} WITH (publish_via_partition_root = true); COMMENT ON PUBLICATION {name_q} IS {}; COMMIT",
-                    publication_objects(tables, schemas),
+                    publication_objects(tables, patterns),
                     quote_literal(CREATED_BY),
                     name_q = quote_ident(name),
                 );
                 match c.batch_execute(&sql).await {
                     Ok(()) => {
-                        tracing::info!(publication = %name, tables = %publication_objects(tables, schemas), "created the publication");
+                        tracing::info!(publication = %name, tables = %publication_objects(tables, patterns), "created the publication");
                     }
                     Err(e) if e.code().map(|c| c.code()) == Some("42710") => {}
                     Err(e) => {
@@ -737,19 +820,7 @@ impl PgAdmin {
                 list(&cov.missing_tables)
             ));
         }
-        let missing_schemas = self.unpublished_schemas(name, schemas).await?;
-        if !missing_schemas.is_empty() {
-            fixes.push(format!(
-                "it does not include every table of {}: run ALTER PUBLICATION {} ADD TABLES IN SCHEMA {}",
-                missing_schemas.join(", "),
-                quote_ident(name),
-                missing_schemas
-                    .iter()
-                    .map(|s| quote_ident(s))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
+        fixes.extend(self.unpublished_patterns(name, patterns).await?);
         if !cov.missing_operations.is_empty() {
             fixes.push(format!(
                 "it does not publish {}: run ALTER PUBLICATION {} SET (publish = 'insert, update, delete, truncate')",
@@ -826,9 +897,13 @@ impl PgAdmin {
     }
 }
 
-/// What a publication covers: `TABLES IN SCHEMA s, …` and `TABLE t, …` (tables of those
-/// schemas left out: they are in already).
-fn publication_objects(tables: &[TableName], schemas: &[String]) -> String {
+/// What a publication covers: `ALL TABLES`, or `TABLES IN SCHEMA s, …` (each pattern's
+/// schema) and `TABLE t, …` (tables of those schemas left out: they are in already).
+fn publication_objects(tables: &[TableName], patterns: &[TablePattern]) -> String {
+    if patterns.contains(&TablePattern::All) {
+        return "ALL TABLES".into();
+    }
+    let schemas = pattern_schemas(patterns);
     let mut parts = Vec::new();
     if !schemas.is_empty() {
         let names: Vec<String> = schemas.iter().map(|s| quote_ident(s)).collect();
@@ -843,6 +918,17 @@ fn publication_objects(tables: &[TableName], schemas: &[String]) -> String {
         parts.push(format!("TABLE {}", list(&rest)));
     }
     parts.join(", ")
+}
+
+/// The schemas of `patterns`, each once, in order.
+fn pattern_schemas(patterns: &[TablePattern]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in patterns.iter().filter_map(TablePattern::schema_name) {
+        if !out.iter().any(|o| o == s) {
+            out.push(s.to_owned());
+        }
+    }
+    out
 }
 
 fn list(tables: &[TableName]) -> String {

@@ -62,6 +62,8 @@ pub(crate) struct Assembler {
     /// relation is not a change.
     shapes: Shapes,
     schema_changes: Vec<SchemaChange>,
+    /// Tables discovered since the last [`Assembler::take_discovered`].
+    discovered: Vec<crate::TableName>,
     commit_end: Option<u64>,
     first_commit: Option<SystemTime>,
 }
@@ -82,6 +84,7 @@ impl Assembler {
             marks: Vec::new(),
             shapes: Shapes::default(),
             schema_changes: Vec::new(),
+            discovered: Vec::new(),
             commit_end: None,
             first_commit: None,
         }
@@ -183,7 +186,7 @@ impl Assembler {
     /// UPDATE and DELETE cannot replicate is an error the application meets first.
     fn discover(&mut self, r: &crate::pgoutput::Relation) {
         let table = crate::TableName::new(&r.namespace, &r.name);
-        if self.shapes.knows(r.oid) || !self.relations.by_schema(&table) {
+        if self.shapes.knows(r.oid) || !self.relations.by_pattern(&table) {
             return;
         }
         let keyless = match r.replica_identity {
@@ -194,12 +197,18 @@ impl Assembler {
         if keyless {
             tracing::error!(
                 table = %table,
-                "freshen-postgres: discovered a table in a captured schema whose UPDATE and DELETE cannot replicate (no primary key, or REPLICA IDENTITY NOTHING): the application's UPDATE and DELETE on it fail while it is published; add a primary key or run ALTER TABLE {} REPLICA IDENTITY FULL",
+                "freshen-postgres: discovered a table (by a [source] tables pattern) whose UPDATE and DELETE cannot replicate (no primary key, or REPLICA IDENTITY NOTHING): the application's UPDATE and DELETE on it fail while it is published; add a primary key or run ALTER TABLE {} REPLICA IDENTITY FULL",
                 table.quoted()
             );
         } else {
-            tracing::info!(table = %table, "freshen-postgres: discovered a table in a captured schema; its changes are captured from now on");
+            tracing::info!(table = %table, "freshen-postgres: discovered a table (by a [source] tables pattern); its changes are captured from now on");
         }
+        self.discovered.push(table);
+    }
+
+    /// The tables discovered since the last call.
+    pub(crate) fn take_discovered(&mut self) -> Vec<crate::TableName> {
+        std::mem::take(&mut self.discovered)
     }
 
     /// Decodes one change message. Returns a full batch to hand over first when the

@@ -71,10 +71,97 @@ pub(crate) async fn source(s: &PgSourceSettings, plan: &Plan) -> Vec<Finding> {
     if let Some(f) = publication(&admin, s, &tables).await {
         out.push(f);
     }
-    out.extend(publication_safety(&admin, s, &tables).await);
+    let patterns = s.patterns();
+    out.extend(selection(&admin, s, &patterns).await);
+    let mut published = tables.clone();
+    match admin.published_by(&patterns).await {
+        Ok(more) => published.extend(more.into_iter().filter(|t| !tables.contains(t))),
+        Err(e) => out.push(Finding::error("tables", &subject, e.to_string())),
+    }
+    out.extend(publication_safety(&admin, s, &tables, &published).await);
     out.extend(crate::identity::findings(&admin, plan).await);
     if plan.changefeed {
         out.extend(partial_updates(&admin, &tables).await);
+    }
+    out
+}
+
+/// What each pattern entry of `[source] tables` selects now, and whether the
+/// publication does (or can be made to) follow it as tables appear.
+async fn selection(
+    admin: &PgAdmin,
+    s: &PgSourceSettings,
+    patterns: &[crate::TablePattern],
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if patterns.is_empty() {
+        return out;
+    }
+    for p in patterns {
+        let subject = format!("tables {:?}", p.to_string());
+        match admin.selected_tables(std::slice::from_ref(p)).await {
+            Ok(now) if now.is_empty() => out.push(Finding::warning(
+                "tables",
+                subject,
+                "selects no table now (tables created later are discovered)",
+            )),
+            Ok(now) => out.push(Finding::ok(
+                "tables",
+                subject,
+                format!(
+                    "selects {} table(s) now: {}; tables created later are discovered",
+                    now.len(),
+                    now.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+            Err(e) => out.push(Finding::error("tables", subject, e.to_string())),
+        }
+    }
+    let name = &s.publication;
+    let exists = match admin.publication(name).await {
+        Ok(p) => p.is_some(),
+        Err(e) => {
+            out.push(Finding::error("publication", name, e.to_string()));
+            return out;
+        }
+    };
+    if exists {
+        match admin.unpublished_patterns(name, patterns).await {
+            Ok(fixes) if fixes.is_empty() => out.push(Finding::ok(
+                "publication",
+                name,
+                "follows the patterns: tables created later are published from their first row",
+            )),
+            Ok(fixes) => out.push(Finding::error("publication", name, fixes.join("; "))),
+            Err(e) => out.push(Finding::error("publication", name, e.to_string())),
+        }
+    } else if s.publication_mode == PublicationChoice::Create {
+        match admin.is_superuser().await {
+            Ok(true) => {}
+            Ok(false) => out.push(Finding::error(
+                "privilege",
+                name,
+                format!(
+                    "[source] tables patterns need a publication FOR {}, which only a superuser may create: have one create it (CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true)) and set publication_mode = \"existing\", or list the tables by name",
+                    if patterns.contains(&crate::TablePattern::All) { "ALL TABLES" } else { "TABLES IN SCHEMA" },
+                    quote_ident(name),
+                    if patterns.contains(&crate::TablePattern::All) {
+                        "ALL TABLES".to_owned()
+                    } else {
+                        let mut schemas: Vec<String> = patterns
+                            .iter()
+                            .filter_map(|p| p.schema_name().map(quote_ident))
+                            .collect();
+                        schemas.dedup();
+                        format!("TABLES IN SCHEMA {}", schemas.join(", "))
+                    }
+                ),
+            )),
+            Err(e) => out.push(Finding::error("privilege", name, e.to_string())),
+        }
     }
     out
 }
@@ -357,10 +444,13 @@ pub fn db_message(e: &tokio_postgres::Error) -> String {
 }
 
 /// Publication safety and the privileges to create or extend the publication.
+/// `published`: every table the publication publishes (`tables`, and what pattern
+/// entries publish as a whole), each of which must replicate UPDATE and DELETE.
 async fn publication_safety(
     admin: &PgAdmin,
     s: &PgSourceSettings,
     tables: &[TableName],
+    published: &[TableName],
 ) -> Vec<Finding> {
     let name = &s.publication;
     let client = match admin.pool().get().await {
@@ -368,11 +458,11 @@ async fn publication_safety(
         Err(e) => return vec![Finding::error("publication", name, e.to_string())],
     };
     let mut out = Vec::new();
-    match unpublishable(&client, tables).await {
+    match unpublishable(&client, published).await {
         Ok(bad) if bad.is_empty() => out.push(Finding::ok(
             "publication",
             name,
-            "every watched table can replicate UPDATE and DELETE",
+            "every published table can replicate UPDATE and DELETE",
         )),
         Ok(bad) => {
             for b in bad {

@@ -429,6 +429,10 @@ pub struct PgSourceConfig {
     /// the source refuses to start otherwise, and logs an error for a later one that
     /// cannot.
     pub schemas: Vec<String>,
+    /// Tables selected by pattern: `All` (a publication `FOR ALL TABLES`) or a name
+    /// pattern in a schema (the schema is published, the pattern filtered here). As with
+    /// `schemas`, a table first seen in the stream is logged as discovered.
+    pub patterns: Vec<crate::TablePattern>,
     /// Where streaming starts (default: the slot's position).
     pub start: StartPosition,
     /// Most events in one batch (default 1024). A transaction larger than this arrives
@@ -460,6 +464,7 @@ impl Default for PgSourceConfig {
             publication_mode: PublicationMode::default(),
             tables: Vec::new(),
             schemas: Vec::new(),
+            patterns: Vec::new(),
             start: StartPosition::default(),
             batch_size: 1024,
             queue_batches: 4,
@@ -472,6 +477,16 @@ impl Default for PgSourceConfig {
 }
 
 impl PgSourceConfig {
+    /// Every pattern the source captures: each of `schemas` as a whole schema, then
+    /// `patterns`.
+    pub fn selection(&self) -> Vec<crate::TablePattern> {
+        self.schemas
+            .iter()
+            .map(crate::TablePattern::schema)
+            .chain(self.patterns.iter().cloned())
+            .collect()
+    }
+
     /// Every problem with this configuration, one sentence each (empty when valid).
     pub fn problems(&self) -> Vec<String> {
         let mut p = self.connection.problems();
@@ -503,6 +518,7 @@ impl PgSourceConfig {
         }
         if self.tables.is_empty()
             && self.schemas.is_empty()
+            && self.patterns.is_empty()
             && self.publication_mode == PublicationMode::CreateIfMissing
         {
             p.push("list the tables to watch (a publication is created for them)".into());

@@ -105,6 +105,7 @@ mod quote;
 mod reader;
 mod rebuild;
 mod rows;
+mod select;
 mod settings;
 mod sink_snapshot;
 mod snapshot;
@@ -137,6 +138,7 @@ pub use pool::connect_pool;
 pub use query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
 pub use quote::quote_ident;
 pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
+pub use select::{BOOKKEEPING_PREFIX, TablePattern, capturable, system_schema};
 pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
 pub use sink_snapshot::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
 pub use snapshot::{

@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) queued_events: AtomicU64,
     pub(crate) peak_queued_events: AtomicU64,
     pub(crate) last_error: Mutex<Option<String>>,
+    /// Tables discovered while running (see [`SourceHealth::discovered`](freshen::SourceHealth)).
+    pub(crate) discovered: Mutex<Vec<TableName>>,
     /// Highest `end_lsn` of an acknowledged commit batch.
     acked_end: AtomicU64,
     /// Sequence number of the newest acknowledged commit batch.
@@ -92,8 +94,8 @@ pub(crate) struct ReaderSetup {
     pub(crate) config: Arc<PgSourceConfig>,
     pub(crate) tls: Option<Arc<ClientConfig>>,
     pub(crate) watched: Option<std::collections::HashSet<TableName>>,
-    /// Schemas whose every table is watched, those created later too.
-    pub(crate) schemas: std::collections::HashSet<String>,
+    /// Tables watched by pattern, those created later too.
+    pub(crate) patterns: Vec<crate::TablePattern>,
     /// Primary keys of the tables with REPLICA IDENTITY FULL (for `pk_names`).
     pub(crate) primary_keys: std::collections::HashMap<TableName, Vec<String>>,
     /// The watched tables' shapes at start (OID, name, columns), for schema changes.
@@ -173,7 +175,7 @@ impl Reader {
         let batch = s.config.batch_size;
         let mut asm = Assembler::new(
             Relations::new(s.watched)
-                .with_schemas(s.schemas)
+                .with_patterns(s.patterns)
                 .with_primary_keys(s.primary_keys),
             XidClock::new(0),
             batch,
@@ -450,7 +452,22 @@ impl Reader {
                 self.shared
                     .received_lsn
                     .fetch_max(wal_start.0, Ordering::Relaxed);
-                for out in self.asm.change(&data) {
+                let outs = self.asm.change(&data);
+                let found = self.asm.take_discovered();
+                if !found.is_empty() {
+                    let mut d = self
+                        .shared
+                        .discovered
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    for t in found {
+                        // A table is discovered again after a reconnect: listed once.
+                        if !d.contains(&t) {
+                            d.push(t);
+                        }
+                    }
+                }
+                for out in outs {
                     if let Some(end) = self.send(out, client).await? {
                         return Ok(Some(end));
                     }

@@ -44,8 +44,8 @@ pub(crate) struct Relations {
     by_oid: HashMap<u32, Table>,
     /// `None`: every table is watched.
     watched: Option<HashSet<TableName>>,
-    /// Schemas whose every table is watched (with `watched`).
-    schemas: HashSet<String>,
+    /// Tables watched by pattern (whole schemas, names, all), those created later too.
+    patterns: Vec<crate::TablePattern>,
     /// Primary keys of tables whose identity is FULL.
     primary_keys: HashMap<TableName, Vec<String>>,
 }
@@ -55,21 +55,21 @@ impl Relations {
         Relations {
             by_oid: HashMap::new(),
             watched,
-            schemas: HashSet::new(),
+            patterns: Vec::new(),
             primary_keys: HashMap::new(),
         }
     }
 
-    /// Watches every table of `schemas` too, those created later included.
-    pub(crate) fn with_schemas(mut self, schemas: HashSet<String>) -> Relations {
-        self.schemas = schemas;
+    /// Watches every table `patterns` select too, those created later included.
+    pub(crate) fn with_patterns(mut self, patterns: Vec<crate::TablePattern>) -> Relations {
+        self.patterns = patterns;
         self
     }
 
-    /// Whether `table` is watched through its schema only (not listed by name): a table
+    /// Whether `table` is watched through a pattern only (not listed by name): a table
     /// first seen in the stream is then one the source discovered.
-    pub(crate) fn by_schema(&self, table: &TableName) -> bool {
-        self.schemas.contains(&table.schema)
+    pub(crate) fn by_pattern(&self, table: &TableName) -> bool {
+        crate::select::any_matches(&self.patterns, table)
             && !self.watched.as_ref().is_some_and(|w| w.contains(table))
     }
 
@@ -119,7 +119,7 @@ impl Relations {
 
     /// Whether the source delivers `table`'s changes.
     pub(crate) fn is_watched(&self, table: &TableName) -> bool {
-        self.schemas.contains(&table.schema)
+        crate::select::any_matches(&self.patterns, table)
             || self.watched.as_ref().is_none_or(|w| w.contains(table))
     }
 

@@ -14,7 +14,7 @@ use freshen::{BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
 use crate::config::{ConnectionConfig, MAX_STATUS_INTERVAL, PublicationMode, SlotMode, TableName};
-use crate::{PgAdmin, PgSource, PublicationDrop, check};
+use crate::{PgAdmin, PgSource, PublicationDrop, TablePattern, check};
 
 /// The PostgreSQL logical-replication source, as configured in a file.
 ///
@@ -29,6 +29,7 @@ use crate::{PgAdmin, PgSource, PublicationDrop, check};
 /// status_interval = "1s"
 /// tables = ["public.orders"]       # captured besides the views' tables
 /// # tables = "public.*"            # or every table of a schema, new ones included
+/// # tables = ["app.order_*"]       # or a name pattern; or "all"
 /// ```
 ///
 /// `Debug` never shows the password.
@@ -58,9 +59,22 @@ pub struct PgSourceSettings {
     /// or `table`, quoted parts kept as written, unquoted ones folded to lower case; or
     /// `schema.*`: every table of the schema, those created later included (a
     /// publication `FOR TABLES IN SCHEMA`, PostgreSQL 15; each discovered table is
-    /// logged). One entry may stand alone: `tables = "public.*"`.
+    /// logged); `schema.prefix_*`: the schema's tables whose names match (the schema is
+    /// published, the pattern filtered by freshen); `all`: every table of the database
+    /// outside system schemas and freshen's bookkeeping (`FOR ALL TABLES`). Patterns and
+    /// `all` need a superuser to create the publication. One entry may stand alone:
+    /// `tables = "all"`.
     #[serde(default, deserialize_with = "one_or_many")]
     pub tables: Vec<String>,
+    /// How often the catalog is read for tables the pattern entries select, for what
+    /// the stream cannot tell (a table that joins with rows in it needs a changefeed
+    /// snapshot; default 10s).
+    #[serde(default = "default_discover_every", deserialize_with = "duration")]
+    pub discover_every: Duration,
+}
+
+fn default_discover_every() -> Duration {
+    Duration::from_secs(10)
 }
 
 /// `slot_mode` as written in the file.
@@ -133,17 +147,6 @@ fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error>
     })
 }
 
-/// The schema of a `schema.*` entry (quoted as a table name's schema would be).
-fn schema_of(entry: &str) -> Option<Result<String, String>> {
-    let schema = entry.strip_suffix(".*")?;
-    Some(
-        format!("{schema}.t")
-            .parse::<TableName>()
-            .map(|t| t.schema)
-            .map_err(|e| e.to_string()),
-    )
-}
-
 pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
@@ -179,20 +182,21 @@ pub fn url_problems(url: &str) -> Vec<String> {
 }
 
 impl PgSourceSettings {
-    /// The source's tables of its own (`tables`), parsed (`schema.*` entries aside).
+    /// The source's tables of its own (`tables`), parsed (pattern entries aside).
     pub fn table_names(&self) -> Vec<TableName> {
         self.tables
             .iter()
-            .filter(|t| schema_of(t).is_none())
+            .filter(|t| TablePattern::parse(t).is_none())
             .filter_map(|t| t.parse().ok())
             .collect()
     }
 
-    /// The schemas whose every table is captured (`schema.*` entries).
-    pub fn schemas(&self) -> Vec<String> {
+    /// The entries that select tables by pattern: `"all"`, `"schema.*"`,
+    /// `"schema.prefix_*"` ([`TablePattern`]).
+    pub fn patterns(&self) -> Vec<TablePattern> {
         self.tables
             .iter()
-            .filter_map(|t| schema_of(t)?.ok())
+            .filter_map(|t| TablePattern::parse(t)?.ok())
             .collect()
     }
 
@@ -224,14 +228,19 @@ impl SourcePlug for PgSourceSettings {
         if self.status_interval.is_zero() || self.status_interval > MAX_STATUS_INTERVAL {
             p.push("status_interval: must be between 1ms and 1h".into());
         }
+        if self.discover_every < Duration::from_millis(10)
+            || self.discover_every > Duration::from_secs(86_400)
+        {
+            p.push("discover_every: must be between 10ms and 24h".into());
+        }
         for t in &self.tables {
-            let problem = match schema_of(t) {
-                Some(schema) => schema.err(),
+            let problem = match TablePattern::parse(t) {
+                Some(pattern) => pattern.err(),
                 None => t.parse::<TableName>().err().map(|e| e.to_string()),
             };
             if let Some(e) = problem {
                 p.push(format!(
-                    "tables: {e} (\"schema.table\", \"table\" or \"schema.*\")"
+                    "tables: {e} (\"schema.table\", \"table\", \"schema.*\", \"schema.prefix_*\" or \"all\")"
                 ));
             }
         }
@@ -247,6 +256,19 @@ impl SourcePlug for PgSourceSettings {
 
     fn database_url(&self) -> Option<&str> {
         Some(self.url.expose())
+    }
+
+    fn discovery(&self) -> Option<freshen::plug::Discovery> {
+        let patterns: Vec<String> = self
+            .tables
+            .iter()
+            .filter(|t| TablePattern::parse(t).is_some())
+            .cloned()
+            .collect();
+        (!patterns.is_empty()).then_some(freshen::plug::Discovery {
+            patterns,
+            every: self.discover_every,
+        })
     }
 
     fn capabilities(&self) -> freshen::Capabilities {
@@ -324,8 +346,8 @@ impl SourcePlug for PgSourceSettings {
             for (schema, table) in &plan.tables {
                 builder = builder.table_name(TableName::new(schema, table));
             }
-            for schema in self.schemas() {
-                builder = builder.schema(schema);
+            for pattern in self.patterns() {
+                builder = builder.pattern(pattern);
             }
             let source = builder.start().await?;
             let probe = Arc::new(source.handle());
@@ -350,6 +372,7 @@ mod tests {
             publication_mode: PublicationChoice::default(),
             status_interval: default_status_interval(),
             tables: vec![],
+            discover_every: default_discover_every(),
         }
     }
 
@@ -361,15 +384,31 @@ mod tests {
             "\"Audit\".*".into(),
             "public.orders".into(),
         ];
-        assert_eq!(s.schemas(), ["sales", "Audit"]);
+        assert_eq!(
+            s.patterns(),
+            [TablePattern::schema("sales"), TablePattern::schema("Audit")]
+        );
         assert_eq!(s.table_names(), [TableName::new("public", "orders")]);
         assert!(s.problems().is_empty(), "{:?}", s.problems());
         s.tables = vec!["a.b.*".into()];
         assert_eq!(s.problems().len(), 1, "{:?}", s.problems());
         let one: PgSourceSettings =
             serde_json::from_str(r#"{"url": "postgres://u@h/db", "tables": "public.*"}"#).unwrap();
-        assert_eq!(one.schemas(), ["public"]);
-        assert!(s.schemas().is_empty());
+        assert_eq!(one.patterns(), [TablePattern::schema("public")]);
+        assert!(s.patterns().is_empty());
+        s.tables = vec!["all".into(), "app.order_*".into(), "app.orders".into()];
+        assert!(s.problems().is_empty(), "{:?}", s.problems());
+        assert_eq!(
+            s.patterns(),
+            [
+                TablePattern::All,
+                TablePattern::In {
+                    schema: "app".into(),
+                    name: "order_*".into()
+                }
+            ]
+        );
+        assert_eq!(s.table_names(), [TableName::new("app", "orders")]);
     }
 
     #[test]

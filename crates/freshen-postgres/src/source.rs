@@ -189,6 +189,14 @@ impl SourceProbe for PgHandle {
             .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
             .map(|d| d.as_secs_f64());
         out.retention = retention;
+        out.discovered = self
+            .shared
+            .discovered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|t| (t.schema.clone(), t.name.clone()))
+            .collect();
         out
     }
 
@@ -256,20 +264,29 @@ impl PgSource {
         for t in &config.tables {
             identities.push(admin.replica_identity(t).await?);
         }
+        let patterns = config.selection();
         admin
             .ensure_publication(
                 &config.publication,
                 &config.tables,
-                &config.schemas,
+                &patterns,
                 config.publication_mode,
             )
             .await?;
-        for t in admin.schema_tables(&config.schemas).await? {
+        let selected = admin.selected_tables(&patterns).await?;
+        if !patterns.is_empty() {
+            tracing::info!(
+                patterns = %patterns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                tables = %selected.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                "freshen-postgres: [source] tables patterns select these tables now; later ones are discovered"
+            );
+        }
+        for t in selected {
             if !config.tables.contains(&t) {
                 identities.push(admin.replica_identity(&t).await?);
             }
         }
-        if config.tables.is_empty() && config.schemas.is_empty() {
+        if config.tables.is_empty() && patterns.is_empty() {
             // Every table of the publication is delivered.
             let p = admin.publication(&config.publication).await?;
             for t in p.map(|p| p.tables).unwrap_or_default() {
@@ -306,9 +323,8 @@ impl PgSource {
             }
         }
         let watched: Option<HashSet<TableName>> = (!config.tables.is_empty()
-            || !config.schemas.is_empty())
+            || !patterns.is_empty())
         .then(|| config.tables.iter().cloned().collect());
-        let schemas: HashSet<String> = config.schemas.iter().cloned().collect();
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel(config.queue_batches);
         let (stop, stop_rx) = watch::channel(false);
@@ -322,7 +338,7 @@ impl PgSource {
                 config: Arc::new(config),
                 tls,
                 watched,
-                schemas,
+                patterns,
                 primary_keys,
                 shapes,
                 shared: Arc::clone(&shared),
@@ -485,6 +501,13 @@ impl PgSourceBuilder {
     /// [`PgSourceConfig::schemas`]).
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.config.schemas.push(schema.into());
+        self
+    }
+
+    /// Captures every table `pattern` selects, present and future (see
+    /// [`PgSourceConfig::patterns`]).
+    pub fn pattern(mut self, pattern: crate::TablePattern) -> Self {
+        self.config.patterns.push(pattern);
         self
     }
 

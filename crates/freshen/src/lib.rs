@@ -113,6 +113,7 @@ mod ack;
 mod backoff;
 mod builder;
 mod channel;
+pub mod cursor;
 mod dirty;
 mod event;
 mod fanout;

@@ -168,6 +168,14 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The `[source] tables` entries that select tables by pattern (`"all"`,
+    /// `"schema.*"`, `"schema.prefix_*"`), which the source follows as tables appear, and
+    /// how often others (the changefeed's snapshots) should look for new ones. `None`:
+    /// the source captures named tables only.
+    fn discovery(&self) -> Option<Discovery> {
+        None
+    }
+
     /// The database the events come from, when the source reads one directly: rebuilds
     /// that run there (the default target) can prove they see the changes that dirtied
     /// their keys. `None` for brokers.
@@ -204,6 +212,15 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
             Err(format!("a {kind} source keeps nothing upstream that `drop` could remove").into())
         })
     }
+}
+
+/// What [`SourcePlug::discovery`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    /// The pattern entries, as written.
+    pub patterns: Vec<String>,
+    /// How often to read the catalog for tables they select.
+    pub every: Duration,
 }
 
 /// The outcome of [`SourcePlug::lead`].
@@ -301,6 +318,22 @@ pub fn gaps(kind: &str, caps: &Capabilities, view: &Reliance<'_>) -> Vec<Finding
             ),
         ));
     }
+    // Late commits past the lookback are a loss no log records: only a sweep heals it.
+    if caps.lookback_only {
+        out.push(Finding::warning(
+            "contract",
+            &subject,
+            match view.sweep {
+                Some(every) => format!(
+                    "late commits: a {kind} source finds a row committed late with an earlier cursor value only within `lookback` of the poll that read past that value (the server reports no transaction horizon); a longer transaction's row waits for the reconcile sweep (every {}) or its next change; set lookback above your longest write transaction",
+                    span(every)
+                ),
+                None => format!(
+                    "late commits: a {kind} source finds a row committed late with an earlier cursor value only within `lookback` of the poll that read past that value (the server reports no transaction horizon); a longer transaction's row is missed until it changes again (nothing sweeps this view); set lookback above your longest write transaction and add a reconcile sweep"
+                ),
+            },
+        ));
+    }
     // A row that moves to another key dirties the key it left only with its former
     // row; without one the old key keeps the row. Per-table images are the source's own
     // check (it names the tables).
@@ -383,6 +416,49 @@ mod tests {
         assert_eq!(
             levels(&none, Some(Duration::from_secs(60))),
             [Level::Warning; 4]
+        );
+    }
+
+    #[test]
+    fn a_cursor_without_a_horizon_says_what_lookback_covers() {
+        let polled = Capabilities {
+            recoverable: true,
+            cursor: true,
+            lookback_only: true,
+            ..Capabilities::NONE
+        };
+        let found = gaps(
+            "mysql-incremental",
+            &polled,
+            &Reliance {
+                view: "v",
+                sweep: Some(Duration::from_secs(600)),
+            },
+        );
+        let late: Vec<&Finding> = found
+            .iter()
+            .filter(|f| f.message.starts_with("late commits"))
+            .collect();
+        assert_eq!(late.len(), 1, "{found:?}");
+        assert_eq!(late[0].level, Level::Warning);
+        assert!(
+            late[0].message.contains("within `lookback`") && late[0].message.contains("every 10m")
+        );
+        let horizon = Capabilities {
+            lookback_only: false,
+            ..polled
+        };
+        let found = gaps(
+            "postgres-incremental",
+            &horizon,
+            &Reliance {
+                view: "v",
+                sweep: None,
+            },
+        );
+        assert!(
+            !found.iter().any(|f| f.message.starts_with("late commits")),
+            "{found:?}"
         );
     }
 

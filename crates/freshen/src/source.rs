@@ -285,6 +285,11 @@ pub struct Capabilities {
     pub snapshot: bool,
     /// Whether the source polls a cursor column instead of reading a change log.
     pub cursor: bool,
+    /// Whether a polled cursor finds rows committed late with an earlier cursor value by
+    /// a time window alone (`lookback`: MySQL, MariaDB), not by the transactions the
+    /// server reports running (PostgreSQL's `xmin` horizon): a transaction that commits
+    /// more than `lookback` after a poll read past its cursor value is missed.
+    pub lookback_only: bool,
     /// Whether some changes may arrive without their rows, as a [`Gap`](crate::Gap) (a
     /// key-only message, a statement, a partition dropped): then the views over the
     /// table sweep, so a view without a reconcile sweep misses them.
@@ -304,6 +309,7 @@ impl Capabilities {
         schema_changes: false,
         snapshot: false,
         cursor: false,
+        lookback_only: false,
         row_gaps: false,
     };
 }
@@ -355,6 +361,9 @@ pub struct SourceHealth {
     /// group that splits the work, such as a key stream worker); `None` when the source
     /// is not split between instances.
     pub partitions: Option<Vec<i32>>,
+    /// Tables the source found while running, captured through a pattern of its
+    /// configuration (`schema.*`, `"all"`), as `(schema, table)` in the order found.
+    pub discovered: Vec<(String, String)>,
 }
 
 /// Something wrong with a running source's setup, and the table it concerns (so that a

@@ -42,7 +42,7 @@ pub enum Target {
     Postgres(
         freshen_postgres::ConnectionConfig,
         Visibility,
-        Option<freshen_postgres::ConnectionConfig>,
+        Option<Box<freshen_postgres::ConnectionConfig>>,
     ),
     /// A MySQL/MariaDB database (its URL), and whether it is the source server (so
     /// rebuilds can wait for the dirtying transactions to be visible).
@@ -103,10 +103,10 @@ impl Target {
                 let source = match source_url
                     .filter(|s| *s != url && Flavor::of(s) == Some(Flavor::Postgres))
                 {
-                    Some(s) => Some(
+                    Some(s) => Some(Box::new(
                         freshen_postgres::ConnectionConfig::from_url(s)
                             .context("the source URL is not usable")?,
-                    ),
+                    )),
                     None => None,
                 };
                 Ok(Target::Postgres(conn, visibility, source))

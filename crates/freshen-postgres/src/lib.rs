@@ -145,6 +145,6 @@ pub use snapshot::{
     Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,
     resolve_tables, write_watermark,
 };
-pub use snapshot_window::{ChunkCheck, StreamedKeys, row_key};
+pub use snapshot_window::{ChunkCheck, RECENT_XIDS, StreamedKeys, row_key};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
 pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};

@@ -14,7 +14,11 @@
 //!   whose key changed in a way the chunk's SELECT may not show ([`ChunkCheck`]) are
 //!   dropped — the live change was published before the watermark, and whatever follows
 //!   it is published after the chunk — and the rest go to the sink at the watermark's
-//!   place in the batch.
+//!   place in the batch. Transactions published before a table's keys were being
+//!   remembered are covered too: the newest [`RECENT_XIDS`](crate::RECENT_XIDS) of
+//!   them are kept, and a chunk whose snapshot does not yet see one of them (a commit
+//!   already in the WAL, not yet visible — a synchronous standby makes that window
+//!   long) publishes nothing and is read again.
 //! - Progress lives in the source database (table `freshen_sink_snapshots`, one row per
 //!   sink and table, the progress as JSON), written only once the sink reports the
 //!   chunk delivered (its [`Spliced::delivered`] acknowledgement). Why there: the sink's
@@ -115,6 +119,8 @@ struct InFlight {
     id: String,
     rows: Vec<RowEvent>,
     check: ChunkCheck,
+    /// The table's progress before this chunk (what a re-read starts from).
+    prev: SnapshotProgress,
     next: SnapshotProgress,
     reply: oneshot::Sender<SnapshotProgress>,
 }
@@ -205,6 +211,9 @@ impl SinkSnapshots {
     pub fn splice(&self, batch: &Batch) -> Vec<Spliced> {
         let mut st = self.lock();
         if st.recording.is_none() && st.in_flight.is_none() {
+            for e in batch.events() {
+                st.keys.note(e);
+            }
             return Vec::new();
         }
         let marks = batch.marks();
@@ -237,6 +246,22 @@ impl SinkSnapshots {
         let Some(f) = st.in_flight.take() else {
             return;
         };
+        if !st.keys.trusts(&f.check) {
+            // A transaction published before this table's keys were remembered is not
+            // visible to the chunk: any of its rows may be older than that change.
+            // Publish none; the driver reads the chunk again.
+            st.keys.forget_seen(&f.check);
+            tracing::debug!(sink = %self.sink(), "sink snapshot chunk read again: a transaction already published was not yet visible to it");
+            let (reply, prev) = (f.reply, f.prev);
+            out.push(Spliced {
+                at: mark.at,
+                rows: Vec::new(),
+                delivered: Ack::new(move || {
+                    let _ = reply.send(prev);
+                }),
+            });
+            return;
+        }
         let mut next = f.next;
         let total = f.rows.len();
         // A TRUNCATE the chunk did not see drops every row (rows inserted after it
@@ -432,7 +457,7 @@ impl SinkSnapshots {
             // Remember the table's streamed keys from before its first low watermark.
             let mut st = self.lock();
             st.recording = Some(table.clone());
-            st.keys.clear();
+            st.keys.begin();
         }
         let reader = TableReader::new(pool.clone(), table.clone()).await?;
         match &progress.after {
@@ -481,6 +506,7 @@ impl SinkSnapshots {
         let chunk = reader
             .read_chunk(progress.after.as_deref(), s.settings.chunk_rows)
             .await?;
+        let prev = progress.clone();
         let mut next = progress.clone();
         next.last_error = None;
         if chunk.last_key.is_some() {
@@ -500,6 +526,7 @@ impl SinkSnapshots {
                 snapshot: chunk.snapshot,
                 low: low.0,
             },
+            prev,
             next,
             reply,
         });
@@ -625,6 +652,7 @@ impl SinkSnapshots {
 impl State {
     /// Remembers a streamed event of the table being read.
     fn record(&mut self, e: &RowEvent) {
+        self.keys.note(e);
         let Some(t) = &self.recording else {
             return;
         };

@@ -57,7 +57,19 @@ pub struct StreamedKeys {
     /// `(xid, commit)` of each TRUNCATE of the table, kept the same way: it changes
     /// every key.
     truncates: Vec<(u64, u64)>,
+    /// The newest transactions the stream carried (any table, at most
+    /// [`RECENT_XIDS`]).
+    recent: std::collections::VecDeque<u64>,
+    /// Those of them carried before remembering began that no chunk's snapshot has
+    /// seen yet: their keys are unknown, so a chunk that misses one of them cannot be
+    /// trusted at all (it is read again). This closes the window in which a transaction
+    /// is in the stream already — published — and not yet visible to new snapshots
+    /// (a commit waiting for a synchronous standby).
+    unknown: Vec<u64>,
 }
+
+/// How many of the stream's newest transactions are kept while nothing is remembered.
+pub const RECENT_XIDS: usize = 1024;
 
 impl StreamedKeys {
     /// An empty record.
@@ -85,6 +97,32 @@ impl StreamedKeys {
         }
     }
 
+    /// Notes a streamed event's transaction (every event, of any table).
+    pub fn note(&mut self, event: &RowEvent) {
+        let Some(t) = event.tx else {
+            return;
+        };
+        if self.recent.back() != Some(&t.id) {
+            if self.recent.len() == RECENT_XIDS {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(t.id);
+        }
+    }
+
+    /// Starts remembering a table's keys: the transactions noted before — whose keys
+    /// of this table nobody remembered — become the unknown ones a chunk must see.
+    pub fn begin(&mut self) {
+        self.clear();
+        self.unknown = self.recent.drain(..).collect();
+    }
+
+    /// Whether `check`'s snapshot sees every transaction carried before remembering
+    /// began (else the chunk may be stale for keys nobody remembered).
+    pub fn trusts(&self, check: &ChunkCheck) -> bool {
+        self.unknown.iter().all(|&x| check.snapshot.sees(x))
+    }
+
     /// Whether the chunk's row under `key` may be stale: a change of that key the
     /// chunk's check [misses](ChunkCheck::misses).
     pub fn stale(&self, key: &Key, check: &ChunkCheck) -> bool {
@@ -101,6 +139,7 @@ impl StreamedKeys {
             !v.is_empty()
         });
         self.truncates.retain(|&(xid, _)| !check.snapshot.sees(xid));
+        self.unknown.retain(|&xid| !check.snapshot.sees(xid));
     }
 
     /// How many keys are remembered.
@@ -117,6 +156,7 @@ impl StreamedKeys {
     pub fn clear(&mut self) {
         self.keys.clear();
         self.truncates.clear();
+        self.unknown.clear();
     }
 }
 
@@ -154,6 +194,49 @@ mod tests {
             },
             low: 1000,
         }
+    }
+
+    /// A transaction published before a table's keys were remembered, still invisible
+    /// to a chunk (its commit waits for a synchronous standby): nobody knows its keys,
+    /// so the chunk is not trusted until a snapshot sees it.
+    #[test]
+    fn a_chunk_that_misses_a_transaction_published_before_remembering_is_not_trusted() {
+        let mut k = StreamedKeys::new();
+        k.note(&ev(Op::Update, 7, 10, 400)); // seen by check()'s snapshot (below xmin)
+        k.note(&ev(Op::Update, 8, 12, 450)); // running for it (in xip)
+        k.begin();
+        assert!(!k.trusts(&check()), "xid 12 is invisible to the chunk");
+        k.forget_seen(&check());
+        assert!(!k.trusts(&check()));
+        // A later snapshot that sees 12 is trusted, and so is every one after it.
+        let later = ChunkCheck {
+            snapshot: XidSnapshot {
+                xmin: 13,
+                xmax: 20,
+                xip: vec![],
+            },
+            low: 1100,
+        };
+        assert!(k.trusts(&later));
+        k.forget_seen(&later);
+        assert!(k.trusts(&check()), "forgotten once seen");
+        // What streams while a table is read is noted too: the next table starts with it.
+        k.note(&ev(Op::Update, 9, 25, 1200));
+        k.clear();
+        k.begin();
+        assert!(
+            !k.trusts(&later),
+            "xid 25 is beyond the later snapshot's xmax"
+        );
+        // The ring keeps the newest RECENT_XIDS transactions, one entry per transaction.
+        let mut r = StreamedKeys::new();
+        for x in 0..(RECENT_XIDS as u64 + 10) {
+            r.note(&ev(Op::Insert, 1, 100 + x, 1));
+            r.note(&ev(Op::Insert, 2, 100 + x, 1));
+        }
+        r.begin();
+        assert_eq!(r.unknown.len(), RECENT_XIDS);
+        assert_eq!(r.unknown[0], 110);
     }
 
     /// One row per case, as the changefeed's writer decides from its log.

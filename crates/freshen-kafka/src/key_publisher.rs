@@ -34,7 +34,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 ///   transaction is published once. The value is a [`KeyRecord`] (the view, the key, the
 ///   transaction id and commit position that the worker's visibility guard checks).
 /// - The partition is [`partition_of`] the view and key, chosen here rather than by the
-///   producer's partitioner (see [`crate::keys`]): a key always lands in one partition,
+///   producer's partitioner (see [`partition_of`](crate::partition_of)): a key always lands in one partition,
 ///   so it has one owner among the workers.
 /// - The producer is idempotent with `acks=all`. [`run`](Self::run) acknowledges a batch
 ///   (confirming its transactions to the source) only once every record of it is

@@ -67,7 +67,7 @@ pub struct QueryRebuildBuilder {
 
 impl QueryRebuildBuilder {
     /// Runs the query on `source` (the database the view reads) and writes its rows into
-    /// the builder's pool, another database ([`across`](crate::across)). The visibility
+    /// the builder's pool, another database (see the `across` module). The visibility
     /// guard then runs in the query's own snapshot on the source, unless
     /// [`Visibility::Off`].
     pub fn read_from(mut self, source: Pool) -> Self {

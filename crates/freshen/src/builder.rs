@@ -220,7 +220,7 @@ impl Builder {
     }
 
     /// Called for every [`Report`]: failed rebuilds, quarantined keys, skipped messages,
-    /// failed sweeps. Without it reports are only counted in [`Stats`].
+    /// failed sweeps. Without it reports are only counted in [`Stats`](crate::Stats).
     pub fn on_error(mut self, f: impl Fn(&Report<'_>) + Send + Sync + 'static) -> Builder {
         self.on_error = Some(Arc::new(f));
         self

@@ -22,7 +22,7 @@
 //! (a subtransaction's id is not in `pg_current_snapshot()`'s list, so the exact set
 //! cannot be told from SQL: a duplicate doorbell is harmless, a lost one is not).
 //!
-//! After each poll a [`Mark`] records `high`. It becomes final — `safe` moves to it —
+//! After each poll a `Mark` records `high`. It becomes final — `safe` moves to it —
 //! once `lookback` has passed since it was taken *and* every transaction that had an id
 //! by then has ended: its `xmax` is stamped at the first poll at least `lookback` after
 //! the mark, and the mark is final at a poll whose `xmin` reaches that `xmax`. The

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-/// What a failure says about retrying it; see the [module docs](self).
+/// What a failure says about retrying it: a key, its path or its configuration (see the variants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Retry {

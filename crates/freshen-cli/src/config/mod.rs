@@ -264,8 +264,8 @@ pub struct Config {
     pub sinks: Vec<Sink>,
     /// The durable changefeed, when configured.
     pub changefeed: Option<freshen_changefeed::ChangefeedConfig>,
-    /// A digest of the `[source]` table as read (secrets included; see
-    /// [`read::digest`]): a reload refuses a changed source even when only a redacted
+    /// A digest of the `[source]` table as read (secrets included;
+    /// comments and layout not): a reload refuses a changed source even when only a redacted
     /// value changed.
     pub source_digest: u64,
     /// The same for `[[sinks]]` and `[changefeed]` together.

@@ -87,6 +87,8 @@ pub mod names {
     pub const SOURCE_RECONNECTS: &str = "freshen_source_reconnects_total";
     /// Row events the source delivered.
     pub const SOURCE_EVENTS: &str = "freshen_source_events_total";
+    /// Gauge: partitions of the key stream this worker owns now (key stream workers).
+    pub const KEY_STREAM_PARTITIONS: &str = "freshen_key_stream_partitions_owned";
 }
 
 /// Freshness histogram bucket bounds, in seconds.
@@ -521,6 +523,15 @@ pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
         );
         o.sample(name, &kind, v);
     }
+    if let Some(p) = &source.partitions {
+        let name = names::KEY_STREAM_PARTITIONS;
+        o.header(
+            name,
+            "gauge",
+            "Partitions of the key stream this worker owns now (0 while it owns none).",
+        );
+        o.sample(name, &kind, p.len());
+    }
     o.0
 }
 
@@ -595,6 +606,22 @@ mod tests {
         assert!(
             !text.contains("freshen_source_received_lsn"),
             "unknown values are left out"
+        );
+        assert!(
+            !text.contains("freshen_key_stream_partitions_owned"),
+            "only a key stream worker owns partitions"
+        );
+        let worker = render(
+            &[],
+            &SourceStatus {
+                kind: "kafka-keys".into(),
+                partitions: Some(vec![0, 3, 5]),
+                ..SourceStatus::default()
+            },
+        );
+        assert!(
+            worker.contains("freshen_key_stream_partitions_owned{kind=\"kafka-keys\"} 3"),
+            "{worker}"
         );
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();

@@ -151,6 +151,9 @@ const STANDBY_RETRY: Duration = Duration::from_secs(1);
 
 /// How long to wait between tries when the upstream cannot be reached at all.
 const UNREACHABLE_RETRY: Duration = Duration::from_secs(2);
+/// How long a re-taken lease may show as held before this process concludes that
+/// another one holds it.
+const REACQUIRE_GRACE: Duration = Duration::from_secs(10);
 
 /// Waits until this process may be active. `Ok(None)`: `stop` came first (a standby
 /// asked to stop). The granted lease's loss future comes with `Ok(Some)`.
@@ -203,6 +206,11 @@ pub async fn keep(source: Arc<dyn SourcePlug>, mut lost: BoxFuture<'static, BoxE
             "the active lease was lost ({}); taking it again",
             freshen::redact_text(&why.to_string())
         );
+        // The lease may still show as held by this process's own previous session
+        // until the server has noticed that session end (a probe that timed out on a
+        // slow server, a socket not yet closed): only a holder that stays past the grace
+        // is another process.
+        let grace = std::time::Instant::now() + REACQUIRE_GRACE;
         loop {
             match source.lead().await {
                 Ok(Lease::Granted(again)) => {
@@ -211,6 +219,9 @@ pub async fn keep(source: Arc<dyn SourcePlug>, mut lost: BoxFuture<'static, BoxE
                     break;
                 }
                 Ok(Lease::Unneeded) => return std::future::pending().await,
+                Ok(Lease::Held(_)) if std::time::Instant::now() < grace => {
+                    tokio::time::sleep(STANDBY_RETRY).await;
+                }
                 Ok(Lease::Held(who)) => return who,
                 Err(_) => tokio::time::sleep(UNREACHABLE_RETRY).await,
             }

@@ -372,7 +372,7 @@ max_wait = "100ms"
         String::from_utf8_lossy(&out.stdout)
     );
     let mut run = spawn_run(dir.path(), &cfg, 1);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    wait_healthy(&base, dir.path(), 1, Duration::from_secs(30)).await;
     let mut seed = 0x5eed_u64;
     let mut below = move |n: u64| {
         seed ^= seed << 13;
@@ -406,7 +406,7 @@ max_wait = "100ms"
         c.query_drop(step(i, &mut below)).await.unwrap();
     }
     let _run = spawn_run(dir.path(), &cfg, 2);
-    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+    wait_healthy(&base, dir.path(), 2, Duration::from_secs(30)).await;
     for i in 160..200 {
         c.query_drop(step(i, &mut below)).await.unwrap();
     }

@@ -32,6 +32,11 @@ use crate::server;
 /// How often the held lock's session is checked.
 pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
+/// How long one check may take before the session counts as gone: long enough that a
+/// busy server does not demote the active process, short enough that a silent network
+/// failure is noticed.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The lock's name for a source: `freshen:` and the source name, cut to the 64
 /// characters a lock name may have (MySQL 5.7+; MariaDB takes longer ones).
 pub fn lock_name(source: &str) -> String {
@@ -135,7 +140,7 @@ impl Leadership {
         loop {
             tick.tick().await;
             let mine: Result<Option<Option<i64>>, _> = tokio::time::timeout(
-                PROBE_EVERY * 5,
+                PROBE_TIMEOUT,
                 self.conn
                     .exec_first("SELECT IS_USED_LOCK(?) = CONNECTION_ID()", (&self.name,)),
             )

@@ -240,6 +240,25 @@ pub fn log_of(dir: &Path, n: u32) -> String {
     std::fs::read_to_string(dir.join(format!("run-{n}.log"))).unwrap_or_default()
 }
 
+/// Polls `/healthz` of the run logging to `run-{n}.log` in `dir` until it answers 200;
+/// fails after `within` with that run's log.
+pub async fn wait_healthy(base: &str, dir: &Path, n: u32, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok((200, _)) = freshen_cli::status::get(base, "/healthz").await {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let body = freshen_cli::status::get(base, "/healthz").await;
+            panic!(
+                "{base}/healthz never answered 200 (last: {body:?}); the run's log:\n{}",
+                log_of(dir, n)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Polls `GET base+path` until it answers `code`, or fails after `within`.
 pub async fn wait_http(base: &str, path: &str, code: u16, within: Duration) -> String {
     let deadline = Instant::now() + within;

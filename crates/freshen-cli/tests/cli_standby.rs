@@ -10,12 +10,17 @@ use support::*;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_takes_over_when_the_active_process_is_killed_under_load() {
-    let pg = start_pg();
-    let mut c = connect(&pg.url()).await;
+/// One configuration for two processes, each with a listener (and a log folder) of its
+/// own.
+struct Pair {
+    dirs: [tempfile::TempDir; 2],
+    bases: [String; 2],
+    cfgs: [std::path::PathBuf; 2],
+}
+
+/// The schema in `pg`, and a [`Pair`] of configurations on it.
+async fn pair(pg: &freshen_testenv::PgServer, c: &tokio_postgres::Client) -> Pair {
     c.batch_execute(SCHEMA).await.unwrap();
-    // One configuration, two listeners (one per process).
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let ports = [free_port(), free_port()];
     let bases = ports.map(|p| format!("http://127.0.0.1:{p}"));
@@ -25,6 +30,14 @@ async fn a_standby_takes_over_when_the_active_process_is_killed_under_load() {
             &config(&pg.url(), &format!("127.0.0.1:{}", ports[i])),
         )
     });
+    Pair { dirs, bases, cfgs }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_when_the_active_process_is_killed_under_load() {
+    let pg = start_pg();
+    let mut c = connect(&pg.url()).await;
+    let Pair { dirs, bases, cfgs } = pair(&pg, &c).await;
 
     let mut a = spawn_run(dirs[0].path(), &cfgs[0], 1);
     wait_http(&bases[0], "/healthz", 200, PATIENCE).await;
@@ -132,16 +145,7 @@ async fn one_active(bases: &[String; 2], runs: &mut [&mut Running; 2]) -> usize 
 async fn after_the_source_restarts_exactly_one_process_is_active() {
     let mut pg = start_pg();
     let mut c = connect(&pg.url()).await;
-    c.batch_execute(SCHEMA).await.unwrap();
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let ports = [free_port(), free_port()];
-    let bases = ports.map(|p| format!("http://127.0.0.1:{p}"));
-    let cfgs = [0, 1].map(|i| {
-        write_config(
-            dirs[i].path(),
-            &config(&pg.url(), &format!("127.0.0.1:{}", ports[i])),
-        )
-    });
+    let Pair { dirs, bases, cfgs } = pair(&pg, &c).await;
     let mut a = spawn_run(dirs[0].path(), &cfgs[0], 1);
     wait_http(&bases[0], "/healthz", 200, PATIENCE).await;
     let mut b = spawn_run(dirs[1].path(), &cfgs[1], 1);

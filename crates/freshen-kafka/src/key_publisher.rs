@@ -2,23 +2,21 @@
 //! published to the partition that owns them, a batch acknowledged upstream only once
 //! every key record of it is delivered.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use freshen::{Ack, Gap, Key, Op, RowEvent, Source};
+use freshen::{Gap, Key, Op, RowEvent, Source};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::key_config::KeyStreamConfig;
 use crate::keys::{KeyRecord, StreamRecord, partition_of};
-use crate::sink::{InFlight, MAX_IN_FLIGHT, QUEUE_FULL_PAUSE, flatten, pump};
+use crate::sink::{InFlight, QUEUE_FULL_PAUSE, deliver};
 use crate::stats::{SinkCounters, SinkStats, add};
 
 /// How long asking the brokers for the topic's partition count may take.
@@ -226,63 +224,17 @@ impl KeyPublisher {
         S: Source,
         F: Future<Output = ()> + Send,
     {
-        let (tx, mut rx) = mpsc::channel(2);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let pump = tokio::spawn(pump(source, tx, stop_rx));
-        tokio::pin!(shutdown);
-        let mut in_flight: VecDeque<(JoinHandle<Result<(), Error>>, Ack)> = VecDeque::new();
-        let mut source_done = false;
-        let mut result = loop {
-            if source_done && in_flight.is_empty() {
-                break Ok(());
+        deliver(source, shutdown, &self.counters, move |batch| {
+            let reported = batch.gaps().to_vec();
+            let (events, _skipped, ack) = batch.into_parts();
+            let records = self.records(&events, views, keyer);
+            let gaps = Self::gaps(&events, &reported);
+            async move {
+                let pending = self.enqueue(&records, &gaps, views).await?;
+                Ok((tokio::spawn(pending.settle()), ack))
             }
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => break Ok(()),
-                done = async { (&mut in_flight.front_mut().expect("not empty").0).await }, if !in_flight.is_empty() => {
-                    let (_, ack) = in_flight.pop_front().expect("not empty");
-                    match flatten(done) {
-                        Ok(()) => {
-                            ack.ack();
-                            add(&self.counters.batches, 1);
-                        }
-                        Err(e) => break Err(e),
-                    }
-                }
-                item = rx.recv(), if !source_done && in_flight.len() < MAX_IN_FLIGHT => match item.flatten() {
-                    None => source_done = true,
-                    Some(Err(e)) => break Err(Error::Source(e)),
-                    Some(Ok(batch)) => {
-                        let reported = batch.gaps().to_vec();
-                        let (events, _skipped, ack) = batch.into_parts();
-                        let records = self.records(&events, views, keyer);
-                        let gaps = Self::gaps(&events, &reported);
-                        match self.enqueue(&records, &gaps, views).await {
-                            Ok(pending) => in_flight.push_back((tokio::spawn(pending.settle()), ack)),
-                            Err(e) => break Err(e),
-                        }
-                    }
-                },
-            }
-        };
-        while let Some((task, ack)) = in_flight.pop_front() {
-            if result.is_err() {
-                task.abort();
-                continue;
-            }
-            match flatten(task.await) {
-                Ok(()) => {
-                    ack.ack();
-                    add(&self.counters.batches, 1);
-                }
-                Err(e) => result = Err(e),
-            }
-        }
-        let _ = stop_tx.send(());
-        if let Ok(mut source) = pump.await {
-            source.close().await;
-        }
-        result
+        })
+        .await
     }
 }
 

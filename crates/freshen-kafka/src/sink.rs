@@ -273,67 +273,91 @@ impl KafkaSink {
         F: Future<Output = ()> + Send,
         I: FnMut(&Batch) -> Vec<(usize, Vec<RowEvent>, Ack)> + Send,
     {
-        let (tx, mut rx) = mpsc::channel(2);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        // The source is read on its own task: a `next_batch` is never dropped half-way
-        // (a Kafka source would lose what it had gathered).
-        let pump = tokio::spawn(pump(source, tx, stop_rx));
-        tokio::pin!(shutdown);
-        let mut in_flight: VecDeque<(JoinHandle<Result<(), Error>>, Ack)> = VecDeque::new();
-        let mut source_done = false;
-        let mut result = loop {
-            if source_done && in_flight.is_empty() {
-                break Ok(());
+        deliver(source, shutdown, &self.counters, move |batch| {
+            let spliced = interleave(&batch);
+            let (events, _skipped, ack) = batch.into_parts();
+            let (reads, ack) = with_reads(spliced, ack);
+            async move {
+                let pending = self.enqueue(&events, &reads).await?;
+                Ok((tokio::spawn(pending.settle()), ack))
             }
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => break Ok(()),
-                done = async { (&mut in_flight.front_mut().expect("not empty").0).await }, if !in_flight.is_empty() => {
-                    let (_, ack) = in_flight.pop_front().expect("not empty");
-                    match flatten(done) {
-                        Ok(()) => {
-                            ack.ack();
-                            add(&self.counters.batches, 1);
-                        }
-                        Err(e) => break Err(e),
-                    }
-                }
-                item = rx.recv(), if !source_done && in_flight.len() < MAX_IN_FLIGHT => match item.flatten() {
-                    None => source_done = true,
-                    Some(Err(e)) => break Err(Error::Source(e)),
-                    Some(Ok(batch)) => {
-                        let spliced = interleave(&batch);
-                        let (events, _skipped, ack) = batch.into_parts();
-                        let (reads, ack) = with_reads(spliced, ack);
-                        match self.enqueue(&events, &reads).await {
-                            Ok(pending) => in_flight.push_back((tokio::spawn(pending.settle()), ack)),
-                            Err(e) => break Err(e),
-                        }
-                    }
-                },
-            }
-        };
-        // Batches already handed to the producer: settle and acknowledge them in order
-        // (on a failure, nothing after it is acknowledged).
-        while let Some((task, ack)) = in_flight.pop_front() {
-            if result.is_err() {
-                task.abort();
-                continue;
-            }
-            match flatten(task.await) {
-                Ok(()) => {
-                    ack.ack();
-                    add(&self.counters.batches, 1);
-                }
-                Err(e) => result = Err(e),
-            }
-        }
-        let _ = stop_tx.send(());
-        if let Ok(mut source) = pump.await {
-            source.close().await;
-        }
-        result
+        })
+        .await
     }
+}
+
+/// The loop every publisher here runs: reads `source` on its own task (a `next_batch`
+/// is never dropped half-way: a Kafka source would lose what it had gathered), hands
+/// each batch to `enqueue` — which queues its records with the producer and returns the
+/// task settling their deliveries with the batch's acknowledgement — and acknowledges
+/// batches in order once delivered, up to [`MAX_IN_FLIGHT`] at a time. Ends when the
+/// source ends, `shutdown` completes, the source fails ([`Error::Source`]) or a delivery
+/// fails (its batch and every later one stay unacknowledged); closes the source.
+pub(crate) async fn deliver<S, F, E, Q>(
+    source: S,
+    shutdown: F,
+    counters: &SinkCounters,
+    mut enqueue: E,
+) -> Result<(), Error>
+where
+    S: Source,
+    F: Future<Output = ()> + Send,
+    E: FnMut(Batch) -> Q,
+    Q: Future<Output = Result<(JoinHandle<Result<(), Error>>, Ack), Error>>,
+{
+    let (tx, mut rx) = mpsc::channel(2);
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let pump = tokio::spawn(pump(source, tx, stop_rx));
+    tokio::pin!(shutdown);
+    let mut in_flight: VecDeque<(JoinHandle<Result<(), Error>>, Ack)> = VecDeque::new();
+    let mut source_done = false;
+    let mut result = loop {
+        if source_done && in_flight.is_empty() {
+            break Ok(());
+        }
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => break Ok(()),
+            done = async { (&mut in_flight.front_mut().expect("not empty").0).await }, if !in_flight.is_empty() => {
+                let (_, ack) = in_flight.pop_front().expect("not empty");
+                match flatten(done) {
+                    Ok(()) => {
+                        ack.ack();
+                        add(&counters.batches, 1);
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            item = rx.recv(), if !source_done && in_flight.len() < MAX_IN_FLIGHT => match item.flatten() {
+                None => source_done = true,
+                Some(Err(e)) => break Err(Error::Source(e)),
+                Some(Ok(batch)) => match enqueue(batch).await {
+                    Ok(queued) => in_flight.push_back(queued),
+                    Err(e) => break Err(e),
+                },
+            },
+        }
+    };
+    // Batches already handed to the producer: settle and acknowledge them in order
+    // (on a failure, nothing after it is acknowledged).
+    while let Some((task, ack)) = in_flight.pop_front() {
+        if result.is_err() {
+            task.abort();
+            continue;
+        }
+        match flatten(task.await) {
+            Ok(()) => {
+                ack.ack();
+                add(&counters.batches, 1);
+            }
+            Err(e) => result = Err(e),
+        }
+    }
+    let _ = stop_tx.send(());
+    if let Ok(mut source) = pump.await {
+        source.close().await;
+    }
+    result
 }
 
 /// The rows to splice into a batch, and one acknowledgement for the batch and them.

@@ -11,6 +11,7 @@ mod capture;
 mod capture_mysql;
 mod changefeed;
 mod codec;
+mod cpu_split;
 mod fanout;
 mod freshness;
 mod huge_tx;

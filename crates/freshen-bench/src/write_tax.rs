@@ -24,19 +24,25 @@
 //!   (`rebuild_batch = 64`): what batching alone changes;
 //! - (e) query mode: `into` + `query`, the view's default batches of 64, written by one
 //!   set-based statement that updates only rows whose values differ — against (d′), what
-//!   writing only the difference changes.
+//!   writing only the difference changes;
+//! - (f) pg_ivm 1.15's incrementally maintained view (IMMV) of the same rollup — run when
+//!   pg_ivm is installed for the server binaries (`scripts/build-pg-ivm`; otherwise the
+//!   run says it was left out).
 //!
 //! What each variant needs is charged to it: only (a′) and (d) get the replica identity,
 //! the index, the publication and the slot; `wal_level = logical` is the same for all.
 //! Rounds alternate the variants; the median TPS counts. Next to TPS: the CPU time of
 //! every process of the run (server, pgbench, freshen, pg_recvlogical, the refresher) per
 //! committed transaction, until the derived table caught up — the tax itself, and a
-//! figure that barely moves when other work shares the machine, where TPS does.
+//! figure that barely moves when other work shares the machine, where TPS does — and
+//! where it went: the walsender's, freshen's backends' and the slot reader's own share
+//! (`cpu_split`), the rest being the writers' backends, pgbench and the server's
+//! background work.
 //!
 //! `write-tax-hot` runs the same mix with device popularity ~ Zipf(1.1) (the readings to
 //! start with, inserts and moves; updates and deletes pick a reading at random, so their
 //! devices follow the skew): the workload where row triggers serialize writers on the
-//! hottest devices' rollup rows. Its rows: (a), (a″), (b), (d), (d′), (e). Every run logs
+//! hottest devices' rollup rows. Its rows: (a), (a″), (b), (d), (d′), (e), (f). Every run logs
 //! each transaction's latency (`pgbench -l`), reported as p50 / p99.
 //!
 //! Two settings of the server, each its own table: durable commits (PostgreSQL's
@@ -65,6 +71,7 @@ use freshen_testenv::PgServer;
 use tokio::sync::watch;
 
 use crate::Opts;
+use crate::cpu_split::{Sample, Split};
 use crate::report::Table;
 use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, REBUILD_ARRAYS, Script, config,
@@ -81,10 +88,11 @@ enum Variant {
     Freshen,
     FreshenArrays,
     FreshenQuery,
+    PgIvm,
 }
 
 impl Variant {
-    const ALL: [Variant; 8] = [
+    const ALL: [Variant; 9] = [
         Variant::Bare,
         Variant::Decode,
         Variant::DecodeOnly,
@@ -93,6 +101,7 @@ impl Variant {
         Variant::Freshen,
         Variant::FreshenArrays,
         Variant::FreshenQuery,
+        Variant::PgIvm,
     ];
 
     fn is_freshen(self) -> bool {
@@ -116,6 +125,7 @@ impl Variant {
                 "(d′) freshen, the same DELETE + INSERT over arrays (rebuild_batch = 64)"
             }
             Variant::FreshenQuery => "(e) freshen query mode (into + query, batches of 64)",
+            Variant::PgIvm => "(f) pg_ivm 1.15 IMMV (maintained inside every writing transaction)",
         }
     }
 }
@@ -154,6 +164,21 @@ CREATE MATERIALIZED VIEW device_totals AS
     SELECT device, sum(value)::bigint AS total, count(*) AS n FROM readings GROUP BY device;
 CREATE UNIQUE INDEX ON device_totals (device);
 ";
+
+/// pg_ivm's incrementally maintained view of the same rollup: its triggers apply each
+/// statement's delta to `device_totals` inside the writing transaction, under an
+/// exclusive lock on the view.
+const PG_IVM: &str = "
+CREATE EXTENSION pg_ivm;
+SELECT pgivm.create_immv('device_totals',
+    'SELECT device, sum(value) AS total, count(*) AS n FROM readings GROUP BY device');
+";
+
+/// Whether pg_ivm is installed for the server binaries in `bin_dir` (it is not packaged
+/// for Debian 12: `scripts/build-pg-ivm` builds it from source).
+fn pg_ivm_installed(bin_dir: &std::path::Path) -> bool {
+    bin_dir.join("../lib/pg_ivm.so").exists()
+}
 
 const FRESHEN: &str = "
 ALTER TABLE readings REPLICA IDENTITY FULL;
@@ -251,6 +276,8 @@ struct Outcome {
     /// CPU of every process of the run (server, pgbench, freshen, …) per committed
     /// transaction, until the derived table had caught up.
     cpu_per_tx: Duration,
+    /// The part of it spent by the walsender, freshen's backends and the slot's reader.
+    split: Split,
     /// Time from the end of the writes until the derived table equalled truth.
     stale: Option<Duration>,
     /// WAL bytes written from the start of the load until the derived table caught up,
@@ -400,7 +427,11 @@ fn run_variant(
     rows: u64,
     load: &Load,
 ) -> anyhow::Result<Outcome> {
-    let pg: PgServer = server(mode.settings())?;
+    let mut settings = mode.settings().to_vec();
+    if v == Variant::PgIvm {
+        settings.push(("shared_preload_libraries", "pg_ivm"));
+    }
+    let pg: PgServer = server(&settings)?;
     pg.psql(READINGS)?;
     pg.psql(&keys.seed(rows))?;
     match v {
@@ -410,6 +441,9 @@ fn run_variant(
         }
         Variant::MatView => {
             pg.psql(MATVIEW)?;
+        }
+        Variant::PgIvm => {
+            pg.psql(PG_IVM)?;
         }
         Variant::Freshen | Variant::FreshenArrays | Variant::FreshenQuery => {
             pg.psql(FRESHEN)?;
@@ -487,6 +521,12 @@ fn run_variant(
             .get(0);
         let checker = checker as u32;
         let lsn0 = wal_lsn(&admin).await?;
+        let reader = match (&_drain, v.is_freshen()) {
+            (Some(d), _) => Some(d.0.id()),
+            (None, true) => Some(std::process::id()),
+            (None, false) => None,
+        };
+        let roles0 = Sample::take(&admin, reader).await?;
         let (cpu0, check0) = (tree_cpu(), process_cpu(checker));
         let (b, l) = (bench.clone(), load.clone());
         let result =
@@ -496,6 +536,7 @@ fn run_variant(
             _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
         };
         let wal = wal_since(&admin, &lsn0).await?;
+        let split = Sample::take(&admin, reader).await?.since(&roles0);
         let cpu = tree_cpu()
             .saturating_sub(cpu0)
             .saturating_sub(process_cpu(checker).saturating_sub(check0));
@@ -536,6 +577,7 @@ fn run_variant(
             wal_per_tx: wal as f64 / tx as f64,
             derived,
             cpu_per_tx: cpu / u32::try_from(tx).unwrap_or(u32::MAX),
+            split: split.per(tx),
             load: result,
             stale,
             note,
@@ -551,13 +593,14 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
 
 /// The variants of the hot-key run: where row triggers serialize on the hottest
 /// devices' rollup rows.
-const HOT: [Variant; 6] = [
+const HOT: [Variant; 7] = [
     Variant::Bare,
     Variant::DecodeOnly,
     Variant::Triggers,
     Variant::Freshen,
     Variant::FreshenArrays,
     Variant::FreshenQuery,
+    Variant::PgIvm,
 ];
 
 /// `write-tax-hot`: the same mix with devices drawn from Zipf(1.1).
@@ -577,6 +620,14 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
         rate: None,
         vars: vec![("rows".into(), rows.to_string())],
     };
+    let mut variants = variants.to_vec();
+    if variants.contains(&Variant::PgIvm) && !pg_ivm_installed(server(&[])?.bin_dir()) {
+        variants.retain(|v| *v != Variant::PgIvm);
+        println!(
+            "(f) pg_ivm not run: it is not installed for these server binaries \
+             (not packaged for Debian 12; `scripts/build-pg-ivm` builds and installs it)\n"
+        );
+    }
     let spread = match keys {
         Keys::Uniform => format!("{DEVICES} devices alike"),
         Keys::Hot => format!(
@@ -633,6 +684,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         "variant",
         "CPU per tx (median)",
         "vs (a)",
+        "of which walsender / freshen's backends / reader process",
         "TPS (median)",
         "vs (a)",
         "writer latency p50 / p99",
@@ -665,6 +717,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
             v.label().into(),
             format!("{:.0} µs", cpu_of(outs) * 1e6),
             format!("{:.2}×", cpu_of(outs) / base_cpu.max(1e-12)),
+            split(outs),
             format!("{tps:.0}"),
             format!("{:.2}×", tps / base.max(1e-9)),
             latency(outs),
@@ -685,6 +738,25 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         ]);
     }
     t.print();
+}
+
+/// Median over the rounds of each role's CPU per transaction ("–" for a part the variant
+/// does not have).
+fn split(outs: &[Outcome]) -> String {
+    let of = |f: fn(&Split) -> Duration| {
+        let v = median(outs.iter().map(|o| f(&o.split).as_secs_f64()).collect());
+        if v > 0.0 {
+            format!("{:.0} µs", v * 1e6)
+        } else {
+            "–".into()
+        }
+    };
+    format!(
+        "{} / {} / {}",
+        of(|s| s.walsender),
+        of(|s| s.rebuilds),
+        of(|s| s.reader)
+    )
 }
 
 /// Median over the rounds of the writers' p50 and p99 latency.

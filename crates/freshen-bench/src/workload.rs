@@ -260,7 +260,19 @@ pub(crate) fn query_config(
     max_wait: &str,
     reconcile: bool,
 ) -> String {
-    let how = format!("into = \"device_totals\"\nquery = {QUERY:?}");
+    query_config_of(url, QUERY, batch, coalesce, max_wait, reconcile)
+}
+
+/// [`query_config`] with another `query` into `device_totals`.
+pub(crate) fn query_config_of(
+    url: &str,
+    query: &str,
+    batch: Option<usize>,
+    coalesce: &str,
+    max_wait: &str,
+    reconcile: bool,
+) -> String {
+    let how = format!("into = \"device_totals\"\nquery = {query:?}");
     view_config(url, &how, batch, coalesce, max_wait, reconcile)
 }
 

@@ -104,4 +104,9 @@ impl Split {
             reader: self.reader / n,
         }
     }
+
+    /// The parts' sum.
+    pub(crate) fn total(self) -> Duration {
+        self.walsender + self.rebuilds + self.reader
+    }
 }

@@ -684,7 +684,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         "variant",
         "CPU per tx (median)",
         "vs (a)",
-        "of which walsender / freshen's backends / reader process",
+        "of which walsender / freshen's backends / reader process / rest",
         "TPS (median)",
         "vs (a)",
         "writer latency p50 / p99",
@@ -741,7 +741,8 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
 }
 
 /// Median over the rounds of each role's CPU per transaction ("–" for a part the variant
-/// does not have).
+/// does not have); the rest is everything else: the writers' backends, pgbench, the
+/// server's background processes.
 fn split(outs: &[Outcome]) -> String {
     let of = |f: fn(&Split) -> Duration| {
         let v = median(outs.iter().map(|o| f(&o.split).as_secs_f64()).collect());
@@ -751,11 +752,17 @@ fn split(outs: &[Outcome]) -> String {
             "–".into()
         }
     };
+    let rest = median(
+        outs.iter()
+            .map(|o| o.cpu_per_tx.saturating_sub(o.split.total()).as_secs_f64())
+            .collect(),
+    );
     format!(
-        "{} / {} / {}",
+        "{} / {} / {} / {:.0} µs",
         of(|s| s.walsender),
         of(|s| s.rebuilds),
-        of(|s| s.reader)
+        of(|s| s.reader),
+        rest * 1e6
     )
 }
 

@@ -117,6 +117,11 @@ const FANNED_BUFFER: usize = 4096;
 /// the dirty set, so memory stays bounded whatever the fan-out's size.
 pub(crate) const FANNED_QUEUE_LIMIT: usize = 65_536;
 
+/// A batch takes along keys due within `coalesce / BATCH_WINDOW_DIVISOR` of now: wide
+/// enough to gather the keys that fall due while a call runs (a statement's fixed cost
+/// then spreads over many keys), narrow enough that the debounce still collapses bursts.
+const BATCH_WINDOW_DIVISOR: u32 = 10;
+
 /// Rebuilds fail for a reason that is not the key's.
 struct Stall {
     since: std::time::Instant,
@@ -148,6 +153,9 @@ pub(crate) struct Runner {
     /// Fan-out calls running (they share `workers` with rebuilds).
     fanning: usize,
     max_batch: usize,
+    /// A batch that starts takes along keys due within this much of now (a tenth of
+    /// `coalesce`): see `dispatch`.
+    batch_window: Duration,
     workers: usize,
     report: Option<ReportFn>,
     grace: Duration,
@@ -191,6 +199,7 @@ impl Runner {
         let (fanned_tx, fanned_rx) = mpsc::channel(FANNED_BUFFER);
         let runner = Runner {
             max_batch: p.rebuild.max_batch().max(1),
+            batch_window: p.dirty.coalesce / BATCH_WINDOW_DIVISOR,
             scope: p.scope,
             rebuild: p.rebuild,
             fanouts: p.fanouts,
@@ -715,8 +724,14 @@ impl Runner {
             let (m, d) = self.start_key(first);
             meta.push(m);
             due.push(d);
+            // Keys fall due one by one, so without a window a batch holds the few that
+            // fell due during the last call and every statement pays its fixed cost for
+            // them. A key due within the window is rebuilt a little early instead: it
+            // has been quiet for nine tenths of `coalesce` already, and a rebuild never
+            // comes later than the debounce promised.
+            let fill_until = now + self.batch_window;
             while !alone && due.len() < max_batch {
-                match self.dirty.pop_ready(now) {
+                match self.dirty.pop_ready(fill_until) {
                     // A retrying key runs alone; a key of another kind (a view key among
                     // parent keys, or another fan-out's) starts the next call.
                     Some(r) if r.failures > 0 || r.key.stage_index() != stage => {

@@ -527,6 +527,53 @@ async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_batch_takes_along_keys_due_within_a_tenth_of_coalesce() {
+    let (feed, source) = channel(8);
+    let calls: Arc<Mutex<Vec<(Duration, Vec<String>)>>> = Arc::default();
+    let c = calls.clone();
+    let t0 = tokio::time::Instant::now();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild_batch(64, move |keys: Vec<Key>| {
+            let names = keys.iter().map(|k| k.to_string()).collect();
+            c.lock().unwrap().push((t0.elapsed(), names));
+            async { Ok::<_, &str>(()) }
+        })
+        .coalesce(100 * MS)
+        .build()
+        .unwrap();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    // a at 0 ms (due at 100), b at 5 ms (due at 105: within the window of the batch
+    // that starts at 100), c at 20 ms (due at 120: outside it).
+    for (at, key) in [(0, "a"), (5, "b"), (20, "c")] {
+        meanwhile(&mut run, tokio::time::sleep_until(t0 + at * MS)).await;
+        let events = vec![reading(key, 1)];
+        meanwhile(&mut run, feed.send(Batch::new(events, Ack::none())))
+            .await
+            .unwrap();
+    }
+    waiting(&mut run, "c rebuilt", Duration::from_secs(1), || {
+        calls.lock().unwrap().len() == 2
+    })
+    .await;
+    let calls = calls.lock().unwrap().clone();
+    let (first_at, first) = &calls[0];
+    assert_eq!(first, &["a", "b"], "{calls:?}");
+    assert!(
+        *first_at >= 100 * MS && *first_at < 105 * MS,
+        "the batch starts when a falls due, not earlier: {calls:?}"
+    );
+    let (second_at, second) = &calls[1];
+    assert_eq!(second, &["c"], "{calls:?}");
+    assert!(
+        *second_at >= 120 * MS,
+        "c waits for its own deadline: {calls:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn on_enqueue_acks_before_rebuilding() {
     let (feed, source) = channel(8);
     let acks = Acks::default();

@@ -134,8 +134,8 @@ pub(crate) enum Transport {
 }
 
 /// Opens the replication transport for `conn`: direct for `disable` and unix sockets,
-/// through a TLS bridge otherwise (`prefer` falls back to plain through the bridge when
-/// the server declines TLS).
+/// through a TLS bridge otherwise (`prefer` connects directly when the server declines
+/// TLS).
 pub(crate) async fn replication_transport(
     conn: &ConnectionConfig,
     tls: Option<&Arc<ClientConfig>>,
@@ -195,7 +195,14 @@ pub(crate) async fn replication_transport(
             tokio::spawn(pipe(listener, dir.clone(), stream));
         }
         b'N' if conn.sslmode == SslMode::Prefer => {
-            tokio::spawn(pipe(listener, dir.clone(), tcp));
+            // Plain it is: the client connects again without TLS rather than through a
+            // bridge that would copy every byte once more (a second read and write per
+            // segment in this process, for nothing). The server closes this probe
+            // quietly: a connection that ends after its SSL answer is not logged.
+            drop(listener);
+            drop(tcp);
+            let _ = std::fs::remove_dir_all(&dir);
+            return Ok(Transport::Direct);
         }
         b'N' => {
             let _ = std::fs::remove_dir_all(&dir);

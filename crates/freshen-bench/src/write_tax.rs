@@ -558,10 +558,12 @@ fn run_variant(
                 let b = before.unwrap_or_default();
                 let ev = s.events_received - b.events_received;
                 let rb = s.rebuilds_ok - b.rebuilds_ok;
+                let calls = s.rebuild_calls - b.rebuild_calls;
                 f.stop().await?;
                 format!(
-                    "{ev} events, {rb} rebuilds ({:.2}/event)",
-                    rb as f64 / ev.max(1) as f64
+                    "{ev} events, {rb} rebuilds ({:.2}/event) in {calls} calls ({:.1} keys each)",
+                    rb as f64 / ev.max(1) as f64,
+                    rb as f64 / calls.max(1) as f64
                 )
             }
             _ => String::new(),

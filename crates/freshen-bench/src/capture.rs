@@ -289,7 +289,7 @@ fn per_row(d: Duration, rows: usize) -> String {
     format!("{:.2} µs", d.as_secs_f64() * 1e6 / rows as f64)
 }
 
-/// Alternating runs of every reader over copies of `s`'s slot (etl's when `etl` names
+/// Alternating runs of every reader over copies of `s`'s slot (etl's when `etl_bin` names
 /// its binary); prints their table and returns freshen's runs.
 fn compare(
     s: &mut Setup,

@@ -1,12 +1,16 @@
-//! PostgreSQL capture: `PgSource` against `pg_recvlogical` on copies of one unread slot,
-//! and memory while a 1M-row transaction streams through.
+//! PostgreSQL capture: `PgSource` against `pg_recvlogical` (and supabase/etl, when built)
+//! on copies of one unread slot, and memory while a 1M-row transaction streams through.
 //!
 //! One slot is created before a single transaction inserts the rows; every run reads
-//! its own copy (`pg_copy_logical_replication_slot`), so both readers decode exactly the
+//! its own copy (`pg_copy_logical_replication_slot`), so every reader decodes exactly the
 //! same WAL from the same starting point. `pg_recvlogical` writes the pgoutput stream to
 //! /dev/null (no decoding of rows at all); freshen decodes every row into a `RowEvent`,
-//! hands it over in batches and acknowledges them. Runs alternate; the median counts.
+//! hands it over in batches and acknowledges them; etl's `Pipeline` decodes every row
+//! into its `Event`s and hands batches to a destination that counts them (the
+//! `etl-bench-count` binary that `scripts/build-etl-bench` builds from an etl checkout,
+//! named by `FRESHEN_BENCH_ETL`). Runs alternate; the median counts.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -89,10 +93,15 @@ fn setup_with(rows: usize, transactions: usize) -> anyhow::Result<Setup> {
 fn copy_slot(s: &mut Setup) -> anyhow::Result<String> {
     s.copies += 1;
     let name = format!("copy_{}", s.copies);
+    copy_slot_as(s, &name)?;
+    Ok(name)
+}
+
+fn copy_slot_as(s: &Setup, name: &str) -> anyhow::Result<()> {
     s.pg.psql(&format!(
         "SELECT pg_copy_logical_replication_slot('origin', '{name}')"
     ))?;
-    Ok(name)
+    Ok(())
 }
 
 fn drop_slot(s: &Setup, name: &str) {
@@ -130,6 +139,59 @@ fn recvlogical(s: &mut Setup) -> anyhow::Result<Cost> {
     Ok(Cost { took, server })
 }
 
+/// The environment variable naming etl's counting binary.
+const ETL_ENV: &str = "FRESHEN_BENCH_ETL";
+
+/// etl's counting binary, when `FRESHEN_BENCH_ETL` names one.
+fn etl_binary() -> anyhow::Result<Option<PathBuf>> {
+    let Some(path) = std::env::var_os(ETL_ENV) else {
+        println!(
+            "supabase/etl row not run: {ETL_ENV} is unset (build the reader with \
+             `scripts/build-etl-bench ETL_CHECKOUT RUST_POSTGRES_CHECKOUT` and set \
+             {ETL_ENV} to the path it prints)\n"
+        );
+        return Ok(None);
+    };
+    let path = PathBuf::from(path);
+    anyhow::ensure!(
+        path.is_file(),
+        "{ETL_ENV}={} is not a file (build it with scripts/build-etl-bench)",
+        path.display()
+    );
+    Ok(Some(path))
+}
+
+/// etl's `Pipeline` (through `etl-bench-count`) from a fresh copy, named as the apply
+/// slot of a pipeline of its own, until `rows` inserts reached its destination.
+fn etl(s: &mut Setup, bin: &Path, rows: usize) -> anyhow::Result<Cost> {
+    s.copies += 1;
+    let pipeline = s.copies.to_string();
+    let slot = format!("supabase_etl_apply_{pipeline}");
+    copy_slot_as(s, &slot)?;
+    let server0 = server_cpu(&s.pg.data_dir());
+    let t0 = Instant::now();
+    let out = Command::new(bin)
+        .args([
+            s.pg.host(),
+            &s.pg.port().to_string(),
+            "postgres",
+            s.pg.user(),
+        ])
+        .args([&pipeline, "bench_pub", "public.bench", &rows.to_string()])
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    let took = t0.elapsed();
+    let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
+    anyhow::ensure!(
+        out.status.success(),
+        "{} failed: {}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop_slot(s, &slot);
+    Ok(Cost { took, server })
+}
+
 struct FreshenRun {
     took: Duration,
     server: Duration,
@@ -142,10 +204,20 @@ struct FreshenRun {
 }
 
 /// `PgSource` from a fresh copy until `rows` events were handed over and acknowledged.
-fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
+///
+/// `direct` connects with `sslmode=disable`. The default (`prefer`) against this server,
+/// which has no TLS, still pipes the replication connection through freshen's TLS
+/// bridge (a task copying between the TCP socket and a private unix socket), so the
+/// walsender's socket is read by that copy; `direct` shows what the bridge costs.
+fn freshen(s: &mut Setup, rows: usize, direct: bool) -> anyhow::Result<FreshenRun> {
     let slot = copy_slot(s)?;
+    let url = if direct {
+        format!("{}?sslmode=disable", s.pg.url())
+    } else {
+        s.pg.url()
+    };
     let cfg = PgSourceConfig {
-        connection: ConnectionConfig::from_url(&s.pg.url())?,
+        connection: ConnectionConfig::from_url(&url)?,
         slot: slot.clone(),
         slot_mode: SlotMode::MustExist,
         publication: "bench_pub".into(),
@@ -217,19 +289,26 @@ fn per_row(d: Duration, rows: usize) -> String {
     format!("{:.2} µs", d.as_secs_f64() * 1e6 / rows as f64)
 }
 
-/// Alternating runs of both readers over copies of `s`'s slot; prints their table and
-/// returns freshen's runs.
+/// Alternating runs of every reader over copies of `s`'s slot (etl's when `etl_bin` names
+/// its binary); prints their table and returns freshen's runs.
 fn compare(
     s: &mut Setup,
     rows: usize,
     runs: usize,
     shape: &str,
+    etl_bin: Option<&Path>,
 ) -> anyhow::Result<Vec<FreshenRun>> {
     let mut theirs = Vec::new();
     let mut ours = Vec::new();
+    let mut direct = Vec::new();
+    let mut etls = Vec::new();
     for _ in 0..runs {
         theirs.push(recvlogical(s)?);
-        ours.push(freshen(s, rows)?);
+        ours.push(freshen(s, rows, false)?);
+        direct.push(freshen(s, rows, true)?);
+        if let Some(bin) = etl_bin {
+            etls.push(etl(s, bin, rows)?);
+        }
     }
     let t_theirs = median(theirs.iter().map(|c| c.took).collect());
     let s_theirs = median(theirs.iter().map(|c| c.server).collect());
@@ -256,11 +335,32 @@ fn compare(
         format!("{:.2}×", t_theirs.as_secs_f64() / t_ours.as_secs_f64()),
         per_row(s_ours, rows),
     ]);
+    let t_direct = median(direct.iter().map(|r| r.took).collect());
+    let s_direct = median(direct.iter().map(|r| r.server).collect());
+    t.row(vec![
+        "freshen PgSource, sslmode=disable (no TLS bridge)".into(),
+        dur(t_direct),
+        rate(rows as f64, t_direct),
+        format!("{:.2}×", t_theirs.as_secs_f64() / t_direct.as_secs_f64()),
+        per_row(s_direct, rows),
+    ]);
+    if !etls.is_empty() {
+        let t_etl = median(etls.iter().map(|c| c.took).collect());
+        let s_etl = median(etls.iter().map(|c| c.server).collect());
+        t.row(vec![
+            "supabase/etl Pipeline (decoded, batched, counted)".into(),
+            dur(t_etl),
+            rate(rows as f64, t_etl),
+            format!("{:.2}×", t_theirs.as_secs_f64() / t_etl.as_secs_f64()),
+            per_row(s_etl, rows),
+        ]);
+    }
     t.print();
     println!(
         "\nthroughput ratio (goal ≥ 0.9×): median of {runs} alternating runs each; server CPU: \
          the whole server's user + system time during the run (the walsender decoding and \
-         sending; nothing else runs)\n"
+         sending, and each reader's other connections; nothing else runs); pg_recvlogical and \
+         etl are timed from process start to exit, freshen from start to its last batch\n"
     );
     Ok(ours)
 }
@@ -271,8 +371,9 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     } else {
         (1_000_000, 3, 200_000)
     };
+    let etl_bin = etl_binary()?;
     let mut s = setup(rows)?;
-    let ours = compare(&mut s, rows, runs, "1 transaction")?;
+    let ours = compare(&mut s, rows, runs, "1 transaction", etl_bin.as_deref())?;
     drop(s);
     // Steady OLTP: the same rows in two-row transactions (Begin, two Inserts, Commit).
     let mut oltp = setup_with(oltp_rows, oltp_rows / 2)?;
@@ -281,13 +382,14 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         oltp_rows,
         runs,
         &format!("{} transactions", oltp_rows / 2),
+        etl_bin.as_deref(),
     )?;
     drop(oltp);
 
     // Memory: a transaction 10× larger must not need 10× the memory.
     let small_rows = rows / 10;
     let mut small = setup(small_rows)?;
-    let small_run = freshen(&mut small, small_rows)?;
+    let small_run = freshen(&mut small, small_rows, false)?;
     let big_run = ours.into_iter().min_by_key(|r| r.took).expect("runs");
     let mut m = Table::new(&[
         "transaction",

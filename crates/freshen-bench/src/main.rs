@@ -54,7 +54,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "capture",
-        about: "PostgreSQL capture: PgSource vs pg_recvlogical on copies of one unread slot; memory during a 1M-row transaction",
+        about: "PostgreSQL capture: PgSource vs pg_recvlogical (and supabase/etl, with FRESHEN_BENCH_ETL) on copies of one unread slot, with the server's CPU per row; memory during a 1M-row transaction",
         run: capture::run,
     },
     Scenario {

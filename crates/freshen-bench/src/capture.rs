@@ -22,7 +22,7 @@ use freshen_postgres::{ConnectionConfig, PgSource, PgSourceConfig, PublicationMo
 use freshen_testenv::PgServer;
 
 use crate::report::{Table, dur, rate};
-use crate::workload::server_cpu;
+use crate::workload::{server_cpu, tree_cpu};
 use crate::{Opts, alloc};
 
 struct Setup {
@@ -115,12 +115,14 @@ fn drop_slot(s: &Setup, name: &str) {
 struct Cost {
     took: Duration,
     server: Duration,
+    /// The server's and the reader's CPU together (every process of the run).
+    total: Duration,
 }
 
 /// `pg_recvlogical` from a fresh copy to the end of the transaction.
 fn recvlogical(s: &mut Setup) -> anyhow::Result<Cost> {
     let slot = copy_slot(s)?;
-    let server0 = server_cpu(&s.pg.data_dir());
+    let (server0, total0) = (server_cpu(&s.pg.data_dir()), tree_cpu());
     let t0 = Instant::now();
     let out = Command::new(s.pg.bin_dir().join("pg_recvlogical"))
         .args(["-d", &s.pg.url(), "--slot", &slot, "--start", "--no-loop"])
@@ -130,13 +132,18 @@ fn recvlogical(s: &mut Setup) -> anyhow::Result<Cost> {
         .context("running pg_recvlogical")?;
     let took = t0.elapsed();
     let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
+    let total = tree_cpu().saturating_sub(total0);
     anyhow::ensure!(
         out.status.success(),
         "pg_recvlogical failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     drop_slot(s, &slot);
-    Ok(Cost { took, server })
+    Ok(Cost {
+        took,
+        server,
+        total,
+    })
 }
 
 /// The environment variable naming etl's counting binary.
@@ -168,7 +175,7 @@ fn etl(s: &mut Setup, bin: &Path, rows: usize) -> anyhow::Result<Cost> {
     let pipeline = s.copies.to_string();
     let slot = format!("supabase_etl_apply_{pipeline}");
     copy_slot_as(s, &slot)?;
-    let server0 = server_cpu(&s.pg.data_dir());
+    let (server0, total0) = (server_cpu(&s.pg.data_dir()), tree_cpu());
     let t0 = Instant::now();
     let out = Command::new(bin)
         .args([
@@ -182,6 +189,7 @@ fn etl(s: &mut Setup, bin: &Path, rows: usize) -> anyhow::Result<Cost> {
         .with_context(|| format!("running {}", bin.display()))?;
     let took = t0.elapsed();
     let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
+    let total = tree_cpu().saturating_sub(total0);
     anyhow::ensure!(
         out.status.success(),
         "{} failed: {}",
@@ -189,12 +197,17 @@ fn etl(s: &mut Setup, bin: &Path, rows: usize) -> anyhow::Result<Cost> {
         String::from_utf8_lossy(&out.stderr)
     );
     drop_slot(s, &slot);
-    Ok(Cost { took, server })
+    Ok(Cost {
+        took,
+        server,
+        total,
+    })
 }
 
 struct FreshenRun {
     took: Duration,
     server: Duration,
+    total: Duration,
     batches: usize,
     peak_queued: u64,
     rss_base: usize,
@@ -203,21 +216,12 @@ struct FreshenRun {
     heap_peak: usize,
 }
 
-/// `PgSource` from a fresh copy until `rows` events were handed over and acknowledged.
-///
-/// `direct` connects with `sslmode=disable`. The default (`prefer`) against this server,
-/// which has no TLS, still pipes the replication connection through freshen's TLS
-/// bridge (a task copying between the TCP socket and a private unix socket), so the
-/// walsender's socket is read by that copy; `direct` shows what the bridge costs.
-fn freshen(s: &mut Setup, rows: usize, direct: bool) -> anyhow::Result<FreshenRun> {
+/// `PgSource` from a fresh copy until `rows` events were handed over and acknowledged,
+/// with the defaults (`sslmode=prefer`: this server has no TLS, so a direct connection).
+fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
     let slot = copy_slot(s)?;
-    let url = if direct {
-        format!("{}?sslmode=disable", s.pg.url())
-    } else {
-        s.pg.url()
-    };
     let cfg = PgSourceConfig {
-        connection: ConnectionConfig::from_url(&url)?,
+        connection: ConnectionConfig::from_url(&s.pg.url())?,
         slot: slot.clone(),
         slot_mode: SlotMode::MustExist,
         publication: "bench_pub".into(),
@@ -244,8 +248,8 @@ fn freshen(s: &mut Setup, rows: usize, direct: bool) -> anyhow::Result<FreshenRu
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let server0 = server_cpu(&s.pg.data_dir());
-    let (took, server, batches, peak_queued) = rt.block_on(async {
+    let (server0, total0) = (server_cpu(&s.pg.data_dir()), tree_cpu());
+    let (took, server, total, batches, peak_queued) = rt.block_on(async {
         let t0 = Instant::now();
         let mut src = PgSource::start(cfg).await?;
         let mut got = 0usize;
@@ -261,9 +265,10 @@ fn freshen(s: &mut Setup, rows: usize, direct: bool) -> anyhow::Result<FreshenRu
         }
         let took = t0.elapsed();
         let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
+        let total = tree_cpu().saturating_sub(total0);
         let peak = src.health().peak_queued_events;
         src.shutdown().await;
-        anyhow::Ok((took, server, batches, peak))
+        anyhow::Ok((took, server, total, batches, peak))
     })?;
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();
@@ -271,6 +276,7 @@ fn freshen(s: &mut Setup, rows: usize, direct: bool) -> anyhow::Result<FreshenRu
     Ok(FreshenRun {
         took,
         server,
+        total,
         batches,
         peak_queued,
         rss_base,
@@ -300,26 +306,27 @@ fn compare(
 ) -> anyhow::Result<Vec<FreshenRun>> {
     let mut theirs = Vec::new();
     let mut ours = Vec::new();
-    let mut direct = Vec::new();
     let mut etls = Vec::new();
     for _ in 0..runs {
         theirs.push(recvlogical(s)?);
-        ours.push(freshen(s, rows, false)?);
-        direct.push(freshen(s, rows, true)?);
+        ours.push(freshen(s, rows)?);
         if let Some(bin) = etl_bin {
             etls.push(etl(s, bin, rows)?);
         }
     }
     let t_theirs = median(theirs.iter().map(|c| c.took).collect());
     let s_theirs = median(theirs.iter().map(|c| c.server).collect());
+    let a_theirs = median(theirs.iter().map(|c| c.total).collect());
     let t_ours = median(ours.iter().map(|r| r.took).collect());
     let s_ours = median(ours.iter().map(|r| r.server).collect());
+    let a_ours = median(ours.iter().map(|r| r.total).collect());
     let mut t = Table::new(&[
         "reader",
         &format!("{rows} rows, {shape}"),
         "rows/s",
         "vs pg_recvlogical",
         "server CPU per row",
+        "server + reader CPU per row",
     ]);
     t.row(vec![
         "pg_recvlogical (to /dev/null)".into(),
@@ -327,6 +334,7 @@ fn compare(
         rate(rows as f64, t_theirs),
         "1.00×".into(),
         per_row(s_theirs, rows),
+        per_row(a_theirs, rows),
     ]);
     t.row(vec![
         "freshen PgSource (decoded, batched, acked)".into(),
@@ -334,32 +342,28 @@ fn compare(
         rate(rows as f64, t_ours),
         format!("{:.2}×", t_theirs.as_secs_f64() / t_ours.as_secs_f64()),
         per_row(s_ours, rows),
-    ]);
-    let t_direct = median(direct.iter().map(|r| r.took).collect());
-    let s_direct = median(direct.iter().map(|r| r.server).collect());
-    t.row(vec![
-        "freshen PgSource, sslmode=disable (no TLS bridge)".into(),
-        dur(t_direct),
-        rate(rows as f64, t_direct),
-        format!("{:.2}×", t_theirs.as_secs_f64() / t_direct.as_secs_f64()),
-        per_row(s_direct, rows),
+        per_row(a_ours, rows),
     ]);
     if !etls.is_empty() {
         let t_etl = median(etls.iter().map(|c| c.took).collect());
         let s_etl = median(etls.iter().map(|c| c.server).collect());
+        let a_etl = median(etls.iter().map(|c| c.total).collect());
         t.row(vec![
             "supabase/etl Pipeline (decoded, batched, counted)".into(),
             dur(t_etl),
             rate(rows as f64, t_etl),
             format!("{:.2}×", t_theirs.as_secs_f64() / t_etl.as_secs_f64()),
             per_row(s_etl, rows),
+            per_row(a_etl, rows),
         ]);
     }
     t.print();
     println!(
         "\nthroughput ratio (goal ≥ 0.9×): median of {runs} alternating runs each; server CPU: \
          the whole server's user + system time during the run (the walsender decoding and \
-         sending, and each reader's other connections; nothing else runs); pg_recvlogical and \
+         sending, and each reader's other connections; nothing else runs); server + reader: \
+         every process of the run (the reader's own decoding, and on loopback the TCP \
+         receive work that lands on whichever side wakes for it); pg_recvlogical and \
          etl are timed from process start to exit, freshen from start to its last batch\n"
     );
     Ok(ours)
@@ -389,7 +393,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     // Memory: a transaction 10× larger must not need 10× the memory.
     let small_rows = rows / 10;
     let mut small = setup(small_rows)?;
-    let small_run = freshen(&mut small, small_rows, false)?;
+    let small_run = freshen(&mut small, small_rows)?;
     let big_run = ours.into_iter().min_by_key(|r| r.took).expect("runs");
     let mut m = Table::new(&[
         "transaction",

@@ -27,6 +27,7 @@ mod scheduler;
 mod snapshot;
 mod workload;
 mod write_tax;
+mod writer_waits;
 
 use clap::Parser;
 

@@ -43,7 +43,9 @@
 //! start with, inserts and moves; updates and deletes pick a reading at random, so their
 //! devices follow the skew): the workload where row triggers serialize writers on the
 //! hottest devices' rollup rows. Its rows: (a), (a″), (b), (d), (d′), (e), (f). Every run logs
-//! each transaction's latency (`pgbench -l`), reported as p50 / p99.
+//! each transaction's latency (`pgbench -l`), reported as p50 / p99, and samples what the
+//! writers' backends are doing (`writer_waits`): where TPS falls while the cores have room,
+//! that says what the writers waited for.
 //!
 //! Two settings of the server, each its own table: durable commits (PostgreSQL's
 //! defaults: each commit waits for its WAL flush, as in production) and CPU-bound (fsync
@@ -77,6 +79,7 @@ use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, REBUILD_ARRAYS, Script, config,
     connect, converge, median, ms, process_cpu, query_config, runtime, server, tree_cpu,
 };
+use crate::writer_waits::{Sampler, Waits};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -285,6 +288,8 @@ struct Outcome {
     wal_per_tx: f64,
     /// Row versions written to `device_totals` over the same time (none without it).
     derived: Option<Writes>,
+    /// What the writers' backends were doing during the load.
+    waits: Waits,
     note: String,
 }
 
@@ -526,11 +531,14 @@ fn run_variant(
             (None, true) => Some(std::process::id()),
             (None, false) => None,
         };
+        let sampler = Sampler::start(&url).await?;
         let roles0 = Sample::take(&admin, reader).await?;
-        let (cpu0, check0) = (tree_cpu(), process_cpu(checker));
+        let (cpu0, check0, sample0) = (tree_cpu(), process_cpu(checker), process_cpu(sampler.pid));
         let (b, l) = (bench.clone(), load.clone());
         let result =
             tokio::task::spawn_blocking(move || b.run_logged(&scripts(keys), &l)).await??;
+        let sampled = process_cpu(sampler.pid).saturating_sub(sample0);
+        let waits = sampler.finish().await?;
         let stale = match v {
             Variant::Bare | Variant::Decode | Variant::DecodeOnly => None,
             _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
@@ -539,7 +547,8 @@ fn run_variant(
         let split = Sample::take(&admin, reader).await?.since(&roles0);
         let cpu = tree_cpu()
             .saturating_sub(cpu0)
-            .saturating_sub(process_cpu(checker).saturating_sub(check0));
+            .saturating_sub(process_cpu(checker).saturating_sub(check0))
+            .saturating_sub(sampled);
         let _ = stop_tx.send(true);
         if let Some(t) = mv {
             t.await??;
@@ -582,6 +591,7 @@ fn run_variant(
             split: split.per(tx),
             load: result,
             stale,
+            waits,
             note,
         })
     })?;
@@ -663,6 +673,9 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
              checks) from the start of the load until the derived table had caught up, per committed \
              transaction — steadier than TPS when other work shares the machine. Writer latency: \
              p50 / p99 of every transaction of the run (pgbench's log), median over the rounds. \
+             Writers' backends: pgbench's backends sampled every 5 ms during the load (running: active \
+             with no wait event, on a CPU or waiting for one; client: idle between statements, until \
+             pgbench sends the next one and the backend gets a CPU to read it; else the wait event), the three most frequent states over all rounds. \
              Staleness: worst round, from the last commit to the \
              first check that found the derived table equal to a fresh GROUP BY. \
              WAL per tx: bytes of WAL from the start of the load until caught up, per committed transaction. \
@@ -690,6 +703,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         "TPS (median)",
         "vs (a)",
         "writer latency p50 / p99",
+        "writers' backends: top states (all rounds)",
         "WAL per tx (median)",
         "device_totals ins / upd (HOT) / del (last round)",
         "dead tuples at end",
@@ -723,6 +737,12 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
             format!("{tps:.0}"),
             format!("{:.2}×", tps / base.max(1e-9)),
             latency(outs),
+            outs.iter()
+                .fold(Waits::default(), |mut all, o| {
+                    all.merge(&o.waits);
+                    all
+                })
+                .top(3),
             format!(
                 "{:.0} B",
                 median(outs.iter().map(|o| o.wal_per_tx).collect())

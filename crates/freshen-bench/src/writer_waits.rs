@@ -1,0 +1,126 @@
+//! What the writers' backends were doing while the load ran: running, waiting for
+//! pgbench, or waiting inside the server and on what (`pg_stat_activity`'s
+//! `wait_event_type:wait_event`), sampled every few milliseconds.
+//!
+//! On a machine with a fast disk the durable write-tax runs showed the writers' TPS
+//! falling with freshen running while the two cores still had room. CPU times cannot say
+//! what a backend waited for; PostgreSQL's wait events can. Sampling costs one small
+//! query per tick on the sampler's own backend, whose pid the caller gets so that it can
+//! take that backend's CPU out of the run's.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::workload::connect;
+
+/// How often the writers' states are read.
+const TICK: Duration = Duration::from_millis(5);
+
+/// What the writers' backends were seen doing, one count per backend per sample.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Waits {
+    seen: BTreeMap<String, u64>,
+}
+
+impl Waits {
+    /// Counts `n` backends seen in `state`.
+    fn add(&mut self, state: &str, n: u64) {
+        *self.seen.entry(state.to_string()).or_default() += n;
+    }
+
+    /// Adds another run's counts to these.
+    pub(crate) fn merge(&mut self, other: &Waits) {
+        for (state, n) in &other.seen {
+            self.add(state, *n);
+        }
+    }
+
+    /// The `k` most frequent states with their share of all observations, most frequent
+    /// first, e.g. `running 61%, IO:WALSync 22%, client 14%`.
+    pub(crate) fn top(&self, k: usize) -> String {
+        let all: u64 = self.seen.values().sum();
+        if all == 0 {
+            return "–".into();
+        }
+        let mut states: Vec<(&String, &u64)> = self.seen.iter().collect();
+        states.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        states
+            .into_iter()
+            .take(k)
+            .map(|(state, n)| format!("{state} {:.0}%", *n as f64 * 100.0 / all as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A running sampler of the backends whose `application_name` is pgbench's.
+pub(crate) struct Sampler {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<anyhow::Result<Waits>>,
+    /// The sampler's own backend.
+    pub(crate) pid: u32,
+}
+
+/// The state of each pgbench backend: `client` (idle between statements: until pgbench
+/// sends the next and the backend gets a CPU to read it), `running` (active, no wait
+/// event: on a CPU or waiting for one), or the wait event.
+const STATES: &str = "SELECT CASE WHEN state <> 'active' THEN 'client' \
+                             WHEN wait_event IS NULL THEN 'running' \
+                             ELSE wait_event_type || ':' || wait_event END, count(*) \
+                      FROM pg_stat_activity WHERE application_name = 'pgbench' GROUP BY 1";
+
+impl Sampler {
+    /// Connects and starts sampling.
+    pub(crate) async fn start(url: &str) -> anyhow::Result<Sampler> {
+        let c = connect(url).await?;
+        let pid = c
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get::<_, i32>(0) as u32;
+        let (stop, mut stopped) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let statement = c.prepare(STATES).await?;
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut waits = Waits::default();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopped.changed() => return Ok(waits),
+                }
+                for row in c.query(&statement, &[]).await? {
+                    waits.add(row.get(0), row.get::<_, i64>(1) as u64);
+                }
+            }
+        });
+        Ok(Sampler { stop, task, pid })
+    }
+
+    /// Stops sampling and returns what was seen.
+    pub(crate) async fn finish(self) -> anyhow::Result<Waits> {
+        let _ = self.stop.send(true);
+        self.task.await?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_states_come_most_frequent_first_with_their_share() {
+        let mut w = Waits::default();
+        w.add("running", 6);
+        w.add("IO:WALSync", 3);
+        w.add("client", 1);
+        let mut more = Waits::default();
+        more.add("client", 2);
+        more.add("Lock:transactionid", 1);
+        w.merge(&more);
+        assert_eq!(w.top(3), "running 46%, IO:WALSync 23%, client 23%");
+        assert_eq!(Waits::default().top(3), "–");
+    }
+}

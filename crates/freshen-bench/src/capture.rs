@@ -112,6 +112,7 @@ fn drop_slot(s: &Setup, name: &str) {
 /// What one reader's run took: wall time, and the CPU the server spent serving it (the
 /// walsender decoding and sending; measured on the whole server, whose other processes
 /// are idle meanwhile).
+#[derive(Clone, Copy)]
 struct Cost {
     took: Duration,
     server: Duration,
@@ -122,23 +123,29 @@ struct Cost {
 /// `pg_recvlogical` from a fresh copy to the end of the transaction.
 fn recvlogical(s: &mut Setup) -> anyhow::Result<Cost> {
     let slot = copy_slot(s)?;
+    let mut cmd = Command::new(s.pg.bin_dir().join("pg_recvlogical"));
+    cmd.args(["-d", &s.pg.url(), "--slot", &slot, "--start", "--no-loop"])
+        .args(["-o", "proto_version=1", "-o", "publication_names=bench_pub"])
+        .args(["--endpos", &s.end_lsn, "-f", "/dev/null"]);
+    run_reader(s, &slot, cmd)
+}
+
+/// Runs a reader process on `slot` to its exit, timed and with the server's and the whole
+/// tree's CPU over the run, then drops the slot.
+fn run_reader(s: &Setup, slot: &str, mut cmd: Command) -> anyhow::Result<Cost> {
+    let what = cmd.get_program().to_string_lossy().into_owned();
     let (server0, total0) = (server_cpu(&s.pg.data_dir()), tree_cpu());
     let t0 = Instant::now();
-    let out = Command::new(s.pg.bin_dir().join("pg_recvlogical"))
-        .args(["-d", &s.pg.url(), "--slot", &slot, "--start", "--no-loop"])
-        .args(["-o", "proto_version=1", "-o", "publication_names=bench_pub"])
-        .args(["--endpos", &s.end_lsn, "-f", "/dev/null"])
-        .output()
-        .context("running pg_recvlogical")?;
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
     let took = t0.elapsed();
     let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
     let total = tree_cpu().saturating_sub(total0);
     anyhow::ensure!(
         out.status.success(),
-        "pg_recvlogical failed: {}",
+        "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    drop_slot(s, &slot);
+    drop_slot(s, slot);
     Ok(Cost {
         took,
         server,
@@ -175,33 +182,15 @@ fn etl(s: &mut Setup, bin: &Path, rows: usize) -> anyhow::Result<Cost> {
     let pipeline = s.copies.to_string();
     let slot = format!("supabase_etl_apply_{pipeline}");
     copy_slot_as(s, &slot)?;
-    let (server0, total0) = (server_cpu(&s.pg.data_dir()), tree_cpu());
-    let t0 = Instant::now();
-    let out = Command::new(bin)
-        .args([
-            s.pg.host(),
-            &s.pg.port().to_string(),
-            "postgres",
-            s.pg.user(),
-        ])
-        .args([&pipeline, "bench_pub", "public.bench", &rows.to_string()])
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    let took = t0.elapsed();
-    let server = server_cpu(&s.pg.data_dir()).saturating_sub(server0);
-    let total = tree_cpu().saturating_sub(total0);
-    anyhow::ensure!(
-        out.status.success(),
-        "{} failed: {}",
-        bin.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    drop_slot(s, &slot);
-    Ok(Cost {
-        took,
-        server,
-        total,
-    })
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        s.pg.host(),
+        &s.pg.port().to_string(),
+        "postgres",
+        s.pg.user(),
+    ])
+    .args([&pipeline, "bench_pub", "public.bench", &rows.to_string()]);
+    run_reader(s, &slot, cmd)
 }
 
 struct FreshenRun {
@@ -314,12 +303,21 @@ fn compare(
             etls.push(etl(s, bin, rows)?);
         }
     }
-    let t_theirs = median(theirs.iter().map(|c| c.took).collect());
-    let s_theirs = median(theirs.iter().map(|c| c.server).collect());
-    let a_theirs = median(theirs.iter().map(|c| c.total).collect());
-    let t_ours = median(ours.iter().map(|r| r.took).collect());
-    let s_ours = median(ours.iter().map(|r| r.server).collect());
-    let a_ours = median(ours.iter().map(|r| r.total).collect());
+    // Each figure's median over the runs, per reader.
+    let medians = |runs: &[Cost]| Cost {
+        took: median(runs.iter().map(|c| c.took).collect()),
+        server: median(runs.iter().map(|c| c.server).collect()),
+        total: median(runs.iter().map(|c| c.total).collect()),
+    };
+    let base = medians(&theirs);
+    let freshen: Vec<Cost> = ours
+        .iter()
+        .map(|r| Cost {
+            took: r.took,
+            server: r.server,
+            total: r.total,
+        })
+        .collect();
     let mut t = Table::new(&[
         "reader",
         &format!("{rows} rows, {shape}"),
@@ -328,34 +326,26 @@ fn compare(
         "server CPU per row",
         "server + reader CPU per row",
     ]);
-    t.row(vec![
-        "pg_recvlogical (to /dev/null)".into(),
-        dur(t_theirs),
-        rate(rows as f64, t_theirs),
-        "1.00×".into(),
-        per_row(s_theirs, rows),
-        per_row(a_theirs, rows),
-    ]);
-    t.row(vec![
-        "freshen PgSource (decoded, batched, acked)".into(),
-        dur(t_ours),
-        rate(rows as f64, t_ours),
-        format!("{:.2}×", t_theirs.as_secs_f64() / t_ours.as_secs_f64()),
-        per_row(s_ours, rows),
-        per_row(a_ours, rows),
-    ]);
-    if !etls.is_empty() {
-        let t_etl = median(etls.iter().map(|c| c.took).collect());
-        let s_etl = median(etls.iter().map(|c| c.server).collect());
-        let a_etl = median(etls.iter().map(|c| c.total).collect());
+    let mut row = |reader: &str, c: Cost| {
         t.row(vec![
-            "supabase/etl Pipeline (decoded, batched, counted)".into(),
-            dur(t_etl),
-            rate(rows as f64, t_etl),
-            format!("{:.2}×", t_theirs.as_secs_f64() / t_etl.as_secs_f64()),
-            per_row(s_etl, rows),
-            per_row(a_etl, rows),
-        ]);
+            reader.into(),
+            dur(c.took),
+            rate(rows as f64, c.took),
+            format!("{:.2}×", base.took.as_secs_f64() / c.took.as_secs_f64()),
+            per_row(c.server, rows),
+            per_row(c.total, rows),
+        ])
+    };
+    row("pg_recvlogical (to /dev/null)", base);
+    row(
+        "freshen PgSource (decoded, batched, acked)",
+        medians(&freshen),
+    );
+    if !etls.is_empty() {
+        row(
+            "supabase/etl Pipeline (decoded, batched, counted)",
+            medians(&etls),
+        );
     }
     t.print();
     println!(

@@ -526,10 +526,13 @@ async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures() {
     assert_eq!(s.keys_poisoned, 1);
 }
 
+/// Each rebuild call: when it started (since the test began) and the keys it carried.
+type Calls = Arc<Mutex<Vec<(Duration, Vec<String>)>>>;
+
 #[tokio::test(start_paused = true)]
 async fn a_batch_takes_along_keys_due_within_a_tenth_of_coalesce() {
     let (feed, source) = channel(8);
-    let calls: Arc<Mutex<Vec<(Duration, Vec<String>)>>> = Arc::default();
+    let calls: Calls = Arc::default();
     let c = calls.clone();
     let t0 = tokio::time::Instant::now();
     let r = Refresher::builder()

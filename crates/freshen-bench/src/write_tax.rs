@@ -79,7 +79,7 @@ use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, REBUILD_ARRAYS, Script, config,
     connect, converge, median, ms, process_cpu, query_config, runtime, server, tree_cpu,
 };
-use crate::writer_waits::{Sampler, Waits};
+use crate::writer_waits::{Sampler, Seen, Waits};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -288,8 +288,8 @@ struct Outcome {
     wal_per_tx: f64,
     /// Row versions written to `device_totals` over the same time (none without it).
     derived: Option<Writes>,
-    /// What the writers' backends were doing during the load.
-    waits: Waits,
+    /// What the writers' and freshen's backends were doing during the load.
+    waits: Seen,
     note: String,
 }
 
@@ -675,7 +675,8 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
              p50 / p99 of every transaction of the run (pgbench's log), median over the rounds. \
              Writers' backends: pgbench's backends sampled every 5 ms during the load (running: active \
              with no wait event, on a CPU or waiting for one; client: idle between statements, until \
-             pgbench sends the next one and the backend gets a CPU to read it; else the wait event), the three most frequent states over all rounds. \
+             pgbench sends the next one and the backend gets a CPU to read it; else the wait event), the three most frequent states over all rounds; freshen's backends: the same for \
+             freshen's pool (the rebuilds). \
              Staleness: worst round, from the last commit to the \
              first check that found the derived table equal to a fresh GROUP BY. \
              WAL per tx: bytes of WAL from the start of the load until caught up, per committed transaction. \
@@ -704,6 +705,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         "vs (a)",
         "writer latency p50 / p99",
         "writers' backends: top states (all rounds)",
+        "freshen's backends: top states (all rounds)",
         "WAL per tx (median)",
         "device_totals ins / upd (HOT) / del (last round)",
         "dead tuples at end",
@@ -737,12 +739,8 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
             format!("{tps:.0}"),
             format!("{:.2}×", tps / base.max(1e-9)),
             latency(outs),
-            outs.iter()
-                .fold(Waits::default(), |mut all, o| {
-                    all.merge(&o.waits);
-                    all
-                })
-                .top(3),
+            states(outs, |s| &s.writers),
+            states(outs, |s| &s.rebuilds),
             format!(
                 "{:.0} B",
                 median(outs.iter().map(|o| o.wal_per_tx).collect())
@@ -786,6 +784,16 @@ fn split(outs: &[Outcome]) -> String {
         of(|s| s.reader),
         rest * 1e6
     )
+}
+
+/// One group's three most frequent states over all rounds.
+fn states(outs: &[Outcome], group: fn(&Seen) -> &Waits) -> String {
+    outs.iter()
+        .fold(Waits::default(), |mut all, o| {
+            all.merge(group(&o.waits));
+            all
+        })
+        .top(3)
 }
 
 /// Median over the rounds of the writers' p50 and p99 latency.

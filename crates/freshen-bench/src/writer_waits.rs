@@ -1,6 +1,6 @@
-//! What the writers' backends were doing while the load ran: running, waiting for
-//! pgbench, or waiting inside the server and on what (`pg_stat_activity`'s
-//! `wait_event_type:wait_event`), sampled every few milliseconds.
+//! What the writers' backends — and freshen's — were doing while the load ran: running,
+//! waiting for their client, or waiting inside the server and on what
+//! (`pg_stat_activity`'s `wait_event_type:wait_event`), sampled every few milliseconds.
 //!
 //! On a machine with a fast disk the durable write-tax runs showed the writers' TPS
 //! falling with freshen running while the two cores still had room. CPU times cannot say
@@ -56,21 +56,36 @@ impl Waits {
     }
 }
 
-/// A running sampler of the backends whose `application_name` is pgbench's.
+/// What each group of backends was seen doing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Seen {
+    /// pgbench's backends: the writers.
+    pub(crate) writers: Waits,
+    /// freshen's pool backends: the rebuilds (empty without freshen).
+    pub(crate) rebuilds: Waits,
+}
+
+/// A running sampler of the writers' backends (`application_name` pgbench's) and of
+/// freshen's pool backends (theirs start with "freshen").
 pub(crate) struct Sampler {
     stop: watch::Sender<bool>,
-    task: JoinHandle<anyhow::Result<Waits>>,
+    task: JoinHandle<anyhow::Result<Seen>>,
     /// The sampler's own backend.
     pub(crate) pid: u32,
 }
 
-/// The state of each pgbench backend: `client` (idle between statements: until pgbench
-/// sends the next and the backend gets a CPU to read it), `running` (active, no wait
-/// event: on a CPU or waiting for one), or the wait event.
-const STATES: &str = "SELECT CASE WHEN state <> 'active' THEN 'client' \
+/// The state of each writer's or freshen backend: `client` (idle between statements:
+/// until the client sends the next and the backend gets a CPU to read it), `running`
+/// (active, no wait event: on a CPU or waiting for one), or the wait event; and whether
+/// it is a writer's.
+const STATES: &str = "SELECT application_name = 'pgbench', \
+                             CASE WHEN state <> 'active' THEN 'client' \
                              WHEN wait_event IS NULL THEN 'running' \
                              ELSE wait_event_type || ':' || wait_event END, count(*) \
-                      FROM pg_stat_activity WHERE application_name = 'pgbench' GROUP BY 1";
+                      FROM pg_stat_activity \
+                      WHERE backend_type = 'client backend' \
+                        AND (application_name = 'pgbench' OR application_name LIKE 'freshen%') \
+                      GROUP BY 1, 2";
 
 impl Sampler {
     /// Connects and starts sampling.
@@ -85,14 +100,19 @@ impl Sampler {
             let statement = c.prepare(STATES).await?;
             let mut tick = tokio::time::interval(TICK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut waits = Waits::default();
+            let mut seen = Seen::default();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
-                    _ = stopped.changed() => return Ok(waits),
+                    _ = stopped.changed() => return Ok(seen),
                 }
                 for row in c.query(&statement, &[]).await? {
-                    waits.add(row.get(0), row.get::<_, i64>(1) as u64);
+                    let group = if row.get::<_, bool>(0) {
+                        &mut seen.writers
+                    } else {
+                        &mut seen.rebuilds
+                    };
+                    group.add(row.get(1), row.get::<_, i64>(2) as u64);
                 }
             }
         });
@@ -100,7 +120,7 @@ impl Sampler {
     }
 
     /// Stops sampling and returns what was seen.
-    pub(crate) async fn finish(self) -> anyhow::Result<Waits> {
+    pub(crate) async fn finish(self) -> anyhow::Result<Seen> {
         let _ = self.stop.send(true);
         self.task.await?
     }

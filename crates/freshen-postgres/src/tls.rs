@@ -170,42 +170,13 @@ pub(crate) async fn replication_transport(
         .map_err(io)?;
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await.map_err(io)?;
-    let dir = private_socket_dir().map_err(|e| {
-        PgError::new(ErrorKind::Connection, "cannot create the TLS bridge socket").with_source(e)
-    })?;
-    let socket = dir.join(format!(".s.PGSQL.{}", conn.port));
-    let listener = UnixListener::bind(&socket).map_err(|e| {
-        let _ = std::fs::remove_dir_all(&dir);
-        PgError::new(ErrorKind::Connection, "cannot bind the TLS bridge socket").with_source(e)
-    })?;
     match answer[0] {
-        b'S' => {
-            let name = ServerName::try_from(conn.host.clone()).map_err(|e| {
-                PgError::new(
-                    ErrorKind::Tls,
-                    format!("{:?} is not a valid TLS server name", conn.host),
-                )
-                .with_source(e)
-            })?;
-            let connector = tokio_rustls::TlsConnector::from(Arc::clone(tls));
-            let stream = connector.connect(name, tcp).await.map_err(|e| {
-                let _ = std::fs::remove_dir_all(&dir);
-                PgError::new(ErrorKind::Tls, "TLS handshake with the server failed").with_source(e)
-            })?;
-            tokio::spawn(pipe(listener, dir.clone(), stream));
-        }
-        b'N' if conn.sslmode == SslMode::Prefer => {
-            // Plain it is: the client connects again without TLS rather than through a
-            // bridge that would copy every byte once more (a second read and write per
-            // segment in this process, for nothing). The server closes this probe
-            // quietly: a connection that ends after its SSL answer is not logged.
-            drop(listener);
-            drop(tcp);
-            let _ = std::fs::remove_dir_all(&dir);
-            return Ok(Transport::Direct);
-        }
+        b'S' => {}
+        // Plain it is: the client connects again without TLS rather than through a
+        // bridge that would copy every byte once more. The server closes this probe
+        // quietly: a connection that ends after its SSL answer is not logged.
+        b'N' if conn.sslmode == SslMode::Prefer => return Ok(Transport::Direct),
         b'N' => {
-            let _ = std::fs::remove_dir_all(&dir);
             return Err(PgError::new(
                 ErrorKind::Tls,
                 format!(
@@ -215,13 +186,32 @@ pub(crate) async fn replication_transport(
             ));
         }
         other => {
-            let _ = std::fs::remove_dir_all(&dir);
             return Err(PgError::new(
                 ErrorKind::Protocol,
                 format!("unexpected answer 0x{other:02x} to SSLRequest"),
             ));
         }
     }
+    let name = ServerName::try_from(conn.host.clone()).map_err(|e| {
+        PgError::new(
+            ErrorKind::Tls,
+            format!("{:?} is not a valid TLS server name", conn.host),
+        )
+        .with_source(e)
+    })?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::clone(tls));
+    let stream = connector.connect(name, tcp).await.map_err(|e| {
+        PgError::new(ErrorKind::Tls, "TLS handshake with the server failed").with_source(e)
+    })?;
+    let dir = private_socket_dir().map_err(|e| {
+        PgError::new(ErrorKind::Connection, "cannot create the TLS bridge socket").with_source(e)
+    })?;
+    let socket = dir.join(format!(".s.PGSQL.{}", conn.port));
+    let listener = UnixListener::bind(&socket).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&dir);
+        PgError::new(ErrorKind::Connection, "cannot bind the TLS bridge socket").with_source(e)
+    })?;
+    tokio::spawn(pipe(listener, dir.clone(), stream));
     Ok(Transport::Bridged { dir })
 }
 
@@ -256,4 +246,49 @@ fn private_socket_dir() -> std::io::Result<PathBuf> {
     ));
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use freshen_testenv::PgServer;
+
+    use super::*;
+
+    /// The transport chosen against a real server for `sslmode`.
+    async fn transport(pg: &PgServer, sslmode: &str) -> Result<Transport, PgError> {
+        let conn = ConnectionConfig::from_url(&format!("{}?sslmode={sslmode}", pg.url()))?;
+        replication_transport(&conn, Some(&client_config(&conn)?)).await
+    }
+
+    #[tokio::test]
+    async fn prefer_connects_directly_to_a_server_without_tls_and_require_refuses_it() {
+        let pg = PgServer::start().expect("PostgreSQL for this test");
+        assert!(matches!(
+            transport(&pg, "prefer").await,
+            Ok(Transport::Direct)
+        ));
+        let err = transport(&pg, "require")
+            .await
+            .err()
+            .expect("require refused");
+        assert_eq!(err.kind(), ErrorKind::Tls, "{err}");
+    }
+
+    #[tokio::test]
+    async fn prefer_bridges_a_server_that_accepts_tls() {
+        let pg = PgServer::builder()
+            .tls(true)
+            .start()
+            .expect("PostgreSQL with TLS for this test");
+        match transport(&pg, "prefer").await {
+            Ok(Transport::Bridged { dir }) => {
+                let socket = dir.join(format!(".s.PGSQL.{}", pg.port()));
+                let bridged = socket.exists();
+                // The bridge removes it once the client connects; this one never does.
+                let _ = std::fs::remove_dir_all(&dir);
+                assert!(bridged, "no bridge socket at {}", socket.display());
+            }
+            other => panic!("expected a TLS bridge, got {other:?}"),
+        }
+    }
 }

@@ -194,9 +194,7 @@ fn etl(s: &mut Setup, bin: &Path, rows: usize) -> anyhow::Result<Cost> {
 }
 
 struct FreshenRun {
-    took: Duration,
-    server: Duration,
-    total: Duration,
+    cost: Cost,
     batches: usize,
     peak_queued: u64,
     rss_base: usize,
@@ -263,9 +261,11 @@ fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
     let _ = sampler.join();
     drop_slot(s, &slot);
     Ok(FreshenRun {
-        took,
-        server,
-        total,
+        cost: Cost {
+            took,
+            server,
+            total,
+        },
         batches,
         peak_queued,
         rss_base,
@@ -310,14 +310,7 @@ fn compare(
         total: median(runs.iter().map(|c| c.total).collect()),
     };
     let base = medians(&theirs);
-    let freshen: Vec<Cost> = ours
-        .iter()
-        .map(|r| Cost {
-            took: r.took,
-            server: r.server,
-            total: r.total,
-        })
-        .collect();
+    let freshen: Vec<Cost> = ours.iter().map(|r| r.cost).collect();
     let mut t = Table::new(&[
         "reader",
         &format!("{rows} rows, {shape}"),
@@ -384,7 +377,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     let small_rows = rows / 10;
     let mut small = setup(small_rows)?;
     let small_run = freshen(&mut small, small_rows)?;
-    let big_run = ours.into_iter().min_by_key(|r| r.took).expect("runs");
+    let big_run = ours.into_iter().min_by_key(|r| r.cost.took).expect("runs");
     let mut m = Table::new(&[
         "transaction",
         "batches",

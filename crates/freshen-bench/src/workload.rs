@@ -458,7 +458,11 @@ const USER_HZ: u64 = 100;
 /// `(ppid, own user + system ticks, reaped children's ticks)` of a process, from
 /// `/proc/PID/stat`.
 fn stat_of(pid: u32) -> Option<(u32, u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_at(&format!("/proc/{pid}/stat"))
+}
+
+fn stat_at(path: &str) -> Option<(u32, u64, u64)> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name may hold spaces and parentheses: fields start after the last ')'.
     // Then: state(3) ppid(4) … utime(14) stime(15) cutime(16) cstime(17).
     let (_, rest) = stat.rsplit_once(')')?;
@@ -478,6 +482,11 @@ fn ticks(n: u64) -> Duration {
 /// CPU time (user + system) a live process has spent itself.
 pub(crate) fn process_cpu(pid: u32) -> Duration {
     ticks(stat_of(pid).map_or(0, |(_, own, _)| own))
+}
+
+/// CPU time (user + system) the calling thread has spent.
+pub(crate) fn thread_cpu() -> Duration {
+    ticks(stat_at("/proc/thread-self/stat").map_or(0, |(_, own, _)| own))
 }
 
 /// CPU time (user + system) spent so far by the PostgreSQL server whose data directory is

@@ -79,7 +79,7 @@ use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, REBUILD_ARRAYS, Script, config,
     connect, converge, median, ms, process_cpu, query_config, runtime, server, tree_cpu,
 };
-use crate::writer_waits::{Sampler, Seen, Waits};
+use crate::writer_waits::{Sampled, Sampler, Seen, Waits};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -538,17 +538,26 @@ fn run_variant(
         let result =
             tokio::task::spawn_blocking(move || b.run_logged(&scripts(keys), &l)).await??;
         let sampled = process_cpu(sampler.pid).saturating_sub(sample0);
-        let waits = sampler.finish().await?;
+        let Sampled {
+            seen: waits,
+            own_cpu,
+        } = sampler.finish().await?;
         let stale = match v {
             Variant::Bare | Variant::Decode | Variant::DecodeOnly => None,
             _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
         };
         let wal = wal_since(&admin, &lsn0).await?;
-        let split = Sample::take(&admin, reader).await?.since(&roles0);
+        let mut split = Sample::take(&admin, reader).await?.since(&roles0);
+        // The sampler is measurement, not tax: its backend, and its thread in this
+        // process, which is freshen's reader process in the freshen variants.
+        if reader == Some(std::process::id()) {
+            split.reader = split.reader.saturating_sub(own_cpu);
+        }
         let cpu = tree_cpu()
             .saturating_sub(cpu0)
             .saturating_sub(process_cpu(checker).saturating_sub(check0))
-            .saturating_sub(sampled);
+            .saturating_sub(sampled)
+            .saturating_sub(own_cpu);
         let _ = stop_tx.send(true);
         if let Some(t) = mv {
             t.await??;
@@ -633,7 +642,7 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
         vars: vec![("rows".into(), rows.to_string())],
     };
     let mut variants = variants.to_vec();
-    if variants.contains(&Variant::PgIvm) && !pg_ivm_installed(server(&[])?.bin_dir()) {
+    if variants.contains(&Variant::PgIvm) && !pg_ivm_installed(&PgServer::find_bin_dir()?) {
         variants.retain(|v| *v != Variant::PgIvm);
         println!(
             "(f) pg_ivm not run: it is not installed for these server binaries \
@@ -670,7 +679,7 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
              30% update, 20% move to another device, 10% delete. Median TPS of {rounds} alternating rounds, \
              a fresh server per run ({:.0} s in all). CPU per tx: user + system time of every process of \
              the run (server, pgbench, freshen, pg_recvlogical, the matview refresher; not the truth \
-             checks) from the start of the load until the derived table had caught up, per committed \
+             checks or the wait sampler) from the start of the load until the derived table had caught up, per committed \
              transaction — steadier than TPS when other work shares the machine. Writer latency: \
              p50 / p99 of every transaction of the run (pgbench's log), median over the rounds. \
              Writers' backends: pgbench's backends sampled every 5 ms during the load (running: active \

@@ -12,9 +12,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
-use crate::workload::connect;
+use crate::workload::{connect, thread_cpu};
 
 /// How often the writers' states are read.
 const TICK: Duration = Duration::from_millis(5);
@@ -67,11 +66,21 @@ pub(crate) struct Seen {
 
 /// A running sampler of the writers' backends (`application_name` pgbench's) and of
 /// freshen's pool backends (theirs start with "freshen").
+///
+/// It runs on a thread of its own with its own runtime, so that the CPU it spends in this
+/// process — which also hosts freshen — is known and can be taken out of the run's.
 pub(crate) struct Sampler {
     stop: watch::Sender<bool>,
-    task: JoinHandle<anyhow::Result<Seen>>,
+    thread: std::thread::JoinHandle<anyhow::Result<(Seen, Duration)>>,
     /// The sampler's own backend.
     pub(crate) pid: u32,
+}
+
+/// What a sampler saw, and what it cost this process.
+pub(crate) struct Sampled {
+    pub(crate) seen: Seen,
+    /// CPU of the sampler's thread over its whole life.
+    pub(crate) own_cpu: Duration,
 }
 
 /// The state of each writer's or freshen backend: `client` (idle between statements:
@@ -90,39 +99,66 @@ const STATES: &str = "SELECT application_name = 'pgbench', \
 impl Sampler {
     /// Connects and starts sampling.
     pub(crate) async fn start(url: &str) -> anyhow::Result<Sampler> {
-        let c = connect(url).await?;
-        let pid = c
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get::<_, i32>(0) as u32;
-        let (stop, mut stopped) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let statement = c.prepare(STATES).await?;
-            let mut tick = tokio::time::interval(TICK);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut seen = Seen::default();
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stopped.changed() => return Ok(seen),
-                }
-                for row in c.query(&statement, &[]).await? {
-                    let group = if row.get::<_, bool>(0) {
-                        &mut seen.writers
-                    } else {
-                        &mut seen.rebuilds
-                    };
-                    group.add(row.get(1), row.get::<_, i64>(2) as u64);
-                }
-            }
-        });
-        Ok(Sampler { stop, task, pid })
+        let url = url.to_string();
+        let (stop, stopped) = watch::channel(false);
+        let (pid_tx, pid_rx) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("writer-waits".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let seen = rt.block_on(sample(&url, pid_tx, stopped));
+                drop(rt);
+                Ok((seen?, thread_cpu()))
+            })?;
+        let pid = pid_rx
+            .await
+            .map_err(|_| anyhow::anyhow!("the wait sampler could not connect"))?;
+        Ok(Sampler { stop, thread, pid })
     }
 
     /// Stops sampling and returns what was seen.
-    pub(crate) async fn finish(self) -> anyhow::Result<Seen> {
+    pub(crate) async fn finish(self) -> anyhow::Result<Sampled> {
         let _ = self.stop.send(true);
-        self.task.await?
+        let thread = self.thread;
+        let (seen, own_cpu) = tokio::task::spawn_blocking(move || thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the wait sampler panicked"))??;
+        Ok(Sampled { seen, own_cpu })
+    }
+}
+
+/// The sampling loop: reports its backend's pid, then reads the states every [`TICK`]
+/// until told to stop.
+async fn sample(
+    url: &str,
+    pid_tx: tokio::sync::oneshot::Sender<u32>,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<Seen> {
+    let c = connect(url).await?;
+    let pid = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get::<_, i32>(0) as u32;
+    let statement = c.prepare(STATES).await?;
+    let _ = pid_tx.send(pid);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = Seen::default();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.changed() => return Ok(seen),
+        }
+        for row in c.query(&statement, &[]).await? {
+            let group = if row.get::<_, bool>(0) {
+                &mut seen.writers
+            } else {
+                &mut seen.rebuilds
+            };
+            group.add(row.get(1), row.get::<_, i64>(2) as u64);
+        }
     }
 }
 

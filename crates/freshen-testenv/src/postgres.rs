@@ -264,6 +264,12 @@ impl PgServer {
         PgServerBuilder::default()
     }
 
+    /// The directory of the server binaries a server would be started from, without
+    /// starting one (e.g. to look for an extension installed beside them in `../lib`).
+    pub fn find_bin_dir() -> Result<PathBuf, TestEnvError> {
+        Ok(Binaries::find()?.dir)
+    }
+
     fn launch(options: PgServerBuilder) -> Result<PgServer, TestEnvError> {
         let bins = Binaries::find()?;
         let run_as = RunAs::for_servers()?;

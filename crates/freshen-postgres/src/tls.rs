@@ -269,8 +269,7 @@ mod tests {
         ));
         let err = transport(&pg, "require")
             .await
-            .err()
-            .expect("require refused");
+            .expect_err("require refused");
         assert_eq!(err.kind(), ErrorKind::Tls, "{err}");
     }
 

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use freshen::Source;
-use freshen_postgres::{ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode};
+use freshen_postgres::{
+    ConnectionConfig, DEFAULT_READ_GAP, PgSource, PgSourceConfig, PublicationMode, SlotMode,
+};
 use freshen_testenv::PgServer;
 
 use crate::report::{Table, dur, rate};
@@ -204,8 +206,9 @@ struct FreshenRun {
 }
 
 /// `PgSource` from a fresh copy until `rows` events were handed over and acknowledged,
-/// with the defaults (`sslmode=prefer`: this server has no TLS, so a direct connection).
-fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
+/// with the defaults (`sslmode=prefer`: this server has no TLS, so a direct connection)
+/// but for `read_gap`.
+fn freshen(s: &mut Setup, rows: usize, read_gap: Duration) -> anyhow::Result<FreshenRun> {
     let slot = copy_slot(s)?;
     let cfg = PgSourceConfig {
         connection: ConnectionConfig::from_url(&s.pg.url())?,
@@ -214,6 +217,7 @@ fn freshen(s: &mut Setup, rows: usize) -> anyhow::Result<FreshenRun> {
         publication: "bench_pub".into(),
         publication_mode: PublicationMode::MustExist,
         tables: vec!["bench".parse().map_err(anyhow::Error::msg)?],
+        read_gap,
         ..PgSourceConfig::default()
     };
     // Sample memory while the stream runs.
@@ -295,10 +299,12 @@ fn compare(
 ) -> anyhow::Result<Vec<FreshenRun>> {
     let mut theirs = Vec::new();
     let mut ours = Vec::new();
+    let mut eager = Vec::new();
     let mut etls = Vec::new();
     for _ in 0..runs {
         theirs.push(recvlogical(s)?);
-        ours.push(freshen(s, rows)?);
+        ours.push(freshen(s, rows, DEFAULT_READ_GAP)?);
+        eager.push(freshen(s, rows, Duration::ZERO)?.cost);
         if let Some(bin) = etl_bin {
             etls.push(etl(s, bin, rows)?);
         }
@@ -334,6 +340,10 @@ fn compare(
         "freshen PgSource (decoded, batched, acked)",
         medians(&freshen),
     );
+    row(
+        "freshen, read_gap = 0 (reads each message)",
+        medians(&eager),
+    );
     if !etls.is_empty() {
         row(
             "supabase/etl Pipeline (decoded, batched, counted)",
@@ -346,8 +356,11 @@ fn compare(
          the whole server's user + system time during the run (the walsender decoding and \
          sending, and each reader's other connections; nothing else runs); server + reader: \
          every process of the run (the reader's own decoding, and on loopback the TCP \
-         receive work that lands on whichever side wakes for it); pg_recvlogical and \
-         etl are timed from process start to exit, freshen from start to its last batch\n"
+         receive work that lands on whichever side wakes for it); freshen pauses \
+         read_gap (default {gap:?}) before reading a busy stream again, the row below it \
+         reads each message as it arrives; pg_recvlogical and \
+         etl are timed from process start to exit, freshen from start to its last batch\n",
+        gap = DEFAULT_READ_GAP
     );
     Ok(ours)
 }
@@ -376,7 +389,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     // Memory: a transaction 10× larger must not need 10× the memory.
     let small_rows = rows / 10;
     let mut small = setup(small_rows)?;
-    let small_run = freshen(&mut small, small_rows)?;
+    let small_run = freshen(&mut small, small_rows, DEFAULT_READ_GAP)?;
     let big_run = ours.into_iter().min_by_key(|r| r.cost.took).expect("runs");
     let mut m = Table::new(&[
         "transaction",

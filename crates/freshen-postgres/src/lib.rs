@@ -120,8 +120,8 @@ pub use admin::{
     ReplicaIdentity, SlotInfo, TableIdentity,
 };
 pub use config::{
-    ConnectionConfig, MAX_CONNECT_TIMEOUT, MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode,
-    SlotMode, SslMode, StartPosition, TableName,
+    ConnectionConfig, DEFAULT_READ_GAP, MAX_CONNECT_TIMEOUT, MAX_READ_GAP, MAX_STATUS_INTERVAL,
+    PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition, TableName,
 };
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;

@@ -8,6 +8,15 @@
 //! unsent events, every handed-out commit batch acked — the newest keepalive `wal_end`
 //! (or empty commit) is confirmed too, so traffic the publication filters out never
 //! holds WAL.
+//!
+//! Reading in bursts. A thread waiting on the socket is woken by the server for every
+//! message, and on loopback that wake-up is paid by the sending walsender: most of its
+//! CPU per row on a busy OLTP stream went to waking this thread. So once a wait ended
+//! because data came, the next time the socket is empty the thread *sleeps* for
+//! `read_gap` instead of waiting on it (a sleeping thread is not on the socket's wait
+//! queue, so arrivals just queue), then takes everything that gathered in one read.
+//! A wait that ends any other way (a quiet stream, an ack) leaves the next one an
+//! ordinary wait, so an idle source still reads a change the moment it comes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -379,24 +388,35 @@ impl Reader {
         client: &mut ReplicationClient,
         mut sentinel: BoxFuture<'static, PgError>,
     ) -> Result<Ended, PgError> {
+        let gap = self.cfg.read_gap;
+        // The last wait on the socket ended because data came: the stream is busy.
+        let mut busy = false;
         loop {
             let wake = match client.recv().now_or_never() {
                 Some(ev) => Wake::Event(ev),
                 None => {
+                    if busy && !gap.is_zero() {
+                        // Blocking on purpose: this thread's runtime holds only the
+                        // replication session, and a timer wait would sit on the
+                        // socket's wait queue and be woken per message again.
+                        std::thread::sleep(gap);
+                    }
                     // The wire is momentarily empty. With rows waiting, linger briefly
                     // for more (a batch per row would cost more than the rows), then
                     // hand over what has gathered.
                     let linger = self.asm.has_output();
                     let stop = &mut self.stop;
                     let acks = &self.shared.ack_notify;
-                    tokio::select! {
+                    let woke = tokio::select! {
                         biased;
                         _ = stopped(stop) => Wake::Stop,
                         e = &mut sentinel => Wake::ShuttingDown(e),
                         _ = acks.notified() => Wake::Acked,
                         ev = client.recv() => Wake::Event(ev),
                         _ = tokio::time::sleep(LINGER), if linger => Wake::Quiet,
-                    }
+                    };
+                    busy = matches!(woke, Wake::Event(Ok(Some(_))));
+                    woke
                 }
             };
             match wake {

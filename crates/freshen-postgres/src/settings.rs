@@ -13,7 +13,10 @@ use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
-use crate::config::{ConnectionConfig, MAX_STATUS_INTERVAL, PublicationMode, SlotMode, TableName};
+use crate::config::{
+    ConnectionConfig, DEFAULT_READ_GAP, MAX_READ_GAP, MAX_STATUS_INTERVAL, PublicationMode,
+    SlotMode, TableName,
+};
 use crate::{PgAdmin, PgSource, PublicationDrop, TablePattern, check};
 
 /// The PostgreSQL logical-replication source, as configured in a file.
@@ -27,6 +30,7 @@ use crate::{PgAdmin, PgSource, PublicationDrop, TablePattern, check};
 /// slot_mode = "create"             # or "existing", "temporary"
 /// publication_mode = "create"      # or "existing"
 /// status_interval = "1s"
+/// read_gap = "250us"               # pause before reading a busy stream again
 /// tables = ["public.orders"]       # captured besides the views' tables
 /// # tables = "public.*"            # or every table of a schema, new ones included
 /// # tables = ["app.order_*"]       # or a name pattern; or "all"
@@ -55,6 +59,11 @@ pub struct PgSourceSettings {
     /// How often feedback is sent to the server (default `1s`, at most `1h`).
     #[serde(default = "default_status_interval", deserialize_with = "duration")]
     pub status_interval: Duration,
+    /// While changes keep arriving, how long the reader pauses after emptying the
+    /// socket so a burst gathers (default `250us`, at most `10ms`, `0s` to read every
+    /// message as it arrives); see [`PgSourceConfig::read_gap`](crate::PgSourceConfig).
+    #[serde(default = "default_read_gap", deserialize_with = "duration")]
+    pub read_gap: Duration,
     /// Tables captured besides the views' (for the changefeed and sinks): `schema.table`
     /// or `table`, quoted parts kept as written, unquoted ones folded to lower case; or
     /// `schema.*`: every table of the schema, those created later included (a
@@ -124,6 +133,10 @@ impl From<PublicationChoice> for PublicationMode {
 
 fn default_name() -> String {
     "freshen".into()
+}
+
+fn default_read_gap() -> Duration {
+    DEFAULT_READ_GAP
 }
 
 fn default_status_interval() -> Duration {
@@ -227,6 +240,9 @@ impl SourcePlug for PgSourceSettings {
         }
         if self.status_interval.is_zero() || self.status_interval > MAX_STATUS_INTERVAL {
             p.push("status_interval: must be between 1ms and 1h".into());
+        }
+        if self.read_gap > MAX_READ_GAP {
+            p.push("read_gap: must be at most 10ms".into());
         }
         if self.discover_every < Duration::from_millis(10)
             || self.discover_every > Duration::from_secs(86_400)
@@ -342,7 +358,8 @@ impl SourcePlug for PgSourceSettings {
                 .connection(connection)
                 .slot(self.slot.clone(), self.slot_mode.into())
                 .publication(self.publication.clone(), self.publication_mode.into())
-                .status_interval(self.status_interval);
+                .status_interval(self.status_interval)
+                .read_gap(self.read_gap);
             for (schema, table) in &plan.tables {
                 builder = builder.table_name(TableName::new(schema, table));
             }
@@ -371,6 +388,7 @@ mod tests {
             slot_mode: SlotChoice::default(),
             publication_mode: PublicationChoice::default(),
             status_interval: default_status_interval(),
+            read_gap: default_read_gap(),
             tables: vec![],
             discover_every: default_discover_every(),
         }
@@ -417,12 +435,14 @@ mod tests {
         s.slot = "Bad-Slot".into();
         s.tables = vec!["a.b.c".into(), "\"Mixed\".t".into()];
         s.status_interval = Duration::ZERO;
+        s.read_gap = Duration::from_millis(11);
         let p = s.problems();
-        assert_eq!(p.len(), 4, "{p:?}");
+        assert_eq!(p.len(), 5, "{p:?}");
         assert!(p[0].starts_with("url: ") && p[0].contains("connect_timeout"));
         assert!(p[1].starts_with("slot: ") && p[1].contains("Bad-Slot"));
         assert!(p[2].starts_with("status_interval: "));
-        assert!(p[3].starts_with("tables: ") && p[3].contains("a.b.c"));
+        assert!(p[3].starts_with("read_gap: "));
+        assert!(p[4].starts_with("tables: ") && p[4].contains("a.b.c"));
         assert!(p.iter().all(|l| !l.contains("hunter2")));
         assert_eq!(
             s.tables(),

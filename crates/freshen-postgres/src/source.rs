@@ -541,6 +541,13 @@ impl PgSourceBuilder {
         self
     }
 
+    /// Pause before reading again while changes keep arriving
+    /// ([`PgSourceConfig::read_gap`]).
+    pub fn read_gap(mut self, d: Duration) -> Self {
+        self.config.read_gap = d;
+        self
+    }
+
     /// Standby status update interval.
     pub fn status_interval(mut self, d: Duration) -> Self {
         self.config.status_interval = d;

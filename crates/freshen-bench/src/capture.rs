@@ -6,11 +6,11 @@
 //! same WAL from the same starting point. `pg_recvlogical` writes the pgoutput stream to
 //! /dev/null (no decoding of rows at all); freshen decodes every row into a `RowEvent`,
 //! hands it over in batches and acknowledges them; etl's `Pipeline` decodes every row
-//! into its `Event`s and hands batches to a destination that counts them (the
-//! `etl-bench-count` binary that `scripts/build-etl-bench` builds from an etl checkout,
-//! named by `FRESHEN_BENCH_ETL`). Runs alternate; the median counts.
+//! into its `Event`s and hands batches to a destination that counts them (a reader built
+//! outside this repository, named by `FRESHEN_BENCH_ETL`). Runs alternate; the median
+//! counts.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,7 +25,7 @@ use freshen_testenv::PgServer;
 
 use crate::report::{Table, dur, rate};
 use crate::workload::{server_cpu, tree_cpu};
-use crate::{Opts, alloc};
+use crate::{Opts, alloc, rival};
 
 struct Setup {
     pg: PgServer,
@@ -155,29 +155,15 @@ fn run_reader(s: &Setup, slot: &str, mut cmd: Command) -> anyhow::Result<Cost> {
     })
 }
 
-/// The environment variable naming etl's counting binary.
+/// The environment variable naming etl's counting reader.
 const ETL_ENV: &str = "FRESHEN_BENCH_ETL";
 
-/// etl's counting binary, when `FRESHEN_BENCH_ETL` names one.
-fn etl_binary() -> anyhow::Result<Option<PathBuf>> {
-    let Some(path) = std::env::var_os(ETL_ENV) else {
-        println!(
-            "supabase/etl row not run: {ETL_ENV} is unset (build the reader with \
-             `scripts/build-etl-bench ETL_CHECKOUT RUST_POSTGRES_CHECKOUT` and set \
-             {ETL_ENV} to the path it prints)\n"
-        );
-        return Ok(None);
-    };
-    let path = PathBuf::from(path);
-    anyhow::ensure!(
-        path.is_file(),
-        "{ETL_ENV}={} is not a file (build it with scripts/build-etl-bench)",
-        path.display()
-    );
-    Ok(Some(path))
-}
+/// What `FRESHEN_BENCH_ETL` must name.
+const ETL_READER: &str = "a reader built outside this repository on supabase/etl's `Pipeline`, \
+    taking `HOST PORT DATABASE USER PIPELINE_ID PUBLICATION TABLE ROWS` and exiting once \
+    ROWS inserts reached its destination: BENCHMARKS.md, capture";
 
-/// etl's `Pipeline` (through `etl-bench-count`) from a fresh copy, named as the apply
+/// etl's `Pipeline` (the reader `FRESHEN_BENCH_ETL` names) from a fresh copy, named as the apply
 /// slot of a pipeline of its own, until `rows` inserts reached its destination.
 fn etl(s: &mut Setup, bin: &Path, rows: usize) -> anyhow::Result<Cost> {
     s.copies += 1;
@@ -371,7 +357,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     } else {
         (1_000_000, 3, 200_000)
     };
-    let etl_bin = etl_binary()?;
+    let etl_bin = rival::binary(ETL_ENV, "supabase/etl row", ETL_READER)?;
     let mut s = setup(rows)?;
     let ours = compare(&mut s, rows, runs, "1 transaction", etl_bin.as_deref())?;
     drop(s);

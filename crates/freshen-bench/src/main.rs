@@ -20,6 +20,7 @@ mod kafka;
 mod rebuild_index;
 mod replica_identity;
 mod report;
+mod rival;
 #[cfg(feature = "scale-out")]
 mod scale_out;
 mod scan;
@@ -50,7 +51,7 @@ struct Opts {
 const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "scheduler",
-        about: "DirtySet mark/drain, staggered readiness, bytes per key vs a scan-based FIFO (the Go original's design)",
+        about: "DirtySet mark/drain, staggered readiness, bytes per key vs a scan-based FIFO (the Go original's design) and the Go original itself",
         run: scheduler::run,
     },
     Scenario {

@@ -1,13 +1,17 @@
-//! Scheduler micro-benchmarks: `DirtySet` against the FIFO scan of the Go original.
+//! Scheduler micro-benchmarks: `DirtySet` against the FIFO scan of the Go original: our
+//! `scan.rs`, written to its design, and — when `FRESHEN_BENCH_GO_SCHED` names it — the
+//! Go original's own `dirtySet` in a child process, alternated with freshen's runs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use freshen::{DirtyConfig, DirtySet, Key};
 
+use anyhow::Context;
+
 use crate::report::{Table, dur, rate, ratio};
 use crate::scan::ScanSet;
-use crate::{Opts, alloc};
+use crate::{Opts, alloc, rival};
 
 const CO: Duration = Duration::from_millis(100);
 const MAX_WAIT: Duration = Duration::from_secs(5);
@@ -126,6 +130,56 @@ fn best_of(runs: usize, mut f: impl FnMut() -> Duration) -> Duration {
     (0..runs).map(|_| f()).min().unwrap_or_default()
 }
 
+/// The environment variable naming the Go original's driver.
+const GO_ENV: &str = "FRESHEN_BENCH_GO_SCHED";
+
+/// What `FRESHEN_BENCH_GO_SCHED` must name.
+const GO_DRIVER: &str = "a program built outside this repository around the Go original's \
+    `dirtySet` (cdcfresh's coalesce.go) that runs `drain N` or `staggered N` as this \
+    scenario does and prints `CASE N NANOSECONDS`: BENCHMARKS.md, scheduler";
+
+/// One run of the Go original in a child process: the time it measured itself, keys
+/// made before its clock starts, as ours are.
+fn go_run(bin: &std::path::Path, case: &str, n: usize) -> anyhow::Result<Duration> {
+    let out = std::process::Command::new(bin)
+        .args([case, &n.to_string()])
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} {case} {n}: {}: {}",
+        bin.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    match fields[..] {
+        [c, k, ns] if c == case && k == n.to_string() => Ok(Duration::from_nanos(
+            ns.parse()
+                .with_context(|| format!("{GO_ENV} printed {text:?}"))?,
+        )),
+        _ => anyhow::bail!("{GO_ENV} printed {text:?}, not `{case} {n} NANOSECONDS`"),
+    }
+}
+
+/// Best of `runs` for freshen and the Go original alike, their runs alternated.
+fn best_of_pair(
+    runs: usize,
+    ours: impl Fn() -> Duration,
+    go: Option<impl Fn() -> anyhow::Result<Duration>>,
+) -> anyhow::Result<(Duration, Option<Duration>)> {
+    let (mut a, mut b) = (Duration::MAX, None::<Duration>);
+    for _ in 0..runs {
+        a = a.min(ours());
+        if let Some(go) = &go {
+            let t = go()?;
+            b = Some(b.map_or(t, |b| b.min(t)));
+        }
+    }
+    Ok((a, b))
+}
+
 /// Heap bytes the set holds per dirty key, measured by the counting allocator (the keys
 /// themselves are allocated beforehand and only reference-counted by the set).
 fn bytes_per_key(keys: &[Key]) -> (f64, f64) {
@@ -146,24 +200,41 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     let big = if opts.quick { 20_000 } else { 1_000_000 };
     let all = keys(big);
 
-    let mut t = Table::new(&[
+    let go_bin = rival::binary(GO_ENV, "Go original column", GO_DRIVER)?;
+    let go = go_bin.as_deref();
+    let mut header = vec![
         "case",
         "keys",
         "DirtySet (heap)",
         "FIFO scan (Go design)",
         "scan / heap",
-    ]);
+    ];
+    if go.is_some() {
+        header.extend(["Go original (dirtySet, go1.19)", "Go / heap"]);
+    }
+    let mut t = Table::new(&header);
+    let go_cells = |heap: Duration, g: Option<Duration>| match g {
+        Some(g) => vec![dur(g), ratio(g, heap)],
+        None if go.is_some() => vec!["skipped (quadratic: hours)".into(), "–".into()],
+        None => vec![],
+    };
     // When every key is ready the FIFO pops from its front in O(1): a plain drain is the
     // scan's best case, run at full size.
-    let heap = best_of(runs, || drain_heap(&all, Completing::Ticket));
+    let (heap, g) = best_of_pair(
+        runs,
+        || drain_heap(&all, Completing::Ticket),
+        go.map(|bin| move || go_run(bin, "drain", big)),
+    )?;
     let scan = best_of(runs, || drain_scan(&all));
-    t.row(vec![
+    let mut row = vec![
         "mark + drain".into(),
         big.to_string(),
         format!("{} ({})", dur(heap), rate(big as f64, heap)),
         format!("{} ({})", dur(scan), rate(big as f64, scan)),
         ratio(scan, heap),
-    ]);
+    ];
+    row.extend(go_cells(heap, g));
+    t.row(row);
     let sizes: &[usize] = if opts.quick {
         &[2_000, 4_000]
     } else {
@@ -171,20 +242,28 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     };
     for &n in sizes {
         let ks = &all[..n.min(all.len())];
-        let heap = best_of(runs, || staggered_heap(ks, Completing::Ticket));
-        let (scan, r) = if ks.len() <= SCAN_LIMIT / 2 {
+        let quadratic_ok = ks.len() <= SCAN_LIMIT / 2;
+        let (heap, g) = best_of_pair(
+            runs,
+            || staggered_heap(ks, Completing::Ticket),
+            go.filter(|_| quadratic_ok)
+                .map(|bin| move || go_run(bin, "staggered", ks.len())),
+        )?;
+        let (scan, r) = if quadratic_ok {
             let s = best_of(1, || staggered_scan(ks));
             (dur(s), ratio(s, heap))
         } else {
             ("skipped (quadratic: hours)".into(), "–".into())
         };
-        t.row(vec![
-            format!("staggered"),
+        let mut row = vec![
+            "staggered".to_string(),
             ks.len().to_string(),
             dur(heap),
             scan,
             r,
-        ]);
+        ];
+        row.extend(go_cells(heap, g));
+        t.row(row);
     }
     t.print();
 
@@ -223,8 +302,10 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
          plus the key itself ({key_bytes} bytes for \"{}\")",
         all[0]
     );
-    println!(
-        "anchor (Go original on this kind of machine): drain 1M = 2.29 s; staggered 10k = 1.75 s, 20k = 6.5 s, 40k = 50.7 s"
-    );
+    if go.is_none() {
+        println!(
+            "anchor (Go original, measured elsewhere): drain 1M = 2.29 s; staggered 10k = 1.75 s, 20k = 6.5 s, 40k = 50.7 s"
+        );
+    }
     Ok(())
 }

@@ -26,8 +26,9 @@
 //!   set-based statement that updates only rows whose values differ — against (d′), what
 //!   writing only the difference changes;
 //! - (f) pg_ivm 1.15's incrementally maintained view (IMMV) of the same rollup — run when
-//!   pg_ivm is installed for the server binaries (`scripts/build-pg-ivm`; otherwise the
-//!   run says it was left out).
+//!   pg_ivm is installed for the server binaries (it is not packaged for Debian 12 and
+//!   builds from its public source against `postgresql-server-dev-15`; otherwise the run
+//!   says it was left out).
 //!
 //! What each variant needs is charged to it: only (a′) and (d) get the replica identity,
 //! the index, the publication and the slot; `wal_level = logical` is the same for all.
@@ -178,7 +179,7 @@ SELECT pgivm.create_immv('device_totals',
 ";
 
 /// Whether pg_ivm is installed for the server binaries in `bin_dir` (it is not packaged
-/// for Debian 12: `scripts/build-pg-ivm` builds it from source).
+/// for Debian 12; it builds from its public source against `postgresql-server-dev-15`).
 fn pg_ivm_installed(bin_dir: &std::path::Path) -> bool {
     bin_dir.join("../lib/pg_ivm.so").exists()
 }
@@ -646,7 +647,8 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
         variants.retain(|v| *v != Variant::PgIvm);
         println!(
             "(f) pg_ivm not run: it is not installed for these server binaries \
-             (not packaged for Debian 12; `scripts/build-pg-ivm` builds and installs it)\n"
+             (not packaged for Debian 12: build and install it from its public source \
+             against postgresql-server-dev-15)\n"
         );
     }
     let spread = match keys {

@@ -109,15 +109,19 @@ enum Keeper {
     Arrays,
     Query,
     QueryMaxWait,
+    /// `QueryMaxWait` reading each replication message as it arrives (`read_gap = "0s"`),
+    /// to show what burst reads cost or save in freshness.
+    QueryMaxWaitEager,
     MatView,
 }
 
 impl Keeper {
-    const ALL: [Keeper; 5] = [
+    const ALL: [Keeper; 6] = [
         Keeper::PerKey,
         Keeper::Arrays,
         Keeper::Query,
         Keeper::QueryMaxWait,
+        Keeper::QueryMaxWaitEager,
         Keeper::MatView,
     ];
 
@@ -127,6 +131,7 @@ impl Keeper {
             Keeper::Arrays => "freshen, hand-written over arrays (rebuild_batch = 64)",
             Keeper::Query => "freshen, query mode (batches of 64)",
             Keeper::QueryMaxWait => "freshen, query mode, max_wait = 200ms",
+            Keeper::QueryMaxWaitEager => "freshen, query mode, max_wait = 200ms, read_gap = 0s",
             Keeper::MatView => "matview, REFRESH CONCURRENTLY every 1 s",
         }
     }
@@ -134,7 +139,7 @@ impl Keeper {
     /// `max_wait` of the run (coalesce is 100 ms for all).
     fn max_wait(self) -> Duration {
         match self {
-            Keeper::QueryMaxWait => Duration::from_millis(200),
+            Keeper::QueryMaxWait | Keeper::QueryMaxWaitEager => Duration::from_millis(200),
             _ => Duration::from_secs(5),
         }
     }
@@ -292,7 +297,7 @@ fn run_one(keeper: Keeper, load: &Load) -> anyhow::Result<Run> {
     pg.psql(SCHEMA)?;
     pg.psql(match keeper {
         Keeper::MatView => MATVIEW,
-        Keeper::Query | Keeper::QueryMaxWait => QUERY_TABLE,
+        Keeper::Query | Keeper::QueryMaxWait | Keeper::QueryMaxWaitEager => QUERY_TABLE,
         Keeper::PerKey | Keeper::Arrays => FRESHEN,
     })?;
     let bench = Bench::of(&pg);
@@ -330,6 +335,13 @@ fn run_one(keeper: Keeper, load: &Load) -> anyhow::Result<Run> {
             Keeper::Query | Keeper::QueryMaxWait => Some(query_config_of(
                 &url, QUERY, None, "100ms", &max_wait, false,
             )),
+            Keeper::QueryMaxWaitEager => Some(
+                query_config_of(&url, QUERY, None, "100ms", &max_wait, false).replacen(
+                    "kind = \"postgres\"",
+                    "kind = \"postgres\"\nread_gap = \"0s\"",
+                    1,
+                ),
+            ),
         };
         let freshen = match toml {
             Some(toml) => Some(Freshen::start(&toml).await?),

@@ -446,7 +446,8 @@ pub struct PgSourceConfig {
     pub start: StartPosition,
     /// Most events in one batch (default 1024). A transaction larger than this arrives
     /// as several batches; only the one holding its commit carries the acknowledgement.
-    /// A partly filled batch is handed over once the stream has been quiet for 1 ms.
+    /// A partly filled batch is handed over once the stream has been quiet for 1 ms, or,
+    /// while rows keep coming, once it is 5 ms old and the reader has caught up.
     pub batch_size: usize,
     /// Batches queued between the replication reader and the consumer (default 4);
     /// beyond that the reader waits (back-pressure).

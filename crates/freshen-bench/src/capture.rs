@@ -274,6 +274,25 @@ fn per_row(d: Duration, rows: usize) -> String {
     format!("{:.2} µs", d.as_secs_f64() * 1e6 / rows as f64)
 }
 
+/// The environment variable listing further `read_gap`s to run freshen with, in µs
+/// (`FRESHEN_BENCH_READ_GAPS=500,1000`): a sweep, a row each.
+const GAPS_ENV: &str = "FRESHEN_BENCH_READ_GAPS";
+
+fn sweep_gaps() -> anyhow::Result<Vec<Duration>> {
+    let Some(list) = std::env::var_os(GAPS_ENV) else {
+        return Ok(Vec::new());
+    };
+    let list = list.to_string_lossy();
+    list.split(',')
+        .map(|us| {
+            us.trim()
+                .parse()
+                .map(Duration::from_micros)
+                .with_context(|| format!("{GAPS_ENV}={list}: {us:?} is not a number of µs"))
+        })
+        .collect()
+}
+
 /// Alternating runs of every reader over copies of `s`'s slot (etl's when `etl_bin` names
 /// its binary); prints their table and returns freshen's runs.
 fn compare(
@@ -287,10 +306,15 @@ fn compare(
     let mut ours = Vec::new();
     let mut eager = Vec::new();
     let mut etls = Vec::new();
+    let sweep = sweep_gaps()?;
+    let mut swept: Vec<Vec<Cost>> = vec![Vec::new(); sweep.len()];
     for _ in 0..runs {
         theirs.push(recvlogical(s)?);
         ours.push(freshen(s, rows, DEFAULT_READ_GAP)?);
         eager.push(freshen(s, rows, Duration::ZERO)?.cost);
+        for (gap, costs) in sweep.iter().zip(&mut swept) {
+            costs.push(freshen(s, rows, *gap)?.cost);
+        }
         if let Some(bin) = etl_bin {
             etls.push(etl(s, bin, rows)?);
         }
@@ -330,6 +354,9 @@ fn compare(
         "freshen, read_gap = 0 (reads each message)",
         medians(&eager),
     );
+    for (gap, costs) in sweep.iter().zip(&swept) {
+        row(&format!("freshen, read_gap = {gap:?}"), medians(costs));
+    }
     if !etls.is_empty() {
         row(
             "supabase/etl Pipeline (decoded, batched, counted)",

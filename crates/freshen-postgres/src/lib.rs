@@ -95,6 +95,7 @@ mod fanout;
 mod identity;
 pub mod incremental;
 mod leader;
+mod lowat;
 mod lsn;
 mod merge;
 mod params;

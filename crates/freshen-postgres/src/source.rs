@@ -27,6 +27,9 @@ pub struct Health {
     pub running: bool,
     /// A replication session is streaming right now.
     pub streaming: bool,
+    /// The session reads with the socket's wake-up threshold raised while the stream is
+    /// busy (a loopback TCP connection on Linux; see [`PgSourceConfig::read_gap`]).
+    pub wake_threshold: bool,
     /// The last error (a broken connection, a failed reconnect), if any.
     pub last_error: Option<String>,
     /// Furthest position received from the server.
@@ -88,6 +91,7 @@ impl PgHandle {
         Health {
             running: s.running.load(Ordering::SeqCst),
             streaming: s.streaming.load(Ordering::SeqCst),
+            wake_threshold: s.wake_threshold.load(Ordering::Relaxed),
             last_error: s
                 .last_error
                 .lock()

@@ -22,7 +22,7 @@
 //! the socket's wake-up threshold is raised (`lowat.rs`), so the kernel wakes the thread
 //! once 64 KiB have gathered, and `read_gap` after the last data the threshold is lowered
 //! again, which releases whatever is queued. On the one-transaction capture this took the
-//! server's CPU per row from 6.9 µs to 3.9 µs (BENCHMARKS.md, capture).
+//! server's CPU per row from 6.9 µs to 3.5–3.8 µs (BENCHMARKS.md, capture).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -304,15 +304,16 @@ fn compare(
 ) -> anyhow::Result<Vec<FreshenRun>> {
     let mut theirs = Vec::new();
     let mut ours = Vec::new();
-    let mut eager = Vec::new();
     let mut etls = Vec::new();
-    let sweep = sweep_gaps()?;
-    let mut swept: Vec<Vec<Cost>> = vec![Vec::new(); sweep.len()];
+    // Reading each message as it arrives, then the sweep's gaps: a row each.
+    let gaps: Vec<Duration> = std::iter::once(Duration::ZERO)
+        .chain(sweep_gaps()?)
+        .collect();
+    let mut swept: Vec<Vec<Cost>> = vec![Vec::new(); gaps.len()];
     for _ in 0..runs {
         theirs.push(recvlogical(s)?);
         ours.push(freshen(s, rows, DEFAULT_READ_GAP)?);
-        eager.push(freshen(s, rows, Duration::ZERO)?.cost);
-        for (gap, costs) in sweep.iter().zip(&mut swept) {
+        for (gap, costs) in gaps.iter().zip(&mut swept) {
             costs.push(freshen(s, rows, *gap)?.cost);
         }
         if let Some(bin) = etl_bin {
@@ -350,12 +351,13 @@ fn compare(
         "freshen PgSource (decoded, batched, acked)",
         medians(&freshen),
     );
-    row(
-        "freshen, read_gap = 0 (reads each message)",
-        medians(&eager),
-    );
-    for (gap, costs) in sweep.iter().zip(&swept) {
-        row(&format!("freshen, read_gap = {gap:?}"), medians(costs));
+    for (gap, costs) in gaps.iter().zip(&swept) {
+        let reader = if gap.is_zero() {
+            "freshen, read_gap = 0 (reads each message)".to_string()
+        } else {
+            format!("freshen, read_gap = {gap:?}")
+        };
+        row(&reader, medians(costs));
     }
     if !etls.is_empty() {
         row(

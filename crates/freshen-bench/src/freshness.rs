@@ -335,13 +335,13 @@ fn run_one(keeper: Keeper, load: &Load) -> anyhow::Result<Run> {
             Keeper::Query | Keeper::QueryMaxWait => Some(query_config_of(
                 &url, QUERY, None, "100ms", &max_wait, false,
             )),
-            Keeper::QueryMaxWaitEager => Some(
-                query_config_of(&url, QUERY, None, "100ms", &max_wait, false).replacen(
-                    "kind = \"postgres\"",
-                    "kind = \"postgres\"\nread_gap = \"0s\"",
-                    1,
-                ),
-            ),
+            Keeper::QueryMaxWaitEager => {
+                let toml = query_config_of(&url, QUERY, None, "100ms", &max_wait, false);
+                let source = "[source]\n";
+                // A row that silently kept the default would measure the wrong reader.
+                anyhow::ensure!(toml.contains(source), "no [source] table in {toml}");
+                Some(toml.replacen(source, "[source]\nread_gap = \"0s\"\n", 1))
+            }
         };
         let freshen = match toml {
             Some(toml) => Some(Freshen::start(&toml).await?),

@@ -210,7 +210,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         "scan / heap",
     ];
     if go.is_some() {
-        header.extend(["Go original (dirtySet, go1.19)", "Go / heap"]);
+        header.extend(["Go original (dirtySet)", "Go / heap"]);
     }
     let mut t = Table::new(&header);
     let go_cells = |heap: Duration, g: Option<Duration>| match g {

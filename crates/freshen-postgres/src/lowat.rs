@@ -191,14 +191,14 @@ mod tests {
         let (local, peer) = ports(&client);
         client.set_nonblocking(true).unwrap();
         let client = tokio::net::TcpStream::from_std(client).unwrap();
-        let mut wire = Lowat::find(local, peer, 4096).unwrap();
-        wire.raise();
-        assert!(wire.is_raised());
+        let mut lowat = Lowat::find(local, peer, 4096).unwrap();
+        lowat.raise();
+        assert!(lowat.is_raised());
         server.write_all(b"small").unwrap();
         let held = tokio::time::timeout(Duration::from_millis(300), client.readable()).await;
         assert!(held.is_err(), "5 bytes woke a reader waiting for 4096");
-        wire.lower();
-        assert!(!wire.is_raised());
+        lowat.lower();
+        assert!(!lowat.is_raised());
         tokio::time::timeout(Duration::from_secs(10), client.readable())
             .await
             .expect("lowering the threshold signals the queued bytes")

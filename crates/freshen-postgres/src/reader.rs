@@ -355,17 +355,17 @@ impl Reader {
                 )
             })?
             .map_err(|e| (e, false))?;
-        let (mut client, xids, wire) = prepared;
+        let (mut client, xids, lowat) = prepared;
         let sentinel = sentinel(&self.cfg).await;
         self.asm.reset(xids);
         self.shared.streaming.store(true, Ordering::SeqCst);
         self.shared
             .wake_threshold
-            .store(wire.is_some(), Ordering::Relaxed);
+            .store(lowat.is_some(), Ordering::Relaxed);
         if let Some(r) = ready.take() {
             let _ = r.send(Ok(()));
         }
-        let ended = self.stream(&mut client, sentinel, wire).await;
+        let ended = self.stream(&mut client, sentinel, lowat).await;
         self.shared.wake_threshold.store(false, Ordering::Relaxed);
         ended.map_err(|e| (e, true))
     }
@@ -420,7 +420,7 @@ impl Reader {
         // The wake-up threshold serves a reader on the server's own host only: there the
         // walsender pays for waking it, and the window it clamps costs nothing.
         let port = |i: usize| text(i).and_then(|p| p.parse::<u16>().ok());
-        let wire = match (&transport, port(3), port(4)) {
+        let lowat = match (&transport, port(3), port(4)) {
             (Transport::Direct, Some(local), Some(peer))
                 if !self.cfg.read_gap.is_zero() && is_loopback(&self.cfg.connection.host) =>
             {
@@ -428,14 +428,14 @@ impl Reader {
             }
             _ => None,
         };
-        Ok((client, XidClock::new(next_xid), wire))
+        Ok((client, XidClock::new(next_xid), lowat))
     }
 
     async fn stream(
         &mut self,
         client: &mut ReplicationClient,
         mut sentinel: BoxFuture<'static, PgError>,
-        mut wire: Option<Lowat>,
+        mut lowat: Option<Lowat>,
     ) -> Result<Ended, PgError> {
         let gap = self.cfg.read_gap;
         // The last wait on the socket ended because data came: the stream is busy.
@@ -453,8 +453,8 @@ impl Reader {
                         // Raised before the pause as well: data arriving then does not
                         // signal the socket's readiness either, which the sender pays for
                         // per message even with nobody waiting.
-                        if let Some(w) = wire.as_mut() {
-                            w.raise();
+                        if let Some(l) = lowat.as_mut() {
+                            l.raise();
                         }
                         // Blocking on purpose: this thread's runtime holds only the
                         // replication session, and a timer wait would sit on the
@@ -463,7 +463,7 @@ impl Reader {
                         // The raised wait below ends `gap` after the pause at the latest.
                         last_data = Instant::now();
                     }
-                    let raised = wire.as_ref().is_some_and(Lowat::is_raised);
+                    let raised = lowat.as_ref().is_some_and(Lowat::is_raised);
                     // The wire is momentarily empty. With rows waiting, linger briefly
                     // for more (a batch per row would cost more than the rows), then
                     // hand over what has gathered.
@@ -495,8 +495,8 @@ impl Reader {
                 }
                 Wake::Acked => self.advance(client),
                 Wake::Slowed => {
-                    if let Some(w) = wire.as_mut() {
-                        w.lower();
+                    if let Some(l) = lowat.as_mut() {
+                        l.lower();
                     }
                 }
                 Wake::ShuttingDown(e) => {

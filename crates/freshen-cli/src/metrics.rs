@@ -83,6 +83,9 @@ pub mod names {
     pub const SOURCE_LAG: &str = "freshen_source_lag_bytes";
     /// Age of the oldest change received and not yet confirmed.
     pub const SOURCE_LAG_SECONDS: &str = "freshen_source_lag_seconds";
+    /// Seconds the source has read nothing while the server's position was ahead of it
+    /// (0 while it reads): a stalled reader.
+    pub const SOURCE_STALLED: &str = "freshen_source_stalled_seconds";
     /// Reconnects of the source.
     pub const SOURCE_RECONNECTS: &str = "freshen_source_reconnects_total";
     /// Row events the source delivered.
@@ -114,6 +117,10 @@ pub struct SourceStatus {
     /// Age of the oldest change received and not yet confirmed, in seconds.
     #[serde(default)]
     pub lag_seconds: Option<f64>,
+    /// Seconds the source has read nothing while the server's position was ahead of it
+    /// (0 while it reads; absent for sources that do not watch for this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled_seconds: Option<f64>,
     /// Slot state (`reserved`, `extended`, `unreserved`, `lost`).
     pub slot_status: Option<String>,
     /// Reconnects so far.
@@ -523,6 +530,15 @@ pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
         );
         o.sample(name, &kind, v);
     }
+    if let Some(v) = source.stalled_seconds {
+        let name = names::SOURCE_STALLED;
+        o.header(
+            name,
+            "gauge",
+            "Seconds the source has read nothing while the server's position was ahead of it (0 while it reads).",
+        );
+        o.sample(name, &kind, v);
+    }
     if let Some(p) = &source.partitions {
         let name = names::KEY_STREAM_PARTITIONS;
         o.header(
@@ -586,6 +602,7 @@ mod tests {
                 kind: "postgres".into(),
                 streaming: true,
                 lag_bytes: Some(42),
+                stalled_seconds: Some(31.5),
                 ..SourceStatus::default()
             },
         );
@@ -603,6 +620,10 @@ mod tests {
         assert!(text.contains("freshen_source_streaming{kind=\"postgres\"} 1"));
         assert!(text.contains("freshen_events_unscoped_total{view=\"device\\\"totals\"} 2"));
         assert!(text.contains("freshen_source_lag_bytes{kind=\"postgres\"} 42"));
+        assert!(
+            text.contains("freshen_source_stalled_seconds{kind=\"postgres\"} 31.5"),
+            "{text}"
+        );
         assert!(
             !text.contains("freshen_source_received_lsn"),
             "unknown values are left out"

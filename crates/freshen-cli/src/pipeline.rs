@@ -212,6 +212,7 @@ impl Observe for Observer {
             server_lsn: h.head,
             lag_bytes: h.lag_bytes,
             lag_seconds: h.lag_seconds,
+            stalled_seconds: h.stalled_for.map(|d| d.as_secs_f64()),
             slot_status: h.retention,
             reconnects: h.reconnects,
             events: h.events,

@@ -44,6 +44,9 @@ pub struct SlotInfo {
     /// Bytes that can still be written before the slot is in danger of `lost`
     /// (`max_slot_wal_keep_size`); `None` when unlimited.
     pub safe_wal_size: Option<i64>,
+    /// The server's flushed WAL position when this was read (replayed, on a standby):
+    /// how far a reader of the slot could be.
+    pub server_lsn: Option<Lsn>,
 }
 
 impl SlotInfo {
@@ -492,7 +495,9 @@ impl PgAdmin {
                         wal_status, \
                         ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                                ELSE pg_current_wal_lsn() END) - confirmed_flush_lsn)::int8, \
-                        safe_wal_size \
+                        safe_wal_size, \
+                        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                              ELSE pg_current_wal_flush_lsn() END)::text \
                  FROM pg_replication_slots WHERE slot_name = $1",
                 &[&name],
             )
@@ -512,6 +517,7 @@ impl PgAdmin {
                 wal_status: r.get(9),
                 lag_bytes: r.get::<_, Option<i64>>(10).map(|b| b.max(0) as u64),
                 safe_wal_size: r.get(11),
+                server_lsn: lsn(12),
             }
         }))
     }

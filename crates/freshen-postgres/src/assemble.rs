@@ -6,7 +6,7 @@
 //! the others carry none.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use freshen::{BoxError, Op, RowEvent, SchemaChange, StreamMark, Tx};
 
@@ -66,6 +66,10 @@ pub(crate) struct Assembler {
     discovered: Vec<crate::TableName>,
     commit_end: Option<u64>,
     first_commit: Option<SystemTime>,
+    /// When the batch under construction got its first item, by the reader's clock
+    /// ([`Assembler::stamp`]). It belongs to that batch: closing or dropping the batch
+    /// forgets it, so an age is never read off a batch that is gone.
+    opened: Option<Instant>,
 }
 
 /// The most bytes of a logical decoding message's content handed over: markers are
@@ -87,6 +91,7 @@ impl Assembler {
             discovered: Vec::new(),
             commit_end: None,
             first_commit: None,
+            opened: None,
         }
     }
 
@@ -114,6 +119,7 @@ impl Assembler {
         self.schema_changes.clear();
         self.commit_end = None;
         self.first_commit = None;
+        self.opened = None;
     }
 
     /// Whether a transaction is open (its rows may be partly handed over).
@@ -129,8 +135,25 @@ impl Assembler {
             || !self.schema_changes.is_empty()
     }
 
+    /// Notes the time a batch under construction was first seen holding something
+    /// (`now` is read only then): the start of its [`age`](Assembler::age).
+    pub(crate) fn stamp(&mut self, now: impl FnOnce() -> Instant) {
+        if self.opened.is_none() && self.has_output() {
+            self.opened = Some(now());
+        }
+    }
+
+    /// How long the batch under construction has been gathering, if it holds anything
+    /// and was stamped.
+    pub(crate) fn age(&self, now: Instant) -> Option<Duration> {
+        self.opened
+            .filter(|_| self.has_output())
+            .map(|t| now.saturating_duration_since(t))
+    }
+
     /// Closes the batch under construction, if it holds anything.
     pub(crate) fn take(&mut self) -> Option<Output> {
+        self.opened = None;
         if !self.has_output() {
             return None;
         }
@@ -585,6 +608,43 @@ mod tests {
             &[(true, "id", 23), (false, "doc", 25), (false, "unit", 25)],
         ));
         assert!(!a.has_output());
+    }
+
+    /// The age of a batch is the batch's own: a closed or dropped batch has none, and the
+    /// next one starts from its own first item. (The reader once kept this beside the
+    /// assembler, and a reconnect that dropped the batch left an age with nothing to
+    /// hand over: the stream loop then spun without ever reading again.)
+    #[test]
+    fn the_age_of_a_batch_goes_with_it() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_millis(7);
+        let mut a = asm(10);
+        a.stamp(|| unreachable!("nothing to stamp: the clock is not read"));
+        assert_eq!(a.age(later), None);
+        a.begin(10, 1, 0);
+        a.change(&insert(1, &[Some(Some("1")), None, None]));
+        a.stamp(|| t0);
+        a.stamp(|| unreachable!("stamped once per batch"));
+        assert_eq!(a.age(later), Some(Duration::from_millis(7)));
+        assert!(a.take().is_some());
+        assert_eq!(a.age(later), None, "a closed batch has no age");
+
+        a.change(&insert(1, &[Some(Some("2")), None, None]));
+        a.stamp(|| t0);
+        a.reset(XidClock::new(100));
+        assert_eq!(a.age(later), None, "a dropped batch has no age");
+        a.change(&relation(
+            1,
+            "public",
+            "t",
+            b'd',
+            &[(true, "id", 23), (false, "dev", 25), (false, "doc", 25)],
+        ));
+        a.begin(20, 2, 0);
+        a.change(&insert(1, &[Some(Some("3")), None, None]));
+        assert_eq!(a.age(later), None, "the next batch is not stamped yet");
+        a.stamp(|| later);
+        assert_eq!(a.age(later), Some(Duration::ZERO));
     }
 
     #[test]

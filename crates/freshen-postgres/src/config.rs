@@ -59,6 +59,11 @@ pub const DEFAULT_READ_GAP: Duration = Duration::from_micros(250);
 /// The longest [`PgSourceConfig::read_gap`]: past it the pause is latency, not batching.
 pub const MAX_READ_GAP: Duration = Duration::from_millis(10);
 
+/// The default [`PgSourceConfig::stall_after`]: long enough that a reader waiting on a
+/// busy pipeline for a moment is not called stalled, short against how long an
+/// orchestrator or a person waits for a health check to notice.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(30);
+
 /// The longest `status_interval`: an hour (PostgreSQL's `wal_sender_timeout` is a
 /// minute by default; longer only retains WAL).
 pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(3600);
@@ -472,6 +477,12 @@ pub struct PgSourceConfig {
     /// How long reconnecting may go on without streaming before the source gives up
     /// with an error (default 5 minutes).
     pub reconnect_deadline: Duration,
+    /// A streaming reader that takes nothing from its session for this long while the
+    /// server's WAL (read on another connection) is ahead of it is stalled: the source
+    /// reports it as a problem (`/healthz` 503) until it reads again (default 30 s;
+    /// zero turns the watch off). It is judged when the source is sampled, so it shows
+    /// within this plus the sampling interval.
+    pub stall_after: Duration,
 }
 
 impl Default for PgSourceConfig {
@@ -493,6 +504,7 @@ impl Default for PgSourceConfig {
             status_interval: Duration::from_secs(1),
             reconnect: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             reconnect_deadline: Duration::from_secs(300),
+            stall_after: DEFAULT_STALL_AFTER,
         }
     }
 }

@@ -92,6 +92,7 @@ mod drift;
 mod enumerate;
 mod error;
 mod fanout;
+mod feedback;
 mod identity;
 pub mod incremental;
 mod leader;
@@ -112,6 +113,7 @@ mod sink_snapshot;
 mod snapshot;
 mod snapshot_window;
 mod source;
+mod stall;
 mod tls;
 mod toast;
 mod xid;
@@ -121,8 +123,9 @@ pub use admin::{
     ReplicaIdentity, SlotInfo, TableIdentity,
 };
 pub use config::{
-    ConnectionConfig, DEFAULT_READ_GAP, MAX_CONNECT_TIMEOUT, MAX_READ_GAP, MAX_STATUS_INTERVAL,
-    PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition, TableName,
+    ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, MAX_CONNECT_TIMEOUT, MAX_READ_GAP,
+    MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition,
+    TableName,
 };
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;

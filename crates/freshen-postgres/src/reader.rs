@@ -1,13 +1,14 @@
 //! The replication reader: its own thread and current-thread runtime (measured 2–3×
 //! faster than a multi-thread runtime for this loop), reconnecting with backoff, handing
 //! batches to the source through a bounded channel, and sending feedback that never
-//! confirms past what was acknowledged.
+//! confirms past what was acknowledged — nor a position the server called idle, except
+//! while nothing is pending and within the session that saw it (`feedback.rs`).
 //!
-//! Feedback rule. Acks arrive strictly in batch order, so an acked commit batch's
-//! `end_lsn` is confirmed as is. When nothing is pending — no open transaction, no
-//! unsent events, every handed-out commit batch acked — the newest keepalive `wal_end`
-//! (or empty commit) is confirmed too, so traffic the publication filters out never
-//! holds WAL.
+//! The replication client's worker runs on this thread's runtime too, so the stream loop
+//! must wait on something whenever it has nothing to do: a pass that neither reads nor
+//! waits starves the client, and the session then looks connected while nothing is read.
+//! What the loop decides from (the age of the batch under construction) lives with the
+//! batch in the assembler, so it cannot outlive a batch a reconnect dropped.
 //!
 //! Reading in bursts. A thread waiting on the socket is woken by the server for every
 //! message, and on loopback that wake-up is paid by the sending walsender: most of its
@@ -39,6 +40,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use crate::admin::{slot_lost, slot_missing};
 use crate::assemble::{Assembler, Committed, Output};
 use crate::error::ErrorKind;
+use crate::feedback::{Acked, Feedback};
 use crate::lowat::Lowat;
 use crate::quote::quote_literal;
 use crate::rows::Relations;
@@ -84,6 +86,11 @@ pub(crate) struct Shared {
     pub(crate) reconnects: AtomicU64,
     pub(crate) queued_events: AtomicU64,
     pub(crate) peak_queued_events: AtomicU64,
+    /// Messages taken from replication sessions (any kind): the reader's pulse, which
+    /// the stall watch (`stall.rs`) compares with the server's WAL.
+    pub(crate) messages: AtomicU64,
+    /// The reader waits for the consumer to take a batch (the queue is full).
+    pub(crate) waiting_consumer: AtomicBool,
     pub(crate) last_error: Mutex<Option<String>>,
     /// Tables discovered while running (see [`SourceHealth::discovered`](freshen::SourceHealth)).
     pub(crate) discovered: Mutex<Vec<TableName>>,
@@ -189,13 +196,8 @@ struct Reader {
     tx: mpsc::Sender<Result<Batch, SourceError>>,
     stop: watch::Receiver<bool>,
     asm: Assembler,
-    handed_seq: u64,
-    /// The position given to the replication client to report.
-    confirmed: u64,
-    /// Newest position known to hold nothing unsent (keepalive `wal_end`, empty commit).
-    idle_pos: u64,
-    /// When the batch under construction got its first row.
-    gathering: Option<Instant>,
+    /// What may be confirmed to the server (`feedback.rs`).
+    feedback: Feedback,
 }
 
 /// What woke the stream loop.
@@ -231,10 +233,7 @@ impl Reader {
             shared: s.shared,
             tx: s.tx,
             stop: s.stop,
-            handed_seq: 0,
-            confirmed: 0,
-            idle_pos: 0,
-            gathering: None,
+            feedback: Feedback::default(),
         }
     }
 
@@ -329,7 +328,7 @@ impl Reader {
         .with_start_lsn(WireLsn(start))
         // Always say what is confirmed: starting from a position without it would
         // report the start position as flushed and skip what was never acknowledged.
-        .with_ack_lsn(WireLsn(self.confirmed))
+        .with_ack_lsn(WireLsn(self.feedback.confirmed()))
         .with_status_interval(self.cfg.status_interval)
         .with_wakeup_interval(self.cfg.status_interval)
         .with_buffer_size(self.cfg.wire_buffer)
@@ -357,7 +356,10 @@ impl Reader {
             .map_err(|e| (e, false))?;
         let (mut client, xids, lowat) = prepared;
         let sentinel = sentinel(&self.cfg).await;
+        // What the last session gathered and did not hand over is gone, and with it
+        // what that session's idle positions promised: the server resends both.
         self.asm.reset(xids);
+        self.feedback.session_started();
         self.shared.streaming.store(true, Ordering::SeqCst);
         self.shared
             .wake_threshold
@@ -447,7 +449,13 @@ impl Reader {
             let wake = match client.recv().now_or_never() {
                 Some(ev) => Wake::Event(ev),
                 // Caught up, with a batch that has gathered long enough.
-                None if self.gathering.is_some_and(|t| t.elapsed() >= MAX_GATHER) => Wake::Quiet,
+                None if self
+                    .asm
+                    .age(Instant::now())
+                    .is_some_and(|a| a >= MAX_GATHER) =>
+                {
+                    Wake::Quiet
+                }
                 None => {
                     if busy && !gap.is_zero() {
                         // Raised before the pause as well: data arriving then does not
@@ -498,6 +506,8 @@ impl Reader {
                     if let Some(l) = lowat.as_mut() {
                         l.lower();
                     }
+                    // Should lowering fail, the next try is a deadline away, not at once.
+                    last_data = Instant::now();
                 }
                 Wake::ShuttingDown(e) => {
                     // Leave without confirming anything more: the replay after the
@@ -514,12 +524,11 @@ impl Reader {
                     }
                 }
                 Wake::Event(Ok(Some(ev))) => {
+                    self.shared.messages.fetch_add(1, Ordering::Relaxed);
                     if let Some(end) = self.handle(ev, client).await? {
                         return Ok(end);
                     }
-                    if self.gathering.is_none() && self.asm.has_output() {
-                        self.gathering = Some(Instant::now());
-                    }
+                    self.asm.stamp(Instant::now);
                 }
                 Wake::Event(Ok(None)) => {
                     return Err(PgError::new(
@@ -575,7 +584,7 @@ impl Reader {
                     .received_lsn
                     .fetch_max(end_lsn.0, Ordering::Relaxed);
                 if let Committed::Empty(end) = self.asm.commit(end_lsn.0) {
-                    self.idle_pos = self.idle_pos.max(end);
+                    self.feedback.idle_at(end);
                     self.advance(client);
                 }
             }
@@ -583,7 +592,7 @@ impl Reader {
                 self.shared
                     .server_lsn
                     .fetch_max(wal_end.0, Ordering::Relaxed);
-                self.idle_pos = self.idle_pos.max(wal_end.0);
+                self.feedback.idle_at(wal_end.0);
                 self.advance(client);
             }
             ReplicationEvent::StoppedAt { .. } => return Ok(Some(Ended::Stopped)),
@@ -608,13 +617,11 @@ impl Reader {
         out: Output,
         client: &mut ReplicationClient,
     ) -> Result<Option<Ended>, PgError> {
-        self.gathering = None;
         let n = out.events.len() as u64;
         let skipped = out.skipped.len() as u64;
         let ack = match out.commit_end {
             Some(end) => {
-                self.handed_seq += 1;
-                let seq = self.handed_seq;
+                let seq = self.feedback.handed();
                 if let Some(t) = out.first_commit {
                     let mut q = self
                         .shared
@@ -641,7 +648,15 @@ impl Reader {
             batch = batch.with_skipped(e);
         }
         let sender = self.tx.clone();
+        let mut waited = false;
         let permit = loop {
+            if let Ok(p) = sender.try_reserve() {
+                break p;
+            }
+            if !waited {
+                waited = true;
+                self.shared.waiting_consumer.store(true, Ordering::Relaxed);
+            }
             let stop = &mut self.stop;
             let acks = &self.shared.ack_notify;
             let got = tokio::select! {
@@ -660,6 +675,9 @@ impl Reader {
                 Some(Some(Err(_))) => return Ok(Some(Ended::ConsumerGone)),
             }
         };
+        if waited {
+            self.shared.waiting_consumer.store(false, Ordering::Relaxed);
+        }
         let s = &self.shared;
         let queued = s.queued_events.fetch_add(n, Ordering::Relaxed) + n;
         s.peak_queued_events.fetch_max(queued, Ordering::Relaxed);
@@ -670,20 +688,14 @@ impl Reader {
         Ok(None)
     }
 
-    fn pending(&self) -> bool {
-        self.asm.in_transaction()
-            || self.asm.has_output()
-            || self.shared.acked_seq.load(Ordering::SeqCst) < self.handed_seq
-    }
-
     /// Raises the confirmed position as far as the feedback rule allows.
     fn advance(&mut self, client: &ReplicationClient) {
-        let mut target = self.shared.acked_end.load(Ordering::SeqCst);
-        if !self.pending() {
-            target = target.max(self.idle_pos);
-        }
-        if target > self.confirmed {
-            self.confirmed = target;
+        let acked = Acked {
+            seq: self.shared.acked_seq.load(Ordering::SeqCst),
+            end: self.shared.acked_end.load(Ordering::SeqCst),
+        };
+        let unsent = self.asm.in_transaction() || self.asm.has_output();
+        if let Some(target) = self.feedback.advance(acked, unsent) {
             client.update_applied_lsn(WireLsn(target));
             self.shared.confirmed_lsn.store(target, Ordering::SeqCst);
         }
@@ -692,7 +704,7 @@ impl Reader {
     /// Final feedback: report the last confirmed position, then end the stream.
     async fn finish(&mut self, client: &mut ReplicationClient) {
         self.advance(client);
-        let target = self.confirmed;
+        let target = self.feedback.confirmed();
         let deadline = Instant::now() + self.cfg.status_interval + Duration::from_secs(1);
         while client.metrics().last_applied_lsn().0 < target && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;

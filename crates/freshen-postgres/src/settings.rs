@@ -14,8 +14,8 @@ use freshen::{BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
 use crate::config::{
-    ConnectionConfig, DEFAULT_READ_GAP, MAX_READ_GAP, MAX_STATUS_INTERVAL, PublicationMode,
-    SlotMode, TableName,
+    ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, MAX_READ_GAP, MAX_STATUS_INTERVAL,
+    PublicationMode, SlotMode, TableName,
 };
 use crate::{PgAdmin, PgSource, PublicationDrop, TablePattern, check};
 
@@ -31,6 +31,7 @@ use crate::{PgAdmin, PgSource, PublicationDrop, TablePattern, check};
 /// publication_mode = "create"      # or "existing"
 /// status_interval = "1s"
 /// read_gap = "250us"               # pause before reading a busy stream again
+/// stall_after = "30s"              # a reader that reads nothing while WAL moves on: 503
 /// tables = ["public.orders"]       # captured besides the views' tables
 /// # tables = "public.*"            # or every table of a schema, new ones included
 /// # tables = ["app.order_*"]       # or a name pattern; or "all"
@@ -64,6 +65,11 @@ pub struct PgSourceSettings {
     /// message as it arrives); see [`PgSourceConfig::read_gap`](crate::PgSourceConfig).
     #[serde(default = "default_read_gap", deserialize_with = "duration")]
     pub read_gap: Duration,
+    /// How long a streaming reader may read nothing while the server's WAL moves on
+    /// before `/healthz` says it stalled (default `30s`, at most `1h`, `0s` turns the
+    /// watch off); see [`PgSourceConfig::stall_after`](crate::PgSourceConfig).
+    #[serde(default = "default_stall_after", deserialize_with = "duration")]
+    pub stall_after: Duration,
     /// Tables captured besides the views' (for the changefeed and sinks): `schema.table`
     /// or `table`, quoted parts kept as written, unquoted ones folded to lower case; or
     /// `schema.*`: every table of the schema, those created later included (a
@@ -137,6 +143,10 @@ fn default_name() -> String {
 
 fn default_read_gap() -> Duration {
     DEFAULT_READ_GAP
+}
+
+fn default_stall_after() -> Duration {
+    DEFAULT_STALL_AFTER
 }
 
 fn default_status_interval() -> Duration {
@@ -243,6 +253,9 @@ impl SourcePlug for PgSourceSettings {
         }
         if self.read_gap > MAX_READ_GAP {
             p.push("read_gap: must be at most 10ms".into());
+        }
+        if self.stall_after > Duration::from_secs(3600) {
+            p.push("stall_after: must be at most 1h (0s turns the watch off)".into());
         }
         if self.discover_every < Duration::from_millis(10)
             || self.discover_every > Duration::from_secs(86_400)
@@ -359,7 +372,8 @@ impl SourcePlug for PgSourceSettings {
                 .slot(self.slot.clone(), self.slot_mode.into())
                 .publication(self.publication.clone(), self.publication_mode.into())
                 .status_interval(self.status_interval)
-                .read_gap(self.read_gap);
+                .read_gap(self.read_gap)
+                .stall_after(self.stall_after);
             for (schema, table) in &plan.tables {
                 builder = builder.table_name(TableName::new(schema, table));
             }
@@ -389,6 +403,7 @@ mod tests {
             publication_mode: PublicationChoice::default(),
             status_interval: default_status_interval(),
             read_gap: default_read_gap(),
+            stall_after: default_stall_after(),
             tables: vec![],
             discover_every: default_discover_every(),
         }

@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::admin::PgAdmin;
 use crate::error::ErrorKind;
 use crate::reader::{self, ReaderSetup, Shared};
+use crate::stall::{Observation, StallWatch, Stalled};
 use crate::{
     ConnectionConfig, Lsn, PgError, PgSourceConfig, PublicationMode, SlotInfo, SlotMode, SslMode,
     StartPosition, TableName, tls,
@@ -70,10 +71,25 @@ pub struct PgHandle {
 }
 
 /// What [`SourceProbe::sample`] last learnt from the server.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Sampled {
     lag: Option<Result<SlotInfo, String>>,
     problems: Vec<SourceProblem>,
+    /// Compares the reader with the server's WAL, read here on the admin connection.
+    watch: StallWatch,
+    /// The stall the last sample showed, if any.
+    stalled: Option<Stalled>,
+}
+
+impl Sampled {
+    fn new(stall_after: Duration) -> Sampled {
+        Sampled {
+            lag: None,
+            problems: Vec::new(),
+            watch: StallWatch::new(stall_after),
+            stalled: None,
+        }
+    }
 }
 
 impl fmt::Debug for PgHandle {
@@ -181,12 +197,25 @@ impl SourceProbe for PgHandle {
         out.streaming = h.streaming;
         out.last_error = h.last_error.or(lag_error);
         out.problems = sampled.problems.clone();
+        out.stalled_for = Some(sampled.stalled.map_or(Duration::ZERO, |s| s.for_));
+        if let Some(s) = sampled.stalled {
+            out.problems.push(SourceProblem {
+                table: None,
+                message: stall_message(&s, self.shared.waiting_consumer.load(Ordering::Relaxed)),
+            });
+        }
         out.reconnects = h.reconnects;
         out.events = h.events;
         out.skipped = h.skipped;
         out.received = Some(h.received_lsn.0);
         out.confirmed = Some(h.confirmed_lsn.0);
-        out.head = Some(h.server_lsn.0);
+        // The server's position as read apart from the stream, when known: the stream's
+        // own figure stops with the stream.
+        let sampled_head = match &sampled.lag {
+            Some(Ok(info)) => info.server_lsn,
+            _ => None,
+        };
+        out.head = Some(sampled_head.map_or(h.server_lsn.0, |l| l.0.max(h.server_lsn.0)));
         out.lag_bytes = lag_bytes;
         out.lag_seconds = h
             .oldest_unconfirmed
@@ -208,7 +237,32 @@ impl SourceProbe for PgHandle {
         Box::pin(async move {
             let lag = self.lag().await.map_err(|e| e.to_string());
             let problems = self.publication_problems().await;
+            // The reader's figures are read after the server's, so they are at least as
+            // new: a reader keeping up is never seen behind a newer server position.
+            let h = PgHandle::health(self);
+            let observation = lag
+                .as_ref()
+                .ok()
+                .and_then(|info| info.server_lsn)
+                .map(|server| Observation {
+                    streaming: h.streaming,
+                    server: server.0,
+                    reader: h.received_lsn.0.max(h.server_lsn.0),
+                    messages: self.shared.messages.load(Ordering::Relaxed),
+                });
             let mut sampled = self.sampled.lock().unwrap_or_else(|p| p.into_inner());
+            let was = sampled.stalled.is_some();
+            sampled.stalled = match observation {
+                Some(o) => sampled.watch.observe(std::time::Instant::now(), o),
+                // The server is out of reach: the session reports that itself.
+                None => None,
+            };
+            if let Some(s) = sampled.stalled.filter(|_| !was) {
+                let waiting = self.shared.waiting_consumer.load(Ordering::Relaxed);
+                tracing::error!(slot = %self.slot, "{}", stall_message(&s, waiting));
+            } else if was && sampled.stalled.is_none() {
+                tracing::info!(slot = %self.slot, "freshen-postgres: the replication reader reads again");
+            }
             sampled.lag = Some(lag);
             if let Some(problems) = problems {
                 for p in problems.iter().filter(|p| !sampled.problems.contains(p)) {
@@ -218,6 +272,21 @@ impl SourceProbe for PgHandle {
             }
         })
     }
+}
+
+/// What a stalled reader's problem says.
+fn stall_message(s: &Stalled, waiting_consumer: bool) -> String {
+    let why = if waiting_consumer {
+        "it waits for the pipeline to take a batch"
+    } else {
+        "the session is connected but not read"
+    };
+    format!(
+        "the replication reader has read nothing for {:.0}s while the server's WAL is ahead of it (server at {}, reader at {}; {why}): no change arrives; restart freshen if it persists",
+        s.for_.as_secs_f64(),
+        Lsn(s.server),
+        Lsn(s.reader),
+    )
 }
 
 /// The PostgreSQL logical replication source.
@@ -337,6 +406,7 @@ impl PgSource {
         let slot = config.slot.clone();
         let publication = config.publication.clone();
         let tables = config.tables.clone();
+        let sampled = Arc::new(Mutex::new(Sampled::new(config.stall_after)));
         reader::spawn(
             ReaderSetup {
                 config: Arc::new(config),
@@ -370,7 +440,7 @@ impl PgSource {
                 slot,
                 publication,
                 tables,
-                sampled: Arc::default(),
+                sampled,
             },
             capabilities,
             stop,
@@ -555,6 +625,13 @@ impl PgSourceBuilder {
     /// Standby status update interval.
     pub fn status_interval(mut self, d: Duration) -> Self {
         self.config.status_interval = d;
+        self
+    }
+
+    /// How long a streaming reader may take nothing while the server's WAL is ahead
+    /// before it is reported stalled ([`PgSourceConfig::stall_after`]).
+    pub fn stall_after(mut self, d: Duration) -> Self {
+        self.config.stall_after = d;
         self
     }
 

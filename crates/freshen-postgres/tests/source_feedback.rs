@@ -200,6 +200,78 @@ async fn a_server_restart_mid_stream_loses_nothing() {
     src.shutdown().await;
 }
 
+/// A session that ends while a big transaction streams in — the reader behind, rows
+/// gathering in the batch under construction — is followed by one that reads on: the
+/// transaction arrives whole and so does a witness row written after the reconnect. The
+/// end is forced, not hoped for: nothing is taken until the walsender waits on a full
+/// socket, so the rows before the end and the end itself are all queued when reading
+/// resumes. (The reader once kept the age of the batch a reconnect dropped: its loop then
+/// found an old batch to hand over and nothing in it, over and over, and never yielded
+/// to the client reading the new session, while reporting that it streamed.)
+#[tokio::test]
+async fn a_session_ended_mid_transaction_is_followed_by_one_that_reads_on() {
+    let pg = server();
+    let c = sql(&pg).await;
+    c.batch_execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+        .await
+        .unwrap();
+    let mut cfg = config(&pg, "midtx", &["t"]);
+    cfg.queue_batches = 1;
+    let mut src = source(cfg).await;
+    const ROWS: i32 = 100_000;
+    c.execute(
+        "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, $1) g",
+        &[&ROWS],
+    )
+    .await
+    .unwrap();
+    eventually(60, "the walsender waits on a full socket", || async {
+        c.query_opt(
+            "SELECT 1 FROM pg_stat_activity WHERE backend_type = 'walsender' AND wait_event = 'WalSenderWriteData'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .map(|_| ())
+    })
+    .await;
+    c.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'midtx'",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let witness = ROWS + 1;
+    let mut seen = BTreeSet::new();
+    let mut written = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while !seen.contains(&i64::from(witness)) {
+        if !written && seen.len() >= ROWS as usize {
+            c.execute("INSERT INTO t VALUES ($1, 'witness')", &[&witness])
+                .await
+                .unwrap();
+            written = true;
+        }
+        let b = tokio::time::timeout_at(deadline, src.next_batch())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} of {ROWS} rows, witness written: {written}; health {:?}",
+                    seen.len(),
+                    src.health()
+                )
+            })
+            .expect("stream ended")
+            .expect("source failed");
+        seen.extend(ids(std::slice::from_ref(&b)));
+        b.into_parts().2.ack();
+    }
+    assert_eq!(seen.len(), ROWS as usize + 1, "every row, and the witness");
+    assert!(src.health().reconnects >= 1, "{:?}", src.health());
+    src.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_million_row_transaction_streams_in_bounded_batches() {
     let pg = server();

@@ -357,6 +357,11 @@ pub struct SourceHealth {
     pub lag_seconds: Option<f64>,
     /// The upstream's state of the retained position (a slot's `wal_status`).
     pub retention: Option<String>,
+    /// How long the source has taken nothing from its upstream while the upstream's
+    /// own position, read independently, was ahead of it: zero while it reads (or has
+    /// nothing to read); `None` for a source that does not watch itself this way. A
+    /// stall is also one of [`problems`](Self::problems).
+    pub stalled_for: Option<std::time::Duration>,
     /// The partitions of a shared stream this instance owns now (a member of a consumer
     /// group that splits the work, such as a key stream worker); `None` when the source
     /// is not split between instances.

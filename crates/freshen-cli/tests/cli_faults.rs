@@ -59,12 +59,19 @@ async fn restarts_under_load_delay_rebuilds_and_quarantine_nothing() {
     let Started { dir, base, mut run } = run_healthy(|http| no_sweep(&pg.url(), http), None).await;
     let mut r = Rng::new(0xfa17);
     workload(&mut c, &mut r, 50).await;
+    // Witnesses written now and changed once more just before the second fault.
+    witness(&c, "early", 3).await;
     wait_equal(&c, Duration::from_secs(30)).await;
 
-    for how in [Shutdown::Fast, Shutdown::Immediate] {
+    for (how, tag) in [(Shutdown::Fast, "fast"), (Shutdown::Immediate, "immediate")] {
         // Changes freshen has received but not rebuilt (the debounce is 1 s) and so not
-        // confirmed: the server must still stop promptly, and the changes survive.
+        // confirmed: the server must still stop promptly, and the changes survive. The
+        // witnesses among them are never changed again: only the stream can bring them.
         workload(&mut c, &mut r, 100).await;
+        witness(&c, tag, 5).await;
+        if how == Shutdown::Immediate {
+            witness(&c, "early", 3).await;
+        }
         drop(c);
         pg.stop_within(how, Duration::from_secs(15))
             .unwrap_or_else(|e| panic!("{how:?} shutdown held up: {e}\n{}", log_of(dir.path(), 1)));
@@ -75,6 +82,8 @@ async fn restarts_under_load_delay_rebuilds_and_quarantine_nothing() {
         workload(&mut c, &mut r, 50).await;
     }
     wait_equal(&c, Duration::from_secs(90)).await;
+    assert_witnesses(&c, &["early"], 3).await;
+    assert_witnesses(&c, &["fast", "immediate"], 5).await;
     let s = wait_status(&base, "streaming again", Duration::from_secs(30), |s| {
         s.source.streaming
     })
@@ -99,6 +108,110 @@ async fn restarts_under_load_delay_rebuilds_and_quarantine_nothing() {
     );
     run.kill().unwrap();
     run.wait().unwrap();
+}
+
+/// Writers that keep going until told to stop: three connections of `workload`, one
+/// transaction at a time with a short pause (about 200 transactions a second on a quiet
+/// machine).
+struct Writers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    async fn start(url: &str, seed: u64) -> Writers {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for w in 0..3 {
+            let mut c = connect(url).await;
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut r = Rng::new(seed + w);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    workload(&mut c, &mut r, 1).await;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }));
+        }
+        Writers { stop, tasks }
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("a writer");
+        }
+    }
+}
+
+/// Every backend of freshen's (`application_name`) that `what` selects, terminated.
+async fn terminate(c: &tokio_postgres::Client, what: &str) -> i64 {
+    c.query(
+        &format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {what} AND pid <> pg_backend_pid()"),
+        &[],
+    )
+    .await
+    .expect("terminate")
+    .len() as i64
+}
+
+/// The simplest way the reader once stalled for good: one walsender termination under an
+/// ordinary write load (about one run in three, then every derived row stale while
+/// `/healthz` said 200); and the same with every connection freshen holds terminated.
+/// Witness rows written just before each fault are never changed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_terminated_under_load_lose_nothing_and_streaming_goes_on() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let Started {
+        dir,
+        base,
+        run: _run,
+    } = run_healthy(|http| no_sweep(&pg.url(), http), None).await;
+    let writers = Writers::start(&pg.url(), 0x7e57).await;
+    let faults = [
+        ("walsender", "backend_type = 'walsender'"),
+        (
+            "all",
+            "(backend_type = 'walsender' OR application_name LIKE 'freshen%')",
+        ),
+    ];
+    for (tag, what) in faults {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        witness(&c, tag, 5).await;
+        assert!(terminate(&c, what).await >= 1, "{tag}: nothing terminated");
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    writers.stop().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while differences(&c).await.iter().any(|(_, n)| *n != 0) {
+        if std::time::Instant::now() > deadline {
+            let walsenders: Vec<(String, Option<String>)> = c
+                .query(
+                    "SELECT state, wait_event FROM pg_stat_activity WHERE backend_type = 'walsender'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            panic!(
+                "derived tables never matched truth: {:?}; walsenders {walsenders:?}; /status {:?}\n{}",
+                differences(&c).await,
+                freshen_cli::status::get(&base, "/status").await,
+                log_of(dir.path(), 1)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_witnesses(&c, &["walsender", "all"], 5).await;
+    let s = wait_status(&base, "streaming again", Duration::from_secs(30), |s| {
+        s.source.streaming
+    })
+    .await;
+    assert!(s.source.reconnects >= 2, "both faults were seen: {s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -191,6 +191,16 @@ async fn derived_equals_truth_and_a_sigkilled_run_resumes_from_its_stored_cursor
         .await
         .unwrap()
         .get(0);
+    // Witnesses just before the SIGKILL, never changed again (the workload writes `d*`):
+    // the cursor may or may not have passed them; no sweep can find them.
+    for i in 0..5i64 {
+        c.execute(
+            "INSERT INTO readings (device, value) VALUES ($1, $2)",
+            &[&format!("w-kill-{i}"), &(10 + i)],
+        )
+        .await
+        .unwrap();
+    }
     run.kill().unwrap();
     run.wait().unwrap();
 
@@ -200,6 +210,18 @@ async fn derived_equals_truth_and_a_sigkilled_run_resumes_from_its_stored_cursor
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
     workload(&mut c, &held, &mut r, 50).await;
     wait_equal(&c, "plain_totals", Duration::from_secs(60)).await;
+    let witnesses: i64 = c
+        .query_one(
+            "SELECT count(*) FROM plain_totals WHERE device LIKE 'w-kill-%' AND n = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        witnesses, 5,
+        "the witnesses written just before the SIGKILL"
+    );
 
     let status = freshen_cli::status::fetch(&base).await.expect("/status");
     assert_eq!(status.source.kind, "postgres-incremental");
@@ -547,11 +569,32 @@ async fn a_second_process_waits_as_a_standby_and_takes_over() {
     }
     let mut r = Rng::new(3);
     workload(&mut c, &held, &mut r, 40).await;
+    // Never changed again: the standby finds them through the stored cursor or not at all.
+    for i in 0..5i64 {
+        c.execute(
+            "INSERT INTO readings (device, value) VALUES ($1, $2)",
+            &[&format!("w-takeover-{i}"), &(10 + i)],
+        )
+        .await
+        .unwrap();
+    }
     a.kill().unwrap();
     a.wait().unwrap();
     workload(&mut c, &held, &mut r, 40).await;
     wait_http(&bases[1], "/healthz", 200, Duration::from_secs(30)).await;
     wait_equal(&c, "plain_totals", Duration::from_secs(60)).await;
+    let witnesses: i64 = c
+        .query_one(
+            "SELECT count(*) FROM plain_totals WHERE device LIKE 'w-takeover-%' AND n = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        witnesses, 5,
+        "the witnesses written just before the SIGKILL"
+    );
     let status = freshen_cli::status::fetch(&bases[1]).await.unwrap();
     assert_eq!(status.role, "active");
 }

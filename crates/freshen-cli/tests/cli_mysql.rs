@@ -15,10 +15,11 @@ const SCHEMA: &str = "
     CREATE TABLE app.rollup (device VARCHAR(20) PRIMARY KEY, n BIGINT NOT NULL, total BIGINT NOT NULL);
     CREATE TABLE app.peaks (device VARCHAR(20) PRIMARY KEY, top INT NOT NULL)";
 
-/// The rollup of devices the workload writes (`d*`): no reconcile sweep keeps it, so
-/// only captured changes can make it right.
+/// The rollup of devices the workload writes (`d*`) and of witness devices (`w*`,
+/// written once before a fault and never again): no reconcile sweep keeps it, so only
+/// captured changes can make it right.
 const ROLLUP_TRUTH: &str = "SELECT device, count(*), CAST(sum(value) AS SIGNED) FROM app.readings \
-     WHERE device LIKE 'd%' GROUP BY device ORDER BY device";
+     WHERE device LIKE 'd%' OR device LIKE 'w%' GROUP BY device ORDER BY device";
 const ROLLUP: &str = "SELECT device, n, total FROM app.rollup ORDER BY device";
 /// Every device's peak, including the rows written before freshen first started: only
 /// the start-up sweep can find those.
@@ -184,6 +185,15 @@ async fn a_sigkilled_run_resumes_from_its_stored_position() {
 
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     workload(&mut c, &mut seed, 80).await;
+    // Witnesses, one transaction each, never changed again (the workload writes `d*`).
+    for i in 0..5 {
+        c.query_drop(format!(
+            "INSERT INTO app.readings (device, value) VALUES ('w-kill-{i}', {})",
+            10 + i
+        ))
+        .await
+        .unwrap();
+    }
     run.kill().unwrap();
     run.wait().unwrap();
     // Changes while nothing captures: the stored position brings them back.
@@ -192,6 +202,18 @@ async fn a_sigkilled_run_resumes_from_its_stored_position() {
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
     workload(&mut c, &mut seed, 40).await;
     converge(&mut c).await;
+    let witnesses = rows(
+        &mut c,
+        "SELECT device, n, total FROM app.rollup WHERE device LIKE 'w-kill-%' ORDER BY device",
+    )
+    .await;
+    assert_eq!(
+        witnesses,
+        (0..5)
+            .map(|i| (format!("w-kill-{i}"), 1, 10 + i))
+            .collect::<Vec<_>>(),
+        "the witnesses written just before the SIGKILL"
+    );
 
     let status = freshen_cli::status::fetch(&base).await.expect("/status");
     assert_eq!(status.source.kind, "mysql");
@@ -391,15 +413,30 @@ max_wait = "100ms"
             1 + i % 5,
             1 + below(3)
         ),
+        // Witness accounts (1000 and up, on plan 100) are never touched.
         _ => format!(
-            "UPDATE app.subs SET plan_id = {} WHERE id % 7 = {}",
+            "UPDATE app.subs SET plan_id = {} WHERE account < 1000 AND id % 7 = {}",
             1 + below(3),
             below(7)
         ),
     };
+    // Witness accounts on a plan of their own, built before the fault.
+    c.query_drop(
+        "INSERT INTO app.plans VALUES (100, 50); INSERT INTO app.subs (account, plan_id) VALUES (1000, 100), (1001, 100), (1002, 100)",
+    )
+    .await
+    .unwrap();
     for i in 0..120 {
         c.query_drop(step(i, &mut below)).await.unwrap();
     }
+    // Just before the SIGKILL, and never again: the witness plan's price changes (only
+    // the fan-out reaches its accounts) and two more witness accounts subscribe.
+    c.query_drop("UPDATE app.plans SET price = 77 WHERE id = 100")
+        .await
+        .unwrap();
+    c.query_drop("INSERT INTO app.subs (account, plan_id) VALUES (1003, 100), (1004, 100)")
+        .await
+        .unwrap();
     run.kill().unwrap();
     run.wait().unwrap();
     for i in 120..160 {
@@ -426,6 +463,17 @@ max_wait = "100ms"
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(
+        rows(
+            &mut c,
+            "SELECT CAST(account AS CHAR), total, 0 FROM app.mrr WHERE account >= 1000 ORDER BY account"
+        )
+        .await,
+        (1000..1005)
+            .map(|a| (a.to_string(), 77, 0))
+            .collect::<Vec<_>>(),
+        "the witness accounts carry the price changed just before the SIGKILL"
+    );
     let status = freshen_cli::status::fetch(&base).await.unwrap();
     let v = &status.views[0];
     assert_eq!(v.rebuilds_failed, 0, "{v:?}");

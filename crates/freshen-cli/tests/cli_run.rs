@@ -32,6 +32,9 @@ async fn views_equal_truth_across_a_sigkill_and_restart() {
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
     let mut r = Rng::new(0x5eed);
     workload(&mut c, &mut r, 150).await;
+    // Witnesses, never changed again: device_totals has no reconcile sweep, so only the
+    // slot can bring them back. (site_totals sweeps at start, which would heal its own.)
+    witness(&c, "kill", 5).await;
     // No graceful shutdown, no final feedback: whatever was not rebuilt and acknowledged
     // must come again from the slot.
     first.kill().unwrap();
@@ -42,6 +45,7 @@ async fn views_equal_truth_across_a_sigkill_and_restart() {
     wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
     workload(&mut c, &mut r, 100).await;
     wait_equal(&c, Duration::from_secs(60)).await;
+    assert_witnesses(&c, &["kill"], 5).await;
 
     let metrics = wait_http(&base, "/metrics", 200, Duration::from_secs(5)).await;
     for needle in [

@@ -71,6 +71,16 @@ rebuild = [
   "UPDATE rebuild_log SET finished = clock_timestamp() FROM pg_sleep(0.02) WHERE id = currval('rebuild_log_id_seq') AND key = $1",
 ]
 
+# No reconcile: only keys that reach a worker through the key stream rebuild it, so
+# its witness rows (changed once before each SIGKILL, never again) show a lost key.
+[[views]]
+name = "device_counts"
+watch = [{{ table = "public.readings", key = ["device"] }}]
+rebuild = [
+  "DELETE FROM device_counts WHERE device = $1",
+  "INSERT INTO device_counts SELECT device, count(*), sum(value) FROM readings WHERE device = $1 GROUP BY device",
+]
+
 [[views]]
 name = "site_totals"
 watch = [{{ table = "readings", key = ["site"] }}, {{ table = "sites", key = ["id"] }}]
@@ -153,6 +163,33 @@ async fn until_owned(dir: &std::path::Path, what: &str, workers: &[&Instance], a
     }
 }
 
+/// Fails unless `device_counts` holds every witness device of `tags` (5 each) as the
+/// readings say. device_totals and site_totals sweep at each worker's start, which would
+/// heal a lost key; device_counts has no sweep.
+async fn assert_counted_witnesses(c: &tokio_postgres::Client, tags: &[&str]) {
+    let mut lost = Vec::new();
+    for tag in tags {
+        for i in 0..5 {
+            let key = format!("w-{tag}-{i}");
+            let right: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM device_counts d WHERE d.device = $1 AND (d.n, d.total) = (SELECT count(*), sum(value) FROM readings WHERE device = $1)",
+                    &[&key],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if right != 1 {
+                lost.push(key);
+            }
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "witness keys lost in the key stream: {lost:?}"
+    );
+}
+
 async fn rebuilt(c: &tokio_postgres::Client) -> i64 {
     c.query_one("SELECT count(*) FROM rebuild_log", &[])
         .await
@@ -182,7 +219,8 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
     let c = connect(&url).await;
     c.batch_execute(SCHEMA).await.unwrap();
     c.batch_execute(
-        "CREATE TABLE rebuild_log (id bigserial PRIMARY KEY, view text NOT NULL, key text NOT NULL, worker text NOT NULL, started timestamptz NOT NULL, finished timestamptz)",
+        "CREATE TABLE device_counts (device text PRIMARY KEY, n bigint NOT NULL, total bigint NOT NULL);
+         CREATE TABLE rebuild_log (id bigserial PRIMARY KEY, view text NOT NULL, key text NOT NULL, worker text NOT NULL, started timestamptz NOT NULL, finished timestamptz)",
     )
     .await
     .unwrap();
@@ -219,6 +257,7 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
     progress(&c, "under load", 0).await;
 
     // A worker SIGKILLed mid-load: its partitions go to the others after its session.
+    witness(&c, "worker", 5).await;
     w2.run.kill().unwrap();
     let _ = w2.run.wait();
     until_owned(
@@ -266,6 +305,7 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
 
     // The capture instance SIGKILLed mid-load, and started again: it replays what it had
     // not confirmed.
+    witness(&c, "capture", 5).await;
     capture.run.kill().unwrap();
     let _ = capture.run.wait();
     capture = start(dir.path(), &cfg, 5, "capture");
@@ -274,12 +314,29 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
     progress(&c, "after the capture's restart", n).await;
 
     // One more SIGKILL of a worker, then the load stops.
+    witness(&c, "last", 5).await;
     w1.run.kill().unwrap();
     let _ = w1.run.wait();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let transactions = load.await.unwrap();
     assert!(transactions > 0);
     wait_equal(&c, Duration::from_secs(120)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stale: i64 = c
+            .query_one(
+                "SELECT count(*) FROM (SELECT device, count(*), sum(value) FROM readings GROUP BY device EXCEPT SELECT device, n, total FROM device_counts) d",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if stale == 0 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_counted_witnesses(&c, &["worker", "capture", "last"]).await;
 
     // A TRUNCATE gives no key: the capture sends it to every partition as a gap, and
     // each worker's views sweep (with the dead worker's partitions, their new owner's).

@@ -75,6 +75,9 @@ async fn a_standby_takes_over_when_the_active_process_is_killed_under_load() {
     // Load, and the active process dies in the middle of it.
     let mut r = Rng::new(0x57a4d);
     workload(&mut c, &mut r, 120).await;
+    // Never changed again: device_totals has no sweep, so the new active process must
+    // take them from the slot (site_totals sweeps when it starts, which heals its own).
+    witness(&c, "takeover", 5).await;
     a.kill().unwrap();
     a.wait().unwrap();
     workload(&mut c, &mut r, 120).await;
@@ -83,6 +86,7 @@ async fn a_standby_takes_over_when_the_active_process_is_killed_under_load() {
     assert_eq!(status.role, "active");
     workload(&mut c, &mut r, 60).await;
     wait_equal(&c, PATIENCE).await;
+    assert_witnesses(&c, &["takeover"], 5).await;
     assert!(
         log_of(dirs[1].path(), 1).contains("taking over"),
         "{}",
@@ -152,6 +156,7 @@ async fn after_the_source_restarts_exactly_one_process_is_active() {
     assert_eq!(one_active(&bases, &mut [&mut a, &mut b]).await, 0);
     let mut r = Rng::new(0x5e57a);
     workload(&mut c, &mut r, 60).await;
+    witness(&c, "restart", 5).await;
 
     // Every session ends, the lock's too: both processes race for it afterwards.
     pg.restart().unwrap();
@@ -160,6 +165,7 @@ async fn after_the_source_restarts_exactly_one_process_is_active() {
     let active = one_active(&bases, &mut [&mut a, &mut b]).await;
     workload(&mut c, &mut r, 60).await;
     wait_equal(&c, PATIENCE).await;
+    assert_witnesses(&c, &["restart"], 5).await;
     // Still exactly the same one, and what the other said is in its log.
     assert_eq!(one_active(&bases, &mut [&mut a, &mut b]).await, active);
     let other = log_of(dirs[1 - active].path(), 1);

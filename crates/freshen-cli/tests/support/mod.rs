@@ -313,6 +313,72 @@ pub async fn workload(c: &mut Client, r: &mut Rng, n: usize) {
     }
 }
 
+/// Writes witness rows: for each of `n` keys `w-{tag}-{i}`, a site of that name and a
+/// reading of a device of that name at it, one transaction each. [`workload`] never
+/// touches a `w-` device or site, so in a view without a reconcile sweep only the stream
+/// can bring these changes: write them just before a fault, and a change lost at the
+/// fault stays lost ([`wait_equal`] and [`assert_witnesses`] then fail). A second call
+/// with the same tag changes each witness once more (its value, and its site's region).
+pub async fn witness(c: &Client, tag: &str, n: usize) {
+    for i in 0..n {
+        let key = format!("w-{tag}-{i}");
+        c.batch_execute("BEGIN").await.expect("begin");
+        let stmts: [(&str, &[&(dyn tokio_postgres::types::ToSql + Sync)]); 3] = [
+            (
+                "INSERT INTO sites VALUES ($1, 'eu') ON CONFLICT (id) DO UPDATE SET region = 'us'",
+                &[&key],
+            ),
+            (
+                "UPDATE readings SET value = value + 1 WHERE device = $1",
+                &[&key],
+            ),
+            (
+                "INSERT INTO readings (device, site, value) SELECT $1, $1, 7 WHERE NOT EXISTS (SELECT FROM readings WHERE device = $1)",
+                &[&key],
+            ),
+        ];
+        for (sql, params) in stmts {
+            c.execute(sql, params).await.expect("witness");
+        }
+        c.batch_execute("COMMIT").await.expect("commit");
+    }
+}
+
+/// Fails unless the witness rows of every tag in `tags` (`n` each, see [`witness`]) are
+/// in `device_totals` and `site_totals` exactly as the source tables say, naming the
+/// ones that are not. Call it after [`wait_equal`]: it shows the witnesses took part.
+pub async fn assert_witnesses(c: &Client, tags: &[&str], n: usize) {
+    let mut missing = Vec::new();
+    for tag in tags {
+        for i in 0..n {
+            let key = format!("w-{tag}-{i}");
+            let device: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM device_totals d JOIN (SELECT device, sum(value)::bigint AS total, count(*) AS n FROM readings WHERE device = $1 GROUP BY device) t USING (device) WHERE d.total = t.total AND d.n = t.n",
+                    &[&key],
+                )
+                .await
+                .expect("witness device")
+                .get(0);
+            let site: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM site_totals d JOIN sites s ON s.id = d.site WHERE d.site = $1 AND d.region = s.region AND d.n = (SELECT count(*) FROM readings WHERE site = $1)",
+                    &[&key],
+                )
+                .await
+                .expect("witness site")
+                .get(0);
+            if device != 1 || site != 1 {
+                missing.push(key);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "witness rows lost (changed once before a fault, never again): {missing:?}"
+    );
+}
+
 /// A TiCDC canal-json message for one row of `demo.readings`.
 pub fn canal(kind: &str, id: i64, device: &str, value: i64) -> Vec<u8> {
     serde_json::json!({

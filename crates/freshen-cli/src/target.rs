@@ -129,7 +129,7 @@ impl Target {
     }
 
     /// A pool for `view` alone (connections open lazily), its statements cancelled by
-    /// the server past the view's `statement_timeout` (PostgreSQL).
+    /// the server past the view's `statement_timeout`.
     pub fn view(&self, view: &View, cap: Option<usize>) -> anyhow::Result<ViewPool> {
         let size = pool_size(view, cap);
         Ok(match self {
@@ -151,7 +151,7 @@ impl Target {
             }
             #[cfg(feature = "mysql")]
             Target::MySql(url, same) => ViewPool::MySql(
-                freshen_mysql::connect_pool(url, size)
+                freshen_mysql::connect_pool_limited(url, size, view.timing.statement_timeout)
                     .context("cannot set up the target connection pool")?,
                 *same,
             ),

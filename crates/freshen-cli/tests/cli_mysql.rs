@@ -478,3 +478,71 @@ max_wait = "100ms"
     let v = &status.views[0];
     assert_eq!(v.rebuilds_failed, 0, "{v:?}");
 }
+
+/// A derived table locked on MariaDB stalls only its own view: its rebuilds are cut off
+/// by the view's `statement_timeout` (MariaDB's `max_statement_time`) and retried as
+/// failures of the path, reported and never quarantined, while the other view keeps up;
+/// once the lock goes, it catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_derived_table_on_mariadb_stalls_only_its_own_view() {
+    let db = server();
+    let mut c = conn(&db).await;
+    c.query_drop(SCHEMA).await.unwrap();
+    let text = |http: &str| {
+        config(&db.url("app"), http).replace(
+            "max_wait = \"100ms\"\n",
+            "max_wait = \"100ms\"\nstatement_timeout = \"1s\"\nbackoff = { base = \"50ms\", max = \"300ms\" }\n",
+        )
+    };
+    let Started {
+        dir,
+        base,
+        run: _run,
+    } = run_healthy(text, None).await;
+    let mut seed = 0x10c4_u64;
+    workload(&mut c, &mut seed, 30).await;
+    converge(&mut c).await;
+
+    let mut locker = conn(&db).await;
+    locker
+        .query_drop("LOCK TABLES app.rollup WRITE")
+        .await
+        .unwrap();
+    workload(&mut c, &mut seed, 60).await;
+    // The other view keeps up (reading app.rollup would wait for the lock too).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while rows(&mut c, PEAKS).await != rows(&mut c, PEAKS_TRUTH).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "peaks waited for rollup's lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let health = wait_http(&base, "/healthz", 503, Duration::from_secs(30)).await;
+    assert!(
+        health.contains("rollup") && !health.contains("peaks"),
+        "/healthz names only the stalled view: {health}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let s = loop {
+        let s = freshen_cli::status::fetch(&base).await.expect("/status");
+        let timed_out = s.views.iter().any(|v| {
+            v.name == "rollup" && v.last_error.as_deref().is_some_and(|e| e.contains("1969"))
+        });
+        if timed_out {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no rebuild was cut off by max_statement_time: {s:?}\n{}",
+            log_of(dir.path(), 1)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for v in &s.views {
+        assert_eq!(v.poisoned, 0, "a timeout never quarantines: {v:?}");
+    }
+    locker.query_drop("UNLOCK TABLES").await.unwrap();
+    converge(&mut c).await;
+    wait_http(&base, "/healthz", 200, Duration::from_secs(30)).await;
+}

@@ -15,13 +15,59 @@ use crate::{MySqlError, server};
 /// sessions use UTC (`time_zone = '+00:00'`) and utf8mb4, so TIMESTAMP keys read the
 /// same as the binlog's.
 pub fn connect_pool(url: &str, max: usize) -> Result<Pool, MySqlError> {
+    connect_pool_limited(url, max, None)
+}
+
+/// [`connect_pool`], with every statement of its sessions bounded by `statement_timeout`
+/// (`None`: unbounded), the way a view's `statement_timeout` bounds its rebuilds on
+/// PostgreSQL. Each new session asks the server what it is and sets:
+///
+/// - MariaDB: `max_statement_time`, which interrupts any statement (reads and writes,
+///   waits on locks included) with error 1969;
+/// - MySQL: `max_execution_time`, which covers read-only `SELECT`s only (error 3024);
+///   writes are bounded by the lock waits below, which is where a write waits for long;
+/// - both: `lock_wait_timeout` (metadata and table locks, `LOCK TABLES`) and
+///   `innodb_lock_wait_timeout` (row locks), in whole seconds, at least 1 (error 1205).
+///
+/// Each failure is one of the path (`retry_for`): the view waits and reports, and no key
+/// is quarantined for it. The settings live in the session, so such a pool does not reset
+/// sessions it takes back (as a PostgreSQL pool does not).
+pub fn connect_pool_limited(
+    url: &str,
+    max: usize,
+    statement_timeout: Option<std::time::Duration>,
+) -> Result<Pool, MySqlError> {
     let opts = server::opts(url)?;
     let constraints = PoolConstraints::new(0, max.max(1))
         .ok_or_else(|| MySqlError::new(ErrorKind::Config, "pool size must be at least 1"))?;
-    Ok(Pool::new(
-        mysql_async::OptsBuilder::from_opts(opts)
-            .pool_opts(PoolOpts::default().with_constraints(constraints)),
-    ))
+    let mut pool_opts = PoolOpts::default().with_constraints(constraints);
+    let mut builder = mysql_async::OptsBuilder::from_opts(opts);
+    if let Some(limit) = statement_timeout {
+        pool_opts = pool_opts.with_reset_connection(false);
+        builder = builder.after_connect(move |conn| {
+            Box::pin(async move {
+                let version: Option<String> = conn.query_first("SELECT @@version").await?;
+                let mariadb = version.is_some_and(|v| v.to_ascii_lowercase().contains("mariadb"));
+                conn.query_drop(session_limits(mariadb, limit)).await
+            })
+        });
+    }
+    Ok(Pool::new(builder.pool_opts(pool_opts)))
+}
+
+/// The `SET` statement that bounds a session's statements by `limit`.
+fn session_limits(mariadb: bool, limit: std::time::Duration) -> String {
+    let seconds = limit.as_secs_f64();
+    let whole = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);
+    let whole = whole.max(1);
+    let statement = if mariadb {
+        format!("max_statement_time = {seconds:.3}")
+    } else {
+        format!("max_execution_time = {}", limit.as_millis().max(1))
+    };
+    format!(
+        "SET SESSION {statement}, lock_wait_timeout = {whole}, innodb_lock_wait_timeout = {whole}"
+    )
 }
 
 /// Lists keys for a reconcile sweep from a query whose columns are the key parts
@@ -172,5 +218,23 @@ impl Enumerate for MySqlEnumerate {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod limits_tests {
+    use super::session_limits;
+    use std::time::Duration;
+
+    #[test]
+    fn each_flavor_gets_its_own_statement_bound_and_both_bound_lock_waits() {
+        assert_eq!(
+            session_limits(true, Duration::from_millis(2500)),
+            "SET SESSION max_statement_time = 2.500, lock_wait_timeout = 3, innodb_lock_wait_timeout = 3"
+        );
+        assert_eq!(
+            session_limits(false, Duration::from_millis(300)),
+            "SET SESSION max_execution_time = 300, lock_wait_timeout = 1, innodb_lock_wait_timeout = 1"
+        );
     }
 }

@@ -110,7 +110,7 @@ mod store;
 pub use binlog::DdlKind;
 pub use check::{check_source, check_statements};
 pub use config::{MySqlSourceConfig, ResumeBy, url_problems};
-pub use enumerate::{MySqlEnumerate, connect_pool};
+pub use enumerate::{MySqlEnumerate, connect_pool, connect_pool_limited};
 pub use error::{ErrorKind, MySqlError, retry_for};
 pub use fanout::MySqlFanOut;
 pub use freshen::SecretUrl;

@@ -79,7 +79,9 @@ impl ServerInfo {
 }
 
 /// Connection options from a URL, with the session settings every connection of this
-/// crate uses: UTC for TIMESTAMP text, utf8mb4.
+/// crate uses: UTC for TIMESTAMP text, utf8mb4. They are setup commands, run again
+/// whenever a pool resets a session it takes back (init commands are not: a reset
+/// session would read TIMESTAMPs in the server's zone).
 pub(crate) fn opts(url: &str) -> Result<Opts, MySqlError> {
     let base = Opts::from_url(url).map_err(|_| {
         MySqlError::new(
@@ -89,7 +91,7 @@ pub(crate) fn opts(url: &str) -> Result<Opts, MySqlError> {
     })?;
     Ok(OptsBuilder::from_opts(base)
         .prefer_socket(false)
-        .init(vec!["SET time_zone = '+00:00'", "SET NAMES utf8mb4"])
+        .setup(vec!["SET time_zone = '+00:00', NAMES utf8mb4"])
         .into())
 }
 

@@ -3,14 +3,15 @@
 //! is in the binlog — the source delivers its row — while new snapshots do not see it.
 //! A rebuild without the guard recomputes the scope without the change (and nothing
 //! would dirty it again); the guarded rebuild waits until the commit is visible.
-//! And how rebuild failures are classified, from real server errors.
+//! And how rebuild failures are classified, from real server errors, and what a pooled
+//! session keeps when the pool takes it back.
 
 mod support;
 
 use std::time::Duration;
 
 use freshen::{Due, Key, Retry};
-use freshen_mysql::{ErrorKind, MySqlRebuild, connect_pool};
+use freshen_mysql::{ErrorKind, MySqlRebuild, connect_pool, connect_pool_limited};
 use mysql_async::prelude::Queryable;
 use support::*;
 
@@ -174,4 +175,60 @@ async fn failures_are_classified_from_error_numbers() {
     let e = rebuild.run(&[due("x")]).await.unwrap_err();
     assert_eq!(e.code(), Some(1146), "{e}");
     assert_eq!(classify(e), Retry::Fix);
+}
+
+/// A session taken back by a pool is reset, and the session settings come back with it:
+/// UTC and utf8mb4 always, and a statement bound where one is asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_sessions_keep_their_settings_across_uses() {
+    let db = server();
+    let url = db.url("app");
+    let settings = "SELECT @@session.time_zone, @@session.character_set_client, \
+                    CAST(@@session.max_statement_time AS CHAR), @@session.lock_wait_timeout";
+    for (pool, bound) in [
+        (connect_pool(&url, 1).unwrap(), None),
+        (
+            connect_pool_limited(&url, 1, Some(Duration::from_millis(1500))).unwrap(),
+            Some(("1.500000", 2u64)),
+        ),
+    ] {
+        for round in 0..3 {
+            // One connection: every round takes back the session the last one used, after
+            // the last round changed it.
+            let mut conn = pool.get_conn().await.unwrap();
+            let (tz, charset, statement, lock): (String, String, String, u64) =
+                conn.query_first(settings).await.unwrap().unwrap();
+            assert_eq!(
+                (tz.as_str(), charset.as_str()),
+                ("+00:00", "utf8mb4"),
+                "round {round}"
+            );
+            if let Some((s, l)) = bound {
+                assert_eq!((statement.as_str(), lock), (s, l), "round {round}");
+            } else {
+                assert_eq!(statement, "0.000000", "round {round}");
+            }
+            conn.query_drop("SET time_zone = '+05:00', max_statement_time = 9")
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A statement past the bound is cut off by the server, as a failure of the path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_past_its_bound_is_cut_off_as_a_failure_of_the_path() {
+    let db = server();
+    let pool = connect_pool_limited(&db.url("app"), 1, Some(Duration::from_millis(300))).unwrap();
+    let mut conn = pool.get_conn().await.unwrap();
+    let e = conn
+        .query_drop("SELECT SLEEP(30)")
+        .await
+        .expect_err("cut off by max_statement_time");
+    let code = match &e {
+        mysql_async::Error::Server(s) => s.code,
+        other => panic!("not a server error: {other:?}"),
+    };
+    assert_eq!(code, 1969, "{e}");
+    assert_eq!(freshen_mysql::retry_for(code), Retry::Path);
 }

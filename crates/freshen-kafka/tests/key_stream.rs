@@ -1,6 +1,8 @@
 //! The key stream on a real Kafka-protocol broker: a capture end publishes keys and
 //! acknowledges after delivery; workers in one group split them, and through joins and
-//! leaves under load no key is ever rebuilt by two workers at overlapping times.
+//! leaves under load no key is ever rebuilt by two workers at overlapping times. The
+//! fence is proven with a rebuild held open across a revocation, and offsets are
+//! committed only once the views rebuilt the keys they carry.
 
 mod support;
 
@@ -64,6 +66,37 @@ struct Recording {
     worker: usize,
     view: &'static str,
     spans: Spans,
+    hold: Option<Hold>,
+    failing: Option<Failing>,
+}
+
+/// Rebuilds that carry one of these keys fail, every time.
+#[derive(Clone)]
+struct Failing(BTreeSet<String>);
+
+/// Holds every rebuild that carries one of `keys` open until `released` says so,
+/// counting those held in `running`.
+#[derive(Clone)]
+struct Hold {
+    keys: BTreeSet<String>,
+    released: tokio::sync::watch::Receiver<bool>,
+    running: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Hold {
+    fn new(keys: impl IntoIterator<Item = String>) -> (Hold, tokio::sync::watch::Sender<bool>) {
+        let (release, released) = tokio::sync::watch::channel(false);
+        let hold = Hold {
+            keys: keys.into_iter().collect(),
+            released,
+            running: Arc::default(),
+        };
+        (hold, release)
+    }
+
+    fn running(&self) -> usize {
+        self.running.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl Rebuild for Recording {
@@ -75,6 +108,19 @@ impl Rebuild for Recording {
             let start = Instant::now();
             // The rebuild's own work: long enough that rebalances catch some running.
             tokio::time::sleep(Duration::from_millis(15)).await;
+            if let Some(f) = &self.failing
+                && due.iter().any(|d| f.0.contains(&d.key.to_string()))
+            {
+                return Err("this key's rebuild fails here".into());
+            }
+            if let Some(h) = &self.hold
+                && due.iter().any(|d| h.keys.contains(&d.key.to_string()))
+            {
+                use std::sync::atomic::Ordering::SeqCst;
+                h.running.fetch_add(1, SeqCst);
+                let _ = h.released.clone().wait_for(|r| *r).await;
+                h.running.fetch_sub(1, SeqCst);
+            }
             let end = Instant::now();
             let mut s = self.spans.0.lock().unwrap();
             for d in due {
@@ -99,6 +145,28 @@ struct Worker {
 
 impl Worker {
     async fn start(bootstrap: &str, id: usize, spans: &Spans) -> Worker {
+        Worker::start_holding(bootstrap, id, spans, None).await
+    }
+
+    /// A worker whose `totals` rebuilds of `hold`'s keys wait for its release.
+    async fn start_holding(
+        bootstrap: &str,
+        id: usize,
+        spans: &Spans,
+        hold: Option<Hold>,
+    ) -> Worker {
+        Worker::start_with(bootstrap, id, spans, hold, None).await
+    }
+
+    /// A worker whose `totals` rebuilds of `hold`'s keys wait for its release, and whose
+    /// rebuilds (both views) of `failing`'s keys fail.
+    async fn start_with(
+        bootstrap: &str,
+        id: usize,
+        spans: &Spans,
+        hold: Option<Hold>,
+        failing: Option<Failing>,
+    ) -> Worker {
         let source = KeySource::connect(&config(bootstrap)).await.unwrap();
         assert_eq!(source.partitions(), PARTITIONS);
         let probe = source.probe();
@@ -111,6 +179,8 @@ impl Worker {
                         worker: id,
                         view: v,
                         spans: spans.clone(),
+                        hold: hold.clone().filter(|_| *v == VIEWS[0]),
+                        failing: failing.clone(),
                     }),
                 )
             })
@@ -126,7 +196,7 @@ impl Worker {
                         .scope(|_: &RowEvent| Vec::<Key>::new())
                         .rebuild_with(r)
                         .coalesce(Duration::from_millis(5))
-                        .workers(4)
+                        .workers(2 * PARTITIONS as usize)
                         .build()
                         .unwrap(),
                 )
@@ -214,6 +284,8 @@ async fn a_truncate_at_the_capture_sweeps_the_views_on_every_worker() {
                 worker: id,
                 view: VIEWS[0],
                 spans: spans.clone(),
+                hold: None,
+                failing: None,
             }),
         );
         let mut sources = source.split(vec![VIEWS[0].to_string(), VIEWS[1].to_string()]);
@@ -405,4 +477,168 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
     eprintln!("fenced {fenced}, revoke waits {waits}, owner changes {moved}");
     w1.stop().await;
     w2.stop().await;
+}
+
+/// For each partition, a device whose `totals` key it owns.
+fn one_key_per_partition(prefix: &str) -> Vec<String> {
+    (0..PARTITIONS)
+        .map(|p| {
+            (0..)
+                .map(|i| format!("{prefix}-{i}"))
+                .find(|d| {
+                    freshen_kafka::partition_of(VIEWS[0], &Key::from(d.as_str()), PARTITIONS) == p
+                })
+                .expect("a key for every partition")
+        })
+        .collect()
+}
+
+/// Fails if any two rebuilds of one key overlapped in time, whoever ran them.
+fn assert_no_overlap(spans: &[Span]) {
+    let mut by_key: BTreeMap<(&str, Key), Vec<&Span>> = BTreeMap::new();
+    for r in spans {
+        by_key.entry((r.view, r.key.clone())).or_default().push(r);
+    }
+    for ((v, k), mut spans) in by_key {
+        spans.sort_by_key(|r| r.start);
+        for pair in spans.windows(2) {
+            assert!(
+                pair[1].start >= pair[0].end,
+                "{v}/{k}: worker {} started while worker {} still ran it",
+                pair[1].worker,
+                pair[0].worker
+            );
+        }
+    }
+}
+
+/// The fence, forced: a rebuild of a key of every partition is held open on worker 0
+/// when worker 1 joins. Whatever the rebalance moves, its revocation finds a rebuild
+/// running and waits (counted), the next owner gets nothing until the rebuilds end, and
+/// no key is rebuilt by both at once. Without the fence the revocation would not wait:
+/// worker 1 would own partitions while their keys still rebuild on worker 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebuild_held_open_across_a_revocation_keeps_the_next_owner_waiting() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "keys", PARTITIONS).await;
+    let (feed, _capture) = capture(&bootstrap).await;
+    let spans = Spans::default();
+    let held = one_key_per_partition("held");
+    let (hold, release) = Hold::new(held.clone());
+    let w0 = Worker::start_holding(&bootstrap, 0, &spans, Some(hold.clone())).await;
+    until("worker 0 owns every partition", || {
+        w0.probe.owned().len() == PARTITIONS as usize
+    })
+    .await;
+    let events = held.iter().map(|d| reading(d, 5000)).collect();
+    feed.send(Batch::new(events, Ack::none())).await.unwrap();
+    until("a rebuild of every partition's key runs, held open", || {
+        hold.running() == PARTITIONS as usize
+    })
+    .await;
+
+    let w1 = Worker::start(&bootstrap, 1, &spans).await;
+    until("worker 0's revocation waits for the held rebuilds", || {
+        w0.probe.stats().revoke_waits >= 1
+    })
+    .await;
+    // While the revocation waits, the partitions it gives up are nobody's: the new owner
+    // has none for as long as the rebuilds are held (a window for a wrong fence to show,
+    // not a synchronization).
+    let window = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < window {
+        let s = w0.probe.stats();
+        assert_eq!(
+            s.revoke_timeouts, 0,
+            "worker 0 gave its partitions up while their rebuilds still ran: {s:?}"
+        );
+        assert!(
+            w1.probe.owned().is_empty(),
+            "worker 1 owns {:?} while worker 0 still rebuilds their keys",
+            w1.probe.owned()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    release.send(true).unwrap();
+    until("worker 1 owns partitions once the rebuilds ended", || {
+        !w1.probe.owned().is_empty()
+    })
+    .await;
+    let s = w0.probe.stats();
+    assert_eq!(
+        s.revoke_timeouts, 0,
+        "the revocation waited them out: {s:?}"
+    );
+    // The held rebuilds ended (a span is recorded when its rebuild ends).
+    until("every held rebuild ended", || {
+        let s = spans.0.lock().unwrap();
+        held.iter().all(|d| {
+            s.iter()
+                .any(|r| r.view == VIEWS[0] && r.key.as_str() == Some(d.as_str()) && r.worker == 0)
+        })
+    })
+    .await;
+    assert_no_overlap(&spans.0.lock().unwrap());
+    w1.stop().await;
+    w0.stop().await;
+}
+
+/// Offsets follow the rebuilds: a worker whose rebuild of a key keeps failing stops
+/// without committing that key's record, so the next worker reads it again and rebuilds
+/// it. A worker that committed on reading would have lost the key for good: nothing
+/// would change it again (a witness), and no sweep runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_commits_a_record_only_after_its_views_rebuilt_its_keys() {
+    let kafka = broker(KafkaFlavor::Noida);
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "keys", PARTITIONS).await;
+    let (feed, _capture) = capture(&bootstrap).await;
+    let spans = Spans::default();
+    let witness = "witness-0".to_string();
+    let failing = Some(Failing([witness.clone()].into()));
+    let w0 = Worker::start_with(&bootstrap, 0, &spans, None, failing).await;
+    until("worker 0 owns every partition", || {
+        w0.probe.owned().len() == PARTITIONS as usize
+    })
+    .await;
+    let events = (0..5)
+        .map(|i| reading(&format!("dev-{i:02}"), 7000))
+        .chain([reading(&witness, 7000)])
+        .collect();
+    feed.send(Batch::new(events, Ack::none())).await.unwrap();
+    until("worker 0 rebuilt the others and failed the witness", || {
+        let failed: u64 = w0
+            .views
+            .iter()
+            .map(|v| v.handle.stats().rebuilds_failed)
+            .sum();
+        let s = spans.0.lock().unwrap();
+        failed >= 2 && (0..5).all(|i| s.iter().any(|r| r.key.to_string() == format!("dev-{i:02}")))
+    })
+    .await;
+    w0.stop().await;
+    assert!(
+        !spans
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.key.to_string() == witness),
+        "worker 0 never rebuilt the witness"
+    );
+
+    let w1 = Worker::start(&bootstrap, 1, &spans).await;
+    until(
+        "worker 1 reads the witness again and rebuilds it, in both views",
+        || {
+            let s = spans.0.lock().unwrap();
+            VIEWS.iter().all(|v| {
+                s.iter()
+                    .any(|r| r.worker == 1 && r.view == *v && r.key.to_string() == witness)
+            })
+        },
+    )
+    .await;
+    w1.stop().await;
 }

@@ -83,9 +83,14 @@ async fn workload(c: &mut mysql_async::Conn, rng: &mut Rng, txs: usize) {
                         values.join(",")
                     )
                 }
-                4..=5 => format!("UPDATE app.readings SET device = 'd{dev}' WHERE id % 13 = {k};"),
-                6..=7 => format!("UPDATE app.readings SET value = value + 1 WHERE id % 13 = {k};"),
-                _ => format!("DELETE FROM app.readings WHERE id % 17 = {k};"),
+                // Witness rows (`w*`) are never touched.
+                4..=5 => format!(
+                    "UPDATE app.readings SET device = 'd{dev}' WHERE device LIKE 'd%' AND id % 13 = {k};"
+                ),
+                6..=7 => format!(
+                    "UPDATE app.readings SET value = value + 1 WHERE device LIKE 'd%' AND id % 13 = {k};"
+                ),
+                _ => format!("DELETE FROM app.readings WHERE device LIKE 'd%' AND id % 17 = {k};"),
             });
         }
         sql.push_str("COMMIT;");
@@ -236,6 +241,18 @@ async fn a_sigkilled_refresher_resumes_from_the_stored_position_and_loses_nothin
         .await
         .expect("the child rebuilds");
     workload(&mut c, &mut rng, 40).await;
+    // Witnesses, one transaction each, never changed again: with no sweep only the
+    // stored position can bring them to the second refresher.
+    for i in 0..5 {
+        exec(
+            &mut c,
+            &format!(
+                "INSERT INTO app.readings (device, value) VALUES ('w{i}', {})",
+                10 + i
+            ),
+        )
+        .await;
+    }
     child.start_kill().expect("SIGKILL");
     child.wait().await.unwrap();
     // More changes while nothing runs.
@@ -257,6 +274,17 @@ async fn a_sigkilled_refresher_resumes_from_the_stored_position_and_loses_nothin
         let _ = stop_rx.await;
     }));
     converge(&mut c, &handle).await;
+    assert_eq!(
+        rows(
+            &mut c,
+            "SELECT device, n, total FROM app.rollup WHERE device LIKE 'w%' ORDER BY device"
+        )
+        .await,
+        (0..5)
+            .map(|i| (format!("w{i}"), 1, 10 + i))
+            .collect::<Vec<_>>(),
+        "the witnesses written just before the SIGKILL"
+    );
     assert_eq!(handle.stats().reconciles, 0, "healed by replay alone");
     stop_tx.send(()).unwrap();
     run.await.unwrap().unwrap();

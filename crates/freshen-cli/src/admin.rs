@@ -1,6 +1,6 @@
 //! `/admin`: steer a running pipeline over the metrics listener — start a view's sweep,
-//! list and re-admit quarantined keys, rebuild given keys now, reload the configuration,
-//! start a sink's snapshot of some tables.
+//! list and re-admit quarantined keys, rebuild given keys now, acknowledge a view's
+//! unhealed gaps, reload the configuration, start a sink's snapshot of some tables.
 //!
 //! Who may: with `[http] admin_token` set, requests must present it as a bearer token;
 //! without one the endpoints are open on a loopback listener (the Host allow-list and
@@ -225,6 +225,17 @@ async fn sweep(
         .into_response())
 }
 
+/// A person healed the view's unhealed gaps (rebuilt what they touched): the view stops
+/// reporting them. Answers with the lines acknowledged.
+async fn acknowledge_gaps(
+    State((o, _)): State<Shared>,
+    Path(view): Path<String>,
+) -> Result<Response, AdminError> {
+    let acknowledged = handle(&*o, &view)?.acknowledge_gaps();
+    tracing::warn!(view = %view, gaps = ?acknowledged, "unhealed gaps acknowledged over /admin");
+    Ok(Json(serde_json::json!({ "view": view, "acknowledged": acknowledged })).into_response())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Readmit {
@@ -337,6 +348,10 @@ pub fn routes(o: Arc<dyn Observe>, access: Access) -> Router {
         .route("/admin/views/{view}/quarantined", get(quarantined))
         .route("/admin/views/{view}/readmit", post(readmit))
         .route("/admin/views/{view}/rebuild", post(rebuild))
+        .route(
+            "/admin/views/{view}/gaps/acknowledge",
+            post(acknowledge_gaps),
+        )
         .route("/admin/reload", post(reload))
         .route("/admin/sinks/{sink}/snapshot", post(sink_snapshot))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))

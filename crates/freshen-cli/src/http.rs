@@ -159,6 +159,10 @@ pub struct ViewStatus {
     /// (`public.readings: column device dropped`); empty while it runs.
     #[serde(default)]
     pub paused: Vec<String>,
+    /// Gaps no sweep heals (the view has no reconcile): one line per table, until a
+    /// person acknowledges them (`POST /admin/views/{view}/gaps/acknowledge`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unhealed_gaps: Vec<String>,
     /// Schema changes of the tables the view watches.
     #[serde(default)]
     pub schema_changes: u64,
@@ -233,6 +237,7 @@ impl From<&ViewStats> for ViewStatus {
                 })
                 .collect(),
             paused: s.paused.clone(),
+            unhealed_gaps: s.unhealed_gaps.clone(),
             schema_changes: s.schema_changes,
             gaps: s.gaps,
         }

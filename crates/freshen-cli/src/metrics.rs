@@ -45,6 +45,9 @@ pub mod names {
     /// Changes that reached a view's table without their rows (key-only messages,
     /// statements, dropped partitions), each answered by a sweep, per view.
     pub const GAPS: &str = "freshen_gaps_total";
+    /// Tables with a gap that no sweep heals (the view has no reconcile), per view:
+    /// the view is unhealthy until a person rebuilds and acknowledges.
+    pub const UNHEALED_GAPS: &str = "freshen_view_unhealed_gaps";
     /// Key rebuilds by outcome (`ok`, `failed`), per view.
     pub const REBUILDS: &str = "freshen_rebuilds_total";
     /// Rebuild round trips, per view.
@@ -199,6 +202,12 @@ impl ViewStats {
         for why in &self.stats.paused {
             out.push(format!(
                 "view {}: paused by a schema change that broke its key ({why}); no rebuild runs and its changes stay unconfirmed until the change is undone or freshen restarts with a fixed configuration",
+                self.name
+            ));
+        }
+        for gap in &self.stats.unhealed_gaps {
+            out.push(format!(
+                "view {0}: rows changed that the stream did not carry ({gap}) and the view has no reconcile sweep: its derived rows may be stale for good. Rebuild them (POST /admin/views/{0}/rebuild with their keys, or add a reconcile and POST /admin/views/{0}/sweep), then POST /admin/views/{0}/gaps/acknowledge",
                 self.name
             ));
         }
@@ -371,6 +380,12 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         "counter",
         "Changes that arrived without their rows, each answered by a sweep.",
         |v| v.stats.gaps as f64,
+    ),
+    (
+        names::UNHEALED_GAPS,
+        "gauge",
+        "Tables whose rows changed that the stream did not carry, in a view without a reconcile sweep to heal it.",
+        |v| v.stats.unhealed_gaps.len() as f64,
     ),
     (
         names::UNSCOPED,

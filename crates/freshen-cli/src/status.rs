@@ -173,6 +173,12 @@ pub fn render(s: &Status) -> String {
                 v.name
             ));
         }
+        for gap in &v.unhealed_gaps {
+            notes.push(format!(
+                "{}: UNHEALED GAP (no reconcile; rebuild, then acknowledge): {gap}",
+                v.name
+            ));
+        }
         if v.gaps > 0 {
             notes.push(format!(
                 "{}: {} changes arrived without their rows (each answered by a sweep)",

@@ -3,6 +3,7 @@
 //! replica identity against scope columns. All values are bound as parameters;
 //! identifiers that must be spliced (DDL) are quoted.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use deadpool_postgres::Pool;
@@ -655,6 +656,61 @@ impl PgAdmin {
         }))
     }
 
+    /// Which catalog entry puts each of `tables` into publication `name` (see
+    /// `membership.rs`); `None` when the publication does not exist.
+    pub(crate) async fn membership(
+        &self,
+        name: &str,
+        tables: &[TableName],
+    ) -> Result<Option<crate::membership::Membership>, PgError> {
+        use crate::membership::{Entry, Membership};
+        let c = client(&self.pool).await?;
+        let Some(p) = c
+            .query_opt(
+                "SELECT oid FROM pg_publication WHERE pubname = $1",
+                &[&name],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the publication", e))?
+        else {
+            return Ok(None);
+        };
+        let publication: u32 = p.get(0);
+        let listed: HashMap<TableName, u32> = c
+            .query(
+                "SELECT n.nspname::text, c.relname::text, pr.oid FROM pg_publication_rel pr \
+                 JOIN pg_class c ON c.oid = pr.prrelid \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = $1",
+                &[&publication],
+            )
+            .await
+            .map_err(|e| PgError::sql("cannot read the publication's tables", e))?
+            .iter()
+            .map(|r| {
+                (
+                    TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)),
+                    r.get(2),
+                )
+            })
+            .collect();
+        let Some(info) = self.publication(name).await? else {
+            return Ok(None);
+        };
+        let missing = coverage_of(&info, tables).missing_tables;
+        Ok(Some(Membership(
+            tables
+                .iter()
+                .map(|t| {
+                    let entry = (!missing.contains(t)).then(|| Entry {
+                        publication,
+                        rel: listed.get(t).copied().unwrap_or(0),
+                    });
+                    (t.clone(), entry)
+                })
+                .collect(),
+        )))
+    }
+
     /// What publication `name` lacks for `tables`; `None` when it does not exist.
     pub async fn coverage(
         &self,
@@ -698,14 +754,16 @@ impl PgAdmin {
 
     /// Makes sure publication `name` exists per `mode` and covers `tables` with every
     /// operation; the error says what to run when it does not. One it creates is marked
-    /// as freshen's ([`CREATED_BY`]).
+    /// as freshen's ([`CREATED_BY`]). Returns the tables it put into the publication (by
+    /// creating it or adding them): their changes before now never reached a slot
+    /// through it.
     pub async fn ensure_publication(
         &self,
         name: &str,
         tables: &[TableName],
         patterns: &[TablePattern],
         mode: PublicationMode,
-    ) -> Result<(), PgError> {
+    ) -> Result<Vec<TableName>, PgError> {
         {
             // Before anything is published: a table that cannot replicate UPDATE and
             // DELETE would have the application's writes fail, not freshen's.
@@ -718,6 +776,7 @@ impl PgAdmin {
             }
         }
         let existing = self.publication(name).await?;
+        let created = existing.is_none();
         let p = match existing {
             Some(p) => {
                 tracing::info!(publication = %name, "reusing the publication");
@@ -782,6 +841,7 @@ impl PgAdmin {
             }
         };
         let mut cov = coverage_of(&p, tables);
+        let mut added = if created { tables.to_vec() } else { Vec::new() };
         let c = client(&self.pool).await?;
         // A publication freshen created grows with the configuration: a view added
         // later (a reload, a restart) brings its tables along.
@@ -798,6 +858,7 @@ impl PgAdmin {
                 PgError::sql(format!("cannot add tables to publication {name:?}"), e)
             })?;
             tracing::info!(publication = %name, tables = %list(&cov.missing_tables), "added tables to the publication");
+            added.extend(cov.missing_tables.iter().cloned());
             let p = self.publication(name).await?.ok_or_else(|| {
                 PgError::new(
                     ErrorKind::Setup,
@@ -835,7 +896,7 @@ impl PgAdmin {
             ));
         }
         if fixes.is_empty() {
-            Ok(())
+            Ok(added)
         } else {
             Err(PgError::new(
                 ErrorKind::Setup,

@@ -98,6 +98,7 @@ pub mod incremental;
 mod leader;
 mod lowat;
 mod lsn;
+mod membership;
 mod merge;
 mod params;
 mod pgoutput;

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use freshen::{
-    Backoff, Batch, BeforeImage, BoxFuture, Capabilities, Source, SourceError, SourceHealth,
-    SourceProbe, SourceProblem,
+    Ack, Backoff, Batch, BeforeImage, BoxFuture, Capabilities, Gap, Source, SourceError,
+    SourceHealth, SourceProbe, SourceProblem,
 };
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admin::PgAdmin;
 use crate::error::ErrorKind;
+use crate::membership::Membership;
 use crate::reader::{self, ReaderSetup, Shared};
 use crate::stall::{Observation, StallWatch, Stalled};
 use crate::{
@@ -68,6 +69,44 @@ pub struct PgHandle {
     /// The tables the publication must cover (empty: whatever it holds).
     tables: Vec<TableName>,
     sampled: Arc<Mutex<Sampled>>,
+    gaps: Arc<PendingGaps>,
+}
+
+/// Gaps found apart from the stream (a watched table back in the publication), waiting
+/// to be handed over as a batch of their own.
+#[derive(Debug, Default)]
+struct PendingGaps {
+    gaps: Mutex<Vec<Gap>>,
+    ready: Notify,
+}
+
+impl PendingGaps {
+    fn push(&self, gaps: impl IntoIterator<Item = Gap>) {
+        let mut g = self.gaps.lock().unwrap_or_else(|p| p.into_inner());
+        g.extend(gaps);
+        if !g.is_empty() {
+            self.ready.notify_one();
+        }
+    }
+
+    /// The gaps waiting, as a batch without rows (nothing to acknowledge: the views
+    /// over their tables sweep, or say that they cannot).
+    fn take(&self) -> Option<Batch> {
+        let gaps = std::mem::take(&mut *self.gaps.lock().unwrap_or_else(|p| p.into_inner()));
+        (!gaps.is_empty()).then(|| Batch::new(Vec::new(), Ack::none()).with_gaps(gaps))
+    }
+}
+
+/// The gap of `table`, out of publication `publication` for a while: why, and that
+/// nothing in the stream will carry its changes of that window.
+fn publication_gap(table: &TableName, publication: &str, how: &str) -> Gap {
+    Gap::new(
+        table.schema.clone(),
+        table.name.clone(),
+        format!(
+            "{table} {how} publication {publication}: its changes while it was not in the publication were never streamed"
+        ),
+    )
 }
 
 /// What [`SourceProbe::sample`] last learnt from the server.
@@ -79,6 +118,8 @@ struct Sampled {
     watch: StallWatch,
     /// The stall the last sample showed, if any.
     stalled: Option<Stalled>,
+    /// How the publication covered the watched tables at the last look (`None`: unknown).
+    members: Option<Membership>,
 }
 
 impl Sampled {
@@ -88,6 +129,7 @@ impl Sampled {
             problems: Vec::new(),
             watch: StallWatch::new(stall_after),
             stalled: None,
+            members: None,
         }
     }
 }
@@ -237,6 +279,14 @@ impl SourceProbe for PgHandle {
         Box::pin(async move {
             let lag = self.lag().await.map_err(|e| e.to_string());
             let problems = self.publication_problems().await;
+            let members = match self.admin.membership(&self.publication, &self.tables).await {
+                Ok(Some(m)) => Some(m),
+                // Gone: no table is covered (one created again is a return for each).
+                Ok(None) => Some(Membership(
+                    self.tables.iter().map(|t| (t.clone(), None)).collect(),
+                )),
+                Err(_) => None,
+            };
             // The reader's figures are read after the server's, so they are at least as
             // new: a reader keeping up is never seen behind a newer server position.
             let h = PgHandle::health(self);
@@ -264,6 +314,23 @@ impl SourceProbe for PgHandle {
                 tracing::info!(slot = %self.slot, "freshen-postgres: the replication reader reads again");
             }
             sampled.lag = Some(lag);
+            if let Some(now) = members {
+                if let Some(before) = &sampled.members {
+                    let back = before.regained(&now);
+                    for t in &back {
+                        tracing::error!(
+                            publication = %self.publication,
+                            "freshen-postgres: {t} is back in publication {}; its changes while it was out never reached the stream: the views over it sweep, or, without a reconcile, report the gap until a person acts",
+                            self.publication
+                        );
+                    }
+                    self.gaps.push(
+                        back.iter()
+                            .map(|t| publication_gap(t, &self.publication, "came back into")),
+                    );
+                }
+                sampled.members = Some(now);
+            }
             if let Some(problems) = problems {
                 for p in problems.iter().filter(|p| !sampled.problems.contains(p)) {
                     tracing::error!("{}", p.message);
@@ -338,7 +405,11 @@ impl PgSource {
             identities.push(admin.replica_identity(t).await?);
         }
         let patterns = config.selection();
-        admin
+        // A slot that exists already resumes where it was confirmed: a table the
+        // publication gains now had its changes since then filtered out.
+        let resumes =
+            config.slot_mode != SlotMode::Temporary && admin.slot(&config.slot).await?.is_some();
+        let added = admin
             .ensure_publication(
                 &config.publication,
                 &config.tables,
@@ -406,7 +477,30 @@ impl PgSource {
         let slot = config.slot.clone();
         let publication = config.publication.clone();
         let tables = config.tables.clone();
-        let sampled = Arc::new(Mutex::new(Sampled::new(config.stall_after)));
+        let mut sampled = Sampled::new(config.stall_after);
+        // Compared with at the first sample: a table dropped from the publication and
+        // added back before then is a gap too.
+        sampled.members = admin
+            .membership(&config.publication, &config.tables)
+            .await
+            .ok()
+            .flatten();
+        let sampled = Arc::new(Mutex::new(sampled));
+        let gaps = Arc::new(PendingGaps::default());
+        if resumes {
+            for t in &added {
+                tracing::error!(
+                    slot = %config.slot,
+                    "freshen-postgres: {t} was added to publication {} at start while slot {} already existed: its changes before now never reached the slot; the views over it sweep, or, without a reconcile, report the gap until a person acts",
+                    config.publication, config.slot
+                );
+            }
+            gaps.push(
+                added
+                    .iter()
+                    .map(|t| publication_gap(t, &config.publication, "was added at start to")),
+            );
+        }
         reader::spawn(
             ReaderSetup {
                 config: Arc::new(config),
@@ -441,6 +535,7 @@ impl PgSource {
                 publication,
                 tables,
                 sampled,
+                gaps,
             },
             capabilities,
             stop,
@@ -502,11 +597,22 @@ impl Drop for PgSource {
 impl Source for PgSource {
     fn next_batch(&mut self) -> BoxFuture<'_, Option<Result<Batch, SourceError>>> {
         Box::pin(async move {
-            let item = self.rx.recv().await?;
-            if let Ok(b) = &item {
-                reader::taken(&self.handle.shared, b.events().len());
+            loop {
+                if let Some(gaps) = self.handle.gaps.take() {
+                    return Some(Ok(gaps));
+                }
+                tokio::select! {
+                    biased;
+                    () = self.handle.gaps.ready.notified() => {}
+                    item = self.rx.recv() => {
+                        let item = item?;
+                        if let Ok(b) = &item {
+                            reader::taken(&self.handle.shared, b.events().len());
+                        }
+                        return Some(item);
+                    }
+                }
             }
-            Some(item)
         })
     }
 

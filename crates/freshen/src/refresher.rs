@@ -71,6 +71,8 @@ pub(crate) enum Command {
     Sweep,
     Readmit(Key),
     Rebuild(Key),
+    /// Drops these lines of the unhealed gaps (those a person saw).
+    AcknowledgeGaps(Vec<String>),
 }
 
 /// State shared by the run loop and every handle.
@@ -169,6 +171,18 @@ impl Handle {
     /// after the debounce.
     pub fn rebuild(&self, key: &Key) {
         self.shared.command(Command::Rebuild(key.clone()));
+    }
+
+    /// Says that a person healed the view's unhealed gaps ([`Stats::unhealed_gaps`]:
+    /// rows changed that the stream did not carry, in a view without a reconcile sweep),
+    /// for instance by rebuilding the keys they touched: the view stops reporting them.
+    /// Returns the lines it acknowledged; a gap that arrives later is reported anew.
+    pub fn acknowledge_gaps(&self) -> Vec<String> {
+        let seen = self.stats().unhealed_gaps;
+        if !seen.is_empty() {
+            self.shared.command(Command::AcknowledgeGaps(seen.clone()));
+        }
+        seen
     }
 }
 

@@ -191,6 +191,9 @@ pub(crate) struct Runner {
     paused_holds: Vec<BatchId>,
     /// Tables whose gap was reported since the last sweep ended (one report per table).
     gaps_reported: Vec<(Box<str>, Box<str>)>,
+    /// Gaps no sweep heals (the view has none), by table, with what the stream left
+    /// out: reported as trouble until a person acknowledges them.
+    unhealed: std::collections::BTreeMap<(Box<str>, Box<str>), Box<str>>,
 }
 
 impl Runner {
@@ -237,6 +240,7 @@ impl Runner {
             paused: std::collections::BTreeMap::new(),
             paused_holds: Vec::new(),
             gaps_reported: Vec::new(),
+            unhealed: std::collections::BTreeMap::new(),
         };
         (runner, p.source)
     }
@@ -426,6 +430,11 @@ impl Runner {
                     }
                     Recorder::add(&self.shared.stats.keys_marked, 1);
                 }
+                Command::AcknowledgeGaps(seen) => {
+                    self.unhealed
+                        .retain(|t, why| !seen.contains(&unhealed_line(t, why)));
+                    self.publish_unhealed();
+                }
             }
         }
     }
@@ -546,6 +555,12 @@ impl Runner {
         let swept = self.sweeper.is_configured();
         if swept {
             self.sweep_covering(batch);
+        } else {
+            // Nothing will find the keys it dirtied: the view says so until a person
+            // acts, and never looks healthy meanwhile.
+            self.unhealed
+                .insert((gap.schema.clone(), gap.table.clone()), gap.reason.clone());
+            self.publish_unhealed();
         }
         let table = (gap.schema.clone(), gap.table.clone());
         if !self.gaps_reported.contains(&table) {
@@ -609,6 +624,15 @@ impl Runner {
             .map(|((schema, table), why)| format!("{schema}.{table}: {}", why.join(", ")))
             .collect();
         self.shared.stats.trouble(|t| t.paused = lines);
+    }
+
+    fn publish_unhealed(&self) {
+        let lines = self
+            .unhealed
+            .iter()
+            .map(|(t, why)| unhealed_line(t, why))
+            .collect();
+        self.shared.stats.trouble(|t| t.unhealed_gaps = lines);
     }
 
     /// Asks for a sweep that `batch` waits for before it may be acknowledged.
@@ -1086,5 +1110,14 @@ impl Runner {
         Recorder::set(&st.poisoned_holding, self.holding.len() as u64);
         let unacked = self.tracker.as_ref().map_or(0, |t| t.unreleased());
         Recorder::set(&st.unacked_batches, unacked as u64);
+    }
+}
+
+/// How an unhealed gap reads in [`Stats::unhealed_gaps`](crate::Stats::unhealed_gaps).
+fn unhealed_line((schema, table): &(Box<str>, Box<str>), why: &str) -> String {
+    if table.is_empty() {
+        format!("an unknown table: {why}")
+    } else {
+        format!("{schema}.{table}: {why}")
     }
 }

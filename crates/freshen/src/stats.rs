@@ -98,6 +98,12 @@ pub struct Stats {
     /// Why the view is paused: one line per table whose schema change broke its key
     /// (`public.readings: column device dropped`). Empty while it runs.
     pub paused: Vec<String>,
+    /// Tables whose rows changed in a way the stream did not carry (a [`Gap`](crate::Gap))
+    /// while the view has no reconcile sweep to find what they dirtied: one line per
+    /// table (`public.readings: <what the stream left out>`). Its derived rows may be
+    /// stale until a person rebuilds them and says so
+    /// ([`Handle::acknowledge_gaps`](crate::Handle::acknowledge_gaps)). Empty when none.
+    pub unhealed_gaps: Vec<String>,
     /// Times the run loop woke up (batches, finished rebuilds, timers): an idle or
     /// saturated refresher should not wake much more often than it has work.
     pub wakeups: u64,
@@ -168,6 +174,7 @@ pub(crate) struct Trouble {
     pub(crate) stall: Option<(Retry, String)>,
     pub(crate) last_error: Option<String>,
     pub(crate) paused: Vec<String>,
+    pub(crate) unhealed_gaps: Vec<String>,
 }
 
 fn now_ns() -> u64 {
@@ -267,6 +274,7 @@ impl Recorder {
             stall: trouble.stall.clone(),
             last_error: trouble.last_error.clone(),
             paused: trouble.paused.clone(),
+            unhealed_gaps: trouble.unhealed_gaps.clone(),
         };
         Stats {
             batches_received: g(&self.batches_received),
@@ -305,6 +313,7 @@ impl Recorder {
             stall: trouble.stall,
             last_error: trouble.last_error,
             paused: trouble.paused,
+            unhealed_gaps: trouble.unhealed_gaps,
             wakeups: g(&self.wakeups),
             freshness: self.freshness.snapshot(),
         }

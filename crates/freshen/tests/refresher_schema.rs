@@ -128,6 +128,10 @@ async fn a_gap_in_a_watched_table_sweeps_and_holds_its_batch_until_then() {
     let gaps = reports.of("gap");
     assert_eq!(gaps.len(), 1, "{gaps:?}");
     assert!(gaps[0].contains("public.readings") && gaps[0].contains("onlyHandleKey"));
+    assert!(
+        h.stats().unhealed_gaps.is_empty(),
+        "a sweep heals the gap: nothing for a person to do"
+    );
     drop(feed);
 }
 
@@ -162,6 +166,39 @@ async fn a_gap_without_a_sweep_is_reported_as_unhealed() {
     let gaps = reports.of("gap");
     assert_eq!(gaps.len(), 1);
     assert!(gaps[0].contains("no reconcile sweep"), "{}", gaps[0]);
+    // Nothing heals it by itself: the view says so, whatever comes next, until a
+    // person acknowledges it.
+    assert_eq!(
+        h.stats().unhealed_gaps,
+        ["demo.readings: a statement instead of rows"]
+    );
+    feed.send(acks.batch(2, vec![reading("d1", 1)]))
+        .await
+        .unwrap();
+    waiting(&mut run, "acked", Duration::from_secs(1), || {
+        acks.list() == [1, 2]
+    })
+    .await;
+    assert_eq!(
+        h.stats().unhealed_gaps.len(),
+        1,
+        "later changes heal nothing"
+    );
+    let seen = h.acknowledge_gaps();
+    assert_eq!(seen, ["demo.readings: a statement instead of rows"]);
+    waiting(&mut run, "acknowledged", Duration::from_secs(1), || {
+        h.stats().unhealed_gaps.is_empty()
+    })
+    .await;
+    // A later gap is reported anew.
+    let again = Gap::new("demo", "readings", "a table back in the publication");
+    feed.send(acks.batch(3, vec![]).with_gaps(vec![again]))
+        .await
+        .unwrap();
+    waiting(&mut run, "the later gap", Duration::from_secs(1), || {
+        h.stats().unhealed_gaps == ["demo.readings: a table back in the publication"]
+    })
+    .await;
     drop(feed);
 }
 

@@ -145,6 +145,16 @@ mod tests {
     }
 
     #[test]
+    fn the_partition_count_is_unknown_until_set() {
+        // What a key's partition is computed with (key_source.rs): a wrong count would
+        // fence keys by partitions this instance never owned.
+        let mut f = Fence::default();
+        assert_eq!(f.partitions(), None);
+        f.set_partitions(6);
+        assert_eq!(f.partitions(), Some(6));
+    }
+
+    #[test]
     fn a_revocation_waits_for_running_rebuilds_and_no_longer() {
         let fences = Arc::new(Fences::default());
         fences.lock().assign([3]);

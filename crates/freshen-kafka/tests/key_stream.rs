@@ -479,6 +479,13 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
     w2.stop().await;
 }
 
+/// Stops `w`, failing (rather than hanging the run) if it takes over 60 s.
+async fn stopped(w: Worker, what: &str) {
+    tokio::time::timeout(Duration::from_secs(60), w.stop())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not stop within 60 s"));
+}
+
 /// For each partition, a device whose `totals` key it owns.
 fn one_key_per_partition(prefix: &str) -> Vec<String> {
     (0..PARTITIONS)
@@ -617,7 +624,7 @@ async fn a_worker_commits_a_record_only_after_its_views_rebuilt_its_keys() {
         failed >= 2 && (0..5).all(|i| s.iter().any(|r| r.key.to_string() == format!("dev-{i:02}")))
     })
     .await;
-    w0.stop().await;
+    stopped(w0, "worker 0, its witness failing").await;
     assert!(
         !spans
             .0
@@ -640,5 +647,5 @@ async fn a_worker_commits_a_record_only_after_its_views_rebuilt_its_keys() {
         },
     )
     .await;
-    w1.stop().await;
+    stopped(w1, "worker 1").await;
 }

@@ -265,6 +265,20 @@ mod tests {
     }
 
     #[test]
+    fn a_second_change_to_a_waiting_key_keeps_the_first_batch_held() {
+        let mut t = AckTracker::new();
+        let b0 = t.receive(0);
+        t.hold(&k("x"), b0);
+        let b1 = t.receive(1);
+        t.hold(&k("x"), b1); // before any rebuild of x started
+        assert!(t.release().is_empty(), "b0 waits for x's rebuild");
+        let job = t.start(&k("x"));
+        assert_eq!(job, Some(b0), "the rebuild covers the oldest hold");
+        t.succeeded(job);
+        assert_eq!(t.release(), vec![0, 1]);
+    }
+
+    #[test]
     fn an_older_hold_replaces_a_newer_one() {
         let mut t = AckTracker::new();
         let b0 = t.receive(0);

@@ -356,7 +356,7 @@ mod tests {
             c.advance(p(&format!("{i:06}")));
             assert_eq!(c.end_poll(h(7, 100 + i), S * i as u32), None);
         }
-        assert!(c.pending_marks() <= MAX_MARKS);
+        assert_eq!(c.pending_marks(), MAX_MARKS, "bounded, and no tighter");
         assert_eq!(c.safe(), None, "nothing is final while transaction 7 runs");
         assert_eq!(c.reread().unwrap().writers_from, 7);
         // It ends: everything read becomes final in one step.
@@ -376,6 +376,17 @@ mod tests {
         assert_eq!((r.after, r.upto, r.writers_from), (None, p("20"), 40));
         // The next full poll re-reads from 40's horizon, then both marks can be final.
         assert_eq!(c.end_poll(h(46, 46), 3 * S), Some(p("20")));
+    }
+
+    #[test]
+    fn a_catch_up_poll_marks_what_it_read_when_it_read_it() {
+        let none = Horizon::NONE;
+        let mut c = Cursor::resume(None, 5 * S);
+        c.advance(p("10"));
+        c.end_catch_up(none, S);
+        assert_eq!(c.pending_marks(), 1);
+        // The lookback runs from the catch-up poll (1 s), not from the next full one.
+        assert_eq!(c.end_poll(none, 6 * S), Some(p("10")));
     }
 
     #[test]
@@ -414,6 +425,7 @@ mod tests {
         assert!(h.first_time(&p("15")));
         assert!(!h.first_time(&p("20")));
         assert!(h.first_time(&p("30")));
+        assert!(!h.is_empty());
         h.end_poll(Some(&p("30")), None);
         // Quiet polls end where the previous one did: nothing grows.
         h.end_poll(Some(&p("30")), None);

@@ -780,7 +780,14 @@ mod tests {
     #[test]
     fn fires_after_the_quiet_period() {
         let (mut s, t0) = set(100, 1000);
+        assert_eq!(
+            s.config().poison_after,
+            3,
+            "the set keeps its configuration"
+        );
         assert_eq!(s.mark(&k("a"), t0), Mark::Queued);
+        assert_eq!(s.deadline_of(&k("a")), Some(t0 + 100 * MS));
+        assert_eq!(s.deadline_of(&k("b")), None);
         assert_eq!(s.pop_ready(t0 + 99 * MS), None);
         let r = s.pop_ready(t0 + 100 * MS).expect("ready at coalesce");
         assert_eq!(r.key, k("a"));
@@ -1000,6 +1007,7 @@ mod tests {
         s.mark(&k("bad"), t0);
         let mut now = t0;
         let mut outcomes = Vec::new();
+        assert!(!s.is_poisoned(&k("bad")) && !s.is_poisoned(&k("other")));
         for _ in 0..3 {
             s.pop_ready(now).expect("due");
             let c = s.complete(&k("bad"), Outcome::Failed(Retry::Key), now);
@@ -1119,6 +1127,57 @@ mod tests {
             None,
             "one heap entry per key: nothing left"
         );
+    }
+
+    #[test]
+    fn only_keys_stalled_by_the_path_are_expedited_and_only_when_still_waiting() {
+        let (mut s, t0) = set(0, 1000);
+        for name in ["path", "own", "due"] {
+            s.mark(&k(name), t0);
+        }
+        let r = s.pop_ready(t0).unwrap();
+        s.complete(&r.key, Outcome::Failed(Retry::Path), t0);
+        let path_at = s.deadline_of(&r.key).unwrap();
+        let r2 = s.pop_ready(t0).unwrap();
+        s.complete(&r2.key, Outcome::Failed(Retry::Key), t0);
+        let own_at = s.deadline_of(&r2.key).unwrap();
+        let r3 = s.pop_ready(t0).unwrap();
+        s.complete(&r3.key, Outcome::Failed(Retry::Path), t0);
+        let due_at = s.deadline_of(&r3.key).unwrap();
+        s.mark(&k("fresh"), t0);
+        let fresh_at = s.deadline_of(&k("fresh")).unwrap();
+        // At the very deadline of one stalled key: it is due anyway, nothing to move.
+        let now = due_at.min(path_at);
+        let moved = s.expedite_stalled(now);
+        let expected = [path_at, due_at].iter().filter(|at| **at > now).count();
+        assert_eq!(moved, expected, "stalled keys still backing off at {now:?}");
+        assert_eq!(
+            s.deadline_of(&r2.key),
+            Some(own_at),
+            "its own failure keeps its backoff"
+        );
+        assert_eq!(
+            s.deadline_of(&k("fresh")),
+            Some(fresh_at),
+            "a dirty key keeps its deadline"
+        );
+        assert_eq!(s.deadline_of(&r.key), Some(path_at.min(now)));
+    }
+
+    #[test]
+    fn heap_bytes_counts_every_slot_heap_entry_and_free_slot() {
+        let (mut s, t0) = set(0, 1000);
+        let keys: Vec<Key> = (0..1000).map(|i| k(&format!("k{i}"))).collect();
+        for key in &keys {
+            s.mark(key, t0);
+        }
+        let queued = 1000 * (std::mem::size_of::<Slot>() + std::mem::size_of::<Entry>());
+        assert!(s.heap_bytes() >= queued, "{} < {queued}", s.heap_bytes());
+        while let Some(r) = s.pop_ready(t0) {
+            s.complete(&r.key, Outcome::Rebuilt, t0);
+        }
+        let freed = 1000 * (std::mem::size_of::<Slot>() + std::mem::size_of::<u32>());
+        assert!(s.heap_bytes() >= freed, "{} < {freed}", s.heap_bytes());
     }
 
     #[test]

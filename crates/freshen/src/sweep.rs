@@ -196,3 +196,20 @@ pub(crate) fn later(now: Instant, d: Duration) -> Instant {
         .or_else(|| now.checked_add(Duration::from_secs(365 * 24 * 3600)))
         .unwrap_or(now)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn later_adds_what_it_can_and_saturates_far_ahead() {
+        let now = Instant::now();
+        assert_eq!(later(now, HOUR), now + HOUR);
+        let decade = 10 * 365 * 24 * HOUR;
+        assert_eq!(later(now, decade), now + decade);
+        // `every = "100y"` or a Duration::MAX retry: far ahead, never an overflow.
+        assert!(later(now, Duration::MAX) >= now + decade);
+    }
+}

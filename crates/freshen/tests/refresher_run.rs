@@ -1175,3 +1175,94 @@ fn durations_beyond_a_year_are_build_problems_not_panics() {
         "{problems}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sweep_listing_when_the_source_ends_is_waited_for() {
+    let (feed, source) = channel(8);
+    let log = Log::default();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let c = calls.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(&log))
+        .coalesce(MS)
+        .reconcile(Duration::from_secs(3600), move || {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let mut gate = gate.clone();
+            async move {
+                if n == 0 {
+                    return Ok::<_, std::io::Error>(vec![Key::from("x")]);
+                }
+                let _ = gate.wait_for(|o| *o).await;
+                Ok(vec![Key::from("late")])
+            }
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    waiting(&mut run, "start-up sweep", Duration::from_secs(1), || {
+        h.stats().reconciles == 1
+    })
+    .await;
+    assert!(h.reconcile_now());
+    waiting(&mut run, "second listing", Duration::from_secs(1), || {
+        calls.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    drop(feed);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), &mut run)
+            .await
+            .is_err(),
+        "the run ended while a sweep was still listing"
+    );
+    open.send(true).unwrap();
+    within("drain", Duration::from_secs(5), run).await.unwrap();
+    assert_eq!(
+        log.count("late"),
+        1,
+        "the listed key was rebuilt before the end"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_periodic_sweep_starts_after_the_source_ended() {
+    let (feed, source) = channel(8);
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(|key: Key| async move {
+            if key.to_string() == "slow" {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            Ok::<_, std::io::Error>(())
+        })
+        .coalesce(MS)
+        .reconcile(Duration::from_secs(1), || async {
+            Ok::<_, std::io::Error>(vec![Key::from("x")])
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    waiting(&mut run, "start-up sweep", Duration::from_secs(1), || {
+        h.stats().reconciles == 1
+    })
+    .await;
+    feed.send(Batch::new(vec![reading("slow", 1)], Ack::none()))
+        .await
+        .unwrap();
+    drop(feed);
+    // The slow rebuild outlasts the sweep interval several times over.
+    within("drain", Duration::from_secs(20), run).await.unwrap();
+    assert_eq!(
+        h.stats().reconciles,
+        1,
+        "the ended source's drain swept again"
+    );
+}

@@ -284,33 +284,53 @@ pub use freshen::Jitter as Rng;
 /// deletes and site re-assignments.
 pub async fn workload(c: &mut Client, r: &mut Rng, n: usize) {
     for _ in 0..n {
-        let tx = c.transaction().await.expect("begin");
-        for _ in 0..=r.below(3) {
-            let d = format!("d{}", r.below(30));
-            let s = format!("s{}", r.below(10));
-            let v = r.below(100) as i64;
-            let pick = "(SELECT id FROM readings WHERE device = $2 ORDER BY id LIMIT 1)";
-            let result = match r.below(10) {
-                0..=4 => tx.execute("INSERT INTO readings (device, site, value) VALUES ($1, $2, $3)", &[&d, &s, &v]).await,
-                5 => tx.execute(&format!("UPDATE readings SET value = $1 WHERE id = {pick}"), &[&v, &d]).await,
-                6 => {
-                    let from = format!("d{}", r.below(30));
-                    tx.execute(&format!("UPDATE readings SET device = $1 WHERE id = {pick}"), &[&d, &from]).await
-                }
-                7 => {
-                    let from = format!("d{}", r.below(30));
-                    tx.execute(&format!("UPDATE readings SET site = $1 WHERE id = {pick}"), &[&s, &from]).await
-                }
-                8 => tx.execute("DELETE FROM readings WHERE id = (SELECT id FROM readings WHERE device = $1 ORDER BY id LIMIT 1)", &[&d]).await,
-                _ => {
-                    let region = ["eu", "us", "ap"][r.below(3) as usize];
-                    tx.execute("UPDATE sites SET region = $1 WHERE id = $2", &[&region, &s]).await
-                }
-            };
-            result.expect("workload statement");
-        }
-        tx.commit().await.expect("commit");
+        one_transaction(c, r).await.expect("workload statement");
     }
+}
+
+/// Like [`workload`], for writers that run side by side: a transaction the server
+/// aborts to break a deadlock between them (SQLSTATE 40P01) is rolled back and counted
+/// as not written, as an application would retry it; any other error fails the test.
+pub async fn concurrent_workload(c: &mut Client, r: &mut Rng, n: usize) {
+    for _ in 0..n {
+        if let Err(e) = one_transaction(c, r).await {
+            assert_eq!(
+                e.code(),
+                Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED),
+                "workload statement: {e}"
+            );
+        }
+    }
+}
+
+async fn one_transaction(c: &mut Client, r: &mut Rng) -> Result<(), tokio_postgres::Error> {
+    let tx = c.transaction().await.expect("begin");
+    for _ in 0..=r.below(3) {
+        let d = format!("d{}", r.below(30));
+        let s = format!("s{}", r.below(10));
+        let v = r.below(100) as i64;
+        let pick = "(SELECT id FROM readings WHERE device = $2 ORDER BY id LIMIT 1)";
+        let result = match r.below(10) {
+            0..=4 => tx.execute("INSERT INTO readings (device, site, value) VALUES ($1, $2, $3)", &[&d, &s, &v]).await,
+            5 => tx.execute(&format!("UPDATE readings SET value = $1 WHERE id = {pick}"), &[&v, &d]).await,
+            6 => {
+                let from = format!("d{}", r.below(30));
+                tx.execute(&format!("UPDATE readings SET device = $1 WHERE id = {pick}"), &[&d, &from]).await
+            }
+            7 => {
+                let from = format!("d{}", r.below(30));
+                tx.execute(&format!("UPDATE readings SET site = $1 WHERE id = {pick}"), &[&s, &from]).await
+            }
+            8 => tx.execute("DELETE FROM readings WHERE id = (SELECT id FROM readings WHERE device = $1 ORDER BY id LIMIT 1)", &[&d]).await,
+            _ => {
+                let region = ["eu", "us", "ap"][r.below(3) as usize];
+                tx.execute("UPDATE sites SET region = $1 WHERE id = $2", &[&region, &s]).await
+            }
+        };
+        result?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Writes witness rows: for each of `n` keys `w-{tag}-{i}`, a site of that name and a

@@ -137,6 +137,7 @@ mod tests {
         assert!(!f.enter(0), "a revoked partition starts nothing more");
         assert_eq!(f.running(&[0]), 2, "what runs is still counted");
         f.leave(0);
+        assert_eq!(f.running(&[0]), 1, "one of the two still runs");
         f.leave(0);
         assert_eq!(f.running(&[0, 2]), 1);
         assert_eq!(f.owned(), vec![2]);

@@ -158,13 +158,15 @@ impl KeySource {
     pub fn split(self, views: Vec<String>) -> Vec<ViewKeys> {
         let n = views.len();
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel(4)).unzip();
+        let (finished_tx, finished) = tokio::sync::watch::channel(false);
         let split = Arc::new(Split {
             open: AtomicUsize::new(n),
             all_closed: Notify::new(),
+            finished,
         });
         let index: HashMap<String, usize> =
             views.into_iter().enumerate().map(|(i, v)| (v, i)).collect();
-        tokio::spawn(pump(self, index, senders, split.clone()));
+        tokio::spawn(pump(self, index, senders, split.clone(), finished_tx));
         receivers
             .into_iter()
             .map(|rx| ViewKeys {
@@ -383,6 +385,8 @@ impl Rebuild for Fenced {
 struct Split {
     open: AtomicUsize,
     all_closed: Notify,
+    /// True once the consumer is closed (its last offsets committed, the group left).
+    finished: tokio::sync::watch::Receiver<bool>,
 }
 
 /// One view's share of a [`KeySource`]: its keys, batch by batch.
@@ -414,8 +418,16 @@ impl Source for ViewKeys {
         Box::pin(async move {
             if !self.closed {
                 self.closed = true;
+                // No more batches for this view: the pump never waits on it again (what
+                // it held back is unacknowledged, so read again by the next owner).
+                self.rx.close();
                 if self.split.open.fetch_sub(1, Ordering::AcqRel) == 1 {
                     self.split.all_closed.notify_one();
+                    // The last view's close returns once the consumer is closed: a
+                    // process that stops right after has committed what it rebuilt, and
+                    // nothing of the consumer outlives it (a close still talking to a
+                    // broker held the runtime's shutdown).
+                    let _ = self.split.finished.clone().wait_for(|done| *done).await;
                 }
             }
         })
@@ -446,6 +458,7 @@ async fn pump(
     index: HashMap<String, usize>,
     senders: Vec<mpsc::Sender<Result<Batch, SourceError>>>,
     split: Arc<Split>,
+    finished: tokio::sync::watch::Sender<bool>,
 ) {
     let closed = split.all_closed.notified();
     tokio::pin!(closed);
@@ -513,4 +526,8 @@ async fn pump(
         closed.await;
     }
     source.close().await;
+    // Dropping the consumer closes it in librdkafka, which blocks its thread: off the
+    // runtime's.
+    let _ = tokio::task::spawn_blocking(move || drop(source)).await;
+    let _ = finished.send(true);
 }

@@ -648,8 +648,10 @@ async fn a_worker_commits_a_record_only_after_its_views_rebuilt_its_keys() {
     )
     .await;
     stopped(w1, "worker 1").await;
-    // Under load this test has hung about once in 40 runs with no message, after every
-    // bounded step: a hang that shows this line is the teardown's (the broker stopped
-    // while a consumer's blocking close still talks to it).
+    // Under load this test once hung about once in 40 runs with no message although
+    // every step above is bounded: the workers' stop returned before their consumers
+    // had closed, and the broker stopped under a close still talking to it held the
+    // runtime's shutdown. Should a hang come back, this line tells whether it is the
+    // teardown's.
     eprintln!("the test's body ended; teardown follows");
 }

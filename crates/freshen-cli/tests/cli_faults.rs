@@ -404,6 +404,7 @@ async fn gap_is_reported_until_healed(
     c: &tokio_postgres::Client,
     base: &str,
     dir: &std::path::Path,
+    run: u32,
 ) {
     // site_totals has a reconcile: the gap swept it, and the witnesses' sites are right.
     let st = wait_status(
@@ -430,7 +431,7 @@ async fn gap_is_reported_until_healed(
     }
     assert!(!health.contains("view site_totals"), "{health}");
     // The hole is there: nothing else will bring those rows.
-    assert_eq!(stale_witnesses(c).await, OUT, "{}", log_of(dir, 1));
+    assert_eq!(stale_witnesses(c).await, OUT, "{}", log_of(dir, run));
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < deadline {
         let (code, _) = freshen_cli::status::get(base, "/healthz").await.unwrap();
@@ -488,7 +489,7 @@ async fn a_table_out_of_the_publication_for_a_while_is_a_gap_until_healed() {
     c.batch_execute("ALTER PUBLICATION freshen_test ADD TABLE readings")
         .await
         .unwrap();
-    gap_is_reported_until_healed(&c, &base, dir.path()).await;
+    gap_is_reported_until_healed(&c, &base, dir.path(), 1).await;
     let log = log_of(dir.path(), 1);
     assert!(log.contains("no longer includes public.readings"), "{log}");
     assert!(log.contains("is back in publication"), "{log}");
@@ -513,12 +514,14 @@ async fn a_table_freshen_puts_back_into_its_publication_at_start_is_a_gap() {
     witness(&c, "out", OUT).await;
     // At start freshen puts the table back into its own publication: the slot resumes
     // past those changes without them.
-    let cfg = dir.path().join("freshen.toml");
-    assert!(cfg.exists(), "the first run's config");
+    let cfg = write_config(
+        dir.path(),
+        &config(&pg.url(), base.trim_start_matches("http://")),
+    );
     let mut run = spawn_run(dir.path(), &cfg, 2);
     let log = |n| log_of(dir.path(), n);
     wait_status(&base, "the second run", Duration::from_secs(30), |_| true).await;
-    gap_is_reported_until_healed(&c, &base, dir.path()).await;
+    gap_is_reported_until_healed(&c, &base, dir.path(), 2).await;
     assert!(log(2).contains("was added to publication"), "{}", log(2));
     run.kill().unwrap();
     run.wait().unwrap();

@@ -142,14 +142,8 @@ pub fn open_fds() -> usize {
         .count()
 }
 
-/// Polls `f` until it holds, failing with `what` after `PATIENCE`.
-pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Polls `f` until it holds, failing with `what` after `PATIENCE` (the workspace's one
+/// poll-until helper, with this crate's patience).
+pub async fn eventually(what: &str, f: impl FnMut() -> bool) {
+    freshen_testenv::refresher::until_within(what, PATIENCE, f).await;
 }

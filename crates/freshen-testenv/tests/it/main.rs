@@ -1,0 +1,7 @@
+//! freshen-testenv's integration tests, one binary: each module was a test binary of its own,
+//! and every binary linked the whole dependency tree again (minutes on two cores).
+//! `tests/support/` stays where it was, so a test file of its own still finds it.
+
+mod brokers;
+mod mariadb_server;
+mod postgres_server;

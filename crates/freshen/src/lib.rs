@@ -122,6 +122,7 @@ mod histogram;
 mod index;
 mod key;
 pub mod plug;
+pub mod poller;
 mod rebuild;
 mod redact;
 mod refresher;

@@ -11,6 +11,7 @@ use crate::MySqlError;
 use crate::error::ErrorKind;
 use crate::incremental::table::TableName;
 use freshen::cursor::Position;
+use freshen::poller::stored_position;
 
 /// Encodes a list of texts as one string.
 pub(crate) fn encode(parts: &[String]) -> String {
@@ -121,20 +122,9 @@ impl Store {
         };
         let stored = decode(&stored).unwrap_or_default();
         let position = decode(&position).unwrap_or_default();
-        if stored != columns || position.len() != columns.len() {
-            return Err(MySqlError::new(
-                ErrorKind::Config,
-                format!(
-                    "the cursor stored in {} for {table} is by ({}), the configuration pages by ({}): \
-                     delete its row (name {:?}) to read the table from its start",
-                    self.table,
-                    stored.join(", "),
-                    columns.join(", "),
-                    self.name
-                ),
-            ));
-        }
-        Ok(Some(position))
+        stored_position(&self.table, &self.name, table, &stored, position, columns)
+            .map(Some)
+            .map_err(|m| MySqlError::new(ErrorKind::Config, m))
     }
 
     /// Stores `position` for `table`.

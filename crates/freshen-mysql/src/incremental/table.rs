@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use freshen::cursor::{Position, Reread};
+use freshen::cursor::Position;
+use freshen::poller::Read;
 use freshen::{Columns, Op, Row, RowEvent};
 use mysql_async::prelude::Queryable;
 
@@ -315,32 +316,6 @@ pub(crate) fn statements(d: &Described) -> Statements {
     }
 }
 
-/// A page of rows.
-#[derive(Debug)]
-pub(crate) struct Page {
-    /// Each row's event and position, in position order.
-    pub(crate) rows: Vec<(RowEvent, Position)>,
-}
-
-impl Page {
-    /// The last row's position.
-    pub(crate) fn last(&self) -> Option<&Position> {
-        self.rows.last().map(|(_, p)| p)
-    }
-}
-
-/// What a page reads.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Read<'a> {
-    /// Rows after a position (from the start when `None`).
-    New(Option<&'a Position>),
-    /// A re-read of `range`, continuing after `from` (the range's start when `None`).
-    Again {
-        range: &'a Reread,
-        from: Option<&'a Position>,
-    },
-}
-
 /// `position` once per bound column: the cursor's value, then each part.
 fn bound(position: &Position) -> Vec<mysql_async::Value> {
     let mut out = Vec::with_capacity(position.len() + 1);
@@ -357,14 +332,14 @@ fn bound(position: &Position) -> Vec<mysql_async::Value> {
     out
 }
 
-/// Reads one page of at most `limit` rows in `tx`.
+/// Reads one page of at most `limit` rows in `tx`, each with its position.
 pub(crate) async fn read_page(
     tx: &mut mysql_async::Transaction<'_>,
     d: &Described,
     sql: &Statements,
     read: Read<'_>,
     limit: usize,
-) -> Result<Page, MySqlError> {
+) -> Result<Vec<(RowEvent, Position)>, MySqlError> {
     let limit = mysql_async::Value::from(u64::try_from(limit.max(1)).unwrap_or(u64::MAX));
     let mut params: Vec<mysql_async::Value> = Vec::new();
     let statement = match read {
@@ -373,7 +348,7 @@ pub(crate) async fn read_page(
             params.extend(bound(after));
             &sql.after
         }
-        Read::Again { range, from } => {
+        Read::Again { range, from, .. } => {
             let start = from.or(range.after.as_ref());
             if let Some(after) = start {
                 params.extend(bound(after));
@@ -415,7 +390,7 @@ pub(crate) async fn read_page(
         e.pk_names = d.pk_names.clone();
         out.push((e, position));
     }
-    Ok(Page { rows: out })
+    Ok(out)
 }
 
 /// One value of the binary protocol as the binlog source would give it.

@@ -7,9 +7,10 @@
 use deadpool_postgres::Pool;
 
 use crate::error::ErrorKind;
-use crate::incremental::cursor::Position;
 use crate::pool::client;
 use crate::{PgError, TableName};
+use freshen::cursor::Position;
+use freshen::poller::stored_position;
 
 /// The cursor store of one source.
 #[derive(Debug, Clone)]
@@ -87,20 +88,9 @@ impl Store {
         let Some(row) = row else { return Ok(None) };
         let stored: Vec<String> = row.get(0);
         let position: Vec<String> = row.get(1);
-        if stored != columns || position.len() != columns.len() {
-            return Err(PgError::new(
-                ErrorKind::Config,
-                format!(
-                    "the cursor stored in {} for {table} is by ({}), the configuration pages by ({}): \
-                     delete its row (name {:?}) to read the table from its start",
-                    self.table,
-                    stored.join(", "),
-                    columns.join(", "),
-                    self.name
-                ),
-            ));
-        }
-        Ok(Some(position))
+        stored_position(&self.table, &self.name, table, &stored, position, columns)
+            .map(Some)
+            .map_err(|m| PgError::new(ErrorKind::Config, m))
     }
 
     /// Stores `position` for `table`.

@@ -12,10 +12,11 @@ use freshen::{Columns, Op, Row, RowEvent};
 use tokio_postgres::types::ToSql;
 
 use crate::error::ErrorKind;
-use crate::incremental::cursor::{Position, Reread};
 use crate::pgoutput::Datum;
 use crate::quote::quote_ident;
 use crate::{PgError, TableName};
+use freshen::cursor::Position;
+use freshen::poller::Read;
 
 /// The catalog's description of a polled table.
 #[derive(Debug, Clone)]
@@ -190,36 +191,14 @@ pub(crate) fn statements(d: &Described) -> Statements {
     }
 }
 
-/// A page of rows.
-#[derive(Debug)]
-pub(crate) struct Page {
-    pub(crate) events: Vec<RowEvent>,
-    /// The last row's position; `None` for an empty page.
-    pub(crate) last: Option<Position>,
-}
-
-/// What a page reads.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Read<'a> {
-    /// Rows after a position (from the start when `None`).
-    New(Option<&'a Position>),
-    /// A re-read, continuing after `from` (the range's own start when `None`), in a
-    /// snapshot whose xmax is `xmax`.
-    Again {
-        range: &'a Reread,
-        from: Option<&'a Position>,
-        xmax: u64,
-    },
-}
-
-/// Reads one page of at most `limit` rows in `tx`.
+/// Reads one page of at most `limit` rows in `tx`, each with its position.
 pub(crate) async fn read_page(
     tx: &deadpool_postgres::Transaction<'_>,
     d: &Described,
     sql: &Statements,
     read: Read<'_>,
     limit: usize,
-) -> Result<Page, PgError> {
+) -> Result<Vec<(RowEvent, Position)>, PgError> {
     let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
     let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let mut params: Vec<&(dyn ToSql + Sync)> = Vec::new();
@@ -237,10 +216,10 @@ pub(crate) async fn read_page(
         Read::Again {
             range,
             from,
-            xmax: x,
+            snapshot,
         } => {
             writers = int(range.writers_from);
-            xmax = int(x);
+            xmax = int(snapshot.xmax);
             let start = from.or(range.after.as_ref());
             if let Some(after) = start {
                 params.extend(after.iter().map(|v| v as &(dyn ToSql + Sync)));
@@ -267,8 +246,7 @@ pub(crate) async fn read_page(
     let schema: Arc<str> = Arc::from(d.table.schema.as_str());
     let name: Arc<str> = Arc::from(d.table.name.as_str());
     let n = d.columns.len();
-    let mut last = None;
-    let mut events = Vec::with_capacity(rows.len());
+    let mut out = Vec::with_capacity(rows.len());
     for r in &rows {
         let values = (0..n)
             .map(|i| {
@@ -277,19 +255,17 @@ pub(crate) async fn read_page(
                 crate::rows::value(d.types[i], &datum)
             })
             .collect();
-        last = Some(
-            (n..n + d.position.len())
-                .map(|i| r.get::<_, String>(i))
-                .collect(),
-        );
+        let position: Position = (n..n + d.position.len())
+            .map(|i| r.get::<_, String>(i))
+            .collect();
         // Whether the row is new or changed cannot be told from a poll: an update
         // without a former image says "the row is now this".
         let mut e = RowEvent::new(schema.clone(), name.clone(), Op::Update)
             .with_new(Row::new(d.columns.clone(), values));
         e.pk_names = d.pk_names.clone();
-        events.push(e);
+        out.push((e, position));
     }
-    Ok(Page { events, last })
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -800,3 +800,223 @@ async fn write_cursors<D: Dialect>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Op, Row, Value};
+
+    /// A table in memory: `(cursor, id)` per row, positions as zero-padded text so they
+    /// order as the numbers do. `fail` makes the next polls fail with a `Fix` error.
+    #[derive(Default)]
+    struct Memory {
+        rows: Mutex<Vec<(u32, u32)>>,
+        fail: AtomicBool,
+        saved: Mutex<Vec<Position>>,
+    }
+
+    #[derive(Debug)]
+    struct Gone;
+
+    impl fmt::Display for Gone {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("the table is gone")
+        }
+    }
+
+    fn position(cursor: u32, id: u32) -> Position {
+        vec![format!("{cursor:08}"), format!("{id:08}")]
+    }
+
+    impl Dialect for Arc<Memory> {
+        const KIND: &'static str = "memory";
+        type Table = String;
+        type Reader = ();
+        type Conn = ();
+        // Borrows the connection, as a database's transaction does.
+        type Snapshot<'c> = &'c mut ();
+        type Error = Gone;
+
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                lookback_only: true,
+                ..Capabilities::NONE
+            }
+        }
+        async fn connect(&self) -> Result<(), Gone> {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(Gone);
+            }
+            Ok(())
+        }
+        async fn describe<'a>(
+            &'a self,
+            _: &'a mut (),
+            _: &'a String,
+            cursor: &'a str,
+        ) -> Result<Described<()>, Gone> {
+            Ok(Described {
+                reader: (),
+                columns: vec![cursor.to_string(), "id".into()],
+                cursor_nullable: false,
+            })
+        }
+        async fn begin<'c>(&'c self, conn: &'c mut ()) -> Result<(&'c mut (), Horizon), Gone> {
+            Ok((conn, Horizon::NONE))
+        }
+        async fn read_page<'a>(
+            &'a self,
+            _: &'a mut Self::Snapshot<'_>,
+            _: &'a (),
+            read: Read<'a>,
+            limit: usize,
+        ) -> Result<Vec<(RowEvent, Position)>, Gone> {
+            let (after, upto) = match read {
+                Read::New(after) => (after.cloned(), None),
+                Read::Again { range, from, .. } => (
+                    from.or(range.after.as_ref()).cloned(),
+                    Some(range.upto.clone()),
+                ),
+            };
+            let mut rows: Vec<(u32, u32)> = lock(&self.rows).clone();
+            rows.sort();
+            let columns: crate::Columns = vec![Box::from("id")].into();
+            Ok(rows
+                .into_iter()
+                .map(|(c, id)| (c, id, position(c, id)))
+                .filter(|(.., p)| after.as_ref().is_none_or(|a| p > a))
+                .filter(|(.., p)| upto.as_ref().is_none_or(|u| p <= u))
+                .take(limit)
+                .map(|(_, id, p)| {
+                    let row = Row::new(columns.clone(), vec![Value::Int(id.into())]);
+                    (RowEvent::new("s", "t", Op::Update).with_new(row), p)
+                })
+                .collect())
+        }
+        async fn commit(&self, _: Self::Snapshot<'_>) -> Result<(), Gone> {
+            Ok(())
+        }
+        async fn load_cursor<'a>(
+            &'a self,
+            _: &'a String,
+            _: &'a [String],
+        ) -> Result<Option<Position>, Gone> {
+            Ok(None)
+        }
+        async fn save_cursor<'a>(
+            &'a self,
+            _: &'a String,
+            _: &'a [String],
+            position: &'a Position,
+        ) -> Result<(), Gone> {
+            lock(&self.saved).push(position.clone());
+            Ok(())
+        }
+        fn retry(_: &Gone) -> Retry {
+            Retry::Fix
+        }
+        fn problem_table(table: &String) -> (String, String) {
+            ("s".into(), table.clone())
+        }
+        fn report(&self, _: PollReport<'_>) {}
+    }
+
+    fn config() -> PollConfig<String> {
+        PollConfig {
+            lookback: Duration::ZERO,
+            tables: vec![PolledTable {
+                table: "t".into(),
+                cursor: "c".into(),
+                poll_interval: Duration::from_millis(5),
+                page_size: 2,
+            }],
+            queue_batches: 4,
+            retry: Backoff::new(Duration::from_millis(5), Duration::from_millis(20)),
+        }
+    }
+
+    fn ids(batch: &Batch) -> Vec<i64> {
+        batch
+            .events()
+            .iter()
+            .map(|e| match e.new.as_ref().and_then(|r| r.get("id")) {
+                Some(Value::Int(i)) => *i,
+                other => panic!("no id: {other:?}"),
+            })
+            .collect()
+    }
+
+    /// Takes batches, acknowledging each, until `seen` holds `want` ids.
+    async fn take(src: &mut PollingSource<Arc<Memory>>, seen: &mut Vec<i64>, want: usize) {
+        while seen.len() < want {
+            let batch = tokio::time::timeout(Duration::from_secs(10), src.next_batch())
+                .await
+                .expect("a batch within 10 s")
+                .expect("the source runs")
+                .expect("no error");
+            seen.extend(ids(&batch));
+            batch.into_parts().2.ack();
+        }
+    }
+
+    #[tokio::test]
+    async fn every_row_is_handed_over_once_and_its_acknowledged_cursor_stored() {
+        let memory = Arc::new(Memory::default());
+        lock(&memory.rows).extend((1..=5).map(|i| (i, i)));
+        let mut src = PollingSource::start(Arc::clone(&memory), config())
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        take(&mut src, &mut seen, 5).await;
+        // A row written later, and a row moved forward: each handed over once more.
+        lock(&memory.rows).push((9, 6));
+        lock(&memory.rows)[0] = (10, 1);
+        take(&mut src, &mut seen, 7).await;
+        assert_eq!(seen, vec![1, 2, 3, 4, 5, 6, 1]);
+        let stored = crate::cursor::Position::from(position(10, 1));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !lock(&memory.saved).contains(&stored) {
+            assert!(Instant::now() < deadline, "{:?}", lock(&memory.saved));
+            // Empty batches carry the acknowledgements that store the cursor.
+            if let Ok(Some(Ok(b))) =
+                tokio::time::timeout(Duration::from_millis(50), src.next_batch()).await
+            {
+                assert!(ids(&b).is_empty(), "no row twice: {:?}", ids(&b));
+                b.into_parts().2.ack();
+            }
+        }
+        assert_eq!(src.handle().stats().events, 7);
+        src.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_poll_that_needs_a_person_is_a_problem_until_it_works() {
+        let memory = Arc::new(Memory::default());
+        lock(&memory.rows).push((1, 1));
+        let mut src = PollingSource::start(Arc::clone(&memory), config())
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        take(&mut src, &mut seen, 1).await;
+        memory.fail.store(true, Ordering::SeqCst);
+        let handle = src.handle();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while handle.health().problems.is_empty() {
+            assert!(Instant::now() < deadline, "no problem reported");
+            let _ = tokio::time::timeout(Duration::from_millis(20), src.next_batch()).await;
+        }
+        let health = handle.health();
+        assert!(!health.streaming);
+        assert_eq!(health.problems[0].table, Some(("s".into(), "t".into())));
+        assert!(health.problems[0].message.contains("the table is gone"));
+        memory.fail.store(false, Ordering::SeqCst);
+        lock(&memory.rows).push((2, 2));
+        take(&mut src, &mut seen, 2).await;
+        assert_eq!(seen, vec![1, 2]);
+        assert!(
+            handle.health().problems.is_empty(),
+            "cleared once a poll works"
+        );
+        src.shutdown().await;
+    }
+}

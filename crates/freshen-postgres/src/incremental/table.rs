@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use freshen::cursor::Position;
+use freshen::poller::Read;
 use freshen::{Columns, Op, Row, RowEvent};
 use tokio_postgres::types::ToSql;
 
@@ -15,8 +17,6 @@ use crate::error::ErrorKind;
 use crate::pgoutput::Datum;
 use crate::quote::quote_ident;
 use crate::{PgError, TableName};
-use freshen::cursor::Position;
-use freshen::poller::Read;
 
 /// The catalog's description of a polled table.
 #[derive(Debug, Clone)]

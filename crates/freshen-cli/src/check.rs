@@ -6,7 +6,6 @@ use serde::Serialize;
 use serde::ser::SerializeStruct;
 
 use crate::config::{self, Config};
-use crate::target::Target;
 
 /// Everything `check` found.
 #[derive(Debug, Clone, Default)]
@@ -156,7 +155,7 @@ async fn check_database(cfg: &Config, report: &mut CheckReport) {
     if cfg.views.is_empty() {
         return;
     }
-    let target = match Target::connect(cfg).await {
+    let target = match crate::targets::connect(cfg).await {
         Ok(t) => t,
         Err(e) => {
             report.push(
@@ -169,8 +168,8 @@ async fn check_database(cfg: &Config, report: &mut CheckReport) {
         }
     };
     for view in &cfg.views {
-        match target.view(view, Some(1)) {
-            Ok(pool) => report.findings.extend(pool.check(view).await),
+        match target.view(&crate::targets::spec(view, Some(1))) {
+            Ok(on) => report.findings.extend(on.check().await),
             Err(e) => report.push(
                 Level::Error,
                 "target",

@@ -22,4 +22,4 @@ pub mod snapshot;
 pub mod sources;
 pub mod standby;
 pub mod status;
-pub mod target;
+pub mod targets;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use freshen::plug::{Target, ViewTarget};
 use freshen::{Branch, Expand, Rebuild, Refresher, Report, SourceProbe, fanout};
 use freshen_changefeed::{AppState, Changefeed};
 use tokio::sync::watch;
@@ -18,7 +19,6 @@ use crate::http::Observe;
 use crate::metrics::{SourceStatus, ViewStats};
 use crate::role::Role;
 use crate::scope::ViewScope;
-use crate::target::{Target, ViewPool};
 
 /// How often the slot's lag is sampled from the server (and the views' freshness, for
 /// the recent window).
@@ -245,9 +245,23 @@ impl Observe for Observer {
     }
 }
 
+/// A view's connections to its target, its rebuild and its fan-outs, prepared.
+type Prepared = (Box<dyn ViewTarget>, Box<dyn Rebuild>, Vec<Box<dyn Expand>>);
+
+/// `view`'s own connections to `target`.
+fn view_target(
+    target: &dyn Target,
+    view: &View,
+    cfg: &Config,
+) -> anyhow::Result<Box<dyn ViewTarget>> {
+    target
+        .view(&crate::targets::spec(view, cfg.target.pool_size))
+        .map_err(anyhow::Error::from_boxed)
+}
+
 fn refresher(
     view: &View,
-    (pool, rebuild, fanouts): (ViewPool, Box<dyn Rebuild>, Vec<Box<dyn Expand>>),
+    (target, rebuild, fanouts): Prepared,
     source: Box<dyn freshen::Source>,
     ack: freshen::AckPolicy,
     sweep_at_start: bool,
@@ -293,7 +307,7 @@ fn refresher(
         b = b.fan_out(move |e| s.parent_keys(i, e), fanout);
     }
     if let Some(rec) = &view.reconcile {
-        b = b.reconcile_with(rec.every, pool.enumerate(&rec.keys));
+        b = b.reconcile_with(rec.every, target.enumerate(&rec.keys));
     }
     if let Some(d) = t.release_quarantined_after {
         b = b.release_quarantined_after(d);
@@ -335,15 +349,15 @@ impl Pipeline {
         let target = if cfg.views.is_empty() || capture {
             None
         } else {
-            Some(Target::connect(cfg).await?)
+            Some(crate::targets::connect(cfg).await?)
         };
         let mut rebuilds = Vec::new();
         if let Some(target) = &target {
             for view in &cfg.views {
-                let pool = target.view(view, cfg.target.pool_size)?;
-                let rebuild = pool.rebuild(view).await?;
-                let fanouts = pool.fanouts(view).await?;
-                rebuilds.push((pool, rebuild, fanouts));
+                let on = view_target(&**target, view, cfg)?;
+                let rebuild = on.rebuild().await.map_err(anyhow::Error::from_boxed)?;
+                let fanouts = on.fanouts().await.map_err(anyhow::Error::from_boxed)?;
+                rebuilds.push((on, rebuild, fanouts));
             }
         }
         let mut sinks = Vec::new();
@@ -403,7 +417,7 @@ impl Pipeline {
         let postgres_source = cfg
             .source
             .database_url()
-            .filter(|u| crate::target::Flavor::of(u) == Some(crate::target::Flavor::Postgres));
+            .filter(|u| freshen_postgres::is_postgres_url(u));
         let snapshots = match (postgres_source, &cfg.changefeed) {
             (Some(url), Some(_)) => {
                 let conn = freshen_postgres::ConnectionConfig::from_url(url)
@@ -448,17 +462,17 @@ impl Pipeline {
     /// A worker of a spread configuration: the views' keys come from the key stream
     /// (no source, sinks or changefeed here: they run on the capture instance).
     async fn start_worker(cfg: &Config, unchanged: &[String]) -> anyhow::Result<Pipeline> {
-        let target = Target::connect(cfg).await?;
+        let target = crate::targets::connect(cfg).await?;
         let mut prepared = Vec::new();
         let mut rebuilds = Vec::new();
         for view in &cfg.views {
-            let pool = target.view(view, cfg.target.pool_size)?;
-            rebuilds.push(pool.rebuild(view).await?);
-            prepared.push((pool, Vec::new()));
+            let on = view_target(&*target, view, cfg)?;
+            rebuilds.push(on.rebuild().await.map_err(anyhow::Error::from_boxed)?);
+            prepared.push((on, Vec::new()));
         }
         let worker = crate::role::worker(cfg, rebuilds).await?;
         let mut views = Vec::new();
-        for (((view, (pool, fanouts)), rebuild), source) in cfg
+        for (((view, (on, fanouts)), rebuild), source) in cfg
             .views
             .iter()
             .zip(prepared)
@@ -468,7 +482,7 @@ impl Pipeline {
             let sweep = !unchanged.contains(&view.name);
             views.push(refresher(
                 view,
-                (pool, rebuild, fanouts),
+                (on, rebuild, fanouts),
                 source,
                 cfg.ack,
                 sweep,

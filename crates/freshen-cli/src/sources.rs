@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use freshen::plug::{Plan, SourcePlug, Watched};
+use freshen::plug::{Plan, SourcePlug};
 use serde::de::DeserializeOwned;
 use toml_edit::Item;
 
@@ -115,15 +115,7 @@ pub fn plan(cfg: &Config) -> Plan {
         watched: cfg
             .views
             .iter()
-            .flat_map(|v| {
-                v.watch.iter().map(|w| Watched {
-                    view: v.name.clone(),
-                    schema: w.schema.clone(),
-                    table: w.table.clone(),
-                    key: w.key.clone(),
-                    fixed_key: w.fixed_key,
-                })
-            })
+            .flat_map(|v| v.watch.iter().map(|w| w.watched(&v.name)))
             .collect(),
         tables: cfg.watched_tables(),
         changefeed: cfg.changefeed.is_some(),

@@ -106,6 +106,7 @@ mod schema;
 mod server;
 mod source;
 mod store;
+mod target;
 
 pub use binlog::DdlKind;
 pub use check::{check_source, check_statements};
@@ -122,3 +123,4 @@ pub use position::{Checkpoint, FilePos, Gtids, MariaGtidList, MySqlGtidSet, Star
 pub use rebuild::{MySqlRebuild, MySqlRebuildBuilder, key_types_of};
 pub use schema::SchemaChange;
 pub use source::{Health, Lag, MySqlHandle, MySqlSource};
+pub use target::MySqlTarget;

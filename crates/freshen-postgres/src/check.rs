@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use freshen::plug::{Finding, Level, Plan};
+use freshen::plug::{Finding, Level, Plan, ViewSpec};
 use tokio_postgres::Client;
 use tokio_postgres::types::{Kind, Type};
 
@@ -765,13 +765,14 @@ pub async fn publication_privileges(
     Ok(out)
 }
 
-/// A view as `check` sees it: plain inputs, no configuration types.
+/// A view as the checks below read it: its tables parsed, borrowed from the
+/// [`ViewSpec`] (a `query` is its one rebuild statement).
 #[derive(Debug, Clone)]
-pub struct ViewSpec<'a> {
+struct Checked<'a> {
     /// The view's name.
     pub name: &'a str,
     /// Its watched tables.
-    pub watch: Vec<WatchSpec<'a>>,
+    pub watch: Vec<CheckedWatch<'a>>,
     /// The rebuild statements.
     pub rebuild: Vec<&'a str>,
     /// Whether the rebuild statements take arrays of keys (`rebuild_batch`).
@@ -782,15 +783,43 @@ pub struct ViewSpec<'a> {
     pub reconcile: bool,
 }
 
-/// A watched table of a [`ViewSpec`].
+/// A watched table of a [`Checked`] view.
 #[derive(Debug, Clone)]
-pub struct WatchSpec<'a> {
+struct CheckedWatch<'a> {
     /// The table.
     pub table: TableName,
     /// Its key columns (`$1..$n`).
     pub key: &'a [String],
     /// The fan-out statement, for an entry that maps its rows to the view's keys.
     pub keys: Option<&'a str>,
+}
+
+impl<'a> Checked<'a> {
+    fn of(view: &'a ViewSpec) -> Self {
+        Checked {
+            name: &view.name,
+            watch: view
+                .watch
+                .iter()
+                .map(|w| CheckedWatch {
+                    table: TableName::new(&w.schema, &w.table),
+                    key: &w.key,
+                    keys: w.keys.as_deref(),
+                })
+                .collect(),
+            rebuild: match &view.query {
+                Some(q) => vec![q.query.as_str()],
+                None => view.rebuild.iter().map(String::as_str).collect(),
+            },
+            batch: view.rebuild_batch.is_some(),
+            static_tables: view
+                .static_tables
+                .iter()
+                .map(|(s, t)| TableName::new(s, t))
+                .collect(),
+            reconcile: view.reconcile.is_some(),
+        }
+    }
 }
 
 fn finding(level: Level, check: &'static str, subject: String, message: String) -> Finding {
@@ -802,7 +831,8 @@ fn finding(level: Level, check: &'static str, subject: String, message: String) 
 /// to, its fan-out statements return its key, every relation its statements read is
 /// watched or declared static (with the missing watch entry proposed), and whether it
 /// has a start-up backfill.
-pub async fn check_view(client: &Client, view: &ViewSpec<'_>) -> Vec<Finding> {
+pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
+    let view = &Checked::of(view);
     let mut out = Vec::new();
     let name = view.name;
     if !view.reconcile {
@@ -1013,7 +1043,7 @@ async fn fanout_findings(
     client: &Client,
     out: &mut Vec<Finding>,
     subject: &str,
-    w: &WatchSpec<'_>,
+    w: &CheckedWatch<'_>,
     key_types: &[TypeInfo],
     sql: &str,
     rebuild_params: &[Vec<TypeInfo>],
@@ -1107,9 +1137,9 @@ async fn fanout_findings(
     ));
 }
 
-/// A query-mode view as `check` sees it.
+/// A view rebuilt by `query`, as the checks below read it.
 #[derive(Debug, Clone)]
-pub struct QuerySpec<'a> {
+struct CheckedQuery<'a> {
     /// The view's name.
     pub view: &'a str,
     /// The table the query's rows go into.
@@ -1125,12 +1155,33 @@ pub struct QuerySpec<'a> {
     pub sources: Vec<(TableName, &'a [String])>,
 }
 
+impl<'a> CheckedQuery<'a> {
+    /// `None` for a view rebuilt by statements.
+    fn of(view: &'a ViewSpec) -> Option<Self> {
+        let q = view.query.as_ref()?;
+        Some(CheckedQuery {
+            view: &view.name,
+            into: TableName::new(&q.into.0, &q.into.1),
+            key: view.key(),
+            query: &q.query,
+            batch: view.rebuild_batch.unwrap_or(crate::DEFAULT_QUERY_BATCH),
+            sources: view
+                .direct()
+                .map(|w| (TableName::new(&w.schema, &w.table), w.key.as_slice()))
+                .collect(),
+        })
+    }
+}
+
 /// Everything PostgreSQL can tell about a query-mode view: the query prepares and takes
 /// its batch as arrays, its output columns exist in the target (key columns included)
 /// with types that can be written and compared, the target has a unique key, and each
 /// watched table has an index leading with the key (every mismatch, each its own
 /// finding).
-pub async fn query_view(client: &Client, spec: &QuerySpec<'_>) -> Vec<Finding> {
+pub async fn query_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
+    let Some(spec) = &CheckedQuery::of(view) else {
+        return Vec::new();
+    };
     let subject = format!("view {} query", spec.view);
     let mut out = Vec::new();
     match crate::query::plan(client, &spec.into, spec.key, spec.query).await {
@@ -1158,11 +1209,10 @@ pub async fn query_view(client: &Client, spec: &QuerySpec<'_>) -> Vec<Finding> {
 /// [`query_view`] for a query that runs on `source` and whose rows are written into a
 /// separate `target` database: the query's output is compared with the target table
 /// there, and the watched tables' indexes are looked up on the source.
-pub async fn query_view_across(
-    source: &Client,
-    target: &Client,
-    spec: &QuerySpec<'_>,
-) -> Vec<Finding> {
+pub async fn query_view_across(source: &Client, target: &Client, view: &ViewSpec) -> Vec<Finding> {
+    let Some(spec) = &CheckedQuery::of(view) else {
+        return Vec::new();
+    };
     let subject = format!("view {} query", spec.view);
     let mut out = Vec::new();
     match crate::query::plan_across(source, target, &spec.into, spec.key, spec.query).await {
@@ -1188,7 +1238,7 @@ pub async fn query_view_across(
 }
 
 /// Whether each watched table has an index leading with the view's key.
-async fn index_findings(client: &Client, spec: &QuerySpec<'_>) -> Vec<Finding> {
+async fn index_findings(client: &Client, spec: &CheckedQuery<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
     for (table, key) in &spec.sources {
         let subject = format!("view {} watch {table}", spec.view);

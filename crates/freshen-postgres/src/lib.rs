@@ -115,6 +115,7 @@ mod snapshot;
 mod snapshot_window;
 mod source;
 mod stall;
+mod target;
 mod tls;
 mod toast;
 mod xid;
@@ -152,4 +153,5 @@ pub use snapshot::{
 };
 pub use snapshot_window::{ChunkCheck, RECENT_XIDS, StreamedKeys, row_key};
 pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
+pub use target::{PgTarget, is_postgres_url};
 pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};

@@ -104,6 +104,18 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// This entry as the plug-ins take it, for the view called `view`.
+    pub fn watched(&self, view: &str) -> freshen::plug::Watched {
+        freshen::plug::Watched {
+            view: view.to_owned(),
+            schema: self.schema.clone(),
+            table: self.table.clone(),
+            key: self.key.clone(),
+            keys: self.keys.clone(),
+            fixed_key: self.fixed_key,
+        }
+    }
+
     /// `schema.table`.
     pub fn qualified(&self) -> String {
         format!("{}.{}", self.schema, self.table)
@@ -502,7 +514,7 @@ fn parse_with(
         defaults,
         !sinks.is_empty() || changefeed.is_some(),
     );
-    check_query_targets(&mut r, &views, target.as_ref(), source.as_ref());
+    check_views_on_target(&mut r, &views, target.as_ref(), source.as_ref());
     let key_stream = key_stream::read(&mut r, root, &views);
 
     let kind = root
@@ -600,19 +612,9 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
 /// A target URL is parsed and checked here, so that `check --offline` rejects what
 /// `run` would. The parsers' messages never quote a value.
 fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
-    let problems = match crate::target::Flavor::of(&url.value) {
-        Some(crate::target::Flavor::Postgres) => freshen_postgres::url_problems(&url.value),
-        #[cfg(feature = "mysql")]
-        Some(crate::target::Flavor::MySql) => freshen_mysql::url_problems(&url.value),
-        #[cfg(not(feature = "mysql"))]
-        Some(crate::target::Flavor::MySql) => vec![
-            "a MySQL target is not built into this freshen: build it with `--features mysql`"
-                .into(),
-        ],
-        None => vec![format!(
-            "must be a postgres:// (or postgresql://) or mysql:// URL, not {}",
-            redact_url(&url.value)
-        )],
+    let problems = match crate::targets::open_url(&url.value) {
+        Ok(_) => Vec::new(),
+        Err(problems) => problems,
     };
     for p in problems {
         r.p.at_line(url.line, format!("`{path}`: {p}"));
@@ -1056,10 +1058,9 @@ fn read_query(
     })
 }
 
-/// Query mode reads the source and writes the target with PostgreSQL statements: it
-/// needs a PostgreSQL target, and a source that is that database or another PostgreSQL
-/// one.
-fn check_query_targets(
+/// What the target cannot do for a view, known offline (e.g. a `query` writes with
+/// PostgreSQL statements): the target's kind says.
+fn check_views_on_target(
     r: &mut Reader<'_, '_>,
     views: &[View],
     target: Option<&Target>,
@@ -1068,28 +1069,15 @@ fn check_query_targets(
     let Some(target) = target else { return };
     let url = target.url.expose();
     let source_url = source.and_then(|s| s.database_url());
+    // A URL with problems was reported by check_url.
+    let Ok(plug) = crate::targets::open_url(url) else {
+        return;
+    };
     for v in views {
-        let Some(q) = &v.query else { continue };
-        if crate::target::Flavor::of(url) == Some(crate::target::Flavor::MySql) {
-            r.p.at_line(
-                q.line,
-                format!(
-                    "view `{}`: `query` writes with PostgreSQL statements; on a MySQL/MariaDB target write hand-written `rebuild` statements",
-                    v.name
-                ),
-            );
-        } else if source_url.is_some_and(|s| {
-            s != url && crate::target::Flavor::of(s) != Some(crate::target::Flavor::Postgres)
-        }) {
-            // A PostgreSQL source in another database is read by the query there
-            // (freshen_postgres::QueryRebuildBuilder::read_from); others cannot be.
-            r.p.at_line(
-                q.line,
-                format!(
-                    "view `{}`: `query` reads a PostgreSQL source; with this source it would run in the [target] database instead: use hand-written `rebuild` statements",
-                    v.name
-                ),
-            );
+        // A problem is most often with the query: its line, else the view's.
+        let line = v.query.as_ref().and_then(|q| q.line).or(v.line);
+        for p in plug.view_problems(&crate::targets::spec(v, None), source_url) {
+            r.p.at_line(line, p);
         }
     }
 }

@@ -1,6 +1,7 @@
-//! How a source kind plugs into a program that picks its source from configuration
-//! (the `freshen` binary): one trait, implemented by each source crate's configuration
-//! type, so that adding a source touches its crate and one registration line.
+//! How a source kind and a target kind plug into a program that picks them from
+//! configuration (the `freshen` binary): a trait each, implemented in the kind's crate,
+//! so that adding one touches its crate and one registration line. Targets: see
+//! [`TargetPlug`].
 //!
 //! ```text
 //!   [source] kind = "…"  ──deserialize──►  XSourceConfig: SourcePlug
@@ -13,10 +14,13 @@
 //! each view watches and by which key columns — so that a source can prepare for it
 //! (a publication, replica identity advice) without knowing how views are configured.
 
+mod target;
+
 use std::fmt;
 use std::sync::Arc;
-
 use std::time::Duration;
+
+pub use target::{QuerySpec, Target, TargetError, TargetPlug, ViewSpec, ViewTarget};
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};
 
@@ -29,8 +33,12 @@ pub struct Watched {
     pub schema: String,
     /// The table.
     pub table: String,
-    /// The changed row's columns that make the view's key.
+    /// The changed row's columns that make the view's key; with `keys`, the columns
+    /// that statement takes (`$1..$n`).
     pub key: Vec<String>,
+    /// A fan-out: SQL mapping the changed row's `key` columns to the view's keys, for a
+    /// table that does not carry the view's key itself.
+    pub keys: Option<String>,
     /// Declared by the user: no UPDATE changes the key columns and rows are not deleted,
     /// so the view needs no old key from this table.
     pub fixed_key: bool,

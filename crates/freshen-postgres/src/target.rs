@@ -1,0 +1,318 @@
+//! PostgreSQL as a target ([`freshen::plug::TargetPlug`]): where rebuild, fan-out and
+//! reconcile SQL runs, and how rebuilds there prove they see the changes that dirtied
+//! their keys.
+
+use freshen::plug::{Finding, Target, TargetError, TargetPlug, ViewSpec, ViewTarget};
+use freshen::{BoxError, BoxFuture, Enumerate, Expand, Rebuild};
+
+use crate::{
+    ConnectionConfig, DEFAULT_QUERY_BATCH, PgAdmin, Pool, QueryRebuild, SqlEnumerate, SqlFanOut,
+    SqlRebuild, TableName, Visibility, connect_pool, url_problems,
+};
+
+/// Whether `url` names a PostgreSQL server (`postgres://`, `postgresql://`).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.split_once("://").is_some_and(|(scheme, _)| {
+        scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
+    })
+}
+
+/// A PostgreSQL target, parsed from its URL.
+#[derive(Clone)]
+pub struct PgTarget {
+    /// As written: the source is this very database when its URL is the same.
+    url: String,
+    conn: ConnectionConfig,
+}
+
+impl std::fmt::Debug for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: the parsed form redacts it.
+        f.debug_struct("PgTarget")
+            .field("conn", &self.conn)
+            .finish()
+    }
+}
+
+impl TargetPlug for PgTarget {
+    fn open(url: &str) -> Result<Self, Vec<String>> {
+        let problems = url_problems(url);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        ConnectionConfig::from_url(url)
+            .map(|conn| PgTarget {
+                url: url.to_owned(),
+                conn,
+            })
+            .map_err(|e| vec![e.to_string()])
+    }
+
+    fn name(&self) -> &'static str {
+        "PostgreSQL"
+    }
+
+    fn view_problems(&self, view: &ViewSpec, source_url: Option<&str>) -> Vec<String> {
+        // A query reads the source where it is another PostgreSQL database
+        // (QueryRebuildBuilder::read_from); any other source it cannot read.
+        if view.query.is_some() && source_url.is_some_and(|s| !is_postgres_url(s)) {
+            return vec![format!(
+                "view `{}`: `query` reads a PostgreSQL source; with this source it would run in the [target] database instead: use hand-written `rebuild` statements",
+                view.name
+            )];
+        }
+        Vec::new()
+    }
+
+    fn connect<'a>(
+        &'a self,
+        source_url: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Box<dyn Target>, BoxError>> {
+        Box::pin(async move {
+            let probe = connect_pool(&self.conn, 1)
+                .map_err(|e| TargetError::new("cannot set up the target connection pool", e))?;
+            let visibility = visibility(source_url, &self.url, &probe).await?;
+            let source = match source_url.filter(|s| *s != self.url && is_postgres_url(s)) {
+                Some(s) => Some(
+                    ConnectionConfig::from_url(s)
+                        .map_err(|e| TargetError::new("the source URL is not usable", e))?,
+                ),
+                None => None,
+            };
+            Ok(Box::new(PgConnected {
+                conn: self.conn.clone(),
+                visibility,
+                source,
+            }) as Box<dyn Target>)
+        })
+    }
+}
+
+/// A connected PostgreSQL target; and the source database when it is another
+/// PostgreSQL database (views rebuilt by `query` read it and write here).
+struct PgConnected {
+    conn: ConnectionConfig,
+    visibility: Visibility,
+    source: Option<ConnectionConfig>,
+}
+
+impl Target for PgConnected {
+    fn view(&self, view: &ViewSpec) -> Result<Box<dyn ViewTarget>, BoxError> {
+        let pool_for = |c: &ConnectionConfig, what: &str| {
+            let mut c = c.clone();
+            c.statement_timeout = view.statement_timeout;
+            c.application_name = format!("freshen {}", view.name);
+            connect_pool(&c, view.connections).map_err(|e| {
+                TargetError::new(format!("cannot set up the {what} connection pool"), e)
+            })
+        };
+        let pool = pool_for(&self.conn, "target")?;
+        // A query reads where the view's tables are.
+        let source = match self.source.as_ref().filter(|_| view.query.is_some()) {
+            Some(s) => Some(pool_for(s, "source")?),
+            None => None,
+        };
+        Ok(Box::new(PgView {
+            view: view.clone(),
+            pool,
+            visibility: self.visibility.clone(),
+            source,
+        }))
+    }
+}
+
+/// One view's pools.
+struct PgView {
+    view: ViewSpec,
+    pool: Pool,
+    visibility: Visibility,
+    source: Option<Pool>,
+}
+
+impl ViewTarget for PgView {
+    fn rebuild(&self) -> BoxFuture<'_, Result<Box<dyn Rebuild>, BoxError>> {
+        Box::pin(async move {
+            let view = &self.view;
+            if let Some(q) = &view.query {
+                let into = TableName::new(&q.into.0, &q.into.1);
+                let mut b = QueryRebuild::builder(
+                    self.pool.clone(),
+                    into,
+                    view.key().to_vec(),
+                    q.query.clone(),
+                )
+                .batch(view.rebuild_batch.unwrap_or(DEFAULT_QUERY_BATCH))
+                .visibility(self.visibility.clone());
+                if let Some(source) = &self.source {
+                    b = b.read_from(source.clone());
+                }
+                let rebuild = b.build().await.map_err(|e| {
+                    TargetError::new(
+                        format!("view {}: the query cannot rebuild it", view.name),
+                        e,
+                    )
+                })?;
+                tracing::debug!(view = %view.name, statement = rebuild.statement(), "query mode");
+                return Ok(Box::new(rebuild) as Box<dyn Rebuild>);
+            }
+            let mut b = SqlRebuild::builder(self.pool.clone())
+                .statements(view.rebuild.iter().cloned())
+                .visibility(self.visibility.clone())
+                .keys_per_transaction(view.keys_per_transaction);
+            if let Some(n) = view.rebuild_batch {
+                b = b.batch(n);
+            }
+            let rebuild = b.build().await.map_err(|e| {
+                TargetError::new(
+                    format!("view {}: the rebuild statements are not usable", view.name),
+                    e,
+                )
+            })?;
+            Ok(Box::new(rebuild) as Box<dyn Rebuild>)
+        })
+    }
+
+    fn fanouts(&self) -> BoxFuture<'_, Result<Vec<Box<dyn Expand>>, BoxError>> {
+        Box::pin(async move {
+            let view = &self.view;
+            let mut out: Vec<Box<dyn Expand>> = Vec::new();
+            for w in view.fanouts() {
+                let sql = w.keys.clone().unwrap_or_default();
+                let fanout = SqlFanOut::builder(self.pool.clone(), sql)
+                    .arity(view.arity())
+                    .parent_arity(w.key.len())
+                    .visibility(self.visibility.clone())
+                    .build()
+                    .await
+                    .map_err(|e| {
+                        TargetError::new(
+                            format!(
+                                "view {}: the `keys` statement of {}.{} is not usable",
+                                view.name, w.schema, w.table
+                            ),
+                            e,
+                        )
+                    })?;
+                out.push(Box::new(fanout));
+            }
+            Ok(out)
+        })
+    }
+
+    fn enumerate(&self, sql: &str) -> Box<dyn Enumerate> {
+        Box::new(SqlEnumerate::new(self.pool.clone(), sql))
+    }
+
+    fn check(&self) -> BoxFuture<'_, Vec<Finding>> {
+        Box::pin(self.findings())
+    }
+}
+
+impl PgView {
+    async fn findings(&self) -> Vec<Finding> {
+        let view = &self.view;
+        let pool = &self.pool;
+        let statements = match &view.query {
+            Some(q) => vec![q.query.clone()],
+            None => view.rebuild.clone(),
+        };
+        let shape = crate::check::StatementShape {
+            view: &view.name,
+            arity: view.arity(),
+            key_columns: view.key(),
+            batch: view.rebuild_batch.is_some(),
+        };
+        let reconcile = view.reconcile.as_deref();
+        // A query with a separate source reads there; the sweep lists the target.
+        let mut found = match &self.source {
+            Some(source) => {
+                let mut f = crate::check::statements(source, shape, &statements, None).await;
+                f.extend(crate::check::statements(pool, shape, &[], reconcile).await);
+                f
+            }
+            None => crate::check::statements(pool, shape, &statements, reconcile).await,
+        };
+        let client = match pool.get().await {
+            Ok(c) => c,
+            Err(e) => {
+                found.push(Finding::error(
+                    "target",
+                    view.name.clone(),
+                    format!("cannot connect: {e}"),
+                ));
+                return found;
+            }
+        };
+        match &self.source {
+            None => {
+                found.extend(crate::check::check_view(&client, view).await);
+                found.extend(crate::check::query_view(&client, view).await);
+            }
+            Some(source) => match source.get().await {
+                Ok(read) => {
+                    found.extend(crate::check::check_view(&read, view).await);
+                    found.extend(crate::check::query_view_across(&read, &client, view).await);
+                }
+                Err(e) => found.push(Finding::error(
+                    "source",
+                    view.name.clone(),
+                    format!("cannot connect: {e}"),
+                )),
+            },
+        }
+        found
+    }
+}
+
+/// How rebuilds prove they see the changes that dirtied their keys: transaction ids
+/// are the source cluster's, so they are checked in the rebuild's snapshot only where
+/// the target is that cluster (or a physical standby of it: same system identifier),
+/// and on the source otherwise. Broker sources and other databases carry no ids of the
+/// target's.
+async fn visibility(
+    source: Option<&str>,
+    target: &str,
+    pool: &Pool,
+) -> Result<Visibility, BoxError> {
+    let Some(source) = source.filter(|s| is_postgres_url(s)) else {
+        return Ok(Visibility::Off);
+    };
+    if source == target {
+        return Ok(Visibility::InSnapshot);
+    }
+    let conn = ConnectionConfig::from_url(source)
+        .map_err(|e| TargetError::new("the source URL is not usable", e))?;
+    let source_pool = connect_pool(&conn, 2)
+        .map_err(|e| TargetError::new("cannot set up the source connection pool", e))?;
+    let (a, b) = (
+        PgAdmin::from_pool(source_pool.clone())
+            .system_identifier()
+            .await,
+        PgAdmin::from_pool(pool.clone()).system_identifier().await,
+    );
+    Ok(match (a, b) {
+        (Ok(a), Ok(b)) if a == b => Visibility::InSnapshot,
+        (a, b) => {
+            tracing::info!(
+                same_cluster = false,
+                source = ?a.ok(),
+                target = ?b.ok(),
+                "the target is another cluster: rebuilds check on the source that the changes are visible before they run"
+            );
+            Visibility::OnSource(source_pool)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_urls_by_scheme_alone() {
+        assert!(is_postgres_url("postgres://u@h/db"));
+        assert!(is_postgres_url("PostgreSQL://h/db"));
+        assert!(!is_postgres_url("mysql://h/db"));
+        assert!(!is_postgres_url("host=h dbname=db"));
+    }
+}

@@ -1,0 +1,226 @@
+//! How a target kind — the database where a view's rebuild SQL runs — plugs into a
+//! program that picks it from a URL (the `freshen` binary), beside [`SourcePlug`]:
+//!
+//! ```text
+//!   [target] url = "scheme://…" ──open(url)──► XTarget: TargetPlug
+//!                                                 │ view_problems(view, source)  offline
+//!                                                 └ connect(source) ──► dyn Target
+//!                                                      │ how rebuilds prove they see
+//!                                                      │ their changes (decided here)
+//!                                                      └ view(spec) ──► dyn ViewTarget
+//!                                                           │ rebuild()   prepared
+//!                                                           │ fanouts()   one per `keys`
+//!                                                           │ enumerate() the sweep's list
+//!                                                           └ check()     `freshen check`
+//! ```
+//!
+//! Each level holds what the next needs: the parsed URL; then what connecting decided
+//! (which snapshot proves a rebuild sees the change that dirtied its key depends on
+//! whether the source is the same server); then one view's own connections, so that a
+//! slow or locked view never takes another's.
+//!
+//! [`SourcePlug`]: super::SourcePlug
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{Finding, Watched};
+use crate::rebuild::{Enumerate, Expand, Rebuild};
+use crate::source::{BoxError, BoxFuture};
+
+/// A view as a target builds it: the statements and watches the configuration gave,
+/// without the file they came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewSpec {
+    /// The view's name (logs, the connections' application name, findings).
+    pub name: String,
+    /// Its watched tables, in configuration order: those with `keys` map their rows to
+    /// the view's keys by that statement, the others carry the view's key.
+    pub watch: Vec<Watched>,
+    /// Statements run in one transaction per key (or per batch of keys); empty when
+    /// the view is rebuilt by `query`.
+    pub rebuild: Vec<String>,
+    /// A view rebuilt by one query whose rows are written into a table.
+    pub query: Option<QuerySpec>,
+    /// Keys per rebuild round trip, passed as one array per key part; `None`: one key
+    /// per statement (or the target's default batch for a `query`).
+    pub rebuild_batch: Option<usize>,
+    /// Without `rebuild_batch`: keys rebuilt in one transaction, each with its own
+    /// parameters.
+    pub keys_per_transaction: usize,
+    /// The reconcile sweep's listing of live keys, if the view sweeps.
+    pub reconcile: Option<String>,
+    /// Tables the view reads but does not watch, on purpose: `(schema, table)`.
+    pub static_tables: Vec<(String, String)>,
+    /// Connections the view may open (its workers and its sweep, within the cap).
+    pub connections: usize,
+    /// The server cancels a statement running longer than this.
+    pub statement_timeout: Option<Duration>,
+}
+
+/// What a view rebuilt by `query` writes into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuerySpec {
+    /// The table the query's rows go into: `(schema, table)`.
+    pub into: (String, String),
+    /// The query, selecting its batch with `$1..$n` (one array per key part).
+    pub query: String,
+}
+
+impl ViewSpec {
+    /// Watched tables that carry the view's key.
+    pub fn direct(&self) -> impl Iterator<Item = &Watched> {
+        self.watch.iter().filter(|w| w.keys.is_none())
+    }
+
+    /// Watched tables mapped to the view's keys by a `keys` statement.
+    pub fn fanouts(&self) -> impl Iterator<Item = &Watched> {
+        self.watch.iter().filter(|w| w.keys.is_some())
+    }
+
+    /// The view's key columns, as the first watched table that carries it names them.
+    pub fn key(&self) -> &[String] {
+        self.direct().next().map_or(&[], |w| w.key.as_slice())
+    }
+
+    /// Number of key parts (`$1..$n`).
+    pub fn arity(&self) -> usize {
+        self.key().len()
+    }
+}
+
+/// A target kind, parsed from its URL, as a program that reads configuration uses it.
+///
+/// Implemented by each database crate on a type holding the parsed URL, and registered
+/// by the URL schemes it answers to; everything a target knows about itself — which
+/// statements it can run, how rebuilds prove visibility, its checks — lives in its
+/// crate.
+pub trait TargetPlug: fmt::Debug + Send + Sync + 'static {
+    /// Parses `url`; every problem a sentence that never quotes the URL (it may hold a
+    /// password).
+    fn open(url: &str) -> Result<Self, Vec<String>>
+    where
+        Self: Sized;
+
+    /// The kind's name for messages: `"PostgreSQL"`, `"MySQL/MariaDB"`.
+    fn name(&self) -> &'static str;
+
+    /// What this target cannot do for `view`, known without I/O (each problem a
+    /// sentence naming the view and saying what to write instead). `source_url`: the
+    /// source's database, when it reads one.
+    fn view_problems(&self, view: &ViewSpec, source_url: Option<&str>) -> Vec<String> {
+        let _ = (view, source_url);
+        Vec::new()
+    }
+
+    /// Connects, and decides how rebuilds prove they see the changes of `source_url`
+    /// (the source's database, when it reads one) that dirtied their keys.
+    fn connect<'a>(
+        &'a self,
+        source_url: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Box<dyn Target>, BoxError>>;
+}
+
+/// A connected target: makes each view's connections.
+pub trait Target: Send + Sync + 'static {
+    /// The connections of `view` alone (opened lazily), its statements cancelled by the
+    /// server past the view's `statement_timeout`.
+    fn view(&self, view: &ViewSpec) -> Result<Box<dyn ViewTarget>, BoxError>;
+}
+
+/// One view's connections to its target, and what runs over them.
+pub trait ViewTarget: Send + Sync + 'static {
+    /// The view's rebuild, its statements prepared.
+    fn rebuild(&self) -> BoxFuture<'_, Result<Box<dyn Rebuild>, BoxError>>;
+
+    /// One fan-out per watched table with a `keys` statement, in watch order, prepared.
+    fn fanouts(&self) -> BoxFuture<'_, Result<Vec<Box<dyn Expand>>, BoxError>>;
+
+    /// The reconcile sweep's listing, running `sql`.
+    fn enumerate(&self, sql: &str) -> Box<dyn Enumerate>;
+
+    /// What `freshen check` finds about the view's statements and tables here.
+    fn check(&self) -> BoxFuture<'_, Vec<Finding>>;
+}
+
+/// A target's failure to connect or prepare: what it was doing, and why (the error's
+/// source, so that a chain prints as `what: why`).
+#[derive(Debug)]
+pub struct TargetError {
+    what: String,
+    why: BoxError,
+}
+
+impl TargetError {
+    /// `what` failed because of `why`.
+    pub fn new(what: impl Into<String>, why: impl Into<BoxError>) -> TargetError {
+        TargetError {
+            what: what.into(),
+            why: why.into(),
+        }
+    }
+}
+
+impl fmt::Display for TargetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for TargetError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.why)
+    }
+}
+
+impl fmt::Debug for dyn Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Target")
+    }
+}
+
+impl fmt::Debug for dyn ViewTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ViewTarget")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watched(table: &str, key: &[&str], keys: Option<&str>) -> Watched {
+        Watched {
+            view: "v".into(),
+            schema: "public".into(),
+            table: table.into(),
+            key: key.iter().map(|k| k.to_string()).collect(),
+            keys: keys.map(str::to_owned),
+            fixed_key: false,
+        }
+    }
+
+    #[test]
+    fn the_key_is_the_first_direct_watch_s() {
+        let spec = ViewSpec {
+            name: "v".into(),
+            watch: vec![
+                watched("plans", &["id"], Some("SELECT a FROM s WHERE plan = $1")),
+                watched("subs", &["account", "region"], None),
+                watched("accounts", &["id", "region"], None),
+            ],
+            rebuild: vec!["SELECT 1".into()],
+            query: None,
+            rebuild_batch: None,
+            keys_per_transaction: 16,
+            reconcile: None,
+            static_tables: Vec::new(),
+            connections: 1,
+            statement_timeout: None,
+        };
+        assert_eq!(spec.key(), ["account", "region"]);
+        assert_eq!(spec.arity(), 2);
+        assert_eq!(spec.fanouts().count(), 1);
+        assert_eq!(spec.direct().count(), 2);
+    }
+}

@@ -125,7 +125,7 @@ async fn start_worker(toml: &str) -> anyhow::Result<Worker> {
 fn rebuilt(workers: &[Worker]) -> u64 {
     workers
         .iter()
-        .flat_map(|w| freshen_cli::http::Observe::views(&*w.observer))
+        .flat_map(|w| freshen_cli::http::Readout::views(&*w.observer))
         .map(|v| v.stats.rebuilds_ok)
         .sum()
 }

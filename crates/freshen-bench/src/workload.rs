@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use freshen::Stats;
-use freshen_cli::http::Observe;
+use freshen_cli::http::Readout;
 use freshen_cli::pipeline::{Observer, Pipeline};
 use freshen_testenv::PgServer;
 use tokio::sync::oneshot;

@@ -22,7 +22,7 @@ use freshen::Key;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdminToken;
-use crate::http::Observe;
+use crate::http::Readout;
 
 /// Who may use the endpoints.
 #[derive(Debug, Clone)]
@@ -112,7 +112,7 @@ impl IntoResponse for AdminError {
     }
 }
 
-type Shared = (Arc<dyn Observe>, Arc<Access>);
+type Shared = (Arc<dyn Readout>, Arc<Access>);
 
 async fn guard(
     State((_, access)): State<Shared>,
@@ -130,7 +130,7 @@ async fn guard(
     Ok(next.run(req).await)
 }
 
-fn handle(o: &dyn Observe, view: &str) -> Result<freshen::Handle, AdminError> {
+fn handle(o: &dyn Readout, view: &str) -> Result<freshen::Handle, AdminError> {
     o.handle(view)
         .ok_or_else(|| AdminError::NoView(view.to_owned()))
 }
@@ -341,7 +341,7 @@ async fn sink_snapshot(
 }
 
 /// The `/admin` routes, guarded by `access`.
-pub fn routes(o: Arc<dyn Observe>, access: Access) -> Router {
+pub fn routes(o: Arc<dyn Readout>, access: Access) -> Router {
     let state: Shared = (o, Arc::new(access));
     Router::new()
         .route("/admin/views/{view}/sweep", post(sweep))

@@ -11,7 +11,7 @@ use freshen_testenv::PgServer;
 use tokio_postgres::{Client, NoTls};
 
 use crate::config;
-use crate::http::{Observe, status};
+use crate::http::{Readout, status};
 use crate::pipeline::{Observer, Pipeline};
 use crate::status::lsn;
 

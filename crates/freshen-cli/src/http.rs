@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use crate::metrics::{SourceStatus, ViewStats, render};
 
 /// What the endpoints read: the views' stats and the source's health.
-pub trait Observe: Send + Sync + 'static {
+pub trait Readout: Send + Sync + 'static {
     /// Every view's stats, in configuration order.
     fn views(&self) -> Vec<ViewStats>;
     /// The source's health.
@@ -43,8 +43,8 @@ pub trait Observe: Send + Sync + 'static {
         None
     }
     /// Whether this process is the active one (see [`crate::standby`]).
-    fn role(&self) -> crate::standby::Role {
-        crate::standby::Role::Active
+    fn activity(&self) -> crate::standby::Activity {
+        crate::standby::Activity::Active
     }
 }
 
@@ -245,15 +245,15 @@ impl From<&ViewStats> for ViewStatus {
 }
 
 /// The current status document.
-pub fn status(o: &dyn Observe) -> Status {
+pub fn status(o: &dyn Readout) -> Status {
     let mut source = o.source();
     source.last_error = source.last_error.map(|e| freshen::redact_text(&e));
-    let role = o.role();
+    let activity = o.activity();
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        role: role.name().into(),
-        standby_for: match role {
-            crate::standby::Role::Standby(who) => Some(freshen::redact_text(&who)),
+        role: activity.name().into(),
+        standby_for: match activity {
+            crate::standby::Activity::Standby(who) => Some(freshen::redact_text(&who)),
             _ => None,
         },
         source,
@@ -263,7 +263,7 @@ pub fn status(o: &dyn Observe) -> Status {
     }
 }
 
-type Shared = Arc<dyn Observe>;
+type Shared = Arc<dyn Readout>;
 
 async fn metrics(State(o): State<Shared>) -> Response {
     (
@@ -273,7 +273,7 @@ async fn metrics(State(o): State<Shared>) -> Response {
         )],
         {
             let mut text = render(&o.views(), &o.source());
-            let active = u8::from(o.role() == crate::standby::Role::Active);
+            let active = u8::from(o.activity() == crate::standby::Activity::Active);
             let name = crate::metrics::names::ACTIVE;
             text.push_str(&format!(
                 "# HELP {name} 1 while this process is the active one (0: standby or starting).\n# TYPE {name} gauge\n{name} {active}\n"
@@ -285,15 +285,15 @@ async fn metrics(State(o): State<Shared>) -> Response {
 }
 
 /// Why the pipeline is unhealthy, one line each; empty when it is healthy.
-pub fn problems(o: &dyn Observe) -> Vec<String> {
-    match o.role() {
-        crate::standby::Role::Active => {}
-        crate::standby::Role::Standby(who) => {
+pub fn problems(o: &dyn Readout) -> Vec<String> {
+    match o.activity() {
+        crate::standby::Activity::Active => {}
+        crate::standby::Activity::Standby(who) => {
             return vec![freshen::redact_text(&format!(
                 "standby: another process is active on this configuration ({who}); this one takes over when it stops"
             ))];
         }
-        crate::standby::Role::Starting => {
+        crate::standby::Activity::Starting => {
             let mut out = vec!["starting: not yet active".to_owned()];
             out.extend(o.source().last_error.map(|e| freshen::redact_text(&e)));
             return out;

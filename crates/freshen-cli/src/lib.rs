@@ -22,4 +22,5 @@ pub mod snapshot;
 pub mod sources;
 pub mod standby;
 pub mod status;
+pub mod supervisor;
 pub mod targets;

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Sink, View};
-use crate::http::Observe;
+use crate::http::Readout;
 use crate::metrics::{SourceStatus, ViewStats};
 use crate::role::Role;
 use crate::scope::ViewScope;
@@ -152,7 +152,7 @@ impl Observer {
     }
 }
 
-impl Observe for Observer {
+impl Readout for Observer {
     fn handle(&self, view: &str) -> Option<freshen::Handle> {
         self.views
             .iter()

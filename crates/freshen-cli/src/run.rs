@@ -5,8 +5,9 @@
 use std::process::ExitCode;
 
 use crate::config;
-use crate::http::{self, Observe as _};
+use crate::http::{self, Readout as _};
 use crate::role::Role;
+use crate::supervisor::{AfterFailure, Restarts};
 use crate::{logging, pipeline, standby};
 
 async fn shutdown_signal() {
@@ -46,7 +47,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
         let _ = rx.wait_for(|s| *s).await;
     };
     // The listener serves from the start: a standby answers too.
-    let roles = std::sync::Arc::new(standby::Roles::new(cfg.source.kind()));
+    let process = std::sync::Arc::new(standby::Process::new(cfg.source.kind()));
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = match &cfg.http {
         Some(h) => {
@@ -61,7 +62,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
                     "the /admin endpoints are off: the listener is beyond loopback and [http] admin_token is not set"
                 );
             }
-            let observer: std::sync::Arc<dyn http::Observe> = roles.clone();
+            let observer: std::sync::Arc<dyn http::Readout> = process.clone();
             Some(tokio::spawn(http::serve(
                 listener,
                 observer,
@@ -77,7 +78,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
     // SIGHUP and POST /admin/reload re-read the file.
     let (reloader, reloads) = crate::reload::Reloader::new(path.to_owned(), cfg.clone());
     let reloader = std::sync::Arc::new(reloader);
-    roles.set_reloader(reloader.clone());
+    process.set_reloader(reloader.clone());
     tokio::spawn(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let Ok(mut hup) = signal(SignalKind::hangup()) else {
@@ -94,7 +95,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
             }
         }
     });
-    let result = lead_and_run(cfg, role, &roles, reloads, stop_rx.clone(), stop(stop_rx)).await;
+    let result = lead_and_run(cfg, role, &process, reloads, stop_rx.clone(), stop(stop_rx)).await;
     let _ = stop_http.send(());
     if let Some(s) = server {
         let _ = s.await;
@@ -118,18 +119,13 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
-/// The first wait before starting the pipeline again after it could not start.
-const RESTART_FIRST_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
-/// The longest such wait.
-const RESTART_MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Waits to be the active process, then runs the pipeline until `shutdown` — or until
-/// another process took the lease over — restarting it with each accepted reload.
-/// `None`: stopped while standby.
+/// another process took the lease over — restarting it with each accepted reload
+/// ([`Restarts`] decides what starts next). `None`: stopped while standby.
 async fn lead_and_run(
-    mut cfg: config::Config,
+    cfg: config::Config,
     role: Option<Role>,
-    roles: &standby::Roles,
+    process: &standby::Process,
     mut reloads: tokio::sync::mpsc::UnboundedReceiver<(config::Config, crate::reload::Change)>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
@@ -138,18 +134,19 @@ async fn lead_and_run(
     let lease = if role == Some(Role::Worker) {
         Some(None)
     } else {
-        standby::lead(&*cfg.source, roles, stop_rx)
+        standby::lead(&*cfg.source, process, stop_rx)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?
     };
     let Some(lease) = lease else {
         return Ok(None);
     };
+    let mut restarts = Restarts::new(cfg);
     // Reloads accepted while waiting as a standby: the latest file wins.
     while let Ok((c, _)) = reloads.try_recv() {
-        cfg = c;
+        restarts.reloaded_before_start(c);
     }
-    let source = cfg.source.clone();
+    let source = restarts.config().source.clone();
     let (taken_tx, mut taken) = tokio::sync::oneshot::channel::<String>();
     tokio::spawn(async move {
         if let Some(lost) = lease {
@@ -161,64 +158,57 @@ async fn lead_and_run(
         }
     });
     tokio::pin!(shutdown);
-    let mut unchanged: Vec<String> = Vec::new();
-    let mut previous: Option<config::Config> = None;
-    // A reloaded configuration that could not start, kept while the one before it
-    // cannot start either (a database outage): it is tried first again.
-    let mut unstarted: Option<config::Config> = None;
-    let mut ran = false;
     let mut last: Option<std::sync::Arc<pipeline::Observer>> = None;
-    let mut delay = RESTART_FIRST_DELAY;
     loop {
-        let p = match pipeline::Pipeline::start_as(&cfg, &unchanged, role).await {
+        let started =
+            pipeline::Pipeline::start_as(restarts.config(), restarts.unchanged(), role).await;
+        let p = match started {
             Ok(p) => {
-                delay = RESTART_FIRST_DELAY;
-                unstarted = None;
+                restarts.started();
                 p
             }
-            // A reloaded file that validates but cannot start (a statement that does not
-            // prepare, a table that is missing): back to the last one that ran.
-            Err(e) if previous.is_some() => {
-                tracing::error!(
-                    "reload: the new configuration cannot start, going back to the previous one: {e:#}"
-                );
-                unstarted = Some(std::mem::replace(
-                    &mut cfg,
-                    previous.take().expect("checked"),
-                ));
-                unchanged.clear();
-                continue;
-            }
-            // What ran before cannot start again: the database (or a broker) is most
-            // likely unreachable. An outage may delay rebuilds, never end the process:
-            // wait and try again, the newest accepted configuration first. Nothing was
-            // confirmed past what was rebuilt, so the source replays the rest.
-            Err(e) if ran => {
-                tracing::error!(
-                    "cannot start the pipeline again (trying again in {} s): {e:#}",
-                    delay.as_secs()
-                );
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = &mut shutdown => return Ok(last.take()),
-                    who = &mut taken => match who {
-                        Ok(who) => anyhow::bail!("another process took over this configuration ({who})"),
-                        Err(_) => return Ok(last.take()),
-                    },
+            Err(e) => match restarts.failed() {
+                // A reloaded file that validates but cannot start (a statement that does
+                // not prepare, a table that is missing): back to the last one that ran.
+                AfterFailure::RollBack => {
+                    tracing::error!(
+                        "reload: the new configuration cannot start, going back to the previous one: {e:#}"
+                    );
+                    continue;
                 }
-                delay = (delay * 2).min(RESTART_MAX_DELAY);
-                if let Some(new) = unstarted.take() {
-                    previous = Some(std::mem::replace(&mut cfg, new));
+                // What ran before cannot start again: the database (or a broker) is most
+                // likely unreachable. An outage may delay rebuilds, never end the
+                // process: wait and try again, the newest accepted configuration first.
+                // Nothing was confirmed past what was rebuilt, so the source replays the
+                // rest.
+                AfterFailure::Wait(delay) => {
+                    tracing::error!(
+                        "cannot start the pipeline again (trying again in {} s): {e:#}",
+                        delay.as_secs()
+                    );
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = &mut shutdown => return Ok(last.take()),
+                        who = &mut taken => match who {
+                            Ok(who) => anyhow::bail!("another process took over this configuration ({who})"),
+                            Err(_) => return Ok(last.take()),
+                        },
+                    }
+                    restarts.waited();
+                    continue;
                 }
-                continue;
-            }
-            Err(e) => return Err(e),
+                AfterFailure::GiveUp => return Err(e),
+            },
         };
-        ran = true;
         let observer = p.observer();
         last = Some(observer.clone());
-        roles.activate(observer.clone());
-        let views: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
+        process.activate(observer.clone());
+        let views: Vec<String> = restarts
+            .config()
+            .views
+            .iter()
+            .map(|v| v.name.clone())
+            .collect();
         tracing::info!(views = ?views, "running");
         enum Why {
             Shutdown,
@@ -241,8 +231,7 @@ async fn lead_and_run(
         match why_rx.await {
             Ok(Why::Reload(new, change)) => {
                 tracing::info!("reload applied: {change}; restarting the pipeline");
-                unchanged = change.unchanged;
-                previous = Some(std::mem::replace(&mut cfg, *new));
+                restarts.reloaded(*new, change.unchanged);
             }
             Ok(Why::Taken(who)) => {
                 tracing::error!(active = %who, "another process took over this configuration: stopped");

@@ -9,22 +9,22 @@
 //!     └──held elsewhere──▶ Standby
 //! ```
 //!
-//! The HTTP listener serves from the start, through [`Roles`]: a standby answers
+//! The HTTP listener serves from the start, through [`Process`]: a standby answers
 //! `/healthz` with 503 naming the process it waits for, and `/status` says `standby`.
 
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::Duration;
 
 use freshen::plug::{Lease, SourcePlug};
 use freshen::{BoxError, BoxFuture};
 
-use crate::http::Observe;
+use crate::http::Readout;
 use crate::metrics::{SourceStatus, ViewStats};
 use crate::pipeline::Observer;
+use crate::supervisor::{Answer, Reacquire, ReacquireStep, Standby, StandbyStep};
 
 /// What this process is now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Role {
+pub enum Activity {
     /// Connecting, not yet known.
     Starting,
     /// Waiting for the active process (named) to go away.
@@ -33,41 +33,41 @@ pub enum Role {
     Active,
 }
 
-impl Role {
+impl Activity {
     /// `starting`, `standby` or `active`.
     pub fn name(&self) -> &'static str {
         match self {
-            Role::Starting => "starting",
-            Role::Standby(_) => "standby",
-            Role::Active => "active",
+            Activity::Starting => "starting",
+            Activity::Standby(_) => "standby",
+            Activity::Active => "active",
         }
     }
 }
 
 /// The observer the HTTP listener reads from the start: the pipeline's once active,
-/// this process's role before.
-pub struct Roles {
+/// this process's activity before.
+pub struct Process {
     kind: &'static str,
-    role: Mutex<Role>,
+    activity: Mutex<Activity>,
     last_error: Mutex<Option<String>>,
     active: RwLock<Option<Arc<Observer>>>,
     reloader: OnceLock<Arc<crate::reload::Reloader>>,
 }
 
-impl std::fmt::Debug for Roles {
+impl std::fmt::Debug for Process {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Roles")
-            .field("role", &self.role())
+        f.debug_struct("Process")
+            .field("activity", &self.activity())
             .finish_non_exhaustive()
     }
 }
 
-impl Roles {
+impl Process {
     /// A process of a `kind` source that has not started yet.
-    pub fn new(kind: &'static str) -> Roles {
-        Roles {
+    pub fn new(kind: &'static str) -> Process {
+        Process {
             kind,
-            role: Mutex::new(Role::Starting),
+            activity: Mutex::new(Activity::Starting),
             last_error: Mutex::new(None),
             active: RwLock::new(None),
             reloader: OnceLock::new(),
@@ -86,19 +86,19 @@ impl Roles {
             .clone()
     }
 
-    fn set(&self, role: Role) {
-        *self.role.lock().unwrap_or_else(|p| p.into_inner()) = role;
+    fn set(&self, activity: Activity) {
+        *self.activity.lock().unwrap_or_else(|p| p.into_inner()) = activity;
     }
 
     /// The pipeline runs: everything is read from its observer now (after a reload,
     /// the new pipeline's).
     pub fn activate(&self, observer: Arc<Observer>) {
         *self.active.write().unwrap_or_else(|p| p.into_inner()) = Some(observer);
-        self.set(Role::Active);
+        self.set(Activity::Active);
     }
 }
 
-impl Observe for Roles {
+impl Readout for Process {
     fn views(&self) -> Vec<ViewStats> {
         self.active().map(|o| o.views()).unwrap_or_default()
     }
@@ -140,54 +140,54 @@ impl Observe for Roles {
         self.reloader.get().map(|r| r.reload())
     }
 
-    fn role(&self) -> Role {
-        self.role.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    fn activity(&self) -> Activity {
+        self.activity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
-
-/// How often a standby tries to take over: the takeover delay after the active process
-/// dies.
-const STANDBY_RETRY: Duration = Duration::from_secs(1);
-
-/// How long to wait between tries when the upstream cannot be reached at all.
-const UNREACHABLE_RETRY: Duration = Duration::from_secs(2);
-/// How long a re-taken lease may show as held before this process concludes that
-/// another one holds it.
-const REACQUIRE_GRACE: Duration = Duration::from_secs(10);
 
 /// Waits until this process may be active. `Ok(None)`: `stop` came first (a standby
 /// asked to stop). The granted lease's loss future comes with `Ok(Some)`.
 pub async fn lead(
     source: &dyn SourcePlug,
-    roles: &Roles,
+    process: &Process,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<Option<BoxFuture<'static, BoxError>>>, BoxError> {
-    let mut announced = None::<String>;
+    let mut standby = Standby::default();
     loop {
-        let pause = match source.lead().await {
-            Ok(Lease::Unneeded) => return Ok(Some(None)),
-            Ok(Lease::Granted(lost)) => {
-                if announced.is_some() {
+        let answer = source.lead().await;
+        let pause = match standby.answered(Answer::of(&answer)) {
+            StandbyStep::Lead { took_over } => {
+                if took_over {
                     tracing::info!("taking over: the active process is gone");
                 }
-                return Ok(Some(Some(lost)));
+                return Ok(Some(match answer {
+                    Ok(Lease::Granted(lost)) => Some(lost),
+                    _ => None,
+                }));
             }
-            Ok(Lease::Held(who)) => {
-                if announced.as_deref() != Some(who.as_str()) {
-                    tracing::info!(active = %who, "standby: another process is active on this configuration; taking over when it stops");
-                    announced = Some(who.clone());
+            StandbyStep::Wait {
+                holder,
+                announce,
+                after,
+            } => {
+                if announce {
+                    tracing::info!(active = %holder, "standby: another process is active on this configuration; taking over when it stops");
                 }
-                roles.set(Role::Standby(who));
-                STANDBY_RETRY
+                process.set(Activity::Standby(holder));
+                after
             }
-            // Unusable from the start (unreachable, wrong password, bad URL): fail as
-            // starting the pipeline would. A standby that loses the database retries.
-            Err(e) if announced.is_none() => return Err(e),
-            Err(e) => {
-                let e = freshen::redact_text(&e.to_string());
+            StandbyStep::Fail => {
+                return Err(answer.expect_err("a failure is an unreachable source"));
+            }
+            StandbyStep::Retry(after) => {
+                let e = answer.err().map(|e| e.to_string()).unwrap_or_default();
+                let e = freshen::redact_text(&e);
                 tracing::warn!("cannot tell whether another process is active, retrying: {e}");
-                *roles.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                UNREACHABLE_RETRY
+                *process.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                after
             }
         };
         tokio::select! {
@@ -206,24 +206,21 @@ pub async fn keep(source: Arc<dyn SourcePlug>, mut lost: BoxFuture<'static, BoxE
             "the active lease was lost ({}); taking it again",
             freshen::redact_text(&why.to_string())
         );
-        // The lease may still show as held by this process's own previous session
-        // until the server has noticed that session end (a probe that timed out on a
-        // slow server, a socket not yet closed): only a holder that stays past the grace
-        // is another process.
-        let grace = std::time::Instant::now() + REACQUIRE_GRACE;
+        let reacquire = Reacquire::lost_at(std::time::Instant::now());
         loop {
-            match source.lead().await {
-                Ok(Lease::Granted(again)) => {
+            let answer = source.lead().await;
+            match reacquire.answered(Answer::of(&answer), std::time::Instant::now()) {
+                ReacquireStep::Held => {
                     tracing::info!("the active lease is held again");
+                    let Ok(Lease::Granted(again)) = answer else {
+                        unreachable!("held again means granted");
+                    };
                     lost = again;
                     break;
                 }
-                Ok(Lease::Unneeded) => return std::future::pending().await,
-                Ok(Lease::Held(_)) if std::time::Instant::now() < grace => {
-                    tokio::time::sleep(STANDBY_RETRY).await;
-                }
-                Ok(Lease::Held(who)) => return who,
-                Err(_) => tokio::time::sleep(UNREACHABLE_RETRY).await,
+                ReacquireStep::Unneeded => return std::future::pending().await,
+                ReacquireStep::Retry(after) => tokio::time::sleep(after).await,
+                ReacquireStep::TakenBy(who) => return who,
             }
         }
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use freshen_cli::admin::Access;
-use freshen_cli::http::{Observe, serve};
+use freshen_cli::http::{Readout, serve};
 use freshen_cli::metrics::{SourceStatus, ViewStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -15,7 +15,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 
 struct Down;
 
-impl Observe for Down {
+impl Readout for Down {
     fn views(&self) -> Vec<ViewStats> {
         Vec::new()
     }

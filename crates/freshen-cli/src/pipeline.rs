@@ -65,23 +65,183 @@ fn sink_run(
     }
 }
 
-struct ViewRun {
+/// Until the pipeline stops.
+type Stop = freshen::BoxFuture<'static, ()>;
+
+/// One task of a running pipeline — a view's refresher, a sink, a snapshot driver, the
+/// changefeed's writer or its listener — named as the log calls it. Every part runs
+/// until the stop signal or its own end; the first failure stops the others.
+struct Part {
     name: String,
-    stale_after: Option<Duration>,
-    refresher: Refresher,
-    scope: Arc<ViewScope>,
+    run: Box<dyn FnOnce(Stop) -> freshen::BoxFuture<'static, anyhow::Result<()>> + Send>,
+}
+
+impl Part {
+    fn new<F, Fut>(name: impl Into<String>, run: F) -> Part
+    where
+        F: FnOnce(Stop) -> Fut + Send + 'static,
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        Part {
+            name: name.into(),
+            run: Box::new(move |stop| Box::pin(run(stop))),
+        }
+    }
+}
+
+/// A consumer of the source: views, sinks, the key publisher and the changefeed alike.
+/// Each takes one branch of the source's fan-out (a transaction is confirmed upstream
+/// only once every consumer confirmed it) and becomes the parts that run.
+trait Consumer: Send {
+    /// Takes `branch` and adds this consumer's parts (and what `/status` shows of it).
+    fn attach(self: Box<Self>, branch: Branch, topology: &mut Topology) -> anyhow::Result<()>;
+}
+
+/// What the consumers became: the parts to run, and what the observer shows of them.
+#[derive(Default)]
+struct Topology {
+    parts: Vec<Part>,
+    /// Per view: name, handle, scope, and how long a change may wait before the view
+    /// counts as stale.
+    views: Vec<ObservedView>,
+    /// The changefeed, for its snapshot progress.
+    changefeed: Option<Changefeed>,
+    /// The sinks' snapshots, by sink index.
+    sink_snapshots: Vec<(usize, freshen_postgres::SinkSnapshots)>,
+}
+
+type ObservedView = (String, freshen::Handle, Arc<ViewScope>, Option<Duration>);
+
+/// A view, prepared on its target: it becomes a refresher over whichever source it is
+/// given (a branch of the source, or a worker's share of the key stream).
+struct ViewConsumer {
+    view: View,
+    prepared: Prepared,
+    ack: freshen::AckPolicy,
+    /// Whether it sweeps at start (not after a reload that left it unchanged).
+    sweep: bool,
+}
+
+impl ViewConsumer {
+    fn new(view: &View, cfg: &Config, unchanged: &[String], prepared: Prepared) -> ViewConsumer {
+        ViewConsumer {
+            view: view.clone(),
+            prepared,
+            ack: cfg.ack,
+            sweep: !unchanged.contains(&view.name),
+        }
+    }
+
+    fn run_on(
+        self,
+        source: Box<dyn freshen::Source>,
+        topology: &mut Topology,
+    ) -> anyhow::Result<()> {
+        let (refresher, scope) =
+            refresher(&self.view, self.prepared, source, self.ack, self.sweep)?;
+        topology.views.push((
+            self.view.name.clone(),
+            refresher.handle(),
+            scope,
+            self.view.timing.stale_after,
+        ));
+        topology.parts.push(Part::new(
+            format!("view {}", self.view.name),
+            move |stop| async move { refresher.run(stop).await.map_err(Into::into) },
+        ));
+        Ok(())
+    }
+}
+
+impl Consumer for ViewConsumer {
+    fn attach(self: Box<Self>, branch: Branch, topology: &mut Topology) -> anyhow::Result<()> {
+        self.run_on(Box::new(branch), topology)
+    }
+}
+
+/// A sink (or the capture role's key publisher), with its snapshot driver.
+struct SinkConsumer {
+    /// Its place in `[[sinks]]` (`None`: the key publisher, which has no snapshots).
+    index: Option<usize>,
+    run: SinkRun,
+    driver: Option<crate::sink_snapshot::Driver>,
+}
+
+impl Consumer for SinkConsumer {
+    fn attach(self: Box<Self>, branch: Branch, topology: &mut Topology) -> anyhow::Result<()> {
+        let name = match self.index {
+            Some(i) => format!("sink {i}"),
+            None => "key publisher".to_owned(),
+        };
+        let run = self.run;
+        topology
+            .parts
+            .push(Part::new(name.clone(), move |stop| run(branch, stop)));
+        if let Some(driver) = self.driver {
+            if let Some(i) = self.index {
+                topology.sink_snapshots.push((i, driver.snapshots.clone()));
+            }
+            topology
+                .parts
+                .push(Part::new(format!("{name} snapshots"), move |stop| {
+                    driver.run(stop)
+                }));
+        }
+        Ok(())
+    }
+}
+
+/// The changefeed: its writer on the branch, its HTTP listener and its snapshots.
+struct ChangefeedConsumer {
+    changefeed: Changefeed,
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    /// Where its snapshots read from (a source that can snapshot).
+    snapshots: Option<freshen_changefeed::SnapshotSource>,
+}
+
+impl Consumer for ChangefeedConsumer {
+    fn attach(self: Box<Self>, branch: Branch, topology: &mut Topology) -> anyhow::Result<()> {
+        let ChangefeedConsumer {
+            changefeed: cf,
+            listener,
+            state,
+            snapshots,
+        } = *self;
+        topology.changefeed = Some(cf.clone());
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(addr = %addr, "serving the changefeed");
+        }
+        topology
+            .parts
+            .push(Part::new("changefeed http", move |stop| async move {
+                freshen_changefeed::serve(listener, state, stop)
+                    .await
+                    .map_err(Into::into)
+            }));
+        if let Some(source) = snapshots {
+            let cf = cf.clone();
+            topology
+                .parts
+                .push(Part::new("changefeed snapshots", move |stop| async move {
+                    cf.run_snapshots(source, stop).await.map_err(Into::into)
+                }));
+        }
+        topology
+            .parts
+            .push(Part::new("changefeed", move |stop| async move {
+                let r = cf.capture(branch, stop).await;
+                cf.close().await;
+                r.map(|_| ()).map_err(Into::into)
+            }));
+        Ok(())
+    }
 }
 
 /// A started pipeline: the source is connected (slot and publication exist), statements
 /// are prepared, and [`Pipeline::run`] drives it.
 pub struct Pipeline {
-    views: Vec<ViewRun>,
-    sinks: Vec<(SinkRun, Branch)>,
-    /// The sinks' snapshot drivers.
-    sink_drivers: Vec<crate::sink_snapshot::Driver>,
-    changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
-    /// Where the changefeed's snapshots read from (a PostgreSQL source only).
-    snapshots: Option<freshen_changefeed::SnapshotSource>,
+    parts: Vec<Part>,
     observer: Arc<Observer>,
 }
 
@@ -89,11 +249,9 @@ impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipeline")
             .field(
-                "views",
-                &self.views.iter().map(|v| &v.name).collect::<Vec<_>>(),
+                "parts",
+                &self.parts.iter().map(|p| &p.name).collect::<Vec<_>>(),
             )
-            .field("sinks", &self.sinks.len())
-            .field("changefeed", &self.changefeed.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -102,7 +260,7 @@ impl std::fmt::Debug for Pipeline {
 pub struct Observer {
     /// Per view: name, handle, scope, and how long a change may wait before the view
     /// counts as stale.
-    views: Vec<(String, freshen::Handle, Arc<ViewScope>, Option<Duration>)>,
+    views: Vec<ObservedView>,
     source: Arc<dyn SourceProbe>,
     /// The changefeed, for its snapshot progress.
     changefeed: Option<Changefeed>,
@@ -265,7 +423,7 @@ fn refresher(
     source: Box<dyn freshen::Source>,
     ack: freshen::AckPolicy,
     sweep_at_start: bool,
-) -> anyhow::Result<ViewRun> {
+) -> anyhow::Result<(Refresher, Arc<ViewScope>)> {
     let scope = ViewScope::new(view);
     let t = &view.timing;
     let name = view.name.clone();
@@ -315,12 +473,85 @@ fn refresher(
     let refresher = b
         .build()
         .map_err(|e| anyhow::anyhow!("view {}: {e}", view.name))?;
-    Ok(ViewRun {
-        name: view.name.clone(),
-        stale_after: view.timing.stale_after,
-        refresher,
-        scope,
+    Ok((refresher, scope))
+}
+
+/// `view` prepared on `target`: its own connections, rebuild and fan-outs.
+async fn view_consumer(
+    target: &dyn Target,
+    view: &View,
+    cfg: &Config,
+    unchanged: &[String],
+) -> anyhow::Result<ViewConsumer> {
+    let on = view_target(target, view, cfg)?;
+    let rebuild = on.rebuild().await.map_err(anyhow::Error::from_boxed)?;
+    let fanouts = on.fanouts().await.map_err(anyhow::Error::from_boxed)?;
+    Ok(ViewConsumer::new(
+        view,
+        cfg,
+        unchanged,
+        (on, rebuild, fanouts),
+    ))
+}
+
+/// The changefeed opened, its listener bound, and where its snapshots read from.
+async fn changefeed_consumer(
+    cfg: &Config,
+    c: &freshen_changefeed::ChangefeedConfig,
+) -> anyhow::Result<ChangefeedConsumer> {
+    let changefeed = Changefeed::open(c)
+        .await
+        .context("cannot open the changefeed")?;
+    let state = AppState::new(changefeed.clone(), &c.http)
+        .context("the changefeed's HTTP settings are not usable")?;
+    let addr = c.http.listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for the changefeed"))?;
+    Ok(ChangefeedConsumer {
+        changefeed,
+        listener,
+        state,
+        snapshots: changefeed_snapshots(cfg, c)?,
     })
+}
+
+/// Where the changefeed's snapshots read from: rows read with SQL from a PostgreSQL
+/// source, the one whose WAL carries their watermarks.
+fn changefeed_snapshots(
+    cfg: &Config,
+    c: &freshen_changefeed::ChangefeedConfig,
+) -> anyhow::Result<Option<freshen_changefeed::SnapshotSource>> {
+    let postgres_source = cfg
+        .source
+        .database_url()
+        .filter(|u| freshen_postgres::is_postgres_url(u));
+    let Some(url) = postgres_source else {
+        if c.snapshot != freshen_changefeed::SnapshotMode::Never {
+            anyhow::bail!("changefeed.snapshot: snapshots read from a PostgreSQL source");
+        }
+        return Ok(None);
+    };
+    let conn = freshen_postgres::ConnectionConfig::from_url(url)
+        .context("the source URL is not usable")?;
+    let pool = freshen_postgres::connect_pool(&conn, 1)
+        .context("cannot set up the snapshot connection")?;
+    let tables = cfg
+        .watched_tables()
+        .into_iter()
+        .map(|(schema, table)| freshen_postgres::TableName::new(schema, table))
+        .collect();
+    let source = freshen_changefeed::SnapshotSource::new(pool, tables);
+    Ok(Some(match cfg.source.discovery() {
+        Some(d) => source.discovering(
+            d.patterns
+                .iter()
+                .filter_map(|p| freshen_postgres::TablePattern::parse(p)?.ok())
+                .collect(),
+            d.every,
+        ),
+        None => source,
+    }))
 }
 
 impl Pipeline {
@@ -337,6 +568,10 @@ impl Pipeline {
 
     /// Like [`start_keeping`](Self::start_keeping), for one role of a configuration that
     /// spreads its rebuilds (see [`crate::role`]); `None`: everything here.
+    ///
+    /// The one place a pipeline is assembled: every consumer of the source is set up
+    /// first (a view on its target, a sink, the key publisher, the changefeed), then the
+    /// source starts with one branch per consumer.
     pub async fn start_as(
         cfg: &Config,
         unchanged: &[String],
@@ -346,197 +581,93 @@ impl Pipeline {
             return Pipeline::start_worker(cfg, unchanged).await;
         }
         let capture = role == Some(Role::Capture);
-        let target = if cfg.views.is_empty() || capture {
-            None
-        } else {
-            Some(crate::targets::connect(cfg).await?)
-        };
-        let mut rebuilds = Vec::new();
-        if let Some(target) = &target {
+        let mut consumers: Vec<Box<dyn Consumer>> = Vec::new();
+        // A capture instance runs no views: its publisher takes their place.
+        if !capture && !cfg.views.is_empty() {
+            let target = crate::targets::connect(cfg).await?;
             for view in &cfg.views {
-                let on = view_target(&**target, view, cfg)?;
-                let rebuild = on.rebuild().await.map_err(anyhow::Error::from_boxed)?;
-                let fanouts = on.fanouts().await.map_err(anyhow::Error::from_boxed)?;
-                rebuilds.push((on, rebuild, fanouts));
+                consumers.push(Box::new(
+                    view_consumer(&*target, view, cfg, unchanged).await?,
+                ));
             }
         }
-        let mut sinks = Vec::new();
-        let mut sink_drivers = Vec::new();
-        let mut sink_snapshots = Vec::new();
         if capture {
-            sinks.push(crate::role::publisher(cfg).await?);
+            consumers.push(Box::new(SinkConsumer {
+                index: None,
+                run: crate::role::publisher(cfg).await?,
+                driver: None,
+            }));
         }
         for (i, sink) in cfg.sinks.iter().enumerate() {
             let (run, driver) = sink_run(cfg, sink)?;
-            sinks.push(run);
-            if let Some(d) = driver {
-                sink_snapshots.push((i, d.snapshots.clone()));
-                sink_drivers.push(d);
-            }
+            consumers.push(Box::new(SinkConsumer {
+                index: Some(i),
+                run,
+                driver,
+            }));
         }
-        let changefeed = match &cfg.changefeed {
-            Some(c) => {
-                let cf = Changefeed::open(c)
-                    .await
-                    .context("cannot open the changefeed")?;
-                let state = AppState::new(cf.clone(), &c.http)
-                    .context("the changefeed's HTTP settings are not usable")?;
-                let addr = c.http.listen;
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen on {addr} for the changefeed"))?;
-                Some((cf, listener, state))
-            }
-            None => None,
-        };
+        if let Some(c) = &cfg.changefeed {
+            consumers.push(Box::new(changefeed_consumer(cfg, c).await?));
+        }
         let kind = cfg.source.kind();
         let freshen::plug::Started { source, probe } = cfg
             .source
             .start(&crate::sources::plan(cfg))
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the {kind} source: {e}"))?;
-        // A capture instance runs no views: its publisher takes their place.
-        let consumers = if capture {
-            sinks.len() + usize::from(cfg.changefeed.is_some())
-        } else {
-            cfg.consumers()
-        };
-        let mut branches = fanout(source, consumers).into_iter();
-        let mut views = Vec::new();
-        for (view, rebuild) in cfg.views.iter().zip(rebuilds) {
-            let branch = branches.next().expect("one branch per consumer");
-            let sweep = !unchanged.contains(&view.name);
-            views.push(refresher(view, rebuild, Box::new(branch), cfg.ack, sweep)?);
+        let mut topology = Topology::default();
+        let branches = fanout(source, consumers.len());
+        for (consumer, branch) in consumers.into_iter().zip(branches) {
+            consumer.attach(branch, &mut topology)?;
         }
-        let sinks = sinks
-            .into_iter()
-            .map(|s| (s, branches.next().expect("one branch per consumer")))
-            .collect();
-        // Snapshots read rows with SQL from a PostgreSQL source, the one whose WAL
-        // carries their watermarks.
-        let postgres_source = cfg
-            .source
-            .database_url()
-            .filter(|u| freshen_postgres::is_postgres_url(u));
-        let snapshots = match (postgres_source, &cfg.changefeed) {
-            (Some(url), Some(_)) => {
-                let conn = freshen_postgres::ConnectionConfig::from_url(url)
-                    .context("the source URL is not usable")?;
-                let pool = freshen_postgres::connect_pool(&conn, 1)
-                    .context("cannot set up the snapshot connection")?;
-                let tables = cfg
-                    .watched_tables()
-                    .into_iter()
-                    .map(|(schema, table)| freshen_postgres::TableName::new(schema, table))
-                    .collect();
-                let source = freshen_changefeed::SnapshotSource::new(pool, tables);
-                Some(match cfg.source.discovery() {
-                    Some(d) => source.discovering(
-                        d.patterns
-                            .iter()
-                            .filter_map(|p| freshen_postgres::TablePattern::parse(p)?.ok())
-                            .collect(),
-                        d.every,
-                    ),
-                    None => source,
-                })
-            }
-            (_, Some(c)) if c.snapshot != freshen_changefeed::SnapshotMode::Never => {
-                anyhow::bail!("changefeed.snapshot: snapshots read from a PostgreSQL source");
-            }
-            _ => None,
-        };
-        let changefeed = changefeed.map(|(cf, listener, state)| {
-            let branch = branches.next().expect("one branch per consumer");
-            (cf, branch, listener, state)
-        });
-        Ok(Pipeline::assemble(
-            views,
-            (sinks, sink_drivers, sink_snapshots),
-            changefeed,
-            snapshots,
-            probe,
-        ))
+        Ok(Pipeline::assemble(topology, probe))
     }
 
     /// A worker of a spread configuration: the views' keys come from the key stream
-    /// (no source, sinks or changefeed here: they run on the capture instance).
+    /// (no source, sinks or changefeed here: they run on the capture instance; nor
+    /// fan-outs: their keys arrive mapped).
     async fn start_worker(cfg: &Config, unchanged: &[String]) -> anyhow::Result<Pipeline> {
         let target = crate::targets::connect(cfg).await?;
-        let mut prepared = Vec::new();
+        let mut targets = Vec::new();
         let mut rebuilds = Vec::new();
         for view in &cfg.views {
             let on = view_target(&*target, view, cfg)?;
             rebuilds.push(on.rebuild().await.map_err(anyhow::Error::from_boxed)?);
-            prepared.push((on, Vec::new()));
+            targets.push(on);
         }
+        // Each rebuild fenced by the ownership of its key's partition.
         let worker = crate::role::worker(cfg, rebuilds).await?;
-        let mut views = Vec::new();
-        for (((view, (on, fanouts)), rebuild), source) in cfg
+        let mut topology = Topology::default();
+        for (((view, on), rebuild), source) in cfg
             .views
             .iter()
-            .zip(prepared)
+            .zip(targets)
             .zip(worker.rebuilds)
             .zip(worker.sources)
         {
-            let sweep = !unchanged.contains(&view.name);
-            views.push(refresher(
-                view,
-                (on, rebuild, fanouts),
-                source,
-                cfg.ack,
-                sweep,
-            )?);
+            ViewConsumer::new(view, cfg, unchanged, (on, rebuild, Vec::new()))
+                .run_on(source, &mut topology)?;
         }
-        Ok(Pipeline::assemble(
-            views,
-            (Vec::new(), Vec::new(), Vec::new()),
-            None,
-            None,
-            worker.probe,
-        ))
+        Ok(Pipeline::assemble(topology, worker.probe))
     }
 
-    /// The sinks come with their snapshot drivers and those drivers' progress by sink
-    /// number.
-    #[allow(clippy::type_complexity)]
-    fn assemble(
-        views: Vec<ViewRun>,
-        (sinks, sink_drivers, sink_snapshots): (
-            Vec<(SinkRun, Branch)>,
-            Vec<crate::sink_snapshot::Driver>,
-            Vec<(usize, freshen_postgres::SinkSnapshots)>,
-        ),
-        changefeed: Option<(Changefeed, Branch, tokio::net::TcpListener, AppState)>,
-        snapshots: Option<freshen_changefeed::SnapshotSource>,
-        probe: Arc<dyn SourceProbe>,
-    ) -> Pipeline {
+    fn assemble(topology: Topology, probe: Arc<dyn SourceProbe>) -> Pipeline {
+        let Topology {
+            parts,
+            views,
+            changefeed,
+            sink_snapshots,
+        } = topology;
+        let windows = vec![std::collections::VecDeque::new(); views.len()];
         let observer = Arc::new(Observer {
-            views: views
-                .iter()
-                .map(|v| {
-                    (
-                        v.name.clone(),
-                        v.refresher.handle(),
-                        v.scope.clone(),
-                        v.stale_after,
-                    )
-                })
-                .collect(),
+            views,
             source: probe,
-            changefeed: changefeed.as_ref().map(|(cf, ..)| cf.clone()),
+            changefeed,
             sink_snapshots,
             running: AtomicBool::new(true),
-            windows: std::sync::Mutex::new(vec![std::collections::VecDeque::new(); views.len()]),
+            windows: std::sync::Mutex::new(windows),
         });
-        Pipeline {
-            views,
-            sinks,
-            sink_drivers,
-            changefeed,
-            snapshots,
-            observer,
-        }
+        Pipeline { parts, observer }
     }
 
     /// What the HTTP endpoints and the demo read.
@@ -544,7 +675,7 @@ impl Pipeline {
         self.observer.clone()
     }
 
-    /// Runs every consumer until `shutdown` completes or one of them fails; then stops
+    /// Runs every part until `shutdown` completes or one of them fails; then stops
     /// the others gracefully (running rebuilds finish, earned acks are confirmed).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -552,50 +683,10 @@ impl Pipeline {
             let _ = rx.wait_for(|s| *s).await;
         };
         let mut tasks: JoinSet<(String, anyhow::Result<()>)> = JoinSet::new();
-        for v in self.views {
-            let stop = stopped(stop_rx.clone());
-            tasks.spawn(async move {
-                let r = v.refresher.run(stop).await;
-                (format!("view {}", v.name), r.map_err(Into::into))
-            });
-        }
-        for (i, (sink, branch)) in self.sinks.into_iter().enumerate() {
-            let stop = Box::pin(stopped(stop_rx.clone()));
-            tasks.spawn(async move {
-                let r = sink(branch, stop).await;
-                (format!("sink {i}"), r)
-            });
-        }
-        for (i, driver) in self.sink_drivers.into_iter().enumerate() {
-            let stop = stopped(stop_rx.clone());
-            tasks.spawn(async move {
-                let r = driver.run(stop).await;
-                (format!("sink {i} snapshots"), r)
-            });
-        }
-        if let Some((cf, branch, listener, state)) = self.changefeed {
-            let stop = stopped(stop_rx.clone());
-            if let Ok(addr) = listener.local_addr() {
-                tracing::info!(addr = %addr, "serving the changefeed");
-            }
-            tasks.spawn(async move {
-                let r = freshen_changefeed::serve(listener, state, stop).await;
-                ("changefeed http".to_string(), r.map_err(Into::into))
-            });
-            if let Some(source) = self.snapshots {
-                let stop = stopped(stop_rx.clone());
-                let cf = cf.clone();
-                tasks.spawn(async move {
-                    let r = cf.run_snapshots(source, stop).await;
-                    ("changefeed snapshots".to_string(), r.map_err(Into::into))
-                });
-            }
-            let stop = stopped(stop_rx.clone());
-            tasks.spawn(async move {
-                let r = cf.capture(branch, stop).await;
-                cf.close().await;
-                ("changefeed".to_string(), r.map(|_| ()).map_err(Into::into))
-            });
+        for part in self.parts {
+            let stop: Stop = Box::pin(stopped(stop_rx.clone()));
+            let Part { name, run } = part;
+            tasks.spawn(async move { (name, run(stop).await) });
         }
         let observer = self.observer.clone();
         let mut lag_rx = stop_rx.clone();

@@ -53,6 +53,21 @@ impl Format {
             ..freshen::Capabilities::NONE
         }
     }
+
+    /// How the file spells the tables of these messages: the events carry the
+    /// upstream's names as it wrote them (`database`/`table` in canal-json, `source`'s
+    /// `schema` or `db` and `table` in Debezium); the file names them by SQL's rules as
+    /// freshen always has — double quotes keep a part as written, an unquoted part
+    /// folds to lower case, an unqualified table is in `public` — so a mixed-case
+    /// upstream name is written quoted.
+    pub fn naming(self) -> freshen::plug::Naming {
+        freshen::plug::Naming {
+            quote: '"',
+            fold_unquoted: true,
+            default_schema: Some("public".into()),
+            schema_word: "schema",
+        }
+    }
 }
 
 impl std::fmt::Display for Format {

@@ -16,6 +16,10 @@ impl SourcePlug for KafkaSourceConfig {
         KafkaSourceConfig::problems(self)
     }
 
+    fn naming(&self) -> freshen::plug::Naming {
+        self.format.naming()
+    }
+
     fn capabilities(&self) -> freshen::Capabilities {
         self.format.capabilities()
     }

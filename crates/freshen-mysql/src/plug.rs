@@ -50,6 +50,11 @@ impl SourcePlug for MySqlSourceConfig {
         Some(self.url.expose())
     }
 
+    fn naming(&self) -> freshen::plug::Naming {
+        let database = crate::incremental::url_database(self.url.expose());
+        crate::incremental::naming(database.as_deref())
+    }
+
     fn capabilities(&self) -> freshen::Capabilities {
         crate::source::capabilities()
     }

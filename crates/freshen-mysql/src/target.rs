@@ -28,6 +28,11 @@ impl TargetPlug for MySqlTarget {
         }
     }
 
+    fn naming(&self) -> freshen::plug::Naming {
+        let database = crate::incremental::url_database(self.url.expose());
+        crate::incremental::naming(database.as_deref())
+    }
+
     fn name(&self) -> &'static str {
         "MySQL/MariaDB"
     }

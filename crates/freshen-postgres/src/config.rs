@@ -341,46 +341,22 @@ impl fmt::Display for TableName {
 impl FromStr for TableName {
     type Err = String;
 
-    /// `table`, `schema.table`, with double quotes around parts that need them.
+    /// `table`, `schema.table`, with double quotes around parts that need them (see
+    /// [`naming`]).
     fn from_str(s: &str) -> Result<TableName, String> {
-        let mut parts = Vec::new();
-        let mut cur = String::new();
-        let mut quoted = false;
-        let mut chars = s.trim().chars().peekable();
-        let mut was_quoted = false;
-        while let Some(c) = chars.next() {
-            match (c, quoted) {
-                ('"', false) => {
-                    quoted = true;
-                    was_quoted = true;
-                }
-                ('"', true) if chars.peek() == Some(&'"') => {
-                    chars.next();
-                    cur.push('"');
-                }
-                ('"', true) => quoted = false,
-                ('.', false) => {
-                    parts.push((std::mem::take(&mut cur), was_quoted));
-                    was_quoted = false;
-                }
-                (c, _) => cur.push(c),
-            }
-        }
-        if quoted {
-            return Err(format!("unclosed quote in table name {s:?}"));
-        }
-        parts.push((cur, was_quoted));
-        // Unquoted identifiers fold to lower case, as in SQL.
-        let fold = |(p, q): (String, bool)| if q { p } else { p.to_lowercase() };
-        let mut parts: Vec<String> = parts.into_iter().map(fold).collect();
-        if parts.iter().any(|p| p.is_empty()) || parts.len() > 2 {
-            return Err(format!(
-                "invalid table name {s:?} (expected table or schema.table)"
-            ));
-        }
-        let name = parts.pop().unwrap_or_default();
-        let schema = parts.pop().unwrap_or_else(|| "public".into());
+        let (schema, name) = naming().parse(s)?;
         Ok(TableName { schema, name })
+    }
+}
+
+/// PostgreSQL's rules for a table name in the file: double quotes keep a part as
+/// written, an unquoted part folds to lower case, an unqualified table is in `public`.
+pub fn naming() -> freshen::plug::Naming {
+    freshen::plug::Naming {
+        quote: '"',
+        fold_unquoted: true,
+        default_schema: Some("public".into()),
+        schema_word: "schema",
     }
 }
 

@@ -127,7 +127,7 @@ pub use admin::{
 pub use config::{
     ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, MAX_CONNECT_TIMEOUT, MAX_READ_GAP,
     MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition,
-    TableName,
+    TableName, naming,
 };
 pub use deadpool_postgres::Pool;
 pub use enumerate::SqlEnumerate;

@@ -300,6 +300,10 @@ impl SourcePlug for PgSourceSettings {
         })
     }
 
+    fn naming(&self) -> freshen::plug::Naming {
+        crate::naming()
+    }
+
     fn capabilities(&self) -> freshen::Capabilities {
         crate::source::capabilities(self.slot_mode.into())
     }

@@ -48,6 +48,10 @@ impl TargetPlug for PgTarget {
             .map_err(|e| vec![e.to_string()])
     }
 
+    fn naming(&self) -> freshen::plug::Naming {
+        crate::naming()
+    }
+
     fn name(&self) -> &'static str {
         "PostgreSQL"
     }

@@ -508,11 +508,13 @@ fn parse_with(
         }
         Some(cf)
     });
+    let names = Names::new(source.as_ref(), target.as_ref());
     let views = read_views(
         &mut r,
         root,
         defaults,
         !sinks.is_empty() || changefeed.is_some(),
+        &names,
     );
     check_views_on_target(&mut r, &views, target.as_ref(), source.as_ref());
     let key_stream = key_stream::read(&mut r, root, &views);
@@ -817,10 +819,31 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
 
 /// `schema.table` as PostgreSQL reads it (unquoted names fold to lower case, quoted ones
 /// keep theirs): the one parser, `freshen_postgres::TableName`.
-fn split_table(name: &str) -> Option<(String, String)> {
-    name.parse::<freshen_postgres::TableName>()
-        .ok()
-        .map(|t| (t.schema, t.name))
+/// How the file's table names are read: a source's tables (`watch`, `static`) by the
+/// source's rules, a target's (`into`) by the target's (see [`freshen::plug::Naming`]).
+struct Names {
+    source: freshen::plug::Naming,
+    target: freshen::plug::Naming,
+}
+
+impl Names {
+    fn new(source: Option<&Source>, target: Option<&Target>) -> Names {
+        // Without a usable source (already reported) names are only checked for their
+        // quotes, under no database's rules.
+        let source = source.map_or_else(
+            || freshen::plug::Naming {
+                quote: '"',
+                fold_unquoted: false,
+                default_schema: Some(String::new()),
+                schema_word: "schema",
+            },
+            |s| s.naming(),
+        );
+        let target = target
+            .and_then(|t| crate::targets::open_url(t.url.expose()).ok())
+            .map_or_else(|| source.clone(), |t| t.naming());
+        Names { source, target }
+    }
 }
 
 fn read_views(
@@ -828,6 +851,7 @@ fn read_views(
     root: Tbl<'_>,
     defaults: Timing,
     optional: bool,
+    names: &Names,
 ) -> Vec<View> {
     let Some(views) = r.tables(root, "views") else {
         if root.t.get("views").is_none() && !optional {
@@ -866,9 +890,9 @@ fn read_views(
         let vname = name
             .as_ref()
             .map_or_else(|| path.clone(), |n| n.value.clone());
-        let watch = read_watch(r, t, &vname);
+        let watch = read_watch(r, t, &vname, &names.source);
         let rebuild = r.strings(t, "rebuild");
-        let query = read_query(r, t, &vname, &watch);
+        let query = read_query(r, t, &vname, &watch, &names.target);
         match &rebuild {
             None if t.t.get("rebuild").is_none() && t.t.get("query").is_none() && t.t.get("into").is_none() => r.missing(
                 t,
@@ -944,12 +968,13 @@ fn read_views(
         let mut static_tables = Vec::new();
         if let Some(list) = r.strings(t, "static") {
             for name in &list.value {
-                match split_table(name) {
-                    Some(st) => static_tables.push(st),
-                    None => r.p.at_line(
+                match names.source.parse(name) {
+                    Ok(st) => static_tables.push(st),
+                    Err(_) => r.p.at_line(
                         list.line,
                         format!(
-                            "view `{vname}`: `static` entry `{name}` is not a table name (\"schema.table\" or \"table\")"
+                            "view `{vname}`: `static` entry `{name}` is not a table name ({})",
+                            names.source.shapes()
                         ),
                     ),
                 }
@@ -995,6 +1020,7 @@ fn read_query(
     t: Tbl<'_>,
     vname: &str,
     watch: &[Watch],
+    naming: &freshen::plug::Naming,
 ) -> Option<QueryMode> {
     let into = r.string(t, "into");
     let query = r.string(t, "query");
@@ -1012,13 +1038,14 @@ fn read_query(
         _ => {}
     }
     let (into, query) = (into?, query?);
-    let table = split_table(&into.value);
+    let table = naming.parse(&into.value).ok();
     if table.is_none() {
         r.p.at_line(
             into.line,
             format!(
-                "view `{vname}`: `into` `{}` is not a table name (\"schema.table\" or \"table\")",
-                into.value
+                "view `{vname}`: `into` `{}` is not a table name ({})",
+                into.value,
+                naming.shapes()
             ),
         );
     }
@@ -1142,7 +1169,12 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) ->
     out
 }
 
-fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
+fn read_watch(
+    r: &mut Reader<'_, '_>,
+    t: Tbl<'_>,
+    view: &str,
+    naming: &freshen::plug::Naming,
+) -> Vec<Watch> {
     let Some(entries) = r.tables(t, "watch") else {
         if t.t.get("watch").is_none() {
             r.missing(
@@ -1189,12 +1221,13 @@ fn read_watch(r: &mut Reader<'_, '_>, t: Tbl<'_>, view: &str) -> Vec<Watch> {
             );
             continue;
         }
-        let Some((schema, table_name)) = split_table(&table.value) else {
+        let Ok((schema, table_name)) = naming.parse(&table.value) else {
             r.p.at_line(
                 table.line,
                 format!(
-                    "view `{view}`: `{}` is not a table name (\"schema.table\" or \"table\")",
-                    table.value
+                    "view `{view}`: `{}` is not a table name ({})",
+                    table.value,
+                    naming.shapes()
                 ),
             );
             continue;

@@ -769,3 +769,47 @@ fn a_polling_source_takes_no_changefeed_snapshot() {
     );
     assert!(parse(&src(""), "f.toml", &env).is_ok());
 }
+
+#[cfg(feature = "mysql")]
+#[test]
+fn table_names_are_read_by_the_source_databases_rules() {
+    let file = |url: &str, table: &str| {
+        format!(
+            "[source]\nkind = \"mysql\"\nname = \"t\"\nurl = \"{url}\"\nserver_id = 4242\n\n[[views]]\nname = \"v\"\nwatch = [ {{ table = \"{table}\", key = [\"id\"] }} ]\nrebuild = \"SELECT 1\"\n"
+        )
+    };
+    let env = |_: &str| None;
+    let watched = |url: &str, table: &str| {
+        parse(&file(url, table), "f.toml", &env)
+            .map(|c| c.watched_tables())
+            .map_err(|e| e.to_string())
+    };
+    // MySQL keeps case (table names are case-sensitive on Linux servers) and an
+    // unqualified table is in the URL's database, never PostgreSQL's `public`.
+    assert_eq!(
+        watched("mysql://u@h/app", "Sales.Orders").unwrap(),
+        [("Sales".to_string(), "Orders".to_string())]
+    );
+    assert_eq!(
+        watched("mysql://u@h/app", "Orders").unwrap(),
+        [("app".to_string(), "Orders".to_string())]
+    );
+    assert_eq!(
+        watched("mysql://u@h/app", "`my.db`.`Or``ders`").unwrap(),
+        [("my.db".to_string(), "Or`ders".to_string())]
+    );
+    let e = watched("mysql://u@h/app", "a.b.c").unwrap_err();
+    assert!(
+        e.contains("`a.b.c` is not a table name (\"database.table\" or \"table\")"),
+        "{e}"
+    );
+    // PostgreSQL folds what is not quoted, as the server does.
+    let pg = GOOD.replace("\"readings\"", "\"Readings\"");
+    let c = parse(&pg, "f.toml", &self::env).unwrap();
+    assert!(
+        c.watched_tables()
+            .contains(&("public".to_string(), "readings".to_string())),
+        "{:?}",
+        c.watched_tables()
+    );
+}

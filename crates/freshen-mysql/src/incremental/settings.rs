@@ -130,10 +130,7 @@ const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 impl MySqlIncrementalSettings {
     /// The URL's database (where an unqualified table name lives).
     fn database(&self) -> Option<String> {
-        mysql_async::Opts::from_url(self.url.expose())
-            .ok()?
-            .db_name()
-            .map(str::to_owned)
+        super::table::url_database(self.url.expose())
     }
 
     /// The tables this configuration names itself, parsed.
@@ -281,6 +278,10 @@ impl SourcePlug for MySqlIncrementalSettings {
 
     fn database_url(&self) -> Option<&str> {
         Some(self.url.expose())
+    }
+
+    fn naming(&self) -> freshen::plug::Naming {
+        super::table::naming(self.database().as_deref())
     }
 
     fn capabilities(&self) -> freshen::Capabilities {

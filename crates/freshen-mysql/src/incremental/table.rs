@@ -50,26 +50,29 @@ impl TableName {
     /// Parses `database.table` (or `table` in `default`); backticks around a part keep
     /// it as written.
     pub fn parse(s: &str, default: Option<&str>) -> Result<TableName, String> {
-        let part = |p: &str| -> String {
-            let p = p.trim();
-            p.strip_prefix('`')
-                .and_then(|p| p.strip_suffix('`'))
-                .map_or_else(|| p.to_string(), |p| p.replace("``", "`"))
-        };
-        let (db, t) = match s.split_once('.') {
-            Some((d, t)) => (part(d), part(t)),
-            None => match default {
-                Some(d) => (d.to_string(), part(s)),
-                None => (String::new(), part(s)),
-            },
-        };
-        if db.is_empty() || t.is_empty() || t.contains('.') {
-            return Err(format!(
-                "invalid table name {s:?} (expected database.table)"
-            ));
-        }
+        let (db, t) = naming(default).parse(s)?;
         Ok(TableName::new(db, t))
     }
+}
+
+/// MySQL's rules for a table name in the file: backticks keep a part as written (case
+/// is kept either way), an unqualified table is in `default` (the URL's database) or
+/// must be qualified.
+pub(crate) fn naming(default: Option<&str>) -> freshen::plug::Naming {
+    freshen::plug::Naming {
+        quote: '`',
+        fold_unquoted: false,
+        default_schema: default.map(str::to_owned),
+        schema_word: "database",
+    }
+}
+
+/// The database a MySQL URL names, if any.
+pub(crate) fn url_database(url: &str) -> Option<String> {
+    mysql_async::Opts::from_url(url)
+        .ok()?
+        .db_name()
+        .map(str::to_owned)
 }
 
 impl std::fmt::Display for TableName {

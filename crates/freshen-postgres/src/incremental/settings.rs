@@ -259,6 +259,10 @@ impl SourcePlug for PgIncrementalSettings {
         Some(self.url.expose())
     }
 
+    fn naming(&self) -> freshen::plug::Naming {
+        crate::naming()
+    }
+
     fn capabilities(&self) -> freshen::Capabilities {
         capabilities()
     }

@@ -14,12 +14,14 @@
 //! each view watches and by which key columns — so that a source can prepare for it
 //! (a publication, replica identity advice) without knowing how views are configured.
 
+mod naming;
 mod target;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use naming::Naming;
 pub use target::{QuerySpec, Target, TargetError, TargetPlug, ViewSpec, ViewTarget};
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};
@@ -190,6 +192,11 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
     fn database_url(&self) -> Option<&str> {
         None
     }
+
+    /// How this source's tables are spelled in the file (a view's `watch` and `static`
+    /// entries): the upstream database's quoting, case and default schema, so a name
+    /// written as that database would take it matches the events' tables.
+    fn naming(&self) -> Naming;
 
     /// What this source guarantees, as configured (static per kind; e.g. a temporary
     /// slot is not recoverable). [`gaps`] turns it into what `check` reports per view.

@@ -105,6 +105,9 @@ pub trait TargetPlug: fmt::Debug + Send + Sync + 'static {
     /// The kind's name for messages: `"PostgreSQL"`, `"MySQL/MariaDB"`.
     fn name(&self) -> &'static str;
 
+    /// How this target's tables are spelled in the file (a view's `into`).
+    fn naming(&self) -> super::Naming;
+
     /// What this target cannot do for `view`, known without I/O (each problem a
     /// sentence naming the view and saying what to write instead). `source_url`: the
     /// source's database, when it reads one.

@@ -20,8 +20,8 @@
 //! listen = "127.0.0.1:8089"
 //! cors_allow_origins = ["https://app.example.com"]
 //! allowed_hosts = ["feed.internal"]   # besides localhost and IP addresses
-//! header_timeout_ms = 10000
-//! request_timeout_ms = 30000
+//! header_timeout = "10s"          # or header_timeout_ms = 10000, as [http] or in ms
+//! request_timeout = "30s"
 //! max_connections = 512
 //!
 //! [[changefeed.http.tokens]]
@@ -410,18 +410,54 @@ pub struct HttpConfig {
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
     /// How long a connection may take to send a request's headers, in ms; also how long
-    /// an idle kept-alive connection stays open (default 10000).
-    #[serde(default = "defaults::header_timeout_ms")]
+    /// an idle kept-alive connection stays open (default 10000). Also read as
+    /// `header_timeout = "10s"`, the `[http]` listener's spelling.
+    #[serde(
+        default = "defaults::header_timeout_ms",
+        alias = "header_timeout",
+        deserialize_with = "millis"
+    )]
     pub header_timeout_ms: u64,
     /// How long a request may take to be answered, in ms (default 30000). Long polls
     /// and group receives get their own wait on top; streams (SSE, WebSocket) are not
-    /// cut once they have started.
-    #[serde(default = "defaults::request_timeout_ms")]
+    /// cut once they have started. Also read as `request_timeout = "30s"`.
+    #[serde(
+        default = "defaults::request_timeout_ms",
+        alias = "request_timeout",
+        deserialize_with = "millis"
+    )]
     pub request_timeout_ms: u64,
     /// Most connections served at once (default 512); further ones wait in the listen
     /// queue.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
+}
+
+/// Milliseconds, written as an integer of them or as a duration (`"10s"`, `"500ms"`), so
+/// that the `[http]` listener's spelling reads here too.
+fn millis<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    struct Millis;
+    impl serde::de::Visitor<'_> for Millis {
+        type Value = u64;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("milliseconds, or a duration such as \"10s\"")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::custom("a duration cannot be negative"))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<u64, E> {
+            let d = humantime::parse_duration(v.trim()).map_err(|e| {
+                E::custom(format!(
+                    "`{v}` is not a duration ({e}); write e.g. \"10s\", \"500ms\""
+                ))
+            })?;
+            u64::try_from(d.as_millis()).map_err(|_| E::custom("a duration too long"))
+        }
+    }
+    d.deserialize_any(Millis)
 }
 
 impl HttpConfig {
@@ -729,6 +765,29 @@ mod tests {
         c.key_index = false;
         let p = c.problems();
         assert!(p.len() == 1 && p[0].contains("key_index"), "{p:?}");
+    }
+
+    #[test]
+    fn listener_timeouts_read_as_the_http_listener_writes_them_too() {
+        let http = |v: serde_json::Value| {
+            serde_json::from_value::<ChangefeedConfig>(serde_json::json!({"path": "x", "http": v}))
+                .map(|c| (c.http.header_timeout_ms, c.http.request_timeout_ms))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            http(serde_json::json!({"header_timeout": "15s", "request_timeout": "1m"})),
+            Ok((15_000, 60_000))
+        );
+        assert_eq!(
+            http(serde_json::json!({"header_timeout_ms": 2500, "request_timeout_ms": 4000})),
+            Ok((2_500, 4_000))
+        );
+        assert_eq!(http(serde_json::json!({})), Ok((10_000, 30_000)));
+        let e = http(serde_json::json!({"header_timeout": "soon"})).unwrap_err();
+        assert!(e.contains("`soon` is not a duration"), "{e}");
+        let e = http(serde_json::json!({"header_timeout": "5s", "header_timeout_ms": 5000}))
+            .unwrap_err();
+        assert!(e.contains("duplicate field"), "{e}");
     }
 
     #[test]

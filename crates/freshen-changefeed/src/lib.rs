@@ -21,8 +21,8 @@
 //!   (the binary's metrics listener uses the same): on loopback only `localhost`, IP
 //!   addresses and `allowed_hosts` are served (DNS rebinding); WebSocket upgrades and
 //!   non-`GET` requests from a browser must come from the API's own origin or one of
-//!   `cors_allow_origins`; connections have `header_timeout_ms` to send each request's
-//!   headers (and to stay idle between requests), handlers `request_timeout_ms` (long
+//!   `cors_allow_origins`; connections have `header_timeout` to send each request's
+//!   headers (and to stay idle between requests), handlers `request_timeout` (long
 //!   polls and group receives their wait on top; streams are not cut); at most
 //!   `max_connections` are served at once. See [`HttpConfig`].
 //! - Consumer groups: competing consumers lease events for a visibility timeout,

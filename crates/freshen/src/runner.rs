@@ -30,9 +30,10 @@ use tokio::time::Instant;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::backoff::Backoff;
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
+use crate::parts::{FanOut, Parts, ReportFn, ScopeFn};
 use crate::rebuild::{Due, KeySink, Rebuild};
-use crate::refresher::{Command, FanOut, Parts, Quarantined, ReportFn, ScopeFn, Shared};
 use crate::schema::{Watched, breaking, concerns};
+use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper, later};
 use crate::{

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use crate::ack::BatchId;
 use crate::backoff::Backoff;
+use crate::parts::Reconcile;
 use crate::rebuild::KeySink;
-use crate::refresher::Reconcile;
 use crate::{BoxError, Key};
 
 /// A sweep that is listing keys.

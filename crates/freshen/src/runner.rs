@@ -28,7 +28,6 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::ack::{AckPolicy, AckTracker, BatchId};
-use crate::backoff::Backoff;
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
 use crate::parts::{FanOut, Parts, ReportFn, ScopeFn};
 use crate::rebuild::{Due, KeySink, Rebuild};
@@ -162,7 +161,6 @@ pub(crate) struct Runner {
     grace: Duration,
     shared: Arc<Shared>,
     dirty: DirtySet,
-    backoff: Backoff,
     /// `None` under `OnEnqueue`.
     tracker: Option<AckTracker<Ack>>,
     /// Transaction ids behind each dirty key, for the rebuild's visibility check.
@@ -213,7 +211,7 @@ impl Runner {
             calls: 0,
             fanning: 0,
             workers: p.workers,
-            sweeper: Sweeper::new(p.reconcile, now),
+            sweeper: Sweeper::new(p.reconcile, p.dirty.backoff, now),
             sweep_listed: 0,
             oldest_sampled: None,
             published_starts: (None, None),
@@ -222,7 +220,6 @@ impl Runner {
             grace: p.grace,
             shared,
             dirty: DirtySet::new(p.dirty, now.into_std()),
-            backoff: p.dirty.backoff,
             tracker: match p.ack {
                 AckPolicy::AfterRebuild => Some(AckTracker::new()),
                 AckPolicy::OnEnqueue => None,
@@ -681,7 +678,7 @@ impl Runner {
     }
 
     async fn finish_sweep(&mut self) {
-        match self.sweeper.finish(self.source_done, &self.backoff).await {
+        match self.sweeper.finish(self.source_done).await {
             Finished::Listed { unpin } => {
                 Recorder::add(&self.shared.stats.reconciles, 1);
                 self.gaps_reported.clear();

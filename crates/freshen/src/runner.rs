@@ -18,6 +18,8 @@
 //!
 //! [`Handle`]: crate::Handle
 
+mod txids;
+
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
+use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
 use crate::parts::{FanOut, Parts, ReportFn, ScopeFn};
@@ -164,7 +167,7 @@ pub(crate) struct Runner {
     /// `None` under `OnEnqueue`.
     tracker: Option<AckTracker<Ack>>,
     /// Transaction ids behind each dirty key, for the rebuild's visibility check.
-    txids: HashMap<Key, Vec<u64>>,
+    txids: Txids,
     jobs: JoinSet<JobOutput>,
     job_keys: HashMap<tokio::task::Id, Job>,
     /// A retrying key popped while gathering a batch; it runs alone next.
@@ -224,7 +227,7 @@ impl Runner {
                 AckPolicy::AfterRebuild => Some(AckTracker::new()),
                 AckPolicy::OnEnqueue => None,
             },
-            txids: HashMap::new(),
+            txids: Txids::default(),
             jobs: JoinSet::new(),
             job_keys: HashMap::new(),
             solo: None,
@@ -510,10 +513,7 @@ impl Runner {
             t.hold(&key, id);
         }
         if let Some(txid) = txid {
-            let ids = self.txids.entry(key).or_default();
-            if ids.last() != Some(&txid) {
-                ids.push(txid);
-            }
+            self.txids.add(key, txid);
         }
     }
 
@@ -708,7 +708,7 @@ impl Runner {
 
     fn start_key(&mut self, ready: Ready) -> (JobKey, Due) {
         let covered = self.tracker.as_mut().and_then(|t| t.start(&ready.key));
-        let txids = self.txids.remove(&ready.key).unwrap_or_default();
+        let txids = self.txids.take(&ready.key);
         let due = Due {
             key: ready.key.clone(),
             txids,
@@ -939,7 +939,7 @@ impl Runner {
                     if let Some(t) = &mut self.tracker {
                         t.failed(&m.key, m.covered);
                     }
-                    self.restore_txids(&m.key, txids);
+                    self.txids.restore(&m.key, txids);
                     self.report(Report::RebuildFailed {
                         key: &m.key,
                         failures,
@@ -963,7 +963,7 @@ impl Runner {
             if let Some(t) = &mut self.tracker {
                 t.failed(&m.key, m.covered);
             }
-            self.restore_txids(&m.key, txids);
+            self.txids.restore(&m.key, txids);
             if !self.holding.iter().any(|(_, k)| *k == m.key) {
                 self.holding
                     .push_back((std::time::Instant::now(), m.key.clone()));
@@ -974,7 +974,7 @@ impl Runner {
             {
                 Recorder::add(&st.quarantine_releases, 1);
             }
-            self.txids.remove(&m.key);
+            self.txids.forget(&m.key);
         }
         let failures = self.dirty.config().poison_after;
         let first = {
@@ -1038,7 +1038,7 @@ impl Runner {
             {
                 Recorder::add(&self.shared.stats.quarantine_releases, 1);
             }
-            self.txids.remove(&key);
+            self.txids.forget(&key);
             if let Some(q) = self.shared.quarantine().get_mut(&key) {
                 q.holding = false;
             }
@@ -1046,15 +1046,6 @@ impl Runner {
                 key: &key,
                 after: held,
             });
-        }
-    }
-
-    fn restore_txids(&mut self, key: &Key, mut older: Vec<u64>) {
-        if let Some(newer) = self.txids.remove(key) {
-            older.extend(newer);
-        }
-        if !older.is_empty() {
-            self.txids.insert(key.clone(), older);
         }
     }
 

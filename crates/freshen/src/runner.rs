@@ -18,6 +18,7 @@
 //!
 //! [`Handle`]: crate::Handle
 
+mod progress;
 mod txids;
 
 use std::collections::{HashMap, VecDeque};
@@ -29,6 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
+use self::progress::SweepProgress;
 use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
@@ -141,8 +143,7 @@ pub(crate) struct Runner {
     /// they change, not on every wake-up.
     published_starts: (Option<std::time::Instant>, Option<Instant>),
     /// Keys the running sweep listed so far, and when it began (for its report).
-    sweep_listed: u64,
-    sweep_began: Option<Instant>,
+    progress: SweepProgress,
     scope: ScopeFn,
     rebuild: Arc<dyn Rebuild>,
     fanouts: Vec<FanOut>,
@@ -215,10 +216,9 @@ impl Runner {
             fanning: 0,
             workers: p.workers,
             sweeper: Sweeper::new(p.reconcile, p.dirty.backoff, now),
-            sweep_listed: 0,
+            progress: SweepProgress::default(),
             oldest_sampled: None,
             published_starts: (None, None),
-            sweep_began: None,
             report: p.report,
             grace: p.grace,
             shared,
@@ -281,9 +281,9 @@ impl Runner {
             if self.paused.is_empty() {
                 self.sweeper.maybe_start(now);
             }
-            if self.sweeper.is_listing() && self.sweep_began.is_none() {
+            if self.sweeper.is_listing() && self.progress.began().is_none() {
                 // Its report says how long listing took, from here.
-                self.sweep_began = Some(now);
+                self.progress.begin(now);
                 self.report(Report::SweepStarted);
             }
             self.release_expired_holds(now.into_std());
@@ -654,14 +654,8 @@ impl Runner {
         let pin = self.sweeper.covering();
         let st = &self.shared.stats;
         Recorder::add(&st.reconcile_keys, keys.len() as u64);
-        let before = self.sweep_listed;
-        self.sweep_listed += keys.len() as u64;
-        if self.sweep_listed / crate::SWEEP_PROGRESS_EVERY > before / crate::SWEEP_PROGRESS_EVERY {
-            let took = self.sweep_began.map_or(Duration::ZERO, |t| t.elapsed());
-            self.report(Report::SweepProgress {
-                keys: self.sweep_listed,
-                took,
-            });
+        if let Some((keys, took)) = self.progress.listed_more(keys.len() as u64) {
+            self.report(Report::SweepProgress { keys, took });
         }
         for key in keys.drain(..) {
             let mark = self.dirty.revive(&key, now);
@@ -682,11 +676,7 @@ impl Runner {
             Finished::Listed { unpin } => {
                 Recorder::add(&self.shared.stats.reconciles, 1);
                 self.gaps_reported.clear();
-                let keys = std::mem::take(&mut self.sweep_listed);
-                let took = self
-                    .sweep_began
-                    .take()
-                    .map_or(Duration::ZERO, |t| t.elapsed());
+                let (keys, took) = self.progress.end();
                 self.report(Report::Swept { keys, took });
                 if let Some(t) = &mut self.tracker {
                     for id in unpin {
@@ -696,8 +686,7 @@ impl Runner {
             }
             Finished::Failed { error, retry_in } => {
                 Recorder::add(&self.shared.stats.reconcile_failures, 1);
-                self.sweep_listed = 0;
-                self.sweep_began = None;
+                self.progress.reset();
                 self.report(Report::ReconcileFailed {
                     error: &error,
                     retry_in,
@@ -1080,7 +1069,7 @@ impl Runner {
         // At most `workers` calls run: the scan is cheap.
         let starts = (
             self.job_keys.values().map(|j| j.started).min(),
-            self.sweep_began,
+            self.progress.began(),
         );
         if starts != self.published_starts {
             self.published_starts = starts;
@@ -1090,7 +1079,7 @@ impl Runner {
         Recorder::set(
             &st.sweep_listed,
             if starts.1.is_some() {
-                self.sweep_listed
+                self.progress.listed()
             } else {
                 0
             },

@@ -18,6 +18,7 @@
 //!
 //! [`Handle`]: crate::Handle
 
+mod gauges;
 mod progress;
 mod txids;
 
@@ -30,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
+use self::gauges::{Gauges, Readings};
 use self::progress::SweepProgress;
 use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
@@ -132,16 +134,7 @@ struct Stall {
     since: std::time::Instant,
 }
 
-/// How often the oldest waiting change is looked up for [`Stats`](crate::Stats).
-const OLDEST_SAMPLE: Duration = Duration::from_secs(1);
-
 pub(crate) struct Runner {
-    /// When the oldest waiting change was last looked up.
-    oldest_sampled: Option<Instant>,
-    /// The longest-running call's start and the listing sweep's start as last published:
-    /// turning an instant into wall-clock time reads two clocks, so it is done only when
-    /// they change, not on every wake-up.
-    published_starts: (Option<std::time::Instant>, Option<Instant>),
     /// Keys the running sweep listed so far, and when it began (for its report).
     progress: SweepProgress,
     scope: ScopeFn,
@@ -182,6 +175,7 @@ pub(crate) struct Runner {
     /// successful rebuild looks the key up there only when there are any, so the
     /// success path takes no lock in the usual case.
     quarantined: usize,
+    gauges: Gauges,
     source_done: bool,
     scratch: Vec<Key>,
     /// Tables (with the columns) the view declared; empty: every table concerns it.
@@ -217,8 +211,7 @@ impl Runner {
             workers: p.workers,
             sweeper: Sweeper::new(p.reconcile, p.dirty.backoff, now),
             progress: SweepProgress::default(),
-            oldest_sampled: None,
-            published_starts: (None, None),
+            gauges: Gauges::default(),
             report: p.report,
             grace: p.grace,
             shared,
@@ -1052,42 +1045,15 @@ impl Runner {
     }
 
     fn publish_gauges(&mut self) {
-        let st = &self.shared.stats;
-        // The oldest waiting change takes a scan of every key: once a second at most.
-        // (Nothing waiting is known at once: a stale reading must not outlive it.)
-        if self.dirty.queued() == 0 {
-            st.set_oldest_waiting(None);
-        } else {
-            let now = Instant::now();
-            if self.oldest_sampled.is_none_or(|t| now >= t + OLDEST_SAMPLE) {
-                self.oldest_sampled = Some(now);
-                st.set_oldest_waiting(self.dirty.oldest_waiting());
-            }
-        }
-        Recorder::set(&st.dirty, self.dirty.queued() as u64);
-        Recorder::set(&st.in_flight, self.dirty.running() as u64);
-        // At most `workers` calls run: the scan is cheap.
-        let starts = (
-            self.job_keys.values().map(|j| j.started).min(),
-            self.progress.began(),
-        );
-        if starts != self.published_starts {
-            self.published_starts = starts;
-            st.set_oldest_in_flight(starts.0);
-            st.set_sweep_since(starts.1.map(Instant::into_std));
-        }
-        Recorder::set(
-            &st.sweep_listed,
-            if starts.1.is_some() {
-                self.progress.listed()
-            } else {
-                0
-            },
-        );
-        Recorder::set(&st.poisoned, self.dirty.poisoned() as u64);
-        Recorder::set(&st.poisoned_holding, self.holding.len() as u64);
-        let unacked = self.tracker.as_ref().map_or(0, |t| t.unreleased());
-        Recorder::set(&st.unacked_batches, unacked as u64);
+        let readings = Readings {
+            dirty: &self.dirty,
+            // At most `workers` calls run: the scan is cheap.
+            oldest_call: self.job_keys.values().map(|j| j.started).min(),
+            sweep: (self.progress.began(), self.progress.listed()),
+            holding: self.holding.len(),
+            unacked: self.tracker.as_ref().map_or(0, |t| t.unreleased()),
+        };
+        self.gauges.publish(&self.shared.stats, readings);
     }
 }
 

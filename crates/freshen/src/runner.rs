@@ -19,6 +19,7 @@
 //! [`Handle`]: crate::Handle
 
 mod gauges;
+mod pause;
 mod progress;
 mod txids;
 
@@ -32,13 +33,13 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
 use self::gauges::{Gauges, Readings};
+use self::pause::Pauses;
 use self::progress::SweepProgress;
 use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
 use crate::parts::{FanOut, Parts, ReportFn, ScopeFn};
 use crate::rebuild::{Due, KeySink, Rebuild};
-use crate::schema::{Watched, breaking, concerns};
 use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper, later};
@@ -129,6 +130,17 @@ pub(crate) const FANNED_QUEUE_LIMIT: usize = 65_536;
 /// then spreads over many keys), narrow enough that the debounce still collapses bursts.
 const BATCH_WINDOW_DIVISOR: u32 = 10;
 
+/// The user's report callback, if any.
+struct Reporter(Option<ReportFn>);
+
+impl Reporter {
+    fn report(&self, r: Report<'_>) {
+        if let Some(f) = &self.0 {
+            f(&r);
+        }
+    }
+}
+
 /// Rebuilds fail for a reason that is not the key's.
 struct Stall {
     since: std::time::Instant,
@@ -154,7 +166,7 @@ pub(crate) struct Runner {
     /// `coalesce`): see `dispatch`.
     batch_window: Duration,
     workers: usize,
-    report: Option<ReportFn>,
+    report: Reporter,
     grace: Duration,
     shared: Arc<Shared>,
     dirty: DirtySet,
@@ -178,19 +190,7 @@ pub(crate) struct Runner {
     gauges: Gauges,
     source_done: bool,
     scratch: Vec<Key>,
-    /// Tables (with the columns) the view declared; empty: every table concerns it.
-    watched: Vec<Watched>,
-    /// Tables whose schema change broke the view's key, and what broke: while any is
-    /// here no rebuild starts.
-    paused: std::collections::BTreeMap<(Box<str>, Box<str>), Vec<String>>,
-    /// Batches received while paused: their changes may have lost their key with the
-    /// column, so they wait for the sweep that follows the resume.
-    paused_holds: Vec<BatchId>,
-    /// Tables whose gap was reported since the last sweep ended (one report per table).
-    gaps_reported: Vec<(Box<str>, Box<str>)>,
-    /// Gaps no sweep heals (the view has none), by table, with what the stream left
-    /// out: reported as trouble until a person acknowledges them.
-    unhealed: std::collections::BTreeMap<(Box<str>, Box<str>), Box<str>>,
+    pauses: Pauses,
 }
 
 impl Runner {
@@ -212,7 +212,7 @@ impl Runner {
             sweeper: Sweeper::new(p.reconcile, p.dirty.backoff, now),
             progress: SweepProgress::default(),
             gauges: Gauges::default(),
-            report: p.report,
+            report: Reporter(p.report),
             grace: p.grace,
             shared,
             dirty: DirtySet::new(p.dirty, now.into_std()),
@@ -230,19 +230,13 @@ impl Runner {
             quarantined: 0,
             source_done: false,
             scratch: Vec::new(),
-            watched: p.watched,
-            paused: std::collections::BTreeMap::new(),
-            paused_holds: Vec::new(),
-            gaps_reported: Vec::new(),
-            unhealed: std::collections::BTreeMap::new(),
+            pauses: Pauses::new(p.watched),
         };
         (runner, p.source)
     }
 
     fn report(&self, r: Report<'_>) {
-        if let Some(f) = &self.report {
-            f(&r);
-        }
+        self.report.report(r);
     }
 
     pub(crate) async fn run<S>(
@@ -271,7 +265,7 @@ impl Runner {
             Recorder::add(&self.shared.stats.wakeups, 1);
             let now = Instant::now();
             self.commands(now);
-            if self.paused.is_empty() {
+            if !self.pauses.is_paused() {
                 self.sweeper.maybe_start(now);
             }
             if self.sweeper.is_listing() && self.progress.began().is_none() {
@@ -373,7 +367,7 @@ impl Runner {
     /// How many rebuild calls may run now: one while the view is stalled (a probe, so
     /// that an outage is not hammered by every worker), else `workers`.
     fn capacity(&self) -> usize {
-        if !self.paused.is_empty() {
+        if self.pauses.is_paused() {
             0
         } else if self.stall.is_some() {
             1
@@ -396,7 +390,7 @@ impl Runner {
             _ => None,
         };
         // A paused view starts no sweep: waking for one would spin.
-        let sweep = if self.paused.is_empty() {
+        let sweep = if !self.pauses.is_paused() {
             self.sweeper.next_wake()
         } else {
             None
@@ -425,9 +419,7 @@ impl Runner {
                     Recorder::add(&self.shared.stats.keys_marked, 1);
                 }
                 Command::AcknowledgeGaps(seen) => {
-                    self.unhealed
-                        .retain(|t, why| !seen.contains(&unhealed_line(t, why)));
-                    self.publish_unhealed();
+                    self.pauses.acknowledge_gaps(&seen, &self.shared.stats);
                 }
             }
         }
@@ -458,11 +450,11 @@ impl Runner {
         for gap in &gaps {
             self.on_gap(gap, id);
         }
-        if !self.paused.is_empty()
+        if self.pauses.is_paused()
             && let (Some(t), Some(id)) = (&mut self.tracker, id)
         {
             t.hold_batch(id);
-            self.paused_holds.push(id);
+            self.pauses.hold(id);
         }
         let mut keys = std::mem::take(&mut self.scratch);
         for event in events.iter() {
@@ -523,7 +515,7 @@ impl Runner {
     }
 
     fn on_truncate(&mut self, event: &RowEvent, batch: Option<BatchId>) {
-        if !concerns(&self.watched, &event.schema, &event.table) {
+        if !self.pauses.concerns(&event.schema, &event.table) {
             return;
         }
         Recorder::add(&self.shared.stats.truncates, 1);
@@ -539,7 +531,7 @@ impl Runner {
 
     /// Rows of a table changed that the stream did not carry: sweep, as after a TRUNCATE.
     fn on_gap(&mut self, gap: &Gap, batch: Option<BatchId>) {
-        if !concerns(&self.watched, &gap.schema, &gap.table) {
+        if !self.pauses.concerns(&gap.schema, &gap.table) {
             return;
         }
         Recorder::add(&self.shared.stats.gaps, 1);
@@ -549,13 +541,9 @@ impl Runner {
         } else {
             // Nothing will find the keys it dirtied: the view says so until a person
             // acts, and never looks healthy meanwhile.
-            self.unhealed
-                .insert((gap.schema.clone(), gap.table.clone()), gap.reason.clone());
-            self.publish_unhealed();
+            self.pauses.unhealed(gap, &self.shared.stats);
         }
-        let table = (gap.schema.clone(), gap.table.clone());
-        if !self.gaps_reported.contains(&table) {
-            self.gaps_reported.push(table);
+        if self.pauses.first_gap(gap) {
             self.report(Report::Gap { gap, swept });
         }
     }
@@ -563,31 +551,11 @@ impl Runner {
     /// A table's shape changed: pause the view when the change breaks its key, resume it
     /// when a later change undoes that.
     fn on_schema_change(&mut self, change: &SchemaChange) {
-        if !concerns(&self.watched, &change.schema, &change.table) {
-            return;
-        }
-        Recorder::add(&self.shared.stats.schema_changes, 1);
-        let table = (change.schema.clone(), change.table.clone());
-        let broken = breaking(&self.watched, change);
-        if !broken.is_empty() {
-            self.report(Report::Paused {
-                change,
-                breaking: &broken,
-            });
-            self.paused.insert(table, broken);
-            self.publish_paused();
-        } else if self.paused.remove(&table).is_some() {
-            let still_paused = !self.paused.is_empty();
-            self.report(Report::Resumed {
-                change,
-                still_paused,
-            });
-            self.publish_paused();
-            if !still_paused {
-                self.resume();
-            }
-        } else {
-            self.report(Report::SchemaChanged { change });
+        if self
+            .pauses
+            .on_schema_change(change, &self.shared.stats, &self.report)
+        {
+            self.resume();
         }
     }
 
@@ -595,7 +563,7 @@ impl Runner {
     /// key: a sweep finds them, and the batches they came in wait for it (without a
     /// sweep they go, and only later changes heal those scopes).
     fn resume(&mut self) {
-        let held = std::mem::take(&mut self.paused_holds);
+        let held = self.pauses.take_holds();
         if self.sweeper.is_configured() {
             for id in held {
                 self.sweeper.pin(id);
@@ -606,24 +574,6 @@ impl Runner {
                 t.unhold_batch(id);
             }
         }
-    }
-
-    fn publish_paused(&self) {
-        let lines: Vec<String> = self
-            .paused
-            .iter()
-            .map(|((schema, table), why)| format!("{schema}.{table}: {}", why.join(", ")))
-            .collect();
-        self.shared.stats.trouble(|t| t.paused = lines);
-    }
-
-    fn publish_unhealed(&self) {
-        let lines = self
-            .unhealed
-            .iter()
-            .map(|(t, why)| unhealed_line(t, why))
-            .collect();
-        self.shared.stats.trouble(|t| t.unhealed_gaps = lines);
     }
 
     /// Asks for a sweep that `batch` waits for before it may be acknowledged.
@@ -668,7 +618,7 @@ impl Runner {
         match self.sweeper.finish(self.source_done).await {
             Finished::Listed { unpin } => {
                 Recorder::add(&self.shared.stats.reconciles, 1);
-                self.gaps_reported.clear();
+                self.pauses.swept();
                 let (keys, took) = self.progress.end();
                 self.report(Report::Swept { keys, took });
                 if let Some(t) = &mut self.tracker {
@@ -1054,14 +1004,5 @@ impl Runner {
             unacked: self.tracker.as_ref().map_or(0, |t| t.unreleased()),
         };
         self.gauges.publish(&self.shared.stats, readings);
-    }
-}
-
-/// How an unhealed gap reads in [`Stats::unhealed_gaps`](crate::Stats::unhealed_gaps).
-fn unhealed_line((schema, table): &(Box<str>, Box<str>), why: &str) -> String {
-    if table.is_empty() {
-        format!("an unknown table: {why}")
-    } else {
-        format!("{schema}.{table}: {why}")
     }
 }

@@ -21,9 +21,10 @@
 mod gauges;
 mod pause;
 mod progress;
+mod quarantine;
 mod txids;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -35,6 +36,7 @@ use tokio::time::Instant;
 use self::gauges::{Gauges, Readings};
 use self::pause::Pauses;
 use self::progress::SweepProgress;
+use self::quarantine::Quarantine;
 use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
@@ -42,7 +44,7 @@ use crate::parts::{FanOut, Parts, ReportFn, ScopeFn};
 use crate::rebuild::{Due, KeySink, Rebuild};
 use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
-use crate::sweep::{Finished, Sweeper, later};
+use crate::sweep::{Finished, Sweeper};
 use crate::{
     Ack, Batch, BoxError, Gap, Key, Op, Report, Retry, RowEvent, RunError, SchemaChange, Source,
     SourceError,
@@ -180,13 +182,7 @@ pub(crate) struct Runner {
     solo: Option<Ready>,
     sweeper: Sweeper,
     stall: Option<Stall>,
-    /// Quarantined keys holding acks, oldest first, for `release_quarantined_after`.
-    holding: VecDeque<(std::time::Instant, Key)>,
-    release_quarantined_after: Option<Duration>,
-    /// Entries of the shared quarantine list (this loop is its only writer): a
-    /// successful rebuild looks the key up there only when there are any, so the
-    /// success path takes no lock in the usual case.
-    quarantined: usize,
+    quarantine: Quarantine,
     gauges: Gauges,
     source_done: bool,
     scratch: Vec<Key>,
@@ -225,9 +221,7 @@ impl Runner {
             job_keys: HashMap::new(),
             solo: None,
             stall: None,
-            holding: VecDeque::new(),
-            release_quarantined_after: p.release_quarantined_after,
-            quarantined: 0,
+            quarantine: Quarantine::new(p.release_quarantined_after),
             source_done: false,
             scratch: Vec::new(),
             pauses: Pauses::new(p.watched),
@@ -385,10 +379,7 @@ impl Runner {
         } else {
             None
         };
-        let release = match (self.release_quarantined_after, self.holding.front()) {
-            (Some(after), Some((since, _))) => Some(later(Instant::from_std(*since), after)),
-            _ => None,
-        };
+        let release = self.quarantine.next_release();
         // A paused view starts no sweep: waking for one would spin.
         let sweep = if !self.pauses.is_paused() {
             self.sweeper.next_wake()
@@ -896,10 +887,7 @@ impl Runner {
                 t.failed(&m.key, m.covered);
             }
             self.txids.restore(&m.key, txids);
-            if !self.holding.iter().any(|(_, k)| *k == m.key) {
-                self.holding
-                    .push_back((std::time::Instant::now(), m.key.clone()));
-            }
+            self.quarantine.hold(&m.key, std::time::Instant::now());
         } else {
             if let Some(t) = &mut self.tracker
                 && t.forget(&m.key, m.covered)
@@ -909,24 +897,16 @@ impl Runner {
             self.txids.forget(&m.key);
         }
         let failures = self.dirty.config().poison_after;
-        let first = {
-            let mut q = self.shared.quarantine();
-            let first = !q.contains_key(&m.key);
-            if first {
-                self.quarantined += 1;
-            }
-            q.insert(
-                m.key.clone(),
-                Quarantined {
-                    key: m.key.clone(),
-                    since: SystemTime::now(),
-                    failures,
-                    error: text.to_string(),
-                    holding,
-                },
-            );
-            first
-        };
+        let first = self.quarantine.enter(
+            &shared,
+            Quarantined {
+                key: m.key.clone(),
+                since: SystemTime::now(),
+                failures,
+                error: text.to_string(),
+                holding,
+            },
+        );
         if first {
             Recorder::add(&st.keys_poisoned, 1);
             self.report(Report::Poisoned {
@@ -940,28 +920,12 @@ impl Runner {
 
     /// Removes `key` from the quarantine list; true when it was there.
     fn unquarantine(&mut self, key: &Key) -> bool {
-        if self.quarantined == 0 {
-            return false;
-        }
-        let was = self.shared.quarantine().remove(key).is_some();
-        if was {
-            self.quarantined -= 1;
-            self.holding.retain(|(_, k)| k != key);
-        }
-        was
+        self.quarantine.leave(&self.shared, key)
     }
 
     /// Releases the holds of keys quarantined longer than the configured bound.
     fn release_expired_holds(&mut self, now: std::time::Instant) {
-        let Some(after) = self.release_quarantined_after else {
-            return;
-        };
-        while let Some((since, _)) = self.holding.front() {
-            let held = now.saturating_duration_since(*since);
-            if held < after {
-                break;
-            }
-            let (_, key) = self.holding.pop_front().expect("front exists");
+        while let Some((key, held)) = self.quarantine.expired(now) {
             if !self.dirty.is_poisoned(&key) {
                 continue;
             }
@@ -971,9 +935,7 @@ impl Runner {
                 Recorder::add(&self.shared.stats.quarantine_releases, 1);
             }
             self.txids.forget(&key);
-            if let Some(q) = self.shared.quarantine().get_mut(&key) {
-                q.holding = false;
-            }
+            self.quarantine.released(&self.shared, &key);
             self.report(Report::QuarantineReleased {
                 key: &key,
                 after: held,
@@ -1000,7 +962,7 @@ impl Runner {
             // At most `workers` calls run: the scan is cheap.
             oldest_call: self.job_keys.values().map(|j| j.started).min(),
             sweep: (self.progress.began(), self.progress.listed()),
-            holding: self.holding.len(),
+            holding: self.quarantine.holding(),
             unacked: self.tracker.as_ref().map_or(0, |t| t.unreleased()),
         };
         self.gauges.publish(&self.shared.stats, readings);

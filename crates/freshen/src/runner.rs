@@ -19,6 +19,7 @@
 //! [`Handle`]: crate::Handle
 
 mod gauges;
+mod jobs;
 mod pause;
 mod progress;
 mod quarantine;
@@ -30,18 +31,18 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
 use self::gauges::{Gauges, Readings};
+use self::jobs::{AbortOnDrop, JobKey, JobOutput, Jobs};
 use self::pause::Pauses;
 use self::progress::SweepProgress;
 use self::quarantine::Quarantine;
 use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
-use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
+use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
 use crate::parts::{FanOut, Parts, ReportFn, ScopeFn};
-use crate::rebuild::{Due, KeySink, Rebuild};
+use crate::rebuild::{Due, KeySink};
 use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper};
@@ -49,15 +50,6 @@ use crate::{
     Ack, Batch, BoxError, Gap, Key, Op, Report, Retry, RowEvent, RunError, SchemaChange, Source,
     SourceError,
 };
-
-/// Aborts a spawned task when dropped (a dropped run future is a crash, not a leak).
-struct AbortOnDrop(AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// Reads the source on its own task so that a slow source never stalls the scheduler
 /// and the scheduler never cancels a half-read batch.
@@ -98,26 +90,6 @@ async fn pump(
     source.close().await;
 }
 
-struct JobKey {
-    key: Key,
-    /// Completes the key in the dirty set without a second lookup.
-    ticket: Ticket,
-    first_dirty: std::time::Instant,
-    by_change: bool,
-    covered: Option<BatchId>,
-}
-
-type JobOutput = (Vec<Due>, Result<(), BoxError>);
-
-/// A running call: its keys, and for a fan-out call which fan-out and which call (the
-/// tag its keys arrive with).
-struct Job {
-    keys: Vec<JobKey>,
-    stage: Option<usize>,
-    call: u64,
-    started: std::time::Instant,
-}
-
 /// How many fanned keys wait between a fan-out call and the loop: a large fan-out
 /// streams through this and never sits in memory whole.
 const FANNED_BUFFER: usize = 4096;
@@ -126,11 +98,6 @@ const FANNED_BUFFER: usize = 4096;
 /// to millions of keys then waits (its query pauses between pages) while rebuilds drain
 /// the dirty set, so memory stays bounded whatever the fan-out's size.
 pub(crate) const FANNED_QUEUE_LIMIT: usize = 65_536;
-
-/// A batch takes along keys due within `coalesce / BATCH_WINDOW_DIVISOR` of now: wide
-/// enough to gather the keys that fall due while a call runs (a statement's fixed cost
-/// then spreads over many keys), narrow enough that the debounce still collapses bursts.
-const BATCH_WINDOW_DIVISOR: u32 = 10;
 
 /// The user's report callback, if any.
 struct Reporter(Option<ReportFn>);
@@ -149,25 +116,7 @@ struct Stall {
 }
 
 pub(crate) struct Runner {
-    /// Keys the running sweep listed so far, and when it began (for its report).
-    progress: SweepProgress,
     scope: ScopeFn,
-    rebuild: Arc<dyn Rebuild>,
-    fanouts: Vec<FanOut>,
-    /// Keys sent by running fan-out calls, tagged with the call.
-    fanned_tx: mpsc::Sender<(u64, Key)>,
-    fanned_rx: mpsc::Receiver<(u64, Key)>,
-    /// For each running fan-out call, the oldest batch its parent keys held: the keys it
-    /// sends take that hold over before the call's own holds are released.
-    expanding: HashMap<u64, Option<BatchId>>,
-    calls: u64,
-    /// Fan-out calls running (they share `workers` with rebuilds).
-    fanning: usize,
-    max_batch: usize,
-    /// A batch that starts takes along keys due within this much of now (a tenth of
-    /// `coalesce`): see `dispatch`.
-    batch_window: Duration,
-    workers: usize,
     report: Reporter,
     grace: Duration,
     shared: Arc<Shared>,
@@ -176,17 +125,26 @@ pub(crate) struct Runner {
     tracker: Option<AckTracker<Ack>>,
     /// Transaction ids behind each dirty key, for the rebuild's visibility check.
     txids: Txids,
-    jobs: JoinSet<JobOutput>,
-    job_keys: HashMap<tokio::task::Id, Job>,
+    /// The running calls.
+    jobs: Jobs,
     /// A retrying key popped while gathering a batch; it runs alone next.
     solo: Option<Ready>,
+    fanouts: Vec<FanOut>,
+    /// Keys sent by running fan-out calls, tagged with the call.
+    fanned_tx: mpsc::Sender<(u64, Key)>,
+    fanned_rx: mpsc::Receiver<(u64, Key)>,
+    /// For each running fan-out call, the oldest batch its parent keys held: the keys it
+    /// sends take that hold over before the call's own holds are released.
+    expanding: HashMap<u64, Option<BatchId>>,
     sweeper: Sweeper,
+    /// Keys the running sweep listed so far, and when it began (for its report).
+    progress: SweepProgress,
     stall: Option<Stall>,
     quarantine: Quarantine,
+    pauses: Pauses,
     gauges: Gauges,
     source_done: bool,
     scratch: Vec<Key>,
-    pauses: Pauses,
 }
 
 impl Runner {
@@ -194,17 +152,12 @@ impl Runner {
         let now = Instant::now();
         let (fanned_tx, fanned_rx) = mpsc::channel(FANNED_BUFFER);
         let runner = Runner {
-            max_batch: p.rebuild.max_batch().max(1),
-            batch_window: p.dirty.coalesce / BATCH_WINDOW_DIVISOR,
+            jobs: Jobs::new(p.rebuild, p.dirty.coalesce, p.workers),
             scope: p.scope,
-            rebuild: p.rebuild,
             fanouts: p.fanouts,
             fanned_tx,
             fanned_rx,
             expanding: HashMap::new(),
-            calls: 0,
-            fanning: 0,
-            workers: p.workers,
             sweeper: Sweeper::new(p.reconcile, p.dirty.backoff, now),
             progress: SweepProgress::default(),
             gauges: Gauges::default(),
@@ -217,8 +170,6 @@ impl Runner {
                 AckPolicy::OnEnqueue => None,
             },
             txids: Txids::default(),
-            jobs: JoinSet::new(),
-            job_keys: HashMap::new(),
             solo: None,
             stall: None,
             quarantine: Quarantine::new(p.release_quarantined_after),
@@ -286,7 +237,7 @@ impl Runner {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
+                Some(done) = self.jobs.join_next() => self.finish_job(done),
                 n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if take_fanned => {
                     if n > 0 {
                         self.mark_fanned(&mut fanbuf);
@@ -318,7 +269,7 @@ impl Runner {
         let deadline = Instant::now() + self.grace;
         while !self.jobs.is_empty() {
             tokio::select! {
-                Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
+                Some(done) = self.jobs.join_next() => self.finish_job(done),
                 // A fan-out call finishing in the grace period must not block on a full
                 // buffer; its keys keep its holds (nothing is rebuilt any more).
                 n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if fanning => {
@@ -331,10 +282,9 @@ impl Runner {
         }
         self.release_acks();
         // Dropping a rebuild future cancels it (SqlRebuild cancels on the server).
-        let abandoned: usize = self.job_keys.values().map(|j| j.keys.len()).sum();
+        let abandoned = self.jobs.abandoned();
         Recorder::add(&self.shared.stats.abandoned, abandoned as u64);
-        self.jobs.abort_all();
-        while self.jobs.join_next().await.is_some() {}
+        self.jobs.abort_all().await;
         let _ = stop_tx.send(());
         let _ = tokio::time::timeout(self.grace, pump_task).await;
         self.publish_gauges();
@@ -348,7 +298,7 @@ impl Runner {
     /// [`FANNED_QUEUE_LIMIT`], and always when every worker runs a fan-out (none is left
     /// to drain the dirty set: waiting would never end).
     fn takes_fanned(&self) -> bool {
-        self.dirty.queued() < FANNED_QUEUE_LIMIT || self.fanning >= self.capacity()
+        self.dirty.queued() < FANNED_QUEUE_LIMIT || self.jobs.fanning() >= self.capacity()
     }
 
     fn drained(&self) -> bool {
@@ -358,16 +308,12 @@ impl Runner {
             && self.sweeper.is_idle()
     }
 
-    /// How many rebuild calls may run now: one while the view is stalled (a probe, so
-    /// that an outage is not hammered by every worker), else `workers`.
+    /// How many rebuild calls may run now: none while paused, one while the view is
+    /// stalled (a probe, so that an outage is not hammered by every worker), else
+    /// `workers`.
     fn capacity(&self) -> usize {
-        if self.pauses.is_paused() {
-            0
-        } else if self.stall.is_some() {
-            1
-        } else {
-            self.workers
-        }
+        self.jobs
+            .capacity(self.pauses.is_paused(), self.stall.is_some())
     }
 
     fn next_wake(&mut self) -> Option<Instant> {
@@ -659,7 +605,7 @@ impl Runner {
             let alone = first.failures > 0;
             let stage = first.key.stage_index();
             let max_batch = match stage {
-                None => self.max_batch,
+                None => self.jobs.max_batch(),
                 Some(i) => self
                     .fanouts
                     .get(i)
@@ -674,7 +620,7 @@ impl Runner {
             // them. A key due within the window is rebuilt a little early instead: it
             // has been quiet for nine tenths of `coalesce` already, and a rebuild never
             // comes later than the debounce promised.
-            let fill_until = now + self.batch_window;
+            let fill_until = now + self.jobs.batch_window();
             while !alone && due.len() < max_batch {
                 match self.dirty.pop_ready(fill_until) {
                     // A retrying key runs alone; a key of another kind (a view key among
@@ -691,24 +637,19 @@ impl Runner {
                     None => break,
                 }
             }
-            let call = self.calls;
-            self.calls += 1;
-            let handle = match stage {
+            let call = self.jobs.next_call();
+            match stage {
                 None => {
-                    let rebuild = self.rebuild.clone();
                     Recorder::add(&self.shared.stats.rebuild_calls, 1);
-                    self.jobs.spawn(async move {
-                        let result = rebuild.rebuild(&due).await;
-                        (due, result)
-                    })
+                    let rebuild = self.jobs.rebuild_call(due);
+                    self.jobs.spawn(meta, stage, call, rebuild);
                 }
                 Some(i) => {
                     let expand = self.fanouts.get(i).map(|f| f.expand.clone());
                     let hold = meta.iter().filter_map(|m| m.covered).min();
                     self.expanding.insert(call, hold);
                     let sink = KeySink::expansion(self.fanned_tx.clone(), call);
-                    self.fanning += 1;
-                    self.jobs.spawn(async move {
+                    let call_fut = async move {
                         let parents: Vec<Due> = due
                             .iter()
                             .map(|d| Due {
@@ -721,18 +662,10 @@ impl Runner {
                             None => Err(format!("no fan-out {i} in this refresher").into()),
                         };
                         (due, result)
-                    })
+                    };
+                    self.jobs.spawn(meta, stage, call, call_fut);
                 }
-            };
-            self.job_keys.insert(
-                handle.id(),
-                Job {
-                    keys: meta,
-                    stage,
-                    call,
-                    started: std::time::Instant::now(),
-                },
-            );
+            }
         }
     }
 
@@ -757,13 +690,12 @@ impl Runner {
                 (e.id(), Vec::new(), Err(error))
             }
         };
-        let Some(job) = self.job_keys.remove(&id) else {
+        let Some(job) = self.jobs.finished(id) else {
             return;
         };
         if job.stage.is_some() {
             self.drain_fanned();
             self.expanding.remove(&job.call);
-            self.fanning -= 1;
         }
         let meta = job.keys;
         let now = Instant::now().into_std();
@@ -777,13 +709,12 @@ impl Runner {
             Err(error) => {
                 let retry = match job.stage.and_then(|i| self.fanouts.get(i)) {
                     Some(f) => f.expand.classify(&error),
-                    None => self.rebuild.classify(&error),
+                    None => self.jobs.classify(&error),
                 };
                 self.failed(meta, dues, retry, &error, now);
             }
         }
     }
-
     fn succeeded(&mut self, meta: Vec<JobKey>, fanout: bool, now: std::time::Instant) {
         let shared = self.shared.clone();
         let st = &shared.stats;
@@ -959,8 +890,7 @@ impl Runner {
     fn publish_gauges(&mut self) {
         let readings = Readings {
             dirty: &self.dirty,
-            // At most `workers` calls run: the scan is cheap.
-            oldest_call: self.job_keys.values().map(|j| j.started).min(),
+            oldest_call: self.jobs.oldest_start(),
             sweep: (self.progress.began(), self.progress.listed()),
             holding: self.quarantine.holding(),
             unacked: self.tracker.as_ref().map_or(0, |t| t.unreleased()),

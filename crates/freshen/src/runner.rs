@@ -18,6 +18,7 @@
 //!
 //! [`Handle`]: crate::Handle
 
+mod fanout;
 mod gauges;
 mod jobs;
 mod pause;
@@ -25,7 +26,6 @@ mod progress;
 mod quarantine;
 mod txids;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -33,6 +33,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use self::fanout::{FanOutStage, takes_fanned};
 use self::gauges::{Gauges, Readings};
 use self::jobs::{AbortOnDrop, JobKey, JobOutput, Jobs};
 use self::pause::Pauses;
@@ -41,8 +42,8 @@ use self::quarantine::Quarantine;
 use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
-use crate::parts::{FanOut, Parts, ReportFn, ScopeFn};
-use crate::rebuild::{Due, KeySink};
+use crate::parts::{Parts, ReportFn, ScopeFn};
+use crate::rebuild::Due;
 use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper};
@@ -90,15 +91,6 @@ async fn pump(
     source.close().await;
 }
 
-/// How many fanned keys wait between a fan-out call and the loop: a large fan-out
-/// streams through this and never sits in memory whole.
-const FANNED_BUFFER: usize = 4096;
-
-/// Keys waiting for a rebuild above which fanned keys are no longer taken in: a fan-out
-/// to millions of keys then waits (its query pauses between pages) while rebuilds drain
-/// the dirty set, so memory stays bounded whatever the fan-out's size.
-pub(crate) const FANNED_QUEUE_LIMIT: usize = 65_536;
-
 /// The user's report callback, if any.
 struct Reporter(Option<ReportFn>);
 
@@ -129,13 +121,7 @@ pub(crate) struct Runner {
     jobs: Jobs,
     /// A retrying key popped while gathering a batch; it runs alone next.
     solo: Option<Ready>,
-    fanouts: Vec<FanOut>,
-    /// Keys sent by running fan-out calls, tagged with the call.
-    fanned_tx: mpsc::Sender<(u64, Key)>,
-    fanned_rx: mpsc::Receiver<(u64, Key)>,
-    /// For each running fan-out call, the oldest batch its parent keys held: the keys it
-    /// sends take that hold over before the call's own holds are released.
-    expanding: HashMap<u64, Option<BatchId>>,
+    fanout: FanOutStage,
     sweeper: Sweeper,
     /// Keys the running sweep listed so far, and when it began (for its report).
     progress: SweepProgress,
@@ -150,14 +136,10 @@ pub(crate) struct Runner {
 impl Runner {
     pub(crate) fn new(p: Parts, shared: Arc<Shared>) -> (Runner, Box<dyn Source>) {
         let now = Instant::now();
-        let (fanned_tx, fanned_rx) = mpsc::channel(FANNED_BUFFER);
         let runner = Runner {
             jobs: Jobs::new(p.rebuild, p.dirty.coalesce, p.workers),
             scope: p.scope,
-            fanouts: p.fanouts,
-            fanned_tx,
-            fanned_rx,
-            expanding: HashMap::new(),
+            fanout: FanOutStage::new(p.fanouts),
             sweeper: Sweeper::new(p.reconcile, p.dirty.backoff, now),
             progress: SweepProgress::default(),
             gauges: Gauges::default(),
@@ -201,7 +183,7 @@ impl Runner {
         tokio::pin!(sleep);
         let mut keybuf = Vec::with_capacity(1024);
         let mut fanbuf = Vec::with_capacity(1024);
-        let fanning = !self.fanouts.is_empty();
+        let fanning = self.fanout.stages() > 0;
         let mut failure = None;
         let mut armed: Option<Instant> = None;
         let shared = self.shared.clone();
@@ -238,7 +220,7 @@ impl Runner {
                 biased;
                 _ = &mut shutdown => break,
                 Some(done) = self.jobs.join_next() => self.finish_job(done),
-                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if take_fanned => {
+                n = self.fanout.recv(&mut fanbuf), if take_fanned => {
                     if n > 0 {
                         self.mark_fanned(&mut fanbuf);
                     }
@@ -272,7 +254,7 @@ impl Runner {
                 Some(done) = self.jobs.join_next() => self.finish_job(done),
                 // A fan-out call finishing in the grace period must not block on a full
                 // buffer; its keys keep its holds (nothing is rebuilt any more).
-                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if fanning => {
+                n = self.fanout.recv(&mut fanbuf), if fanning => {
                     if n > 0 {
                         self.mark_fanned(&mut fanbuf);
                     }
@@ -294,11 +276,9 @@ impl Runner {
         }
     }
 
-    /// Whether fanned keys are taken in now: while the dirty set is below
-    /// [`FANNED_QUEUE_LIMIT`], and always when every worker runs a fan-out (none is left
-    /// to drain the dirty set: waiting would never end).
+    /// Whether fanned keys are taken in now: see [`takes_fanned`].
     fn takes_fanned(&self) -> bool {
-        self.dirty.queued() < FANNED_QUEUE_LIMIT || self.jobs.fanning() >= self.capacity()
+        takes_fanned(self.dirty.queued(), self.jobs.fanning(), self.capacity())
     }
 
     fn drained(&self) -> bool {
@@ -404,8 +384,8 @@ impl Runner {
             for key in keys.drain(..) {
                 self.mark(key, now, id, event.tx.map(|t| t.id));
             }
-            for stage in 0..self.fanouts.len() {
-                (self.fanouts[stage].scope)(event, &mut keys);
+            for stage in 0..self.fanout.stages() {
+                self.fanout.scope(stage, event, &mut keys);
                 for parent in keys.drain(..) {
                     let key = Key::staged(stage, &parent);
                     self.mark(key, now, id, event.tx.map(|t| t.id));
@@ -446,7 +426,7 @@ impl Runner {
         let now = Instant::now().into_std();
         Recorder::add(&self.shared.stats.fanout_keys, keys.len() as u64);
         for (call, key) in keys.drain(..) {
-            let hold = self.expanding.get(&call).copied().flatten();
+            let hold = self.fanout.hold(call);
             self.mark(key, now, hold, None);
         }
     }
@@ -606,10 +586,7 @@ impl Runner {
             let stage = first.key.stage_index();
             let max_batch = match stage {
                 None => self.jobs.max_batch(),
-                Some(i) => self
-                    .fanouts
-                    .get(i)
-                    .map_or(1, |f| f.expand.max_batch().max(1)),
+                Some(i) => self.fanout.max_batch(i),
             };
             let (mut meta, mut due) = (Vec::new(), Vec::new());
             let (m, d) = self.start_key(first);
@@ -645,25 +622,9 @@ impl Runner {
                     self.jobs.spawn(meta, stage, call, rebuild);
                 }
                 Some(i) => {
-                    let expand = self.fanouts.get(i).map(|f| f.expand.clone());
                     let hold = meta.iter().filter_map(|m| m.covered).min();
-                    self.expanding.insert(call, hold);
-                    let sink = KeySink::expansion(self.fanned_tx.clone(), call);
-                    let call_fut = async move {
-                        let parents: Vec<Due> = due
-                            .iter()
-                            .map(|d| Due {
-                                key: d.key.stage().map_or_else(|| d.key.clone(), |(_, k)| k),
-                                txids: d.txids.clone(),
-                            })
-                            .collect();
-                        let result = match expand {
-                            Some(e) => e.expand(&parents, &sink).await,
-                            None => Err(format!("no fan-out {i} in this refresher").into()),
-                        };
-                        (due, result)
-                    };
-                    self.jobs.spawn(meta, stage, call, call_fut);
+                    let expand = self.fanout.call(call, i, hold, due);
+                    self.jobs.spawn(meta, stage, call, expand);
                 }
             }
         }
@@ -673,7 +634,7 @@ impl Runner {
     /// buffer once it has returned, and must take its hold before the call releases it.
     fn drain_fanned(&mut self) {
         let mut keys = Vec::new();
-        while let Ok(item) = self.fanned_rx.try_recv() {
+        while let Some(item) = self.fanout.try_recv() {
             keys.push(item);
             if keys.len() >= 1024 {
                 self.mark_fanned(&mut keys);
@@ -695,7 +656,7 @@ impl Runner {
         };
         if job.stage.is_some() {
             self.drain_fanned();
-            self.expanding.remove(&job.call);
+            self.fanout.finished(job.call);
         }
         let meta = job.keys;
         let now = Instant::now().into_std();
@@ -707,8 +668,8 @@ impl Runner {
                 self.succeeded(meta, job.stage.is_some(), now)
             }
             Err(error) => {
-                let retry = match job.stage.and_then(|i| self.fanouts.get(i)) {
-                    Some(f) => f.expand.classify(&error),
+                let retry = match job.stage.and_then(|i| self.fanout.classify(i, &error)) {
+                    Some(retry) => retry,
                     None => self.jobs.classify(&error),
                 };
                 self.failed(meta, dues, retry, &error, now);

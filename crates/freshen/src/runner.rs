@@ -16,6 +16,22 @@
 //! will heal it; without one its transactions stay unconfirmed until a change to it
 //! rebuilds it (or [`Builder::release_quarantined_after`](crate::Builder) passes).
 //!
+//! The loop owns its parts, each with its own state and tests, and delegates to them:
+//!
+//! | part | what it keeps |
+//! |---|---|
+//! | [`jobs`] | the running calls (rebuilds and fan-out calls), their keys, the workers |
+//! | [`fanout`] | the fan-outs, the keys their calls send, the holds those keys take over |
+//! | [`quarantine`] | the quarantine list's count, the quarantined keys holding acks |
+//! | [`pause`] | watched tables, schema pauses and the batches they hold, gaps |
+//! | [`progress`] | the listing sweep's keys and start |
+//! | [`txids`] | the transaction ids behind each dirty key |
+//! | [`gauges`] | what the gauges last published |
+//!
+//! The scheduler ([`DirtySet`]), the sweeps ([`Sweeper`]) and the acks ([`AckTracker`])
+//! are parts of their own outside this folder; what joins them — which batch a key
+//! holds, when a hold moves from one to another — stays here, in one place.
+//!
 //! [`Handle`]: crate::Handle
 
 mod fanout;

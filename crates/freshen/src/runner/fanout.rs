@@ -1,6 +1,6 @@
 //! `FanOutStage`: a view's key fan-outs (a table that does not carry the view's key
 //! maps its changed rows' keys to view keys by a query), run as a second debounced
-//! stage off the receive path. Not [`crate::fanout`], which hands batches to several
+//! stage off the receive path. Not [`crate::fanout`](mod@crate::fanout), which hands batches to several
 //! consumers.
 //!
 //! A parent key is marked staged ([`Key::staged`]) and debounced like any key; when it

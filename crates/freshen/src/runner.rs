@@ -123,8 +123,15 @@ struct Stall {
     since: std::time::Instant,
 }
 
+/// The loop's state. Fields drop in declaration order, the order the loop has always
+/// torn down in when its future is dropped (a crash): the fan-out channel, then the
+/// acks, then the running calls, then the sweep.
 pub(crate) struct Runner {
+    gauges: Gauges,
+    /// Keys the running sweep listed so far, and when it began (for its report).
+    progress: SweepProgress,
     scope: ScopeFn,
+    fanout: FanOutStage,
     report: Reporter,
     grace: Duration,
     shared: Arc<Shared>,
@@ -137,16 +144,12 @@ pub(crate) struct Runner {
     jobs: Jobs,
     /// A retrying key popped while gathering a batch; it runs alone next.
     solo: Option<Ready>,
-    fanout: FanOutStage,
     sweeper: Sweeper,
-    /// Keys the running sweep listed so far, and when it began (for its report).
-    progress: SweepProgress,
     stall: Option<Stall>,
     quarantine: Quarantine,
-    pauses: Pauses,
-    gauges: Gauges,
     source_done: bool,
     scratch: Vec<Key>,
+    pauses: Pauses,
 }
 
 impl Runner {

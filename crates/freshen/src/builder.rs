@@ -8,10 +8,20 @@ use std::time::Duration;
 use crate::ack::AckPolicy;
 use crate::backoff::Backoff;
 use crate::dirty::DirtyConfig;
+use crate::parts::{FanOut, Parts, Reconcile, ReportFn, ScopeFn};
 use crate::rebuild::{Batched, Enumerate, Expand, ListAll, PerKey, Rebuild};
-use crate::refresher::{FanOut, Parts, Reconcile, ReportFn, ScopeFn, Shared};
 use crate::schema::Watched;
+use crate::shared::Shared;
 use crate::{BoxError, BuildError, Key, Refresher, Report, RowEvent, Source};
+
+// Here rather than in `refresher.rs`, so that the refresher never names its builder:
+// the builder depends on what it builds, not the reverse.
+impl Refresher {
+    /// A builder with the default options.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+}
 
 /// Configures a [`Refresher`]. `source`, `scope` and `rebuild` are required.
 pub struct Builder {

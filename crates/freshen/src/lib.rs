@@ -121,6 +121,7 @@ mod heap;
 mod histogram;
 mod index;
 mod key;
+mod parts;
 pub mod plug;
 pub mod poller;
 mod rebuild;
@@ -130,6 +131,7 @@ mod report;
 mod retry;
 mod runner;
 mod schema;
+mod shared;
 mod source;
 mod stats;
 mod sweep;
@@ -151,10 +153,11 @@ pub use redact::{
     MASK, SAFE_PARAMETERS, SecretUrl, clip, is_safe_parameter, parameter_name, redact_text,
     redact_url,
 };
-pub use refresher::{Handle, Quarantined, Refresher};
+pub use refresher::{Handle, Refresher};
 pub use report::{BuildError, Report, RunError};
 pub use retry::Retry;
 pub use schema::{Difference, Gap, SchemaChange};
+pub use shared::Quarantined;
 pub use source::{
     Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, ScopedKey, Source, SourceError,
     SourceHealth, SourceProbe, SourceProblem, StreamMark,

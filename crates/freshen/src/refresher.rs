@@ -1,120 +1,18 @@
 //! `Refresher`: what a built configuration is, and the [`Handle`] that watches and
 //! steers it while [`Refresher::run`] drives the [`runner`](crate::runner).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
 
-use tokio::sync::Notify;
-
-use crate::ack::AckPolicy;
-use crate::dirty::DirtyConfig;
-use crate::rebuild::{Enumerate, Expand, Rebuild};
+use crate::parts::Parts;
 use crate::runner::Runner;
-use crate::stats::Recorder;
-use crate::{Builder, Key, Report, RowEvent, RunError, Source, Stats};
-
-pub(crate) type ScopeFn = Arc<dyn Fn(&RowEvent, &mut Vec<Key>) + Send + Sync>;
-pub(crate) type ReportFn = Arc<dyn Fn(&Report<'_>) + Send + Sync>;
-
-#[derive(Clone)]
-pub(crate) struct Reconcile {
-    pub(crate) every: Duration,
-    pub(crate) enumerate: Arc<dyn Enumerate>,
-    /// Whether the first sweep runs at start (else one interval later).
-    pub(crate) at_start: bool,
-}
-
-/// A key fan-out: its own scope (parent keys) and what maps them to view keys.
-#[derive(Clone)]
-pub(crate) struct FanOut {
-    pub(crate) scope: ScopeFn,
-    pub(crate) expand: Arc<dyn Expand>,
-}
-
-/// Everything a run needs, from the builder.
-pub(crate) struct Parts {
-    pub(crate) source: Box<dyn Source>,
-    pub(crate) scope: ScopeFn,
-    pub(crate) rebuild: Arc<dyn Rebuild>,
-    pub(crate) fanouts: Vec<FanOut>,
-    pub(crate) dirty: DirtyConfig,
-    pub(crate) workers: usize,
-    pub(crate) reconcile: Option<Reconcile>,
-    pub(crate) report: Option<ReportFn>,
-    pub(crate) ack: AckPolicy,
-    pub(crate) grace: Duration,
-    pub(crate) release_quarantined_after: Option<Duration>,
-    pub(crate) watched: Vec<crate::schema::Watched>,
-}
-
-/// A quarantined key, from [`Handle::quarantined`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quarantined {
-    /// The key.
-    pub key: Key,
-    /// When it was quarantined.
-    pub since: SystemTime,
-    /// Failed rebuilds in a row that blamed it.
-    pub failures: u32,
-    /// The last error.
-    pub error: String,
-    /// Whether it holds back the acknowledgement of the transactions that dirtied it.
-    pub holding: bool,
-}
-
-/// Requests from a [`Handle`] to the run loop.
-#[derive(Debug)]
-pub(crate) enum Command {
-    Sweep,
-    Readmit(Key),
-    Rebuild(Key),
-    /// Drops these lines of the unhealed gaps (those a person saw).
-    AcknowledgeGaps(Vec<String>),
-}
-
-/// State shared by the run loop and every handle.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) stats: Recorder,
-    pub(crate) has_reconcile: bool,
-    pub(crate) quarantine: Mutex<BTreeMap<Key, Quarantined>>,
-    commands: Mutex<Vec<Command>>,
-    pub(crate) wake: Notify,
-}
-
-impl Shared {
-    pub(crate) fn new(has_reconcile: bool) -> Shared {
-        Shared {
-            stats: Recorder::new(),
-            has_reconcile,
-            quarantine: Mutex::new(BTreeMap::new()),
-            commands: Mutex::new(Vec::new()),
-            wake: Notify::new(),
-        }
-    }
-
-    fn command(&self, c: Command) {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(c);
-        self.wake.notify_one();
-    }
-
-    pub(crate) fn take_commands(&self) -> Vec<Command> {
-        std::mem::take(&mut *self.commands.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    pub(crate) fn quarantine(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, Quarantined>> {
-        self.quarantine.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+use crate::shared::{Command, Quarantined, Shared};
+use crate::{Key, RunError, Stats};
 
 /// Keeps derived tables fresh: reads batches from a source, maps events to keys,
-/// debounces them and runs the rebuilds, acknowledging batches by its [`AckPolicy`].
+/// debounces them and runs the rebuilds, acknowledging batches by its
+/// [`AckPolicy`](crate::AckPolicy).
 ///
 /// See the [crate docs](crate) for an example.
 pub struct Refresher {
@@ -187,11 +85,6 @@ impl Handle {
 }
 
 impl Refresher {
-    /// A builder with the default options.
-    pub fn builder() -> Builder {
-        Builder::default()
-    }
-
     /// A handle for stats, quarantined keys and on-demand sweeps, usable while `run`
     /// runs and after it returns.
     pub fn handle(&self) -> Handle {

@@ -16,38 +16,57 @@
 //! will heal it; without one its transactions stay unconfirmed until a change to it
 //! rebuilds it (or [`Builder::release_quarantined_after`](crate::Builder) passes).
 //!
+//! The loop owns its parts, each with its own state and tests, and delegates to them:
+//!
+//! | part | what it keeps |
+//! |---|---|
+//! | [`jobs`] | the running calls (rebuilds and fan-out calls), their keys, the workers |
+//! | [`fanout`] | the fan-outs, the keys their calls send, the holds those keys take over |
+//! | [`quarantine`] | the quarantine list's count, the quarantined keys holding acks |
+//! | [`pause`] | watched tables, schema pauses and the batches they hold, gaps |
+//! | [`progress`] | the listing sweep's keys and start |
+//! | [`txids`] | the transaction ids behind each dirty key |
+//! | [`gauges`] | what the gauges last published |
+//!
+//! The scheduler ([`DirtySet`]), the sweeps ([`Sweeper`]) and the acks ([`AckTracker`])
+//! are parts of their own outside this folder; what joins them — which batch a key
+//! holds, when a hold moves from one to another — stays here, in one place.
+//!
 //! [`Handle`]: crate::Handle
 
-use std::collections::{HashMap, VecDeque};
+mod fanout;
+mod gauges;
+mod jobs;
+mod pause;
+mod progress;
+mod quarantine;
+mod txids;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 
+use self::fanout::{FanOutStage, takes_fanned};
+use self::gauges::{Gauges, Readings};
+use self::jobs::{AbortOnDrop, JobKey, JobOutput, Jobs};
+use self::pause::Pauses;
+use self::progress::SweepProgress;
+use self::quarantine::Quarantine;
+use self::txids::Txids;
 use crate::ack::{AckPolicy, AckTracker, BatchId};
-use crate::backoff::Backoff;
-use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready, Ticket};
-use crate::rebuild::{Due, KeySink, Rebuild};
-use crate::refresher::{Command, FanOut, Parts, Quarantined, ReportFn, ScopeFn, Shared};
-use crate::schema::{Watched, breaking, concerns};
+use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
+use crate::parts::{Parts, ReportFn, ScopeFn};
+use crate::rebuild::Due;
+use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
-use crate::sweep::{Finished, Sweeper, later};
+use crate::sweep::{Finished, Sweeper};
 use crate::{
     Ack, Batch, BoxError, Gap, Key, Op, Report, Retry, RowEvent, RunError, SchemaChange, Source,
     SourceError,
 };
-
-/// Aborts a spawned task when dropped (a dropped run future is a crash, not a leak).
-struct AbortOnDrop(AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// Reads the source on its own task so that a slow source never stalls the scheduler
 /// and the scheduler never cancels a half-read batch.
@@ -88,167 +107,82 @@ async fn pump(
     source.close().await;
 }
 
-struct JobKey {
-    key: Key,
-    /// Completes the key in the dirty set without a second lookup.
-    ticket: Ticket,
-    first_dirty: std::time::Instant,
-    by_change: bool,
-    covered: Option<BatchId>,
+/// The user's report callback, if any.
+struct Reporter(Option<ReportFn>);
+
+impl Reporter {
+    fn report(&self, r: Report<'_>) {
+        if let Some(f) = &self.0 {
+            f(&r);
+        }
+    }
 }
-
-type JobOutput = (Vec<Due>, Result<(), BoxError>);
-
-/// A running call: its keys, and for a fan-out call which fan-out and which call (the
-/// tag its keys arrive with).
-struct Job {
-    keys: Vec<JobKey>,
-    stage: Option<usize>,
-    call: u64,
-    started: std::time::Instant,
-}
-
-/// How many fanned keys wait between a fan-out call and the loop: a large fan-out
-/// streams through this and never sits in memory whole.
-const FANNED_BUFFER: usize = 4096;
-
-/// Keys waiting for a rebuild above which fanned keys are no longer taken in: a fan-out
-/// to millions of keys then waits (its query pauses between pages) while rebuilds drain
-/// the dirty set, so memory stays bounded whatever the fan-out's size.
-pub(crate) const FANNED_QUEUE_LIMIT: usize = 65_536;
-
-/// A batch takes along keys due within `coalesce / BATCH_WINDOW_DIVISOR` of now: wide
-/// enough to gather the keys that fall due while a call runs (a statement's fixed cost
-/// then spreads over many keys), narrow enough that the debounce still collapses bursts.
-const BATCH_WINDOW_DIVISOR: u32 = 10;
 
 /// Rebuilds fail for a reason that is not the key's.
 struct Stall {
     since: std::time::Instant,
 }
 
-/// How often the oldest waiting change is looked up for [`Stats`](crate::Stats).
-const OLDEST_SAMPLE: Duration = Duration::from_secs(1);
-
+/// The loop's state. Fields drop in declaration order, the order the loop has always
+/// torn down in when its future is dropped (a crash): the fan-out channel, then the
+/// acks, then the running calls, then the sweep.
 pub(crate) struct Runner {
-    /// When the oldest waiting change was last looked up.
-    oldest_sampled: Option<Instant>,
-    /// The longest-running call's start and the listing sweep's start as last published:
-    /// turning an instant into wall-clock time reads two clocks, so it is done only when
-    /// they change, not on every wake-up.
-    published_starts: (Option<std::time::Instant>, Option<Instant>),
+    gauges: Gauges,
     /// Keys the running sweep listed so far, and when it began (for its report).
-    sweep_listed: u64,
-    sweep_began: Option<Instant>,
+    progress: SweepProgress,
     scope: ScopeFn,
-    rebuild: Arc<dyn Rebuild>,
-    fanouts: Vec<FanOut>,
-    /// Keys sent by running fan-out calls, tagged with the call.
-    fanned_tx: mpsc::Sender<(u64, Key)>,
-    fanned_rx: mpsc::Receiver<(u64, Key)>,
-    /// For each running fan-out call, the oldest batch its parent keys held: the keys it
-    /// sends take that hold over before the call's own holds are released.
-    expanding: HashMap<u64, Option<BatchId>>,
-    calls: u64,
-    /// Fan-out calls running (they share `workers` with rebuilds).
-    fanning: usize,
-    max_batch: usize,
-    /// A batch that starts takes along keys due within this much of now (a tenth of
-    /// `coalesce`): see `dispatch`.
-    batch_window: Duration,
-    workers: usize,
-    report: Option<ReportFn>,
+    fanout: FanOutStage,
+    report: Reporter,
     grace: Duration,
     shared: Arc<Shared>,
     dirty: DirtySet,
-    backoff: Backoff,
     /// `None` under `OnEnqueue`.
     tracker: Option<AckTracker<Ack>>,
     /// Transaction ids behind each dirty key, for the rebuild's visibility check.
-    txids: HashMap<Key, Vec<u64>>,
-    jobs: JoinSet<JobOutput>,
-    job_keys: HashMap<tokio::task::Id, Job>,
+    txids: Txids,
+    /// The running calls.
+    jobs: Jobs,
     /// A retrying key popped while gathering a batch; it runs alone next.
     solo: Option<Ready>,
     sweeper: Sweeper,
     stall: Option<Stall>,
-    /// Quarantined keys holding acks, oldest first, for `release_quarantined_after`.
-    holding: VecDeque<(std::time::Instant, Key)>,
-    release_quarantined_after: Option<Duration>,
-    /// Entries of the shared quarantine list (this loop is its only writer): a
-    /// successful rebuild looks the key up there only when there are any, so the
-    /// success path takes no lock in the usual case.
-    quarantined: usize,
+    quarantine: Quarantine,
     source_done: bool,
     scratch: Vec<Key>,
-    /// Tables (with the columns) the view declared; empty: every table concerns it.
-    watched: Vec<Watched>,
-    /// Tables whose schema change broke the view's key, and what broke: while any is
-    /// here no rebuild starts.
-    paused: std::collections::BTreeMap<(Box<str>, Box<str>), Vec<String>>,
-    /// Batches received while paused: their changes may have lost their key with the
-    /// column, so they wait for the sweep that follows the resume.
-    paused_holds: Vec<BatchId>,
-    /// Tables whose gap was reported since the last sweep ended (one report per table).
-    gaps_reported: Vec<(Box<str>, Box<str>)>,
-    /// Gaps no sweep heals (the view has none), by table, with what the stream left
-    /// out: reported as trouble until a person acknowledges them.
-    unhealed: std::collections::BTreeMap<(Box<str>, Box<str>), Box<str>>,
+    pauses: Pauses,
 }
 
 impl Runner {
     pub(crate) fn new(p: Parts, shared: Arc<Shared>) -> (Runner, Box<dyn Source>) {
         let now = Instant::now();
-        let (fanned_tx, fanned_rx) = mpsc::channel(FANNED_BUFFER);
         let runner = Runner {
-            max_batch: p.rebuild.max_batch().max(1),
-            batch_window: p.dirty.coalesce / BATCH_WINDOW_DIVISOR,
+            jobs: Jobs::new(p.rebuild, p.dirty.coalesce, p.workers),
             scope: p.scope,
-            rebuild: p.rebuild,
-            fanouts: p.fanouts,
-            fanned_tx,
-            fanned_rx,
-            expanding: HashMap::new(),
-            calls: 0,
-            fanning: 0,
-            workers: p.workers,
-            sweeper: Sweeper::new(p.reconcile, now),
-            sweep_listed: 0,
-            oldest_sampled: None,
-            published_starts: (None, None),
-            sweep_began: None,
-            report: p.report,
+            fanout: FanOutStage::new(p.fanouts),
+            sweeper: Sweeper::new(p.reconcile, p.dirty.backoff, now),
+            progress: SweepProgress::default(),
+            gauges: Gauges::default(),
+            report: Reporter(p.report),
             grace: p.grace,
             shared,
             dirty: DirtySet::new(p.dirty, now.into_std()),
-            backoff: p.dirty.backoff,
             tracker: match p.ack {
                 AckPolicy::AfterRebuild => Some(AckTracker::new()),
                 AckPolicy::OnEnqueue => None,
             },
-            txids: HashMap::new(),
-            jobs: JoinSet::new(),
-            job_keys: HashMap::new(),
+            txids: Txids::default(),
             solo: None,
             stall: None,
-            holding: VecDeque::new(),
-            release_quarantined_after: p.release_quarantined_after,
-            quarantined: 0,
+            quarantine: Quarantine::new(p.release_quarantined_after),
             source_done: false,
             scratch: Vec::new(),
-            watched: p.watched,
-            paused: std::collections::BTreeMap::new(),
-            paused_holds: Vec::new(),
-            gaps_reported: Vec::new(),
-            unhealed: std::collections::BTreeMap::new(),
+            pauses: Pauses::new(p.watched),
         };
         (runner, p.source)
     }
 
     fn report(&self, r: Report<'_>) {
-        if let Some(f) = &self.report {
-            f(&r);
-        }
+        self.report.report(r);
     }
 
     pub(crate) async fn run<S>(
@@ -268,7 +202,7 @@ impl Runner {
         tokio::pin!(sleep);
         let mut keybuf = Vec::with_capacity(1024);
         let mut fanbuf = Vec::with_capacity(1024);
-        let fanning = !self.fanouts.is_empty();
+        let fanning = self.fanout.stages() > 0;
         let mut failure = None;
         let mut armed: Option<Instant> = None;
         let shared = self.shared.clone();
@@ -277,12 +211,12 @@ impl Runner {
             Recorder::add(&self.shared.stats.wakeups, 1);
             let now = Instant::now();
             self.commands(now);
-            if self.paused.is_empty() {
+            if !self.pauses.is_paused() {
                 self.sweeper.maybe_start(now);
             }
-            if self.sweeper.is_listing() && self.sweep_began.is_none() {
+            if self.sweeper.is_listing() && self.progress.began().is_none() {
                 // Its report says how long listing took, from here.
-                self.sweep_began = Some(now);
+                self.progress.begin(now);
                 self.report(Report::SweepStarted);
             }
             self.release_expired_holds(now.into_std());
@@ -304,8 +238,8 @@ impl Runner {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
-                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if take_fanned => {
+                Some(done) = self.jobs.join_next() => self.finish_job(done),
+                n = self.fanout.recv(&mut fanbuf), if take_fanned => {
                     if n > 0 {
                         self.mark_fanned(&mut fanbuf);
                     }
@@ -336,10 +270,10 @@ impl Runner {
         let deadline = Instant::now() + self.grace;
         while !self.jobs.is_empty() {
             tokio::select! {
-                Some(done) = self.jobs.join_next_with_id() => self.finish_job(done),
+                Some(done) = self.jobs.join_next() => self.finish_job(done),
                 // A fan-out call finishing in the grace period must not block on a full
                 // buffer; its keys keep its holds (nothing is rebuilt any more).
-                n = self.fanned_rx.recv_many(&mut fanbuf, 1024), if fanning => {
+                n = self.fanout.recv(&mut fanbuf), if fanning => {
                     if n > 0 {
                         self.mark_fanned(&mut fanbuf);
                     }
@@ -349,10 +283,9 @@ impl Runner {
         }
         self.release_acks();
         // Dropping a rebuild future cancels it (SqlRebuild cancels on the server).
-        let abandoned: usize = self.job_keys.values().map(|j| j.keys.len()).sum();
+        let abandoned = self.jobs.abandoned();
         Recorder::add(&self.shared.stats.abandoned, abandoned as u64);
-        self.jobs.abort_all();
-        while self.jobs.join_next().await.is_some() {}
+        self.jobs.abort_all().await;
         let _ = stop_tx.send(());
         let _ = tokio::time::timeout(self.grace, pump_task).await;
         self.publish_gauges();
@@ -362,11 +295,9 @@ impl Runner {
         }
     }
 
-    /// Whether fanned keys are taken in now: while the dirty set is below
-    /// [`FANNED_QUEUE_LIMIT`], and always when every worker runs a fan-out (none is left
-    /// to drain the dirty set: waiting would never end).
+    /// Whether fanned keys are taken in now: see [`takes_fanned`].
     fn takes_fanned(&self) -> bool {
-        self.dirty.queued() < FANNED_QUEUE_LIMIT || self.fanning >= self.capacity()
+        takes_fanned(self.dirty.queued(), self.jobs.fanning(), self.capacity())
     }
 
     fn drained(&self) -> bool {
@@ -376,16 +307,12 @@ impl Runner {
             && self.sweeper.is_idle()
     }
 
-    /// How many rebuild calls may run now: one while the view is stalled (a probe, so
-    /// that an outage is not hammered by every worker), else `workers`.
+    /// How many rebuild calls may run now: none while paused, one while the view is
+    /// stalled (a probe, so that an outage is not hammered by every worker), else
+    /// `workers`.
     fn capacity(&self) -> usize {
-        if !self.paused.is_empty() {
-            0
-        } else if self.stall.is_some() {
-            1
-        } else {
-            self.workers
-        }
+        self.jobs
+            .capacity(self.pauses.is_paused(), self.stall.is_some())
     }
 
     fn next_wake(&mut self) -> Option<Instant> {
@@ -397,12 +324,9 @@ impl Runner {
         } else {
             None
         };
-        let release = match (self.release_quarantined_after, self.holding.front()) {
-            (Some(after), Some((since, _))) => Some(later(Instant::from_std(*since), after)),
-            _ => None,
-        };
+        let release = self.quarantine.next_release();
         // A paused view starts no sweep: waking for one would spin.
-        let sweep = if self.paused.is_empty() {
+        let sweep = if !self.pauses.is_paused() {
             self.sweeper.next_wake()
         } else {
             None
@@ -431,9 +355,7 @@ impl Runner {
                     Recorder::add(&self.shared.stats.keys_marked, 1);
                 }
                 Command::AcknowledgeGaps(seen) => {
-                    self.unhealed
-                        .retain(|t, why| !seen.contains(&unhealed_line(t, why)));
-                    self.publish_unhealed();
+                    self.pauses.acknowledge_gaps(&seen, &self.shared.stats);
                 }
             }
         }
@@ -464,11 +386,11 @@ impl Runner {
         for gap in &gaps {
             self.on_gap(gap, id);
         }
-        if !self.paused.is_empty()
+        if self.pauses.is_paused()
             && let (Some(t), Some(id)) = (&mut self.tracker, id)
         {
             t.hold_batch(id);
-            self.paused_holds.push(id);
+            self.pauses.hold(id);
         }
         let mut keys = std::mem::take(&mut self.scratch);
         for event in events.iter() {
@@ -481,8 +403,8 @@ impl Runner {
             for key in keys.drain(..) {
                 self.mark(key, now, id, event.tx.map(|t| t.id));
             }
-            for stage in 0..self.fanouts.len() {
-                (self.fanouts[stage].scope)(event, &mut keys);
+            for stage in 0..self.fanout.stages() {
+                self.fanout.scope(stage, event, &mut keys);
                 for parent in keys.drain(..) {
                     let key = Key::staged(stage, &parent);
                     self.mark(key, now, id, event.tx.map(|t| t.id));
@@ -512,10 +434,7 @@ impl Runner {
             t.hold(&key, id);
         }
         if let Some(txid) = txid {
-            let ids = self.txids.entry(key).or_default();
-            if ids.last() != Some(&txid) {
-                ids.push(txid);
-            }
+            self.txids.add(key, txid);
         }
     }
 
@@ -526,13 +445,13 @@ impl Runner {
         let now = Instant::now().into_std();
         Recorder::add(&self.shared.stats.fanout_keys, keys.len() as u64);
         for (call, key) in keys.drain(..) {
-            let hold = self.expanding.get(&call).copied().flatten();
+            let hold = self.fanout.hold(call);
             self.mark(key, now, hold, None);
         }
     }
 
     fn on_truncate(&mut self, event: &RowEvent, batch: Option<BatchId>) {
-        if !concerns(&self.watched, &event.schema, &event.table) {
+        if !self.pauses.concerns(&event.schema, &event.table) {
             return;
         }
         Recorder::add(&self.shared.stats.truncates, 1);
@@ -548,7 +467,7 @@ impl Runner {
 
     /// Rows of a table changed that the stream did not carry: sweep, as after a TRUNCATE.
     fn on_gap(&mut self, gap: &Gap, batch: Option<BatchId>) {
-        if !concerns(&self.watched, &gap.schema, &gap.table) {
+        if !self.pauses.concerns(&gap.schema, &gap.table) {
             return;
         }
         Recorder::add(&self.shared.stats.gaps, 1);
@@ -558,13 +477,9 @@ impl Runner {
         } else {
             // Nothing will find the keys it dirtied: the view says so until a person
             // acts, and never looks healthy meanwhile.
-            self.unhealed
-                .insert((gap.schema.clone(), gap.table.clone()), gap.reason.clone());
-            self.publish_unhealed();
+            self.pauses.unhealed(gap, &self.shared.stats);
         }
-        let table = (gap.schema.clone(), gap.table.clone());
-        if !self.gaps_reported.contains(&table) {
-            self.gaps_reported.push(table);
+        if self.pauses.first_gap(gap) {
             self.report(Report::Gap { gap, swept });
         }
     }
@@ -572,31 +487,11 @@ impl Runner {
     /// A table's shape changed: pause the view when the change breaks its key, resume it
     /// when a later change undoes that.
     fn on_schema_change(&mut self, change: &SchemaChange) {
-        if !concerns(&self.watched, &change.schema, &change.table) {
-            return;
-        }
-        Recorder::add(&self.shared.stats.schema_changes, 1);
-        let table = (change.schema.clone(), change.table.clone());
-        let broken = breaking(&self.watched, change);
-        if !broken.is_empty() {
-            self.report(Report::Paused {
-                change,
-                breaking: &broken,
-            });
-            self.paused.insert(table, broken);
-            self.publish_paused();
-        } else if self.paused.remove(&table).is_some() {
-            let still_paused = !self.paused.is_empty();
-            self.report(Report::Resumed {
-                change,
-                still_paused,
-            });
-            self.publish_paused();
-            if !still_paused {
-                self.resume();
-            }
-        } else {
-            self.report(Report::SchemaChanged { change });
+        if self
+            .pauses
+            .on_schema_change(change, &self.shared.stats, &self.report)
+        {
+            self.resume();
         }
     }
 
@@ -604,7 +499,7 @@ impl Runner {
     /// key: a sweep finds them, and the batches they came in wait for it (without a
     /// sweep they go, and only later changes heal those scopes).
     fn resume(&mut self) {
-        let held = std::mem::take(&mut self.paused_holds);
+        let held = self.pauses.take_holds();
         if self.sweeper.is_configured() {
             for id in held {
                 self.sweeper.pin(id);
@@ -615,24 +510,6 @@ impl Runner {
                 t.unhold_batch(id);
             }
         }
-    }
-
-    fn publish_paused(&self) {
-        let lines: Vec<String> = self
-            .paused
-            .iter()
-            .map(|((schema, table), why)| format!("{schema}.{table}: {}", why.join(", ")))
-            .collect();
-        self.shared.stats.trouble(|t| t.paused = lines);
-    }
-
-    fn publish_unhealed(&self) {
-        let lines = self
-            .unhealed
-            .iter()
-            .map(|(t, why)| unhealed_line(t, why))
-            .collect();
-        self.shared.stats.trouble(|t| t.unhealed_gaps = lines);
     }
 
     /// Asks for a sweep that `batch` waits for before it may be acknowledged.
@@ -656,14 +533,8 @@ impl Runner {
         let pin = self.sweeper.covering();
         let st = &self.shared.stats;
         Recorder::add(&st.reconcile_keys, keys.len() as u64);
-        let before = self.sweep_listed;
-        self.sweep_listed += keys.len() as u64;
-        if self.sweep_listed / crate::SWEEP_PROGRESS_EVERY > before / crate::SWEEP_PROGRESS_EVERY {
-            let took = self.sweep_began.map_or(Duration::ZERO, |t| t.elapsed());
-            self.report(Report::SweepProgress {
-                keys: self.sweep_listed,
-                took,
-            });
+        if let Some((keys, took)) = self.progress.listed_more(keys.len() as u64) {
+            self.report(Report::SweepProgress { keys, took });
         }
         for key in keys.drain(..) {
             let mark = self.dirty.revive(&key, now);
@@ -680,15 +551,11 @@ impl Runner {
     }
 
     async fn finish_sweep(&mut self) {
-        match self.sweeper.finish(self.source_done, &self.backoff).await {
+        match self.sweeper.finish(self.source_done).await {
             Finished::Listed { unpin } => {
                 Recorder::add(&self.shared.stats.reconciles, 1);
-                self.gaps_reported.clear();
-                let keys = std::mem::take(&mut self.sweep_listed);
-                let took = self
-                    .sweep_began
-                    .take()
-                    .map_or(Duration::ZERO, |t| t.elapsed());
+                self.pauses.swept();
+                let (keys, took) = self.progress.end();
                 self.report(Report::Swept { keys, took });
                 if let Some(t) = &mut self.tracker {
                     for id in unpin {
@@ -698,8 +565,7 @@ impl Runner {
             }
             Finished::Failed { error, retry_in } => {
                 Recorder::add(&self.shared.stats.reconcile_failures, 1);
-                self.sweep_listed = 0;
-                self.sweep_began = None;
+                self.progress.reset();
                 self.report(Report::ReconcileFailed {
                     error: &error,
                     retry_in,
@@ -710,7 +576,7 @@ impl Runner {
 
     fn start_key(&mut self, ready: Ready) -> (JobKey, Due) {
         let covered = self.tracker.as_mut().and_then(|t| t.start(&ready.key));
-        let txids = self.txids.remove(&ready.key).unwrap_or_default();
+        let txids = self.txids.take(&ready.key);
         let due = Due {
             key: ready.key.clone(),
             txids,
@@ -738,11 +604,8 @@ impl Runner {
             let alone = first.failures > 0;
             let stage = first.key.stage_index();
             let max_batch = match stage {
-                None => self.max_batch,
-                Some(i) => self
-                    .fanouts
-                    .get(i)
-                    .map_or(1, |f| f.expand.max_batch().max(1)),
+                None => self.jobs.max_batch(),
+                Some(i) => self.fanout.max_batch(i),
             };
             let (mut meta, mut due) = (Vec::new(), Vec::new());
             let (m, d) = self.start_key(first);
@@ -753,7 +616,7 @@ impl Runner {
             // them. A key due within the window is rebuilt a little early instead: it
             // has been quiet for nine tenths of `coalesce` already, and a rebuild never
             // comes later than the debounce promised.
-            let fill_until = now + self.batch_window;
+            let fill_until = now + self.jobs.batch_window();
             while !alone && due.len() < max_batch {
                 match self.dirty.pop_ready(fill_until) {
                     // A retrying key runs alone; a key of another kind (a view key among
@@ -770,48 +633,19 @@ impl Runner {
                     None => break,
                 }
             }
-            let call = self.calls;
-            self.calls += 1;
-            let handle = match stage {
+            let call = self.jobs.next_call();
+            match stage {
                 None => {
-                    let rebuild = self.rebuild.clone();
                     Recorder::add(&self.shared.stats.rebuild_calls, 1);
-                    self.jobs.spawn(async move {
-                        let result = rebuild.rebuild(&due).await;
-                        (due, result)
-                    })
+                    let rebuild = self.jobs.rebuild_call(due);
+                    self.jobs.spawn(meta, stage, call, rebuild);
                 }
                 Some(i) => {
-                    let expand = self.fanouts.get(i).map(|f| f.expand.clone());
                     let hold = meta.iter().filter_map(|m| m.covered).min();
-                    self.expanding.insert(call, hold);
-                    let sink = KeySink::expansion(self.fanned_tx.clone(), call);
-                    self.fanning += 1;
-                    self.jobs.spawn(async move {
-                        let parents: Vec<Due> = due
-                            .iter()
-                            .map(|d| Due {
-                                key: d.key.stage().map_or_else(|| d.key.clone(), |(_, k)| k),
-                                txids: d.txids.clone(),
-                            })
-                            .collect();
-                        let result = match expand {
-                            Some(e) => e.expand(&parents, &sink).await,
-                            None => Err(format!("no fan-out {i} in this refresher").into()),
-                        };
-                        (due, result)
-                    })
+                    let expand = self.fanout.call(call, i, hold, due);
+                    self.jobs.spawn(meta, stage, call, expand);
                 }
-            };
-            self.job_keys.insert(
-                handle.id(),
-                Job {
-                    keys: meta,
-                    stage,
-                    call,
-                    started: std::time::Instant::now(),
-                },
-            );
+            }
         }
     }
 
@@ -819,7 +653,7 @@ impl Runner {
     /// buffer once it has returned, and must take its hold before the call releases it.
     fn drain_fanned(&mut self) {
         let mut keys = Vec::new();
-        while let Ok(item) = self.fanned_rx.try_recv() {
+        while let Some(item) = self.fanout.try_recv() {
             keys.push(item);
             if keys.len() >= 1024 {
                 self.mark_fanned(&mut keys);
@@ -836,13 +670,12 @@ impl Runner {
                 (e.id(), Vec::new(), Err(error))
             }
         };
-        let Some(job) = self.job_keys.remove(&id) else {
+        let Some(job) = self.jobs.finished(id) else {
             return;
         };
         if job.stage.is_some() {
             self.drain_fanned();
-            self.expanding.remove(&job.call);
-            self.fanning -= 1;
+            self.fanout.finished(job.call);
         }
         let meta = job.keys;
         let now = Instant::now().into_std();
@@ -854,15 +687,14 @@ impl Runner {
                 self.succeeded(meta, job.stage.is_some(), now)
             }
             Err(error) => {
-                let retry = match job.stage.and_then(|i| self.fanouts.get(i)) {
-                    Some(f) => f.expand.classify(&error),
-                    None => self.rebuild.classify(&error),
+                let retry = match job.stage.and_then(|i| self.fanout.classify(i, &error)) {
+                    Some(retry) => retry,
+                    None => self.jobs.classify(&error),
                 };
                 self.failed(meta, dues, retry, &error, now);
             }
         }
     }
-
     fn succeeded(&mut self, meta: Vec<JobKey>, fanout: bool, now: std::time::Instant) {
         let shared = self.shared.clone();
         let st = &shared.stats;
@@ -941,7 +773,7 @@ impl Runner {
                     if let Some(t) = &mut self.tracker {
                         t.failed(&m.key, m.covered);
                     }
-                    self.restore_txids(&m.key, txids);
+                    self.txids.restore(&m.key, txids);
                     self.report(Report::RebuildFailed {
                         key: &m.key,
                         failures,
@@ -965,38 +797,27 @@ impl Runner {
             if let Some(t) = &mut self.tracker {
                 t.failed(&m.key, m.covered);
             }
-            self.restore_txids(&m.key, txids);
-            if !self.holding.iter().any(|(_, k)| *k == m.key) {
-                self.holding
-                    .push_back((std::time::Instant::now(), m.key.clone()));
-            }
+            self.txids.restore(&m.key, txids);
+            self.quarantine.hold(&m.key, std::time::Instant::now());
         } else {
             if let Some(t) = &mut self.tracker
                 && t.forget(&m.key, m.covered)
             {
                 Recorder::add(&st.quarantine_releases, 1);
             }
-            self.txids.remove(&m.key);
+            self.txids.forget(&m.key);
         }
         let failures = self.dirty.config().poison_after;
-        let first = {
-            let mut q = self.shared.quarantine();
-            let first = !q.contains_key(&m.key);
-            if first {
-                self.quarantined += 1;
-            }
-            q.insert(
-                m.key.clone(),
-                Quarantined {
-                    key: m.key.clone(),
-                    since: SystemTime::now(),
-                    failures,
-                    error: text.to_string(),
-                    holding,
-                },
-            );
-            first
-        };
+        let first = self.quarantine.enter(
+            &shared,
+            Quarantined {
+                key: m.key.clone(),
+                since: SystemTime::now(),
+                failures,
+                error: text.to_string(),
+                holding,
+            },
+        );
         if first {
             Recorder::add(&st.keys_poisoned, 1);
             self.report(Report::Poisoned {
@@ -1010,28 +831,12 @@ impl Runner {
 
     /// Removes `key` from the quarantine list; true when it was there.
     fn unquarantine(&mut self, key: &Key) -> bool {
-        if self.quarantined == 0 {
-            return false;
-        }
-        let was = self.shared.quarantine().remove(key).is_some();
-        if was {
-            self.quarantined -= 1;
-            self.holding.retain(|(_, k)| k != key);
-        }
-        was
+        self.quarantine.leave(&self.shared, key)
     }
 
     /// Releases the holds of keys quarantined longer than the configured bound.
     fn release_expired_holds(&mut self, now: std::time::Instant) {
-        let Some(after) = self.release_quarantined_after else {
-            return;
-        };
-        while let Some((since, _)) = self.holding.front() {
-            let held = now.saturating_duration_since(*since);
-            if held < after {
-                break;
-            }
-            let (_, key) = self.holding.pop_front().expect("front exists");
+        while let Some((key, held)) = self.quarantine.expired(now) {
             if !self.dirty.is_poisoned(&key) {
                 continue;
             }
@@ -1040,23 +845,12 @@ impl Runner {
             {
                 Recorder::add(&self.shared.stats.quarantine_releases, 1);
             }
-            self.txids.remove(&key);
-            if let Some(q) = self.shared.quarantine().get_mut(&key) {
-                q.holding = false;
-            }
+            self.txids.forget(&key);
+            self.quarantine.released(&self.shared, &key);
             self.report(Report::QuarantineReleased {
                 key: &key,
                 after: held,
             });
-        }
-    }
-
-    fn restore_txids(&mut self, key: &Key, mut older: Vec<u64>) {
-        if let Some(newer) = self.txids.remove(key) {
-            older.extend(newer);
-        }
-        if !older.is_empty() {
-            self.txids.insert(key.clone(), older);
         }
     }
 
@@ -1074,50 +868,13 @@ impl Runner {
     }
 
     fn publish_gauges(&mut self) {
-        let st = &self.shared.stats;
-        // The oldest waiting change takes a scan of every key: once a second at most.
-        // (Nothing waiting is known at once: a stale reading must not outlive it.)
-        if self.dirty.queued() == 0 {
-            st.set_oldest_waiting(None);
-        } else {
-            let now = Instant::now();
-            if self.oldest_sampled.is_none_or(|t| now >= t + OLDEST_SAMPLE) {
-                self.oldest_sampled = Some(now);
-                st.set_oldest_waiting(self.dirty.oldest_waiting());
-            }
-        }
-        Recorder::set(&st.dirty, self.dirty.queued() as u64);
-        Recorder::set(&st.in_flight, self.dirty.running() as u64);
-        // At most `workers` calls run: the scan is cheap.
-        let starts = (
-            self.job_keys.values().map(|j| j.started).min(),
-            self.sweep_began,
-        );
-        if starts != self.published_starts {
-            self.published_starts = starts;
-            st.set_oldest_in_flight(starts.0);
-            st.set_sweep_since(starts.1.map(Instant::into_std));
-        }
-        Recorder::set(
-            &st.sweep_listed,
-            if starts.1.is_some() {
-                self.sweep_listed
-            } else {
-                0
-            },
-        );
-        Recorder::set(&st.poisoned, self.dirty.poisoned() as u64);
-        Recorder::set(&st.poisoned_holding, self.holding.len() as u64);
-        let unacked = self.tracker.as_ref().map_or(0, |t| t.unreleased());
-        Recorder::set(&st.unacked_batches, unacked as u64);
-    }
-}
-
-/// How an unhealed gap reads in [`Stats::unhealed_gaps`](crate::Stats::unhealed_gaps).
-fn unhealed_line((schema, table): &(Box<str>, Box<str>), why: &str) -> String {
-    if table.is_empty() {
-        format!("an unknown table: {why}")
-    } else {
-        format!("{schema}.{table}: {why}")
+        let readings = Readings {
+            dirty: &self.dirty,
+            oldest_call: self.jobs.oldest_start(),
+            sweep: (self.progress.began(), self.progress.listed()),
+            holding: self.quarantine.holding(),
+            unacked: self.tracker.as_ref().map_or(0, |t| t.unreleased()),
+        };
+        self.gauges.publish(&self.shared.stats, readings);
     }
 }

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 
 use crate::ack::BatchId;
 use crate::backoff::Backoff;
+use crate::parts::Reconcile;
 use crate::rebuild::KeySink;
-use crate::refresher::Reconcile;
 use crate::{BoxError, Key};
 
 /// A sweep that is listing keys.
@@ -46,6 +46,8 @@ pub(crate) enum Finished {
 
 pub(crate) struct Sweeper {
     reconcile: Option<Reconcile>,
+    /// Spaces the retries of a failed listing.
+    backoff: Backoff,
     listing: Option<Listing>,
     again: bool,
     /// TRUNCATE batches waiting for the next sweep to start.
@@ -57,8 +59,9 @@ pub(crate) struct Sweeper {
 impl Sweeper {
     /// A sweeper whose first sweep is due at `now` (when a reconcile is configured and
     /// sweeps at start; else one interval later).
-    pub(crate) fn new(reconcile: Option<Reconcile>, now: Instant) -> Sweeper {
+    pub(crate) fn new(reconcile: Option<Reconcile>, backoff: Backoff, now: Instant) -> Sweeper {
         Sweeper {
+            backoff,
             next: reconcile
                 .as_ref()
                 .map(|r| if r.at_start { now } else { now + r.every }),
@@ -151,7 +154,7 @@ impl Sweeper {
     }
 
     /// Collects the ended listing and schedules the next sweep.
-    pub(crate) async fn finish(&mut self, source_done: bool, backoff: &Backoff) -> Finished {
+    pub(crate) async fn finish(&mut self, source_done: bool) -> Finished {
         let Some(mut listing) = self.listing.take() else {
             return Finished::Listed { unpin: Vec::new() };
         };
@@ -170,7 +173,7 @@ impl Sweeper {
             }
             Err(error) => {
                 self.failures += 1;
-                let retry_in = backoff.ceiling(self.failures).min(every);
+                let retry_in = self.backoff.ceiling(self.failures).min(every);
                 // Still pinned: the retry must cover these TRUNCATEs.
                 self.pins.extend(pins);
                 self.next = Some(later(now, retry_in));

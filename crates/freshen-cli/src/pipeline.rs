@@ -382,11 +382,10 @@ impl Readout for Observer {
                 .map(|p| match &p.table {
                     // Name the views that lost the table.
                     Some((schema, table)) => {
-                        let t = freshen_postgres::TableName::new(schema, table);
                         let views: Vec<&str> = self
                             .views
                             .iter()
-                            .filter(|(_, _, scope, _)| scope.watches(&t))
+                            .filter(|(_, _, scope, _)| scope.watches(schema, table))
                             .map(|(n, _, _, _)| n.as_str())
                             .collect();
                         format!("{} (views: {})", p.message, views.join(", "))

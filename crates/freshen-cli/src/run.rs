@@ -102,7 +102,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
     }
     // Rebuilds abandoned at shutdown cancel their statements on the server: let those
     // requests go out before the runtime ends.
-    freshen_postgres::cancels_settled(std::time::Duration::from_secs(5)).await;
+    crate::targets::settled(std::time::Duration::from_secs(5)).await;
     let Some(observer) = result? else {
         tracing::info!("stopped while standby");
         return Ok(ExitCode::SUCCESS);

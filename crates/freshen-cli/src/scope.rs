@@ -47,12 +47,12 @@ impl ViewScope {
         })
     }
 
-    /// Whether the view watches `table`.
-    pub fn watches(&self, table: &freshen_postgres::TableName) -> bool {
+    /// Whether the view watches `schema.table`.
+    pub fn watches(&self, schema: &str, table: &str) -> bool {
         self.tables
             .iter()
             .chain(&self.parents)
-            .any(|(s, t, _)| *s == table.schema && *t == table.name)
+            .any(|(s, t, _)| s == schema && t == table)
     }
 
     /// Events of the tables this view watches.
@@ -206,7 +206,7 @@ mod tests {
         let r = RowEvent::new("public", "readings", Op::Insert)
             .with_new(Row::from_pairs([("device", Value::from("d1"))]));
         assert_eq!(s.parent_keys(0, &r).count(), 0);
-        assert!(s.watches(&freshen_postgres::TableName::new("public", "plans")));
+        assert!(s.watches("public", "plans"));
     }
 
     #[test]

@@ -53,6 +53,12 @@ const LEFT_OUT: &[(&[&str], &str)] = &[
     (&["mysql", "mariadb"], "mysql"),
 ];
 
+/// Waits (up to `within`) for the cancel requests of rebuilds abandoned at shutdown to
+/// go out, so the servers stop their statements before the runtime ends.
+pub async fn settled(within: std::time::Duration) {
+    freshen_postgres::cancels_settled(within).await;
+}
+
 /// The target `url` names, or every problem with it (never quoting its password).
 pub fn open_url(url: &str) -> Result<Arc<dyn TargetPlug>, Vec<String>> {
     let scheme = url

@@ -817,8 +817,6 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
     out
 }
 
-/// `schema.table` as PostgreSQL reads it (unquoted names fold to lower case, quoted ones
-/// keep theirs): the one parser, `freshen_postgres::TableName`.
 /// How the file's table names are read: a source's tables (`watch`, `static`) by the
 /// source's rules, a target's (`into`) by the target's (see [`freshen::plug::Naming`]).
 struct Names {

@@ -1,7 +1,7 @@
-//! How a source kind and a target kind plug into a program that picks them from
-//! configuration (the `freshen` binary): a trait each, implemented in the kind's crate,
-//! so that adding one touches its crate and one registration line. Targets: see
-//! [`TargetPlug`].
+//! How a source kind, a target kind and a sink kind plug into a program that picks them
+//! from configuration (the `freshen` binary): a trait each, implemented in the kind's
+//! crate, so that adding one touches its crate and one registration line. Targets: see
+//! [`TargetPlug`]; sinks: [`SinkPlug`].
 //!
 //! ```text
 //!   [source] kind = "…"  ──deserialize──►  XSourceConfig: SourcePlug
@@ -14,12 +14,14 @@
 //! each view watches and by which key columns — so that a source can prepare for it
 //! (a publication, replica identity advice) without knowing how views are configured.
 
+mod sink;
 mod target;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use sink::{RunSink, SinkPlug, Splice};
 pub use target::{QuerySpec, Target, TargetError, TargetPlug, ViewSpec, ViewTarget};
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};

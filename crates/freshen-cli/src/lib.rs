@@ -18,6 +18,7 @@ pub mod role;
 pub mod run;
 pub mod scope;
 pub mod sink_snapshot;
+pub mod sinks;
 pub mod snapshot;
 pub mod sources;
 pub mod standby;

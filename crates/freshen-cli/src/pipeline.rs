@@ -38,31 +38,27 @@ pub(crate) type SinkRun = Box<
 
 /// Sets up `sink` (connects its producer) and returns how to run it, with its snapshot
 /// driver (a PostgreSQL source only).
-#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
 fn sink_run(
     cfg: &Config,
     sink: &Sink,
 ) -> anyhow::Result<(SinkRun, Option<crate::sink_snapshot::Driver>)> {
-    match *sink {
-        #[cfg(feature = "kafka")]
-        Sink::Kafka(ref k, ref snapshot) => {
-            let s = freshen_kafka::KafkaSink::new(k).context("cannot set up the Kafka sink")?;
-            let driver = crate::sink_snapshot::driver(cfg, &k.topic, snapshot)?;
-            let splice = driver
-                .as_ref()
-                .map(|d| crate::sink_snapshot::splice(d.snapshots.clone()));
-            let run: SinkRun = Box::new(move |branch, stop| {
-                Box::pin(async move {
-                    match splice {
-                        Some(splice) => s.run_interleaved(branch, splice, stop).await,
-                        None => s.run(branch, stop).await,
-                    }
-                    .map_err(Into::into)
-                })
-            });
-            Ok((run, driver))
-        }
-    }
+    let s = sink
+        .plug
+        .open()
+        .map_err(anyhow::Error::from_boxed)
+        .with_context(|| format!("cannot set up the {} sink", sink.plug.name()))?;
+    let driver = crate::sink_snapshot::driver(cfg, &sink.plug.identity(), &sink.snapshot)?;
+    let splice = driver.as_ref().map(|d| {
+        Box::new(crate::sink_snapshot::splice(d.snapshots.clone())) as freshen::plug::Splice
+    });
+    let run: SinkRun = Box::new(move |branch, stop| {
+        Box::pin(async move {
+            s(branch, splice, stop)
+                .await
+                .map_err(anyhow::Error::from_boxed)
+        })
+    });
+    Ok((run, driver))
 }
 
 /// Until the pipeline stops.

@@ -52,43 +52,24 @@ pub fn resolve(cfg: &Config, asked: Option<Role>) -> Result<Option<Role>, String
     }
 }
 
+/// How the capture role reads a change's keys: `(view index, key)` for each view.
+pub(crate) type Keyer = dyn Fn(&freshen::RowEvent, &mut Vec<(usize, freshen::Key)>) + Send + Sync;
+
 /// The capture role's publisher, run like a sink on its branch of the source.
-#[cfg(feature = "kafka")]
 pub(crate) async fn publisher(cfg: &Config) -> anyhow::Result<crate::pipeline::SinkRun> {
     use anyhow::Context as _;
     let ks = cfg
         .key_stream
         .as_ref()
         .context("the capture role needs [key_stream]")?;
-    let publisher = freshen_kafka::KeyPublisher::connect(ks)
-        .await
-        .context("cannot set up the key stream's producer")?;
-    tracing::info!(
-        topic = %ks.topic,
-        partitions = publisher.partitions(),
-        "capture: publishing the views' keys"
-    );
     let scopes: Vec<_> = cfg.views.iter().map(crate::scope::ViewScope::new).collect();
     let names: Vec<String> = cfg.views.iter().map(|v| v.name.clone()).collect();
-    let keyer: Box<freshen_kafka::Keyer> = Box::new(move |e, out| {
+    let keyer: Box<Keyer> = Box::new(move |e, out| {
         for (i, s) in scopes.iter().enumerate() {
             out.extend(s.keys(e).map(|k| (i, k)));
         }
     });
-    Ok(Box::new(move |branch, stop| {
-        Box::pin(async move {
-            publisher
-                .run(branch, &names, &*keyer, stop)
-                .await
-                .map_err(Into::into)
-        })
-    }))
-}
-
-/// The capture role without Kafka built in (configuration already refuses this).
-#[cfg(not(feature = "kafka"))]
-pub(crate) async fn publisher(_cfg: &Config) -> anyhow::Result<crate::pipeline::SinkRun> {
-    anyhow::bail!("[key_stream] is not built into this freshen: build it with `--features kafka`")
+    crate::key_stream::publisher(ks, names, keyer).await
 }
 
 /// What a worker runs its views on: one source per view (its keys from the stream) and
@@ -103,7 +84,6 @@ pub(crate) struct Worker {
 }
 
 /// Joins the workers' group and fences `rebuilds` (one per view).
-#[cfg(feature = "kafka")]
 pub(crate) async fn worker(
     cfg: &Config,
     rebuilds: Vec<Box<dyn freshen::Rebuild>>,
@@ -113,42 +93,8 @@ pub(crate) async fn worker(
         .key_stream
         .as_ref()
         .context("the worker role needs [key_stream]")?;
-    let source = freshen_kafka::KeySource::connect(ks)
-        .await
-        .context("cannot join the key stream's consumer group")?;
-    tracing::info!(
-        topic = %ks.topic,
-        group = %ks.group,
-        partitions = source.partitions(),
-        "worker: rebuilding the keys of the partitions assigned here"
-    );
-    let probe = Arc::new(source.probe());
-    let rebuilds = cfg
-        .views
-        .iter()
-        .zip(rebuilds)
-        .map(|(v, r)| source.fence(&v.name, r))
-        .collect();
-    let names = cfg.views.iter().map(|v| v.name.clone()).collect();
-    let sources = source
-        .split(names)
-        .into_iter()
-        .map(|s| Box::new(s) as Box<dyn freshen::Source>)
-        .collect();
-    Ok(Worker {
-        sources,
-        rebuilds,
-        probe,
-    })
-}
-
-/// The worker role without Kafka built in (configuration already refuses this).
-#[cfg(not(feature = "kafka"))]
-pub(crate) async fn worker(
-    _cfg: &Config,
-    _rebuilds: Vec<Box<dyn freshen::Rebuild>>,
-) -> anyhow::Result<Worker> {
-    anyhow::bail!("[key_stream] is not built into this freshen: build it with `--features kafka`")
+    let views = cfg.views.iter().map(|v| v.name.clone()).zip(rebuilds);
+    crate::key_stream::worker(ks, views.collect()).await
 }
 
 /// The status line of a worker's partitions: which key stream partitions it owns.
@@ -175,41 +121,5 @@ mod tests {
             "key stream partitions owned: 0, 3, 5 (3)\n"
         );
         assert!(partitions_line(&[]).contains("none"));
-    }
-
-    #[cfg(feature = "kafka")]
-    #[test]
-    fn a_role_needs_a_key_stream_and_a_key_stream_needs_a_role() {
-        let base = r#"
-[source]
-kind = "postgres"
-url = "postgres://app@db/app"
-
-[[views]]
-name = "v"
-watch = [{ table = "readings", key = ["device"] }]
-rebuild = ["SELECT 1 WHERE $1::text IS NOT NULL"]
-"#;
-        let env = |_: &str| None;
-        let single = crate::config::parse(base, "f.toml", &env).unwrap();
-        assert_eq!(resolve(&single, None), Ok(None));
-        let e = resolve(&single, Some(Role::Worker)).unwrap_err();
-        assert!(
-            e.contains("--role worker") && e.contains("[key_stream]"),
-            "{e}"
-        );
-        let spread = format!(
-            "{base}\n[key_stream]\nbrokers = \"k:9092\"\ntopic = \"keys\"\ngroup = \"w\"\n"
-        );
-        let spread = crate::config::parse(&spread, "f.toml", &env).unwrap();
-        assert_eq!(
-            resolve(&spread, Some(Role::Capture)),
-            Ok(Some(Role::Capture))
-        );
-        let e = resolve(&spread, None).unwrap_err();
-        assert!(
-            e.contains("--role capture") && e.contains("--role worker"),
-            "{e}"
-        );
     }
 }

@@ -1,6 +1,6 @@
-//! Sinks' snapshots in a pipeline: each Kafka sink on a PostgreSQL source gets a
-//! `freshen_postgres::SinkSnapshots` (its identity `kafka:<topic>`, so a sink new to a
-//! deployment, or pointed at a new topic, starts its snapshots afresh), spliced into
+//! Sinks' snapshots in a pipeline: each sink on a PostgreSQL source gets a
+//! `freshen_postgres::SinkSnapshots` (under the sink's identity, e.g. `kafka:<topic>`,
+//! so a sink new to a deployment, or pointed at a new topic, starts afresh), spliced into
 //! its stream, driven on its own task, shown in `/status` and started on demand
 //! (`POST /admin/sinks/{n}/snapshot`, `freshen snapshot --sink N`).
 
@@ -26,13 +26,13 @@ impl Driver {
     }
 }
 
-/// The snapshots of a sink publishing to `topic`, when the source is PostgreSQL's
-/// replication stream (the one whose WAL carries the watermarks); `None` otherwise
-/// (configuration checking rejects `snapshot = "initial"` there).
-#[cfg(feature = "kafka")]
+/// The snapshots of the sink called `identity` (see
+/// [`freshen::plug::SinkPlug::identity`]), when the source is PostgreSQL's replication
+/// stream (the one whose WAL carries the watermarks); `None` otherwise (configuration
+/// checking rejects `snapshot = "initial"` there).
 pub fn driver(
     cfg: &crate::config::Config,
-    topic: &str,
+    identity: &str,
     s: &crate::config::SinkSnapshot,
 ) -> anyhow::Result<Option<Driver>> {
     if cfg.source.kind() != "postgres" {
@@ -52,7 +52,7 @@ pub fn driver(
         .map(|(schema, table)| TableName::new(schema, table))
         .collect();
     let settings = freshen_postgres::SinkSnapshotSettings::new(
-        format!("kafka:{topic}"),
+        identity,
         s.mode == freshen_changefeed::SnapshotMode::Initial,
     )
     .chunk_rows(s.chunk_rows)

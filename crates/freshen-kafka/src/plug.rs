@@ -1,11 +1,11 @@
-//! The Kafka source as the `freshen` binary plugs it in.
+//! The Kafka source and sink as the `freshen` binary plugs them in.
 
 use std::sync::Arc;
 
-use freshen::plug::{Finding, Plan, SourcePlug, Started};
+use freshen::plug::{Finding, Plan, RunSink, SinkPlug, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture};
 
-use crate::{KafkaSource, KafkaSourceConfig};
+use crate::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
 
 impl SourcePlug for KafkaSourceConfig {
     fn kind(&self) -> &'static str {
@@ -49,5 +49,36 @@ impl SourcePlug for KafkaSourceConfig {
                 probe,
             })
         })
+    }
+}
+
+impl SinkPlug for KafkaSinkConfig {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn name(&self) -> &'static str {
+        "Kafka"
+    }
+
+    fn problems(&self) -> Vec<String> {
+        KafkaSinkConfig::problems(self)
+    }
+
+    fn identity(&self) -> String {
+        format!("kafka:{}", self.topic)
+    }
+
+    fn open(&self) -> Result<RunSink, BoxError> {
+        let sink = KafkaSink::new(self)?;
+        Ok(Box::new(move |branch, splice, stop| {
+            Box::pin(async move {
+                match splice {
+                    Some(splice) => sink.run_interleaved(branch, splice, stop).await,
+                    None => sink.run(branch, stop).await,
+                }
+                .map_err(Into::into)
+            })
+        }))
     }
 }

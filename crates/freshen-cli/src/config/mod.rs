@@ -4,7 +4,6 @@
 mod key_stream;
 mod problems;
 pub(crate) mod read;
-#[cfg(feature = "kafka")]
 mod sink_snapshot;
 
 use std::net::SocketAddr;
@@ -17,7 +16,6 @@ pub use key_stream::KeyStream;
 pub use problems::ConfigError;
 use problems::Problem;
 use read::{Reader, Tbl};
-#[cfg(feature = "kafka")]
 pub use sink_snapshot::SinkSnapshot;
 
 /// A connection URL that may hold a password: never printed, never logged.
@@ -30,13 +28,15 @@ pub use freshen::redact_url;
 /// [`crate::sources`]).
 pub type Source = std::sync::Arc<dyn freshen::plug::SourcePlug>;
 
-/// Where captured changes are published besides the views.
+/// Where captured changes are published besides the views: a registered kind's
+/// configuration (see [`crate::sinks`]), and whether it publishes the rows that already
+/// exist.
 #[derive(Debug, Clone)]
-pub enum Sink {
-    /// Every change to Kafka in Debezium's envelope (and, with a snapshot, the rows
-    /// that already exist as READ events).
-    #[cfg(feature = "kafka")]
-    Kafka(Box<freshen_kafka::KafkaSinkConfig>, SinkSnapshot),
+pub struct Sink {
+    /// The kind's own settings.
+    pub plug: std::sync::Arc<dyn freshen::plug::SinkPlug>,
+    /// Its snapshots (read events of the rows that already exist).
+    pub snapshot: SinkSnapshot,
 }
 
 /// Timing and failure options; `[defaults]` and every view may set them.
@@ -1107,7 +1107,6 @@ fn check_views_on_target(
     }
 }
 
-#[cfg_attr(not(feature = "kafka"), allow(unused_variables))]
 fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Vec<Sink> {
     let Some(item) = root.t.get("sinks") else {
         return Vec::new();
@@ -1122,47 +1121,50 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) ->
             return Vec::new();
         }
     };
-    #[cfg_attr(not(feature = "kafka"), allow(unused_mut))]
+    let names = crate::sinks::names();
     let mut out = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let path = format!("sinks[{i}]");
         let Some(t) = r.as_table(entry, &path) else {
             continue;
         };
-        let kind = r.choice(t, "kind", &["kafka"]);
+        let kind = r.choice(t, "kind", &names);
         if kind.is_none() && t.t.get("kind").is_none() {
-            r.missing(t, "kind", "the sink type: \"kafka\"");
+            let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+            r.missing(t, "kind", &format!("the sink type: {}", quoted.join(", ")));
         }
         let Some(kind) = kind else { continue };
-        #[cfg(feature = "kafka")]
-        {
-            let mark = r.mark();
-            let snapshot = sink_snapshot::read(r, t, source);
-            let skip: Vec<&str> = ["kind"]
-                .iter()
-                .chain(sink_snapshot::KEYS)
-                .copied()
-                .collect();
-            let sink: Option<freshen_kafka::KafkaSinkConfig> = r.serde_table(entry, &path, &skip);
-            if let Some(sink) = sink {
-                let problems = if r.judged_since(mark) {
-                    sink.problems()
-                } else {
-                    Vec::new()
-                };
-                for p in &problems {
-                    r.problem_in(entry, &path, p, kind.line);
-                }
-                if problems.is_empty() {
-                    out.push(Sink::Kafka(Box::new(sink), snapshot));
-                }
-            }
+        if let Some((name, feature)) = crate::sinks::left_out(&kind.value) {
+            r.p.at_line(
+                kind.line,
+                format!("`{path}.kind` \"{name}\" is not built into this freshen: build it with `--features {feature}`"),
+            );
+            continue;
         }
-        #[cfg(not(feature = "kafka"))]
-        r.p.at_line(
-            kind.line,
-            format!("`{path}.kind` \"kafka\" is not built into this freshen: build it with `--features kafka`"),
-        );
+        let Some(registered) = crate::sinks::find(&kind.value) else {
+            continue;
+        };
+        let mark = r.mark();
+        let snapshot = sink_snapshot::read(r, t, source);
+        let skip: Vec<&str> = ["kind"]
+            .iter()
+            .chain(sink_snapshot::KEYS)
+            .copied()
+            .collect();
+        let Some(plug) = registered.read(r, entry, &path, &skip) else {
+            continue;
+        };
+        let problems = if r.judged_since(mark) {
+            plug.problems()
+        } else {
+            Vec::new()
+        };
+        for p in &problems {
+            r.problem_in(entry, &path, p, kind.line);
+        }
+        if problems.is_empty() {
+            out.push(Sink { plug, snapshot });
+        }
     }
     out
 }

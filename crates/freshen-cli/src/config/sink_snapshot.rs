@@ -65,7 +65,8 @@ pub(super) fn read(r: &mut Reader<'_, '_>, t: Tbl<'_>, source: Option<&Source>) 
     s
 }
 
-#[cfg(test)]
+// A sink kind to read them beside: Kafka's.
+#[cfg(all(test, feature = "kafka"))]
 mod tests {
     use super::super::{Sink, parse};
     use super::*;
@@ -97,8 +98,8 @@ topic = "pg"
             "snapshot = \"initial\"\nsnapshot_chunk_rows = 500\nsnapshot_pause_ms = 20",
         );
         let c = parse(&src, "f.toml", &env).unwrap();
-        let Sink::Kafka(k, s) = &c.sinks[0];
-        assert_eq!(k.topic, "pg");
+        let Sink { plug, snapshot: s } = &c.sinks[0];
+        assert_eq!(plug.identity(), "kafka:pg");
         assert_eq!(
             *s,
             SinkSnapshot {
@@ -109,7 +110,7 @@ topic = "pg"
         );
         // As for the changefeed: no snapshot unless asked.
         let c = parse(&config(POSTGRES, ""), "f.toml", &env).unwrap();
-        let Sink::Kafka(_, s) = &c.sinks[0];
+        let s = &c.sinks[0].snapshot;
         assert_eq!(*s, SinkSnapshot::default());
         assert_eq!(s.mode, SnapshotMode::Never);
     }

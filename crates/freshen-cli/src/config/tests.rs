@@ -516,6 +516,53 @@ fn a_kind_left_out_of_the_build_names_its_feature() {
     }
 }
 
+/// So is a sink kind, and the key stream, where this build left them out.
+#[test]
+fn a_sink_or_key_stream_left_out_of_the_build_names_its_feature() {
+    let src = r#"[source]
+kind = "postgres"
+url = "postgres://app@db/app"
+
+[[views]]
+name = "v"
+watch = [{ table = "readings", key = ["device"] }]
+rebuild = ["SELECT 1 WHERE $1::text IS NOT NULL"]
+
+[[sinks]]
+kind = "kafka"
+brokers = "k:9092"
+topic = "changes"
+
+[key_stream]
+brokers = "k:9092"
+topic = "keys"
+group = "w"
+"#;
+    let sink_built = crate::sinks::find("kafka").is_some();
+    let key_stream_built = cfg!(feature = "kafka");
+    let lines = match parse(src, "f.toml", &env) {
+        Ok(c) => {
+            assert_eq!(c.sinks.len(), 1);
+            assert!(c.key_stream.is_some());
+            Vec::new()
+        }
+        Err(e) => e.lines(),
+    };
+    let sink = "f.toml:11: `sinks[0].kind` \"kafka\" is not built into this freshen: build it with `--features kafka`";
+    let key_stream =
+        "f.toml:15: [key_stream] is not built into this freshen: build it with `--features kafka`";
+    assert_eq!(lines.iter().any(|l| l == sink), !sink_built, "{lines:?}");
+    assert_eq!(
+        lines.iter().any(|l| l == key_stream),
+        !key_stream_built,
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines.len(),
+        usize::from(!sink_built) + usize::from(!key_stream_built)
+    );
+}
+
 const JOINED: &str = r#"
 [source]
 kind = "postgres"

@@ -1,7 +1,7 @@
-//! How a source kind and a target kind plug into a program that picks them from
-//! configuration (the `freshen` binary): a trait each, implemented in the kind's crate,
-//! so that adding one touches its crate and one registration line. Targets: see
-//! [`TargetPlug`].
+//! How a source kind, a target kind and a sink kind plug into a program that picks them
+//! from configuration (the `freshen` binary): a trait each, implemented in the kind's
+//! crate, so that adding one touches its crate and one registration line. Targets: see
+//! [`TargetPlug`]; sinks: [`SinkPlug`].
 //!
 //! ```text
 //!   [source] kind = "…"  ──deserialize──►  XSourceConfig: SourcePlug
@@ -15,6 +15,7 @@
 //! (a publication, replica identity advice) without knowing how views are configured.
 
 mod naming;
+mod sink;
 mod target;
 
 use std::fmt;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use naming::Naming;
+pub use sink::{RunSink, SinkPlug, Splice};
 pub use target::{QuerySpec, Target, TargetError, TargetPlug, ViewSpec, ViewTarget};
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};

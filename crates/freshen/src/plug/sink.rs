@@ -1,0 +1,68 @@
+//! How a sink kind — somewhere every captured change is published besides the views —
+//! plugs into a program that picks it from configuration (the `freshen` binary), beside
+//! [`SourcePlug`]:
+//!
+//! ```text
+//!   [[sinks]] kind = "…" ──deserialize──► XSinkConfig: SinkPlug
+//!                                             │ problems()   offline validation
+//!                                             │ identity()   who keeps snapshot progress
+//!                                             └ open() ──► RunSink(branch, splice, stop)
+//! ```
+//!
+//! A sink is one more consumer of the source's [`fanout`](crate::fanout()): it takes
+//! batches from its [`Branch`] and acknowledges each once it is durable elsewhere. With
+//! a snapshot, the program hands it a [`Splice`] that answers, for each batch, the rows
+//! a snapshot read to publish among the batch's changes.
+//!
+//! [`SourcePlug`]: super::SourcePlug
+
+use std::fmt;
+
+use crate::fanout::Branch;
+use crate::source::{BoxError, BoxFuture};
+use crate::{Ack, Batch, RowEvent};
+
+/// Called on every batch, in order, before it is published: `(index, rows, delivered)`
+/// for each run of rows (a snapshot's, published as reads) to publish before the
+/// batch's event at `index`; `delivered` is acknowledged with the batch once every
+/// record up to and including those rows is delivered.
+pub type Splice = Box<dyn FnMut(&Batch) -> Vec<(usize, Vec<RowEvent>, Ack)> + Send>;
+
+/// A sink set up by [`SinkPlug::open`], run once on its branch of the source, with an
+/// optional [`Splice`], until the stop future completes, the branch ends or delivery
+/// fails.
+pub type RunSink = Box<
+    dyn FnOnce(
+            Branch,
+            Option<Splice>,
+            BoxFuture<'static, ()>,
+        ) -> BoxFuture<'static, Result<(), BoxError>>
+        + Send,
+>;
+
+/// A sink kind's configuration, as a program that reads configuration files uses it.
+///
+/// Implemented by each sink crate's configuration type (which also derives serde's
+/// `Deserialize` and rejects unknown fields), so that what a sink knows about itself —
+/// its defaults, validation, how it publishes — lives in its crate.
+pub trait SinkPlug: fmt::Debug + Send + Sync + 'static {
+    /// The kind, as `[[sinks]] kind` names it.
+    fn kind(&self) -> &'static str;
+
+    /// The kind as messages name it (`"Kafka"`).
+    fn name(&self) -> &'static str;
+
+    /// What is wrong with the values themselves, each problem a sentence starting with
+    /// the field's name; checked without any I/O.
+    fn problems(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Who this sink is where its progress is kept (a snapshot's, per table): the same
+    /// while it publishes to the same place, so that a sink pointed elsewhere starts
+    /// afresh (`kafka:<topic>`).
+    fn identity(&self) -> String;
+
+    /// Sets the sink up (a producer; nothing is sent yet) and returns how to run it.
+    fn open(&self) -> Result<RunSink, BoxError>;
+}

@@ -82,76 +82,57 @@
 //! rustls with the ring provider, for SQL and replication connections alike;
 //! `sslmode` `disable`, `prefer`, `require`, `verify-full` (with `sslrootcert`).
 
-mod across;
 mod admin;
-mod assemble;
+mod capture;
 pub mod check;
 mod config;
-pub mod depends;
-mod drift;
-mod enumerate;
 mod error;
-mod fanout;
-mod feedback;
-mod identity;
-pub mod incremental;
 mod leader;
-mod lowat;
 mod lsn;
-mod membership;
-mod merge;
-mod params;
-mod pgoutput;
+pub mod polling;
 mod pool;
-mod query;
 mod quote;
-mod reader;
-mod rebuild;
-mod rows;
 mod select;
-mod settings;
-mod sink_snapshot;
 mod snapshot;
-mod snapshot_window;
-mod source;
-mod stall;
 mod target;
 mod tls;
-mod toast;
-mod xid;
+
+pub use check::depends;
+/// The cursor-polling source under its earlier name: [`polling`].
+pub use polling as incremental;
 
 pub use admin::{
     CREATED_BY, Coverage, IdentityCheck, PgAdmin, PublicationDrop, PublicationInfo,
     ReplicaIdentity, SlotInfo, TableIdentity,
 };
+pub use capture::pgoutput::DecodeError;
+pub use capture::settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
+pub use capture::source::{Health, PgHandle, PgSource, PgSourceBuilder};
+pub use check::identity::{
+    Choice, FULL_COST, IdentityFacts, Recommendation, UniqueIndex, Verdict, ViewNeed, recommend,
+};
+pub use check::toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
 pub use config::{
     ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, MAX_CONNECT_TIMEOUT, MAX_READ_GAP,
     MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition,
     TableName,
 };
 pub use deadpool_postgres::Pool;
-pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
-pub use fanout::{SqlFanOut, SqlFanOutBuilder};
-pub use identity::{
-    Choice, FULL_COST, IdentityFacts, Recommendation, UniqueIndex, Verdict, ViewNeed, recommend,
-};
-pub use incremental::{PgIncrementalSettings, PgIncrementalSource};
 pub use leader::{Attempt, Holder, Leadership};
 pub use lsn::{Lsn, ParseLsnError};
-pub use pgoutput::DecodeError;
+pub use polling::{PgIncrementalSettings, PgIncrementalSource};
 pub use pool::connect_pool;
-pub use query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
 pub use quote::quote_ident;
-pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
 pub use select::{BOOKKEEPING_PREFIX, TablePattern, capturable, system_schema};
-pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
-pub use sink_snapshot::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
+pub use snapshot::sink::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
+pub use snapshot::window::{ChunkCheck, RECENT_XIDS, StreamedKeys, row_key};
 pub use snapshot::{
     Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,
     resolve_tables, write_watermark,
 };
-pub use snapshot_window::{ChunkCheck, RECENT_XIDS, StreamedKeys, row_key};
-pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
-pub use target::{PgTarget, is_postgres_url};
-pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
+pub use target::enumerate::SqlEnumerate;
+pub use target::fanout::{SqlFanOut, SqlFanOutBuilder};
+pub use target::plug::{PgTarget, is_postgres_url};
+pub use target::query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
+pub use target::rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};

@@ -13,10 +13,10 @@ use freshen::{
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admin::PgAdmin;
+use crate::admin::membership::Membership;
+use crate::capture::reader::{self, ReaderSetup, Shared};
+use crate::capture::stall::{Observation, StallWatch, Stalled};
 use crate::error::ErrorKind;
-use crate::membership::Membership;
-use crate::reader::{self, ReaderSetup, Shared};
-use crate::stall::{Observation, StallWatch, Stalled};
 use crate::{
     ConnectionConfig, Lsn, PgError, PgSourceConfig, PublicationMode, SlotInfo, SlotMode, SslMode,
     StartPosition, TableName, tls,

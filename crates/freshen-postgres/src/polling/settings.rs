@@ -9,12 +9,10 @@ use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{Backoff, BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
-use crate::incremental::source::{
-    IncrementalConfig, PgIncrementalSource, PolledTable, capabilities,
-};
-use crate::incremental::table;
+use crate::capture::settings::{duration, secret_url, url_problems};
+use crate::polling::source::{IncrementalConfig, PgIncrementalSource, PolledTable, capabilities};
+use crate::polling::table;
 use crate::pool::client;
-use crate::settings::{duration, secret_url, url_problems};
 use crate::{ConnectionConfig, TableName, connect_pool};
 
 /// The cursor-incremental PostgreSQL source, as configured in a file. It needs only

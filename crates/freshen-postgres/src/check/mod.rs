@@ -2,6 +2,10 @@
 //! (wal_level, privilege, slot, publication, replica identities) and rebuild statements
 //! that prepare with the view's key. Every finding says what to do.
 
+pub mod depends;
+pub(crate) mod identity;
+pub(crate) mod toast;
+
 use std::fmt;
 
 use freshen::plug::{Finding, Level, Plan, ViewSpec};
@@ -9,11 +13,11 @@ use tokio_postgres::Client;
 use tokio_postgres::types::{Kind, Type};
 
 use crate::PgError;
+use crate::capture::settings::{PgSourceSettings, PublicationChoice, SlotChoice};
 use crate::error::ErrorKind;
-use crate::settings::{PgSourceSettings, PublicationChoice, SlotChoice};
 use crate::{PgAdmin, Pool, TableName, quote_ident};
 
-pub use crate::merge::missing_params;
+pub use crate::target::merge::missing_params;
 
 /// A slot further behind than this is reported: an abandoned pipeline retains WAL.
 pub const LAG_WARNING_BYTES: u64 = 1 << 30;
@@ -79,7 +83,7 @@ pub(crate) async fn source(s: &PgSourceSettings, plan: &Plan) -> Vec<Finding> {
         Err(e) => out.push(Finding::error("tables", &subject, e.to_string())),
     }
     out.extend(publication_safety(&admin, s, &tables, &published).await);
-    out.extend(crate::identity::findings(&admin, plan).await);
+    out.extend(crate::check::identity::findings(&admin, plan).await);
     if plan.changefeed {
         out.extend(partial_updates(&admin, &tables).await);
     }
@@ -899,7 +903,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
         }
         match w.keys {
             None => {
-                keyed.push(crate::depends::KeyedTable {
+                keyed.push(crate::check::depends::KeyedTable {
                     table: w.table.clone(),
                     key: w.key.to_vec(),
                 });
@@ -945,7 +949,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
     let mut found = Vec::new();
     let mut written = Vec::new();
     for (what, sql) in &statements {
-        match crate::depends::relations(client, sql).await {
+        match crate::check::depends::relations(client, sql).await {
             Ok(r) => {
                 written.extend(r.writes.clone());
                 for f in &r.opaque_functions {
@@ -992,7 +996,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
                 continue;
             }
             reported.push(t.clone());
-            let proposal = match crate::depends::propose_watch(client, &t, &keyed).await {
+            let proposal = match crate::check::depends::propose_watch(client, &t, &keyed).await {
                 Ok(Some(p)) => format!("Add to the view's watch: {p}"),
                 _ => "Add a watch entry for it (with `keys` mapping its rows to the view's key)"
                     .to_string(),
@@ -1184,7 +1188,7 @@ pub async fn query_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
     };
     let subject = format!("view {} query", spec.view);
     let mut out = Vec::new();
-    match crate::query::plan(client, &spec.into, spec.key, spec.query).await {
+    match crate::target::query::plan(client, &spec.into, spec.key, spec.query).await {
         Err(e) => out.push(Finding::error("query", subject.clone(), e.to_string())),
         Ok(Err(problems)) => {
             for p in problems {
@@ -1215,7 +1219,7 @@ pub async fn query_view_across(source: &Client, target: &Client, view: &ViewSpec
     };
     let subject = format!("view {} query", spec.view);
     let mut out = Vec::new();
-    match crate::query::plan_across(source, target, &spec.into, spec.key, spec.query).await {
+    match crate::target::query::plan_across(source, target, &spec.into, spec.key, spec.query).await {
         Err(e) => out.push(Finding::error("query", subject.clone(), e.to_string())),
         Ok(Err(problems)) => {
             for p in problems {
@@ -1242,7 +1246,7 @@ async fn index_findings(client: &Client, spec: &CheckedQuery<'_>) -> Vec<Finding
     let mut out = Vec::new();
     for (table, key) in &spec.sources {
         let subject = format!("view {} watch {table}", spec.view);
-        match crate::query::indexes(client, table).await {
+        match crate::target::query::indexes(client, table).await {
             Err(e) => out.push(Finding::error("index", subject, e.to_string())),
             Ok(found) => match found.iter().find(|i| i.leads_with(key)) {
                 Some(i) => out.push(Finding::ok(

@@ -9,6 +9,8 @@ use std::fmt;
 use deadpool_postgres::Pool;
 use freshen::BeforeImage;
 
+pub(crate) mod membership;
+
 use crate::error::ErrorKind;
 use crate::pool::client;
 use crate::quote::{quote_ident, quote_literal};
@@ -662,8 +664,8 @@ impl PgAdmin {
         &self,
         name: &str,
         tables: &[TableName],
-    ) -> Result<Option<crate::membership::Membership>, PgError> {
-        use crate::membership::{Entry, Membership};
+    ) -> Result<Option<crate::admin::membership::Membership>, PgError> {
+        use crate::admin::membership::{Entry, Membership};
         let c = client(&self.pool).await?;
         let Some(p) = c
             .query_opt(

@@ -42,7 +42,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::error::ErrorKind;
 use crate::pool::client;
-use crate::snapshot_window::row_key;
+use crate::snapshot::window::row_key;
 use crate::{
     ChunkCheck, PgError, SnapshotProgress, SnapshotState, StreamedKeys, TableName, TableReader,
     WATERMARK_PREFIX, write_watermark,

@@ -301,7 +301,7 @@ impl SourcePlug for PgSourceSettings {
     }
 
     fn capabilities(&self) -> freshen::Capabilities {
-        crate::source::capabilities(self.slot_mode.into())
+        crate::capture::source::capabilities(self.slot_mode.into())
     }
 
     fn drop_upstream(&self) -> BoxFuture<'_, Result<Vec<String>, BoxError>> {

@@ -37,6 +37,17 @@
 //!   without replication grants (SELECT only): keyset pages past a cursor column, late
 //!   commits found through the `xmin` horizon, cursors stored after the rebuilds.
 //!
+//! # Layout
+//!
+//! The source files are grouped by part: `capture/` (the replication stream and
+//! [`PgSource`]), `target/` (rebuilds, fan-outs, enumeration, [`PgTarget`]), `check/`
+//! (what `freshen check` asks of PostgreSQL), `snapshot/` (DBLog chunks and
+//! watermarks, for the changefeed and for sinks) and `polling/` (the cursor source).
+//! Helpers they share sit beside them, named for what they are (`admin/`, `catalog`,
+//! `publication`, `table`, `lsn`, `config`, `pool`, `tls`, `quote`, `error`,
+//! `spelling`). Their public items are re-exported here, flat, besides the public
+//! modules [`check`], [`depends`] and [`polling`] (also [`incremental`]).
+//!
 //! # Example
 //!
 //! ```no_run
@@ -84,6 +95,7 @@
 
 mod admin;
 mod capture;
+mod catalog;
 pub mod check;
 mod config;
 mod error;
@@ -91,9 +103,12 @@ mod leader;
 mod lsn;
 pub mod polling;
 mod pool;
+mod publication;
 mod quote;
 mod select;
 mod snapshot;
+mod spelling;
+mod table;
 mod target;
 mod tls;
 
@@ -115,7 +130,6 @@ pub use check::toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, need
 pub use config::{
     ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, MAX_CONNECT_TIMEOUT, MAX_READ_GAP,
     MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition,
-    TableName,
 };
 pub use deadpool_postgres::Pool;
 pub use error::{ErrorKind, PgError, retry_of};
@@ -131,6 +145,7 @@ pub use snapshot::{
     Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,
     resolve_tables, write_watermark,
 };
+pub use table::TableName;
 pub use target::enumerate::SqlEnumerate;
 pub use target::fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use target::plug::{PgTarget, is_postgres_url};

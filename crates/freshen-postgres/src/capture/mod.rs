@@ -8,6 +8,7 @@ pub(crate) mod drift;
 pub(crate) mod feedback;
 pub(crate) mod lowat;
 pub(crate) mod pgoutput;
+pub(crate) mod plug;
 pub(crate) mod reader;
 pub(crate) mod rows;
 pub(crate) mod settings;

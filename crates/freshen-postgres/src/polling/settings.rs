@@ -348,7 +348,7 @@ async fn check(s: &PgIncrementalSettings, plan: &Plan) -> Vec<Finding> {
                 continue;
             }
             Err(e) => {
-                out.push(Finding::error("table", &name, crate::check::db_message(&e)));
+                out.push(Finding::error("table", &name, crate::error::db_message(&e)));
                 continue;
             }
         }
@@ -428,7 +428,7 @@ async fn store_finding(s: &PgIncrementalSettings) -> Finding {
         )
         .await;
     match r {
-        Err(e) => Finding::error("cursor_store", name, crate::check::db_message(&e)),
+        Err(e) => Finding::error("cursor_store", name, crate::error::db_message(&e)),
         Ok(r) => match (
             r.get::<_, bool>(0),
             r.get::<_, bool>(1),

@@ -14,8 +14,8 @@ use freshen::{BoxError, BoxFuture, Due, Rebuild, Retry};
 use tokio_postgres::Client;
 use tokio_postgres::types::Kind;
 
-use crate::check::db_message;
 use crate::error::ErrorKind;
+use crate::error::db_message;
 use crate::pool::client;
 use crate::quote::quote_ident;
 use crate::target::across::Across;

@@ -412,12 +412,12 @@ impl Pipeline {
             .into_iter()
             .map(|s| (s, branches.next().expect("one branch per consumer")))
             .collect();
-        // Snapshots read rows with SQL from a PostgreSQL source, the one whose WAL
-        // carries their watermarks.
+        // Snapshots read rows with SQL from a source that can snapshot (PostgreSQL's
+        // replication stream), the one whose WAL carries their watermarks.
         let postgres_source = cfg
             .source
             .database_url()
-            .filter(|u| freshen_postgres::is_postgres_url(u));
+            .filter(|_| cfg.source.capabilities().snapshot);
         let snapshots = match (postgres_source, &cfg.changefeed) {
             (Some(url), Some(_)) => {
                 let conn = freshen_postgres::ConnectionConfig::from_url(url)

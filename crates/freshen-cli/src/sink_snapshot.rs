@@ -26,16 +26,17 @@ impl Driver {
     }
 }
 
-/// The snapshots of a sink publishing to `topic`, when the source is PostgreSQL's
-/// replication stream (the one whose WAL carries the watermarks); `None` otherwise
-/// (configuration checking rejects `snapshot = "initial"` there).
+/// The snapshots of a sink publishing to `topic`, when the source can snapshot
+/// ([`freshen::Capabilities::snapshot`]: PostgreSQL's replication stream, the one whose
+/// WAL carries the watermarks); `None` otherwise (configuration checking rejects
+/// `snapshot = "initial"` there).
 #[cfg(feature = "kafka")]
 pub fn driver(
     cfg: &crate::config::Config,
     topic: &str,
     s: &crate::config::SinkSnapshot,
 ) -> anyhow::Result<Option<Driver>> {
-    if cfg.source.kind() != "postgres" {
+    if !cfg.source.capabilities().snapshot {
         return Ok(None);
     }
     let Some(url) = cfg.source.database_url() else {

@@ -584,6 +584,10 @@ pub(crate) fn capabilities(slot_mode: SlotMode) -> Capabilities {
         transactions: true,
         // A changed Relation message is compared with the table's shape at start.
         schema_changes: true,
+        // Existing rows in primary-key chunks read with SQL on this database, between
+        // watermarks written into the WAL this stream reads (DBLog): the changefeed's
+        // and the sinks' snapshots.
+        snapshot: true,
         ..Capabilities::NONE
     }
 }

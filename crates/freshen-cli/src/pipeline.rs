@@ -511,17 +511,18 @@ async fn changefeed_consumer(
     })
 }
 
-/// Where the changefeed's snapshots read from: rows read with SQL from a PostgreSQL
-/// source, the one whose WAL carries their watermarks.
+/// Where the changefeed's snapshots read from: rows read with SQL from a source that can
+/// snapshot (PostgreSQL's replication stream), the one whose WAL carries their
+/// watermarks.
 fn changefeed_snapshots(
     cfg: &Config,
     c: &freshen_changefeed::ChangefeedConfig,
 ) -> anyhow::Result<Option<freshen_changefeed::SnapshotSource>> {
-    let postgres_source = cfg
+    let snapshotting = cfg
         .source
         .database_url()
-        .filter(|u| freshen_postgres::is_postgres_url(u));
-    let Some(url) = postgres_source else {
+        .filter(|_| cfg.source.capabilities().snapshot);
+    let Some(url) = snapshotting else {
         if c.snapshot != freshen_changefeed::SnapshotMode::Never {
             anyhow::bail!("changefeed.snapshot: snapshots read from a PostgreSQL source");
         }

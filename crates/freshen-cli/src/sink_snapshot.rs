@@ -27,15 +27,16 @@ impl Driver {
 }
 
 /// The snapshots of the sink called `identity` (see
-/// [`freshen::plug::SinkPlug::identity`]), when the source is PostgreSQL's replication
-/// stream (the one whose WAL carries the watermarks); `None` otherwise (configuration
-/// checking rejects `snapshot = "initial"` there).
+/// [`freshen::plug::SinkPlug::identity`]), when the source can snapshot
+/// ([`freshen::Capabilities::snapshot`]: PostgreSQL's replication stream, the one whose
+/// WAL carries the watermarks); `None` otherwise (configuration checking rejects
+/// `snapshot = "initial"` there).
 pub fn driver(
     cfg: &crate::config::Config,
     identity: &str,
     s: &crate::config::SinkSnapshot,
 ) -> anyhow::Result<Option<Driver>> {
-    if cfg.source.kind() != "postgres" {
+    if !cfg.source.capabilities().snapshot {
         return Ok(None);
     }
     let Some(url) = cfg.source.database_url() else {

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use freshen::Backoff;
 
-use crate::quote::quote_ident;
-use crate::{Lsn, PgError};
+use crate::{Lsn, PgError, TableName};
 
 /// How the connection uses TLS (libpq's `sslmode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -306,58 +305,6 @@ fn decode(s: &str) -> Result<String, String> {
         }
     }
     String::from_utf8(out).map_err(|_| "percent-escapes do not form UTF-8".to_string())
-}
-
-/// A schema-qualified table name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TableName {
-    /// Schema (`public` when not given).
-    pub schema: String,
-    /// Table.
-    pub name: String,
-}
-
-impl TableName {
-    /// `schema.name`.
-    pub fn new(schema: impl Into<String>, name: impl Into<String>) -> TableName {
-        TableName {
-            schema: schema.into(),
-            name: name.into(),
-        }
-    }
-
-    /// The name quoted for SQL: `"schema"."name"`.
-    pub fn quoted(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
-    }
-}
-
-impl FromStr for TableName {
-    type Err = String;
-
-    /// `table`, `schema.table`, with double quotes around parts that need them (see
-    /// [`naming`]).
-    fn from_str(s: &str) -> Result<TableName, String> {
-        let (schema, name) = naming().parse(s)?;
-        Ok(TableName { schema, name })
-    }
-}
-
-/// PostgreSQL's rules for a table name in the file: double quotes keep a part as
-/// written, an unquoted part folds to lower case, an unqualified table is in `public`.
-pub fn naming() -> freshen::plug::Naming {
-    freshen::plug::Naming {
-        quote: '"',
-        fold_unquoted: true,
-        default_schema: Some("public".into()),
-        schema_word: "schema",
-    }
 }
 
 /// What the source does about its replication slot.
@@ -656,25 +603,6 @@ mod tests {
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("hunter2"));
         assert!(shown.contains("***"));
-    }
-
-    #[test]
-    fn table_names() {
-        assert_eq!(
-            "t".parse::<TableName>().unwrap(),
-            TableName::new("public", "t")
-        );
-        assert_eq!(
-            "S.T".parse::<TableName>().unwrap(),
-            TableName::new("s", "t")
-        );
-        assert_eq!(
-            r#""My Schema"."a.b""#.parse::<TableName>().unwrap(),
-            TableName::new("My Schema", "a.b")
-        );
-        assert!("a.b.c".parse::<TableName>().is_err());
-        assert!("\"open".parse::<TableName>().is_err());
-        assert_eq!(TableName::new("s", "we\"ird").quoted(), r#""s"."we""ird""#);
     }
 
     #[test]

@@ -225,6 +225,20 @@ fn find_tls(e: &tokio_postgres::Error) -> bool {
     false
 }
 
+/// The server's own message for a SQL error (tokio-postgres' Display is just "db error").
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut m = db.message().to_string();
+            if let Some(hint) = db.hint() {
+                m.push_str(&format!(" (hint: {hint})"));
+            }
+            m
+        }
+        None => e.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

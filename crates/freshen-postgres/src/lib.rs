@@ -27,6 +27,8 @@
 //!   snapshots interleaved with the stream (the changefeed's DBLog snapshots). The
 //!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
 //!   [`ChunkCheck`] and [`StreamedKeys`] decide which of a chunk's rows are stale.
+//!   [`snapshot_table`] is the chunk loop (watermarks, SELECT, waiting for the high
+//!   watermark), once, for any [`ChunkConsumer`]: the changefeed's log and sinks.
 //! - [`SinkSnapshots`]: the same snapshots for a sink (Kafka): chunks spliced into the
 //!   sink's own stream at their high watermarks ([`SinkSnapshots::splice`]), checked
 //!   against the keys the stream carried meanwhile, progress stored in the source
@@ -36,6 +38,17 @@
 //! - [`PgIncrementalSource`] ([`incremental`]): a cursor-polling source for databases
 //!   without replication grants (SELECT only): keyset pages past a cursor column, late
 //!   commits found through the `xmin` horizon, cursors stored after the rebuilds.
+//!
+//! # Layout
+//!
+//! The source files are grouped by part: `capture/` (the replication stream and
+//! [`PgSource`]), `target/` (rebuilds, fan-outs, enumeration, [`PgTarget`]), `check/`
+//! (what `freshen check` asks of PostgreSQL), `snapshot/` (DBLog chunks and
+//! watermarks, for the changefeed and for sinks) and `polling/` (the cursor source).
+//! Helpers they share sit beside them, named for what they are (`admin/`, `catalog`,
+//! `publication`, `table`, `lsn`, `config`, `pool`, `tls`, `quote`, `error`,
+//! `spelling`). Their public items are re-exported here, flat, besides the public
+//! modules [`check`], [`depends`] and [`polling`] (also [`incremental`]).
 //!
 //! # Example
 //!
@@ -82,76 +95,65 @@
 //! rustls with the ring provider, for SQL and replication connections alike;
 //! `sslmode` `disable`, `prefer`, `require`, `verify-full` (with `sslrootcert`).
 
-mod across;
 mod admin;
-mod assemble;
+mod capture;
+mod catalog;
 pub mod check;
 mod config;
-pub mod depends;
-mod drift;
-mod enumerate;
 mod error;
-mod fanout;
-mod feedback;
-mod identity;
-pub mod incremental;
 mod leader;
-mod lowat;
 mod lsn;
-mod membership;
-mod merge;
-mod params;
-mod pgoutput;
+pub mod polling;
 mod pool;
-mod query;
+mod publication;
 mod quote;
-mod reader;
-mod rebuild;
-mod rows;
 mod select;
-mod settings;
-mod sink_snapshot;
 mod snapshot;
-mod snapshot_window;
-mod source;
-mod stall;
+mod spelling;
+mod table;
 mod target;
 mod tls;
-mod toast;
-mod xid;
+
+pub use check::depends;
+/// The cursor-polling source under its earlier name: [`polling`].
+pub use polling as incremental;
 
 pub use admin::{
     CREATED_BY, Coverage, IdentityCheck, PgAdmin, PublicationDrop, PublicationInfo,
     ReplicaIdentity, SlotInfo, TableIdentity,
 };
+pub use capture::pgoutput::DecodeError;
+pub use capture::settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
+pub use capture::source::{Health, PgHandle, PgSource, PgSourceBuilder};
+pub use check::identity::{
+    Choice, FULL_COST, IdentityFacts, Recommendation, UniqueIndex, Verdict, ViewNeed, recommend,
+};
+pub use check::toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
 pub use config::{
     ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, MAX_CONNECT_TIMEOUT, MAX_READ_GAP,
     MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition,
-    TableName, naming,
 };
 pub use deadpool_postgres::Pool;
-pub use enumerate::SqlEnumerate;
 pub use error::{ErrorKind, PgError, retry_of};
-pub use fanout::{SqlFanOut, SqlFanOutBuilder};
-pub use identity::{
-    Choice, FULL_COST, IdentityFacts, Recommendation, UniqueIndex, Verdict, ViewNeed, recommend,
-};
-pub use incremental::{PgIncrementalSettings, PgIncrementalSource};
 pub use leader::{Attempt, Holder, Leadership};
 pub use lsn::{Lsn, ParseLsnError};
-pub use pgoutput::DecodeError;
+pub use polling::{PgIncrementalSettings, PgIncrementalSource};
 pub use pool::connect_pool;
-pub use query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
 pub use quote::quote_ident;
-pub use rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
 pub use select::{BOOKKEEPING_PREFIX, TablePattern, capturable, system_schema};
-pub use settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
-pub use sink_snapshot::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
+pub use snapshot::driver::{
+    ChunkConsumer, ChunkIds, DriverError, HeldChunk, TableEvent, WATERMARK_WAIT, high_mark,
+    snapshot_table,
+};
+pub use snapshot::sink::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
+pub use snapshot::window::{ChunkCheck, RECENT_XIDS, StreamedKeys, row_key};
 pub use snapshot::{
     Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,
     resolve_tables, write_watermark,
 };
-pub use snapshot_window::{ChunkCheck, RECENT_XIDS, StreamedKeys, row_key};
-pub use source::{Health, PgHandle, PgSource, PgSourceBuilder};
-pub use target::{PgTarget, is_postgres_url};
-pub use toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
+pub use table::{TableName, naming};
+pub use target::enumerate::SqlEnumerate;
+pub use target::fanout::{SqlFanOut, SqlFanOutBuilder};
+pub use target::plug::{PgTarget, is_postgres_url};
+pub use target::query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
+pub use target::rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};

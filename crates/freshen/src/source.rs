@@ -281,7 +281,8 @@ pub struct Capabilities {
     pub transactions: bool,
     /// Whether schema changes of watched tables are reported.
     pub schema_changes: bool,
-    /// Whether the source can deliver the current contents as events (a snapshot).
+    /// Whether the source can deliver the current contents as events (a snapshot):
+    /// the one thing the changefeed's and the sinks' snapshots ask of a source.
     pub snapshot: bool,
     /// Whether the source polls a cursor column instead of reading a change log.
     pub cursor: bool,

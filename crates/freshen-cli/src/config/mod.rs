@@ -492,9 +492,13 @@ fn parse_with(
         for p in problems {
             r.problem_in(item, "changefeed", &p, None);
         }
-        // Snapshot watermarks travel through replication: a polling source never
-        // brings them back (and its first run reads every row anyway).
-        let polls = source.as_ref().is_some_and(|s| s.capabilities().cursor);
+        // Snapshot watermarks travel through replication: a source that cannot
+        // snapshot says so here when it polls (it never brings them back, and its
+        // first run reads every row anyway); the others are refused at start.
+        let polls = source.as_ref().is_some_and(|s| {
+            let c = s.capabilities();
+            !c.snapshot && c.cursor
+        });
         if polls && cf.snapshot != freshen_changefeed::SnapshotMode::Never {
             r.problem_in(
                 item,

@@ -43,8 +43,9 @@ pub(super) fn read(r: &mut Reader<'_, '_>, t: Tbl<'_>, source: Option<&Source>) 
     {
         {
             s.mode = SnapshotMode::Initial;
-            // Watermarks and chunk SELECTs need the PostgreSQL replication source.
-            if let Some(src) = source.filter(|src| src.kind() != "postgres") {
+            // Watermarks and chunk SELECTs need a source that can snapshot (PostgreSQL's
+            // replication stream).
+            if let Some(src) = source.filter(|src| !src.capabilities().snapshot) {
                 r.p.at_line(
                     m.line,
                     format!(

@@ -8,6 +8,10 @@
 //! the text pgoutput sends, and are mapped to [`freshen::Value`] exactly as streamed
 //! rows are, so a row read here and the same row streamed encode alike.
 
+pub(crate) mod driver;
+pub(crate) mod sink;
+pub(crate) mod window;
+
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
@@ -15,8 +19,8 @@ use freshen::{Columns, Op, Row, RowEvent};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::IsolationLevel;
 
+use crate::capture::pgoutput::Datum;
 use crate::error::ErrorKind;
-use crate::pgoutput::Datum;
 use crate::pool::client;
 use crate::quote::quote_ident;
 use crate::{Lsn, PgError, TableName};
@@ -348,7 +352,7 @@ impl TableReader {
                         None => Datum::Null,
                         Some(t) => Datum::Text(t.as_bytes()),
                     };
-                    crate::rows::value(self.types[i], &d)
+                    crate::capture::rows::value(self.types[i], &d)
                 })
                 .collect();
             if n + 1 == rows.len() {

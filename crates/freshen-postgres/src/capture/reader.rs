@@ -38,14 +38,14 @@ use rustls::ClientConfig;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admin::{slot_lost, slot_missing};
-use crate::assemble::{Assembler, Committed, Output};
+use crate::capture::assemble::{Assembler, Committed, Output};
+use crate::capture::feedback::{Acked, Feedback};
+use crate::capture::lowat::Lowat;
+use crate::capture::rows::Relations;
+use crate::capture::xid::XidClock;
 use crate::error::ErrorKind;
-use crate::feedback::{Acked, Feedback};
-use crate::lowat::Lowat;
 use crate::quote::quote_literal;
-use crate::rows::Relations;
 use crate::tls::{self, Transport};
-use crate::xid::XidClock;
 use crate::{Lsn, PgError, PgSourceConfig, SlotMode, StartPosition, TableName};
 
 /// How long a partly filled batch waits for more rows once the wire goes quiet.
@@ -143,7 +143,7 @@ pub(crate) struct ReaderSetup {
     /// Primary keys of the tables with REPLICA IDENTITY FULL (for `pk_names`).
     pub(crate) primary_keys: std::collections::HashMap<TableName, Vec<String>>,
     /// The watched tables' shapes at start (OID, name, columns), for schema changes.
-    pub(crate) shapes: Vec<crate::drift::StartShape>,
+    pub(crate) shapes: Vec<crate::capture::drift::StartShape>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) tx: mpsc::Sender<Result<Batch, SourceError>>,
     pub(crate) stop: watch::Receiver<bool>,

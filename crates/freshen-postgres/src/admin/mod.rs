@@ -9,6 +9,8 @@ use std::fmt;
 use deadpool_postgres::Pool;
 use freshen::BeforeImage;
 
+pub(crate) mod membership;
+
 use crate::error::ErrorKind;
 use crate::pool::client;
 use crate::quote::{quote_ident, quote_literal};
@@ -662,8 +664,8 @@ impl PgAdmin {
         &self,
         name: &str,
         tables: &[TableName],
-    ) -> Result<Option<crate::membership::Membership>, PgError> {
-        use crate::membership::{Entry, Membership};
+    ) -> Result<Option<crate::admin::membership::Membership>, PgError> {
+        use crate::admin::membership::{Entry, Membership};
         let c = client(&self.pool).await?;
         let Some(p) = c
             .query_opt(
@@ -770,9 +772,9 @@ impl PgAdmin {
             let c = client(&self.pool).await?;
             let mut all = tables.to_vec();
             all.extend(self.published_by(patterns).await?);
-            let bad = crate::check::unpublishable(&c, &all).await?;
+            let bad = crate::publication::unpublishable(&c, &all).await?;
             if !bad.is_empty() {
-                return Err(crate::check::refuse_to_publish(name, &bad));
+                return Err(crate::publication::refuse_to_publish(name, &bad));
             }
         }
         let existing = self.publication(name).await?;
@@ -868,7 +870,7 @@ impl PgAdmin {
             cov = coverage_of(&p, tables);
         }
         let mut fixes = Vec::new();
-        let partitioned = crate::check::partitioned(&c, &cov.missing_tables).await?;
+        let partitioned = crate::catalog::partitioned(&c, &cov.missing_tables).await?;
         if partitioned.iter().any(|p| *p) {
             fixes.push(format!(
                 "it publishes a watched partitioned table through its partitions: run ALTER PUBLICATION {} SET (publish_via_partition_root = true)",

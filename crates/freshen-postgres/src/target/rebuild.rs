@@ -32,8 +32,8 @@ use tokio_postgres::{CancelToken, IsolationLevel, NoTls};
 
 use crate::PgError;
 use crate::error::ErrorKind;
-use crate::params::{TextParam, array_literal, check_scalar, element};
 use crate::pool::client;
+use crate::target::params::{TextParam, array_literal, check_scalar, element};
 
 pub(crate) const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
                            WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())";

@@ -13,10 +13,10 @@ use freshen::{
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admin::PgAdmin;
+use crate::admin::membership::Membership;
+use crate::capture::reader::{self, ReaderSetup, Shared};
+use crate::capture::stall::{Observation, StallWatch, Stalled};
 use crate::error::ErrorKind;
-use crate::membership::Membership;
-use crate::reader::{self, ReaderSetup, Shared};
-use crate::stall::{Observation, StallWatch, Stalled};
 use crate::{
     ConnectionConfig, Lsn, PgError, PgSourceConfig, PublicationMode, SlotInfo, SlotMode, SslMode,
     StartPosition, TableName, tls,
@@ -584,6 +584,10 @@ pub(crate) fn capabilities(slot_mode: SlotMode) -> Capabilities {
         transactions: true,
         // A changed Relation message is compared with the table's shape at start.
         schema_changes: true,
+        // Existing rows in primary-key chunks read with SQL on this database, between
+        // watermarks written into the WAL this stream reads (DBLog): the changefeed's
+        // and the sinks' snapshots.
+        snapshot: true,
         ..Capabilities::NONE
     }
 }

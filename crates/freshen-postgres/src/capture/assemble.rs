@@ -10,10 +10,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use freshen::{BoxError, Op, RowEvent, SchemaChange, StreamMark, Tx};
 
-use crate::drift::Shapes;
-use crate::pgoutput::{self, Message, OldImage};
-use crate::rows::{Relations, Table};
-use crate::xid::{XidClock, pg_time};
+use crate::capture::drift::Shapes;
+use crate::capture::pgoutput::{self, Message, OldImage};
+use crate::capture::rows::{Relations, Table};
+use crate::capture::xid::{XidClock, pg_time};
 
 /// A closed batch, ready to hand over.
 #[derive(Debug)]
@@ -207,7 +207,7 @@ impl Assembler {
     /// A table first seen in the stream that is watched through its schema only: it was
     /// created after the start, and is captured from now on. Logged once; a table whose
     /// UPDATE and DELETE cannot replicate is an error the application meets first.
-    fn discover(&mut self, r: &crate::pgoutput::Relation) {
+    fn discover(&mut self, r: &crate::capture::pgoutput::Relation) {
         let table = crate::TableName::new(&r.namespace, &r.name);
         if self.shapes.knows(r.oid) || !self.relations.by_pattern(&table) {
             return;
@@ -379,7 +379,7 @@ fn has_unchanged(v: &[freshen::Value]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgoutput::fixtures::*;
+    use crate::capture::pgoutput::fixtures::*;
     use freshen::{Key, Value};
 
     fn asm(batch: usize) -> Assembler {

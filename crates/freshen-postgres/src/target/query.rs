@@ -1,7 +1,7 @@
 //! `QueryRebuild`: rebuild keys from a declared query instead of hand-written
 //! statements. The query returns the rows the target table should hold for a batch of
 //! keys; freshen writes them with one set-based statement per batch (see
-//! [`merge`](crate::merge)) that changes only the rows that differ.
+//! [`merge`](crate::target::merge)) that changes only the rows that differ.
 //!
 //! It runs as a [`SqlRebuild`] in batch mode, so the visibility guard, the transaction,
 //! cancellation and the failure classification are exactly those of hand-written
@@ -14,12 +14,12 @@ use freshen::{BoxError, BoxFuture, Due, Rebuild, Retry};
 use tokio_postgres::Client;
 use tokio_postgres::types::Kind;
 
-use crate::across::Across;
-use crate::check::db_message;
 use crate::error::ErrorKind;
-use crate::merge::{Merge, column_problems};
+use crate::error::db_message;
 use crate::pool::client;
 use crate::quote::quote_ident;
+use crate::target::across::Across;
+use crate::target::merge::{Merge, column_problems};
 use crate::{PgError, SqlRebuild, TableName, Visibility};
 
 /// Keys per statement when nothing else is said: large enough that the per-statement
@@ -246,7 +246,7 @@ pub(crate) async fn plan_across(
             return Ok(Err(found));
         }
     };
-    let key_types = match crate::across::array_elements(stmt.params()) {
+    let key_types = match crate::target::across::array_elements(stmt.params()) {
         Some(t) if t.len() == key.len() => t,
         _ => {
             found.push(params_problem(key, stmt.params()));
@@ -280,7 +280,7 @@ pub(crate) async fn plan_across(
         let Some(t) = columns.iter().find(|t| t.name == c.name()) else {
             continue;
         };
-        if !crate::across::fits(target, c.type_(), t.type_oid).await? {
+        if !crate::target::across::fits(target, c.type_(), t.type_oid).await? {
             found.push(format!(
                 "column `{}`: the query returns {} on the source, which the target's {into}.{} ({}) does not take",
                 c.name(),
@@ -293,14 +293,14 @@ pub(crate) async fn plan_across(
     if !found.is_empty() {
         return Ok(Err(found));
     }
-    let shape: Vec<crate::across::Column> = columns
+    let shape: Vec<crate::target::across::Column> = columns
         .iter()
-        .map(|t| crate::across::Column {
+        .map(|t| crate::target::across::Column {
             name: t.name.clone(),
             type_name: t.type_name.clone(),
         })
         .collect();
-    let (fetch, write) = crate::across::statements(into, key, query, &output, &shape);
+    let (fetch, write) = crate::target::across::statements(into, key, query, &output, &shape);
     if let Err(e) = source.prepare(&fetch).await {
         found.push(format!(
             "the query's rows cannot be read as text: {}",

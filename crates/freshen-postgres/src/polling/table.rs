@@ -13,8 +13,8 @@ use freshen::poller::Read;
 use freshen::{Columns, Op, Row, RowEvent};
 use tokio_postgres::types::ToSql;
 
+use crate::capture::pgoutput::Datum;
 use crate::error::ErrorKind;
-use crate::pgoutput::Datum;
 use crate::quote::quote_ident;
 use crate::{PgError, TableName};
 
@@ -252,7 +252,7 @@ pub(crate) async fn read_page(
             .map(|i| {
                 let text: Option<&str> = r.get(i);
                 let datum = text.map_or(Datum::Null, |t| Datum::Text(t.as_bytes()));
-                crate::rows::value(d.types[i], &datum)
+                crate::capture::rows::value(d.types[i], &datum)
             })
             .collect();
         let position: Position = (n..n + d.position.len())

@@ -126,7 +126,7 @@ pub(crate) fn column_problems(key: &[String], output: &[String], target: &[Strin
     }
     for c in output {
         if !target.contains(c) {
-            let hint = crate::check::closest(c, target.iter().map(String::as_str))
+            let hint = crate::spelling::closest(c, target.iter().map(String::as_str))
                 .map(|t| format!(" (did you mean `{t}`?)"))
                 .unwrap_or_default();
             out.push(format!(

@@ -1,6 +1,6 @@
 //! Query mode with a separate target: the query runs on the source database and the
 //! batch's rows are written into another database with the same set-based statement as
-//! in one database ([`merge`](crate::merge)): insert what is new, update only what
+//! in one database ([`merge`](crate::target::merge)): insert what is new, update only what
 //! differs, delete the batch's keys the query no longer returns.
 //!
 //! The read is a REPEATABLE READ, READ ONLY transaction on the source whose snapshot is
@@ -20,11 +20,11 @@ use tokio_postgres::IsolationLevel;
 use tokio_postgres::types::{Kind, ToSql, Type};
 
 use crate::error::ErrorKind;
-use crate::merge::Merge;
-use crate::params::{TextParam, array_literal, check_scalar, element};
 use crate::pool::client;
 use crate::quote::quote_ident;
-use crate::rebuild::{CancelOnDrop, NOT_VISIBLE, not_visible, txids};
+use crate::target::merge::Merge;
+use crate::target::params::{TextParam, array_literal, check_scalar, element};
+use crate::target::rebuild::{CancelOnDrop, NOT_VISIBLE, not_visible, txids};
 use crate::{PgError, TableName};
 use freshen::Due;
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use freshen::{Difference, SchemaChange};
 
-use crate::pgoutput::Relation;
+use crate::capture::pgoutput::Relation;
 
 /// A watched table as the catalog describes it at start: its OID, its name, and its
 /// columns (name, type OID) in table order.
@@ -173,7 +173,7 @@ fn type_name(oid: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgoutput::RelationColumn;
+    use crate::capture::pgoutput::RelationColumn;
 
     fn rel(oid: u32, name: &str, columns: &[(&str, u32)]) -> Relation {
         Relation {

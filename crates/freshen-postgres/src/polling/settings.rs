@@ -9,12 +9,10 @@ use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{Backoff, BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
-use crate::incremental::source::{
-    IncrementalConfig, PgIncrementalSource, PolledTable, capabilities,
-};
-use crate::incremental::table;
+use crate::capture::settings::{duration, secret_url, url_problems};
+use crate::polling::source::{IncrementalConfig, PgIncrementalSource, PolledTable, capabilities};
+use crate::polling::table;
 use crate::pool::client;
-use crate::settings::{duration, secret_url, url_problems};
 use crate::{ConnectionConfig, TableName, connect_pool};
 
 /// The cursor-incremental PostgreSQL source, as configured in a file. It needs only
@@ -354,7 +352,7 @@ async fn check(s: &PgIncrementalSettings, plan: &Plan) -> Vec<Finding> {
                 continue;
             }
             Err(e) => {
-                out.push(Finding::error("table", &name, crate::check::db_message(&e)));
+                out.push(Finding::error("table", &name, crate::error::db_message(&e)));
                 continue;
             }
         }
@@ -434,7 +432,7 @@ async fn store_finding(s: &PgIncrementalSettings) -> Finding {
         )
         .await;
     match r {
-        Err(e) => Finding::error("cursor_store", name, crate::check::db_message(&e)),
+        Err(e) => Finding::error("cursor_store", name, crate::error::db_message(&e)),
         Ok(r) => match (
             r.get::<_, bool>(0),
             r.get::<_, bool>(1),

@@ -275,7 +275,7 @@ pub async fn propose_watch(
     }
     // A table that carries a key's columns itself (not as its own primary key: an
     // `id` of plans is not an account's `id`).
-    let columns: Vec<String> = crate::check::columns(client, table)
+    let columns: Vec<String> = crate::catalog::columns(client, table)
         .await?
         .into_iter()
         .map(|c| c.name)

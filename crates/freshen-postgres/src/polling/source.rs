@@ -12,8 +12,8 @@ use freshen::{Backoff, Batch, BoxFuture, Capabilities, Retry, RowEvent, Source, 
 use tokio_postgres::IsolationLevel;
 
 use crate::error::ErrorKind;
-use crate::incremental::store::Store;
-use crate::incremental::table::{self, Described, Statements};
+use crate::polling::store::Store;
+use crate::polling::table::{self, Described, Statements};
 use crate::pool::client;
 use crate::{ConnectionConfig, PgError, TableName, connect_pool};
 
@@ -198,7 +198,7 @@ impl Dialect for PgDialect {
 /// The cursor-incremental PostgreSQL source: polls each table for rows past its cursor.
 ///
 /// Started by [`PgIncrementalSource::start`]; hand it to a refresher like any
-/// [`Source`]. See the [module documentation](crate::incremental) for what it
+/// [`Source`]. See the [module documentation](crate::polling) for what it
 /// guarantees.
 pub struct PgIncrementalSource(PollingSource<PgDialect>);
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use freshen::{Columns, Row, Value};
 
 use crate::TableName;
-use crate::pgoutput::{Datum, Relation, Tuple};
+use crate::capture::pgoutput::{Datum, Relation, Tuple};
 
 /// Built-in type OIDs that map to something other than text.
 mod oid {
@@ -242,7 +242,7 @@ fn decode_bytea(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgoutput::RelationColumn;
+    use crate::capture::pgoutput::RelationColumn;
 
     fn rel() -> Relation {
         let col = |key, name: &str, ty| RelationColumn {

@@ -26,10 +26,10 @@ use tokio_postgres::{IsolationLevel, Portal};
 
 use crate::PgError;
 use crate::error::ErrorKind;
-use crate::params::{TextParam, check_scalar, element};
 use crate::pool::client;
 use crate::quote::quote_ident;
-use crate::rebuild::{
+use crate::target::params::{TextParam, check_scalar, element};
+use crate::target::rebuild::{
     CancelOnDrop, NOT_VISIBLE, Visibility, not_visible, txids, visible_on_source,
 };
 

@@ -1,0 +1,13 @@
+//! Where rebuilds run: the PostgreSQL target plug ([`PgTarget`](crate::PgTarget)), SQL
+//! rebuilds with the visibility rule, query-mode rebuilds and their set-based merge (in
+//! one database or across two), fan-out and enumeration statements, and key parts as
+//! typed parameters.
+
+pub(crate) mod across;
+pub(crate) mod enumerate;
+pub(crate) mod fanout;
+pub(crate) mod merge;
+pub(crate) mod params;
+pub(crate) mod plug;
+pub(crate) mod query;
+pub(crate) mod rebuild;

@@ -72,6 +72,15 @@ where
     }
 }
 
+/// Awaits `step`; panics naming `what` if it is not done within `secs` seconds, so that
+/// a test stalled in a step without a deadline of its own (a stop, a kill, a start)
+/// says where, instead of running into the test runner's limit without a word.
+pub async fn within<T>(secs: u64, what: &str, step: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), step)
+        .await
+        .unwrap_or_else(|_| panic!("not done within {secs}s: {what}"))
+}
+
 /// Polls `cond` every 20 ms until it holds; panics naming `what` after [`DEADLINE`].
 pub async fn until(what: &str, cond: impl FnMut() -> bool) {
     until_within(what, DEADLINE, cond).await;

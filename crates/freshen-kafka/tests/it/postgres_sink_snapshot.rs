@@ -16,7 +16,7 @@ use freshen_postgres::{
     ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotSettings,
     SinkSnapshots, SnapshotProgress, SnapshotState, TableName,
 };
-use freshen_testenv::refresher::eventually;
+use freshen_testenv::refresher::{eventually, within};
 use freshen_testenv::{KafkaFlavor, PgServer};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -382,12 +382,12 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
     let pg = PgServer::start().unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"));
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
-    create_topic(&bootstrap, TOPIC, 3).await;
-    let c = setup(&pg).await;
+    within(60, "the topic created", create_topic(&bootstrap, TOPIC, 3)).await;
+    let c = within(60, "the table set up", setup(&pg)).await;
     c.batch_execute(WITNESSES).await.unwrap();
     let w = writers(&pg, 2);
 
-    let first = run(&pg, &bootstrap, true, 20).await;
+    let first = within(60, "the first run started", run(&pg, &bootstrap, true, 20)).await;
     eventually(60, "a few chunks delivered", || async {
         first.progress().filter(|p| p.chunks >= 5)
     })
@@ -396,7 +396,7 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
     // to ids up to ROWS, their negations and the sequence's): a change lost at the
     // crash leaves the replay unequal to the table.
     c.batch_execute(WITNESSES_CHANGED).await.unwrap();
-    first.kill().await;
+    within(60, "the first run killed", first.kill()).await;
     let stored: String = c
         .query_one(
             "SELECT progress::text FROM freshen_sink_snapshots WHERE sink = $1",
@@ -420,14 +420,14 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
         })
         .collect();
 
-    let second = run(&pg, &bootstrap, true, 0).await;
+    let second = within(60, "the second run started", run(&pg, &bootstrap, true, 0)).await;
     let done = eventually(120, "the resumed snapshot done", || async {
         second.progress().filter(|p| p.state == SnapshotState::Done)
     })
     .await;
-    w.stop().await;
+    within(60, "the writers stopped", w.stop()).await;
     assert!(done.chunks > stored.chunks, "{done:?} {stored:?}");
-    let want = table(&c).await;
+    let want = within(60, "the table read", table(&c)).await;
     let r = reader(&bootstrap, "replay");
     let mut replay = Replay::default();
     replay.until_equal(&r, &want).await;
@@ -444,5 +444,5 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
         "the second run started after key {resume_after}: {:?}",
         &reread[..reread.len().min(10)]
     );
-    second.stop().await;
+    within(60, "the second run stopped", second.stop()).await;
 }

@@ -512,7 +512,12 @@ fn parse_with(
         }
         Some(cf)
     });
-    let names = Names::new(source.as_ref(), target.as_ref());
+    // The target's kind, opened once from its URL (a URL with problems was reported by
+    // check_url): its table-name rules and what it cannot rebuild.
+    let target_plug = target
+        .as_ref()
+        .and_then(|t| crate::targets::open_url(t.url.expose()).ok());
+    let names = Names::new(source.as_ref(), target_plug.as_deref());
     let views = read_views(
         &mut r,
         root,
@@ -520,7 +525,7 @@ fn parse_with(
         !sinks.is_empty() || changefeed.is_some(),
         &names,
     );
-    check_views_on_target(&mut r, &views, target.as_ref(), source.as_ref());
+    check_views_on_target(&mut r, &views, target_plug.as_deref(), source.as_ref());
     let key_stream = key_stream::read(&mut r, root, &views);
 
     let kind = root
@@ -829,7 +834,7 @@ struct Names {
 }
 
 impl Names {
-    fn new(source: Option<&Source>, target: Option<&Target>) -> Names {
+    fn new(source: Option<&Source>, target: Option<&dyn freshen::plug::TargetPlug>) -> Names {
         // Without a usable source (already reported) names are only checked for their
         // quotes, under no database's rules.
         let source = source.map_or_else(
@@ -841,9 +846,7 @@ impl Names {
             },
             |s| s.naming(),
         );
-        let target = target
-            .and_then(|t| crate::targets::open_url(t.url.expose()).ok())
-            .map_or_else(|| source.clone(), |t| t.naming());
+        let target = target.map_or_else(|| source.clone(), |t| t.naming());
         Names { source, target }
     }
 }
@@ -1092,16 +1095,11 @@ fn read_query(
 fn check_views_on_target(
     r: &mut Reader<'_, '_>,
     views: &[View],
-    target: Option<&Target>,
+    plug: Option<&dyn freshen::plug::TargetPlug>,
     source: Option<&Source>,
 ) {
-    let Some(target) = target else { return };
-    let url = target.url.expose();
+    let Some(plug) = plug else { return };
     let source_url = source.and_then(|s| s.database_url());
-    // A URL with problems was reported by check_url.
-    let Ok(plug) = crate::targets::open_url(url) else {
-        return;
-    };
     for v in views {
         // A problem is most often with the query: its line, else the view's.
         let line = v.query.as_ref().and_then(|q| q.line).or(v.line);

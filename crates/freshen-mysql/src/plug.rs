@@ -51,8 +51,7 @@ impl SourcePlug for MySqlSourceConfig {
     }
 
     fn naming(&self) -> freshen::plug::Naming {
-        let database = crate::incremental::url_database(self.url.expose());
-        crate::incremental::naming(database.as_deref())
+        crate::incremental::url_naming(self.url.expose())
     }
 
     fn capabilities(&self) -> freshen::Capabilities {

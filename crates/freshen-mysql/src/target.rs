@@ -29,8 +29,7 @@ impl TargetPlug for MySqlTarget {
     }
 
     fn naming(&self) -> freshen::plug::Naming {
-        let database = crate::incremental::url_database(self.url.expose());
-        crate::incremental::naming(database.as_deref())
+        crate::incremental::url_naming(self.url.expose())
     }
 
     fn name(&self) -> &'static str {

@@ -850,6 +850,14 @@ fn table_names_are_read_by_the_source_databases_rules() {
         e.contains("`a.b.c` is not a table name (\"database.table\" or \"table\")"),
         "{e}"
     );
+    // Offline with the URL's variable unset, the database is not known: an unqualified
+    // name waits for `run` instead of being refused.
+    let offline = file("${MYSQL_URL}", "Orders");
+    assert!(
+        super::parse_with(&offline, "f.toml", &env, true).is_ok(),
+        "{:?}",
+        super::parse_with(&offline, "f.toml", &env, true).err()
+    );
     // PostgreSQL folds what is not quoted, as the server does.
     let pg = GOOD.replace("\"readings\"", "\"Readings\"");
     let c = parse(&pg, "f.toml", &self::env).unwrap();

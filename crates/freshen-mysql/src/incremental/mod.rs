@@ -64,4 +64,4 @@ pub use source::{
     IncrementalConfig, IncrementalHandle, IncrementalStats, MySqlIncrementalSource, PolledTable,
 };
 pub use table::TableName;
-pub(crate) use table::{naming, url_database};
+pub(crate) use table::url_naming;

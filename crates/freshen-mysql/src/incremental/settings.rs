@@ -281,7 +281,7 @@ impl SourcePlug for MySqlIncrementalSettings {
     }
 
     fn naming(&self) -> freshen::plug::Naming {
-        super::table::naming(self.database().as_deref())
+        super::table::url_naming(self.url.expose())
     }
 
     fn capabilities(&self) -> freshen::Capabilities {

@@ -67,6 +67,18 @@ pub(crate) fn naming(default: Option<&str>) -> freshen::plug::Naming {
     }
 }
 
+/// The rules for the tables of the server at `url`: an unqualified table is in its
+/// database. A URL still holding an unset `${VAR}` (a file read offline) cannot say
+/// which: an unqualified name is then taken as written, in no database, and judged
+/// when `run` reads the file with the variable set.
+pub(crate) fn url_naming(url: &str) -> freshen::plug::Naming {
+    match url_database(url) {
+        Some(db) => naming(Some(&db)),
+        None if url.contains("${") => naming(Some("")),
+        None => naming(None),
+    }
+}
+
 /// The database a MySQL URL names, if any.
 pub(crate) fn url_database(url: &str) -> Option<String> {
     mysql_async::Opts::from_url(url)

@@ -256,10 +256,13 @@ pub fn print() {
 
 /// Whether this binary is built with cargo feature `f`.
 fn built_in(f: &str) -> bool {
-    match f {
-        "mysql" => cfg!(feature = "mysql"),
-        "kafka" => cfg!(feature = "kafka"),
-        "pulsar" => cfg!(feature = "pulsar"),
-        _ => true,
-    }
+    const BUILT: &[(&str, bool)] = &[
+        ("mysql", cfg!(feature = "mysql")),
+        ("kafka", cfg!(feature = "kafka")),
+        ("pulsar", cfg!(feature = "pulsar")),
+    ];
+    BUILT
+        .iter()
+        .find(|(name, _)| *name == f)
+        .is_none_or(|(_, built)| *built)
 }

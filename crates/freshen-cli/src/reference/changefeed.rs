@@ -1,7 +1,7 @@
 //! The keys of `[changefeed]` and its tables (`freshen_changefeed::ChangefeedConfig`,
 //! `RetentionConfig`, `GroupDefaults`, `HttpConfig`, `TokenConfig`).
 
-use super::{Default::*, Range::*, Table, key};
+use super::{Omitted::*, Range::*, Table, key};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_SECS: i64 = 86_400;

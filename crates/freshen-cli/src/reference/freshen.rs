@@ -1,7 +1,7 @@
 //! The tables `config/` reads itself: the file's top level, `[source]`'s shared keys,
 //! `[target]`, `[http]`, `[log]`, `[defaults]`, `[[views]]` and `[[sinks]]`' shared keys.
 
-use super::{Default::*, Key, Range::*, Table, key};
+use super::{Key, Omitted::*, Range::*, Table, key};
 
 /// The longest duration the file accepts (`config::MAX_DURATION`), in ms.
 const YEAR_MS: u64 = 31_557_600_000;

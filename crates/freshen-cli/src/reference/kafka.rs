@@ -3,7 +3,7 @@
 //! (`freshen_kafka::KafkaSinkConfig`) and `[key_stream]`
 //! (`freshen_kafka::KeyStreamConfig`).
 
-use super::{Default::*, Range::*, Table, key};
+use super::{Omitted::*, Range::*, Table, key};
 
 pub(super) const SOURCE: Table = Table {
     header: "[source] kind = \"kafka\"",

@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 
 /// What a key holds when the file leaves it out.
 #[derive(Debug, Clone, Copy)]
-pub enum Default {
+pub enum Omitted {
     /// The key must be given; an example value (TOML), which the tests write.
     Required(&'static str),
     /// Nothing: the feature it sets is off; an example value (TOML).
@@ -59,7 +59,7 @@ pub struct Key {
     /// Its TOML type, in words.
     pub ty: &'static str,
     /// When left out.
-    pub default: Default,
+    pub default: Omitted,
     /// What the parser accepts.
     pub range: Range,
     /// What it does.
@@ -70,7 +70,7 @@ pub struct Key {
 const fn key(
     name: &'static str,
     ty: &'static str,
-    default: Default,
+    default: Omitted,
     range: Range,
     about: &'static str,
 ) -> Key {
@@ -201,12 +201,12 @@ fn anchor(header: &str) -> String {
         .collect()
 }
 
-fn default_cell(d: Default) -> String {
+fn default_cell(d: Omitted) -> String {
     match d {
-        Default::Required(_) => "required".to_owned(),
-        Default::Unset(_) => "unset".to_owned(),
-        Default::Is(v) => format!("`{}`", v.replace('|', "\\|")),
-        Default::Derived(words, _) => words.to_owned(),
+        Omitted::Required(_) => "required".to_owned(),
+        Omitted::Unset(_) => "unset".to_owned(),
+        Omitted::Is(v) => format!("`{}`", v.replace('|', "\\|")),
+        Omitted::Derived(words, _) => words.to_owned(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The `[source]` keys of the PostgreSQL kinds (`freshen_postgres::PgSourceSettings`,
 //! `freshen_postgres::PgIncrementalSettings` and its per-table `TableSettings`).
 
-use super::{Default::*, Range::*, Table, key};
+use super::{Omitted::*, Range::*, Table, key};
 
 const HOUR_MS: u64 = 3_600_000;
 

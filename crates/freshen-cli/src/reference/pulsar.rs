@@ -1,6 +1,6 @@
 //! The `[source]` keys of `kind = "pulsar"` (`freshen_pulsar::PulsarSourceConfig`).
 
-use super::{Default::*, Range::*, Table, key};
+use super::{Omitted::*, Range::*, Table, key};
 
 pub(super) const SOURCE: Table = Table {
     header: "[source] kind = \"pulsar\"",

@@ -185,7 +185,7 @@ fn required(t: &Table) -> Vec<(&'static str, String)> {
     t.keys
         .iter()
         .filter_map(|k| match k.default {
-            Default::Required(ex) => Some((k.name, ex.to_owned())),
+            Omitted::Required(ex) => Some((k.name, ex.to_owned())),
             _ => None,
         })
         .collect()
@@ -438,7 +438,7 @@ fn every_documented_default_is_what_leaving_the_key_out_gives() {
         };
         for k in t.keys {
             match k.default {
-                Default::Is(v) => {
+                Omitted::Is(v) => {
                     if wrong.accepted(t, k.name, v).is_some_and(|c| c != without) {
                         wrong.0.push(format!(
                             "`{}` `{} = {v}` is documented as the default, but writing it changes the configuration",
@@ -446,11 +446,11 @@ fn every_documented_default_is_what_leaving_the_key_out_gives() {
                         ));
                     }
                 }
-                Default::Required(ex) | Default::Unset(ex) | Default::Derived(_, ex) => {
+                Omitted::Required(ex) | Omitted::Unset(ex) | Omitted::Derived(_, ex) => {
                     wrong.accepted(t, k.name, ex);
                 }
             }
-            if matches!(k.default, Default::Required(_)) {
+            if matches!(k.default, Omitted::Required(_)) {
                 let mut c = context(t).unwrap();
                 c.needs.retain(|(n, _)| *n != k.name);
                 if parsed(&file_from(c)).is_ok() {

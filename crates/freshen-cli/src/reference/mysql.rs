@@ -193,27 +193,5 @@ pub(super) const INCREMENTAL_TABLE: Table = Table {
     header: "[source.tables.\"database.table\"] (mysql-incremental)",
     feature: Some("mysql"),
     about: "One polled table's own settings; each defaults to the `[source]` key of the same name.",
-    keys: &[
-        key(
-            "cursor",
-            "string",
-            Derived("`[source] cursor`", "\"id\""),
-            Any,
-            "Its cursor column.",
-        ),
-        key(
-            "poll_interval",
-            "duration",
-            Derived("`[source] poll_interval`", "\"5s\""),
-            Millis(1, HOUR_MS),
-            "Its poll interval.",
-        ),
-        key(
-            "page_size",
-            "integer",
-            Derived("`[source] page_size`", "500"),
-            Int(1, 100_000),
-            "Its page size.",
-        ),
-    ],
+    keys: &super::postgres::POLLED_TABLE,
 };

@@ -1,7 +1,7 @@
 //! The `[source]` keys of the PostgreSQL kinds (`freshen_postgres::PgSourceSettings`,
 //! `freshen_postgres::PgIncrementalSettings` and its per-table `TableSettings`).
 
-use super::{Omitted::*, Range::*, Table, key};
+use super::{Key, Omitted::*, Range::*, Table, key};
 
 const HOUR_MS: u64 = 3_600_000;
 
@@ -158,27 +158,30 @@ pub(super) const INCREMENTAL_TABLE: Table = Table {
     header: "[source.tables.\"schema.table\"] (postgres-incremental)",
     feature: None,
     about: "One polled table's own settings; each defaults to the `[source]` key of the same name.",
-    keys: &[
-        key(
-            "cursor",
-            "string",
-            Derived("`[source] cursor`", "\"id\""),
-            Any,
-            "Its cursor column.",
-        ),
-        key(
-            "poll_interval",
-            "duration",
-            Derived("`[source] poll_interval`", "\"5s\""),
-            Millis(1, HOUR_MS),
-            "Its poll interval.",
-        ),
-        key(
-            "page_size",
-            "integer",
-            Derived("`[source] page_size`", "500"),
-            Int(1, 100_000),
-            "Its page size.",
-        ),
-    ],
+    keys: &POLLED_TABLE,
 };
+
+/// A polled table's own keys: the same for every polling kind (`freshen::poller`).
+pub(super) const POLLED_TABLE: [Key; 3] = [
+    key(
+        "cursor",
+        "string",
+        Derived("`[source] cursor`", "\"id\""),
+        Any,
+        "Its cursor column.",
+    ),
+    key(
+        "poll_interval",
+        "duration",
+        Derived("`[source] poll_interval`", "\"5s\""),
+        Millis(1, HOUR_MS),
+        "Its poll interval.",
+    ),
+    key(
+        "page_size",
+        "integer",
+        Derived("`[source] page_size`", "500"),
+        Int(1, 100_000),
+        "Its page size.",
+    ),
+];

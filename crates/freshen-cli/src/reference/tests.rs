@@ -338,25 +338,18 @@ fn companions(
 
 /// The file with `key = value` in table `t` (or without it).
 fn file(t: &Table, probe: Option<(&str, &str)>) -> String {
-    let c = context(t).expect("a probed table");
+    let mut c = context(t).expect("a probed table");
     let (drop, with) = probe.map_or((&[][..], &[][..]), |(k, _)| companions(k));
-    let mut pairs: Vec<(String, String)> = c
-        .needs
-        .iter()
-        .filter(|(k, _)| probe.is_none_or(|(p, _)| p != *k) && !drop.contains(k))
-        .map(|(k, v)| ((*k).to_owned(), v.clone()))
-        .collect();
-    pairs.extend(with.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    c.needs
+        .retain(|(k, _)| probe.is_none_or(|(p, _)| p != *k) && !drop.contains(k));
+    c.needs
+        .extend(with.iter().map(|(k, v)| (*k, (*v).to_owned())));
     // Last, so that no line of the rest of the file moves (views keep their lines).
     if let Some((k, v)) = probe {
-        pairs.push((k.to_owned(), v.to_owned()));
+        let k = t.keys.iter().find(|d| d.name == k).map_or("?", |d| d.name);
+        c.needs.push((k, v.to_owned()));
     }
-    let body: Vec<String> = pairs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-    if c.close.is_empty() {
-        format!("{}{}\n{}\n", c.before, c.open, body.join("\n"))
-    } else {
-        format!("{}{} {} {}\n", c.before, c.open, body.join(", "), c.close)
-    }
+    file_from(c)
 }
 
 fn env(_: &str) -> Option<String> {

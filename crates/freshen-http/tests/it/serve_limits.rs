@@ -225,21 +225,7 @@ async fn an_upgraded_websocket_still_counts_against_the_limit() {
     let a = server.addr;
     let mut sockets = Vec::new();
     for _ in 0..2 {
-        let mut s = TcpStream::connect(a).await.unwrap();
-        s.write_all(
-            ws_req(&a.to_string(), None)
-                .replace("/ws ", "/ws-hold ")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut head = [0u8; 12];
-        tokio::time::timeout(PATIENCE, s.read_exact(&mut head))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&head, b"HTTP/1.1 101");
-        sockets.push(s);
+        sockets.push(open_websocket(a).await);
     }
     let mut extra = TcpStream::connect(a).await.unwrap();
     extra

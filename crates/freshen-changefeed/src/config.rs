@@ -427,8 +427,9 @@ pub struct HttpConfig {
         deserialize_with = "millis"
     )]
     pub request_timeout_ms: u64,
-    /// Most connections served at once (default 512); further ones wait in the listen
-    /// queue.
+    /// Most connections served at once (default 512). At the limit a new connection
+    /// takes the place of the oldest one that has not sent a request head; when every
+    /// one has, further ones wait in the listen queue (see `freshen_http::serve`).
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
 }

@@ -141,6 +141,12 @@ pub enum Command {
     },
     /// Print the version and what this build can read (as `--version` does).
     Version,
+    /// About the configuration file.
+    Config {
+        /// What to print.
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Remove the replication slot (and the publication freshen created) so an abandoned
     /// pipeline never retains WAL.
     Drop {
@@ -173,6 +179,14 @@ pub enum Command {
         /// The subcommand.
         command: Option<String>,
     },
+}
+
+/// The subcommands of `freshen config`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every key of every table of the configuration file — type, default,
+    /// accepted values, what it does — as Markdown (`docs/configuration.md`).
+    Reference,
 }
 
 /// Prints the help `freshen help [COMMAND]` asks for; an unknown subcommand is an error

@@ -14,6 +14,7 @@ pub mod key_stream;
 pub mod logging;
 pub mod metrics;
 pub mod pipeline;
+pub mod reference;
 pub mod reload;
 pub mod role;
 pub mod run;

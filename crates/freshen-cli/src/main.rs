@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use freshen_cli::args::{Args, Command};
+use freshen_cli::args::{Args, Command, ConfigCommand};
 use freshen_cli::config::{self, LogFormat};
 use freshen_cli::{check, demo, drop, logging, status};
 
@@ -83,6 +83,12 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 None => freshen_cli::snapshot::run(&cfg, &tables).await?,
             };
             println!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config {
+            command: ConfigCommand::Reference,
+        } => {
+            freshen_cli::reference::print();
             Ok(ExitCode::SUCCESS)
         }
         Command::Completions { shell } => {

@@ -500,8 +500,7 @@ async fn changefeed_consumer(
     let state = AppState::new(changefeed.clone(), &c.http)
         .context("the changefeed's HTTP settings are not usable")?;
     let addr = c.http.listen;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
+    let listener = freshen_http::bind(addr)
         .with_context(|| format!("cannot listen on {addr} for the changefeed"))?;
     Ok(ChangefeedConsumer {
         changefeed,

@@ -52,8 +52,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
     let server = match &cfg.http {
         Some(h) => {
             let addr = h.listen;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
+            let listener = freshen_http::bind(addr)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
             tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /status, / (status page)");
             let admin = crate::admin::Access::of(addr, h.admin_token.clone());

@@ -67,6 +67,15 @@ const LEFT_OUT: &[(&str, &str)] = &[
     ("pulsar", "pulsar"),
 ];
 
+/// Every kind's name, those this build left out included.
+pub fn all_names() -> Vec<&'static str> {
+    KINDS
+        .iter()
+        .map(|k| k.name)
+        .chain(LEFT_OUT.iter().map(|(k, _)| *k))
+        .collect()
+}
+
 /// `Some((kind, feature))` when `name` is a kind this build left out.
 pub fn left_out(name: &str) -> Option<(&'static str, &'static str)> {
     LEFT_OUT.iter().copied().find(|(k, _)| *k == name)
@@ -95,7 +104,7 @@ fn read<T: DeserializeOwned + SourcePlug>(
     line: Option<usize>,
 ) -> Option<Arc<dyn SourcePlug>> {
     let mark = r.mark();
-    let config: T = r.serde_table(item, "source", &["kind", "ack"])?;
+    let config: T = r.serde_table(item, "source", crate::config::SOURCE_SHARED)?;
     // Offline with an unset variable: kept as written, judged by `run`.
     if !r.judged_since(mark) {
         return Some(Arc::new(config));

@@ -24,10 +24,15 @@
 //!   bodies (Server-Sent Events) and upgraded WebSockets are not cut, since their
 //!   handlers return at once.
 //! - **Connection limit**: at most [`Settings::max_connections`] connections are served
-//!   at once (an upgraded WebSocket counts until it closes). Beyond it the server stops
-//!   accepting, so further connections wait in the
-//!   kernel's listen queue and hold no descriptor of this process; one warning says so
-//!   (at most once a minute).
+//!   at once (an upgraded WebSocket counts until it closes), plus the one just accepted.
+//!   At the limit a new connection takes the place of the oldest connection that has
+//!   not sent a whole request head, so a flood of half-open connections (silent, or
+//!   sending part of a request) cannot keep a health probe waiting. When every
+//!   connection has sent a request the server stops accepting, so further connections
+//!   wait in the kernel's listen queue and hold no descriptor of this process. One
+//!   warning says so (at most once a minute). [`bind`] makes that queue 4096 long, so a
+//!   flood of a few thousand connections does not make the kernel drop a probe's SYN
+//!   (retried only after a second).
 //!
 //! # Example
 //!
@@ -42,12 +47,13 @@
 
 mod bearer;
 mod guard;
+mod lineup;
 mod serve;
 mod settings;
 mod timeout;
 
 pub use bearer::{bearer, same_secret};
 pub use guard::{Guard, Verdict};
-pub use serve::serve;
+pub use serve::{BACKLOG, bind, serve};
 pub use settings::{Settings, host_problem, limits};
 pub use timeout::with_request_timeout;

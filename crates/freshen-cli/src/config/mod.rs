@@ -4,7 +4,7 @@
 mod key_stream;
 mod problems;
 pub(crate) mod read;
-mod sink_snapshot;
+pub(crate) mod sink_snapshot;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -247,6 +247,19 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
+/// The keys of `[target]`.
+pub(crate) const TARGET: &[&str] = &["url", "pool_size"];
+/// The keys of `[log]`.
+pub(crate) const LOG: &[&str] = &["format"];
+/// The keys of a `backoff` table.
+pub(crate) const BACKOFF: &[&str] = &["base", "max"];
+/// The keys of a view's `reconcile` table.
+pub(crate) const RECONCILE: &[&str] = &["every", "keys"];
+/// The keys of a `[[views.watch]]` entry.
+pub(crate) const WATCH: &[&str] = &["table", "key", "keys", "fixed_key"];
+/// The keys `[source]` reads for every kind (the kind's crate reads the others).
+pub(crate) const SOURCE_SHARED: &[&str] = &["kind", "ack"];
+
 /// The longest duration any setting takes: a year. Every interval freshen runs on is
 /// far shorter, and a year keeps `now + interval` far from overflowing a clock, so a
 /// typo like "18446744073709551615s" is an error with its line, not a panic later.
@@ -315,7 +328,8 @@ impl Config {
     }
 }
 
-const TOP: &[&str] = &[
+/// The file's top-level keys (`reference/` documents each of these lists).
+pub(crate) const TOP: &[&str] = &[
     "source",
     "target",
     "http",
@@ -326,7 +340,8 @@ const TOP: &[&str] = &[
     "changefeed",
     "key_stream",
 ];
-const TIMING: &[&str] = &[
+/// The timing keys of `[defaults]` and of each view.
+pub(crate) const TIMING: &[&str] = &[
     "coalesce",
     "max_wait",
     "workers",
@@ -337,7 +352,8 @@ const TIMING: &[&str] = &[
     "statement_timeout",
     "stale_after",
 ];
-const VIEW: &[&str] = &[
+/// The keys of a `[[views]]` entry.
+pub(crate) const VIEW: &[&str] = &[
     "name",
     "watch",
     "rebuild",
@@ -640,7 +656,7 @@ fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -
             pool_size: None,
         });
     };
-    r.known_keys(t, &["url", "pool_size"]);
+    r.known_keys(t, TARGET);
     let mark = r.mark();
     let url = r.string(t, "url");
     if let Some(u) = url.as_ref().filter(|_| r.judged_since(mark)) {
@@ -651,7 +667,8 @@ fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -
     url.map(|url| Target { url, pool_size })
 }
 
-const HTTP: &[&str] = &[
+/// The keys of `[http]`.
+pub(crate) const HTTP: &[&str] = &[
     "listen",
     "allowed_hosts",
     "header_timeout",
@@ -745,7 +762,7 @@ fn read_log(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> LogFormat {
     let Some(t) = r.table(root, "log", "log") else {
         return LogFormat::Text;
     };
-    r.known_keys(t, &["format"]);
+    r.known_keys(t, LOG);
     match r.choice(t, "format", &["text", "json"]) {
         Some(s) if s.value == "json" => LogFormat::Json,
         _ => LogFormat::Text,
@@ -784,7 +801,7 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
         if t.path.is_empty() { "" } else { "." }
     );
     if let Some(b) = r.table(t, "backoff", &path) {
-        r.known_keys(b, &["base", "max"]);
+        r.known_keys(b, BACKOFF);
         if let Some(d) = r.duration(b, "base") {
             out.backoff_base = d.value;
         }
@@ -950,7 +967,7 @@ fn read_views(
         };
         let keys_per_transaction = keys_per_transaction.map_or(16, |k| k.value as usize);
         let reconcile = r.table(t, "reconcile", "reconcile").and_then(|rt| {
-            r.known_keys(rt, &["every", "keys"]);
+            r.known_keys(rt, RECONCILE);
             let every = r.duration(rt, "every");
             let keys = r.string(rt, "keys");
             if every.is_none() && rt.t.get("every").is_none() {
@@ -1193,7 +1210,7 @@ fn read_watch(
     let mut out: Vec<Watch> = Vec::new();
     for (w, path) in &entries {
         let w = Tbl { path, ..*w };
-        r.known_keys(w, &["table", "key", "keys", "fixed_key"]);
+        r.known_keys(w, WATCH);
         let fixed_key = r.flag(w, "fixed_key").unwrap_or(false);
         let line = r.line(w.span.map(|s| s..s));
         let table = r.string(w, "table");

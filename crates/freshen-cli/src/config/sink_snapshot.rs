@@ -10,7 +10,7 @@ use super::Source;
 use super::read::{Reader, Tbl};
 
 /// The keys read here, left out of the sink crate's own table.
-pub(super) const KEYS: &[&str] = &["snapshot", "snapshot_chunk_rows", "snapshot_pause_ms"];
+pub(crate) const KEYS: &[&str] = &["snapshot", "snapshot_chunk_rows", "snapshot_pause_ms"];
 
 /// Whether and how a sink publishes the rows that already exist (DBLog snapshots,
 /// `freshen_postgres::SinkSnapshots`).

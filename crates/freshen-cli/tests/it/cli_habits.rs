@@ -13,6 +13,7 @@ const SUBCOMMANDS: &[&str] = &[
     "status",
     "health",
     "version",
+    "config",
     "drop",
     "snapshot",
     "completions",
@@ -21,6 +22,23 @@ const SUBCOMMANDS: &[&str] = &[
 
 fn text(out: &[u8]) -> String {
     String::from_utf8_lossy(out).into_owned()
+}
+
+/// `freshen config reference` prints `docs/configuration.md` (the unit tests hold the
+/// text to the parser; this holds the command to the file).
+#[test]
+fn config_reference_prints_the_documented_reference() {
+    let out = freshen().args(["config", "reference"]).output().unwrap();
+    assert!(out.status.success(), "freshen config reference: {out:?}");
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/configuration.md"
+    ))
+    .unwrap();
+    assert!(
+        text(&out.stdout) == doc,
+        "docs/configuration.md differs from `freshen config reference`: regenerate it with `cargo run -p freshen-cli -- config reference > docs/configuration.md`"
+    );
 }
 
 #[test]

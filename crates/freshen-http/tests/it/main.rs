@@ -5,5 +5,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod serve_flood;
 mod serve_guard;
 mod serve_limits;

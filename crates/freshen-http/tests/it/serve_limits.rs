@@ -1,5 +1,6 @@
 //! Timeouts and the connection limit on a real listener: slowloris connections are
-//! closed and their descriptors come back; connections over the limit wait, and the
+//! closed and their descriptors come back; at the limit a connection that sent no
+//! request makes room for a new one, connections over a limit of requests wait, and the
 //! server says so once.
 
 use crate::support;
@@ -38,6 +39,35 @@ impl Captured {
 /// The tests of this file run one at a time: two of them count this process's
 /// descriptors, which every test's sockets and runtime change.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A WebSocket on `/ws-hold`, open once its `101` is read (so its request was read).
+async fn open_websocket(a: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(a).await.unwrap();
+    s.write_all(
+        ws_req(&a.to_string(), None)
+            .replace("/ws ", "/ws-hold ")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(PATIENCE, s.read_exact(&mut head))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 101");
+    s
+}
+
+/// Waits for the server to close `s` (connection `i`) having sent it nothing.
+async fn closed_unserved(s: &mut TcpStream, i: usize) {
+    let mut end = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut end))
+        .await
+        .unwrap_or_else(|_| panic!("connection {i} is closed to make room"))
+        .ok();
+    assert!(end.is_empty(), "nothing was served to connection {i}");
+}
 
 fn capture_logs() -> Captured {
     let logs = Captured::default();
@@ -94,17 +124,15 @@ async fn connections_over_the_limit_wait_and_the_server_says_so_once() {
     let mut settings = Settings::new("limited");
     settings.max_connections = 4;
     settings.header_timeout = Duration::from_secs(60);
+    settings.request_timeout = None;
     let server = Server::start(router(), settings).await;
     let a = server.addr;
     let before = open_fds();
-    let mut idle = Vec::new();
+    // Open WebSockets: their requests were read, so none may be closed to make room.
+    let mut busy = Vec::new();
     for _ in 0..4 {
-        idle.push(TcpStream::connect(a).await.expect("connect"));
+        busy.push(open_websocket(a).await);
     }
-    eventually("the limit is reported", || {
-        logs.count("connection limit reached") == 1
-    })
-    .await;
     let mut extra = Vec::new();
     for _ in 0..10 {
         let mut s = TcpStream::connect(a).await.expect("the kernel queues it");
@@ -113,19 +141,29 @@ async fn connections_over_the_limit_wait_and_the_server_says_so_once() {
             .unwrap();
         extra.push(s);
     }
-    // 4 server ends at most, plus the 14 clients: the queued ones hold no server descriptor.
+    eventually("the limit is reported", || {
+        logs.count("connection limit reached") == 1
+    })
+    .await;
+    assert_eq!(
+        logs.count("wait in the listen queue"),
+        1,
+        "no connection could be closed"
+    );
     let waited =
         tokio::time::timeout(Duration::from_millis(300), extra[0].read(&mut [0u8; 64])).await;
     assert!(
         waited.is_err(),
         "a connection over the limit is not served while the limit is held"
     );
+    // 4 server ends and the one accepted beyond them at most, plus the 14 clients: the
+    // queued ones hold no server descriptor.
     assert!(
-        open_fds() <= before + 4 + 14,
+        open_fds() <= before + 5 + 14,
         "{} fds, {before} before",
         open_fds()
     );
-    drop(idle);
+    drop(busy);
     for mut s in extra {
         let mut out = Vec::new();
         tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
@@ -143,6 +181,42 @@ async fn connections_over_the_limit_wait_and_the_server_says_so_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_sent_no_request_make_room_oldest_first() {
+    let _serial = SERIAL.lock().await;
+    let mut settings = Settings::new("limited");
+    settings.max_connections = 4;
+    settings.header_timeout = Duration::from_secs(60);
+    let server = Server::start(router(), settings).await;
+    let a = server.addr;
+    // The limit's four places: an open WebSocket, one connection that sent part of a
+    // request head, then two that sent nothing.
+    let _ws = open_websocket(a).await;
+    let mut partial = TcpStream::connect(a).await.unwrap();
+    partial
+        .write_all(b"GET /hello HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(TcpStream::connect(a).await.unwrap());
+    }
+    // Each new connection takes the place of the oldest connection that sent no whole
+    // request head, which is closed; the WebSocket is never chosen.
+    let mut newer = Vec::new();
+    for (i, old) in std::iter::once(&mut partial)
+        .chain(silent.iter_mut())
+        .enumerate()
+    {
+        newer.push(TcpStream::connect(a).await.unwrap());
+        closed_unserved(old, i).await;
+    }
+    // A request is served although the places are taken, in the oldest one's place.
+    assert_eq!(status(a, &get_req("/hello", "127.0.0.1", "")).await, 200);
+    closed_unserved(&mut newer[0], 3).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgraded_websocket_still_counts_against_the_limit() {
     let _serial = SERIAL.lock().await;
     let mut settings = Settings::new("limited");
@@ -151,21 +225,7 @@ async fn an_upgraded_websocket_still_counts_against_the_limit() {
     let a = server.addr;
     let mut sockets = Vec::new();
     for _ in 0..2 {
-        let mut s = TcpStream::connect(a).await.unwrap();
-        s.write_all(
-            ws_req(&a.to_string(), None)
-                .replace("/ws ", "/ws-hold ")
-                .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut head = [0u8; 12];
-        tokio::time::timeout(PATIENCE, s.read_exact(&mut head))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&head, b"HTTP/1.1 101");
-        sockets.push(s);
+        sockets.push(open_websocket(a).await);
     }
     let mut extra = TcpStream::connect(a).await.unwrap();
     extra

@@ -1,0 +1,468 @@
+//! The tables `config/` reads itself: the file's top level, `[source]`'s shared keys,
+//! `[target]`, `[http]`, `[log]`, `[defaults]`, `[[views]]` and `[[sinks]]`' shared keys.
+
+use super::{Key, Omitted::*, Range::*, Table, key};
+
+/// The longest duration the file accepts (`config::MAX_DURATION`), in ms.
+const YEAR_MS: u64 = 31_557_600_000;
+
+pub(super) const TOP: Table = Table {
+    header: "top level",
+    feature: None,
+    about: "The file's tables. `[source]` is required, and at least one `[[views]]` entry unless there is a `[changefeed]` or a `[[sinks]]` entry.",
+    keys: &[
+        key(
+            "source",
+            "table",
+            Required("{ kind = \"postgres\", url = \"postgres://app@db/app\" }"),
+            Any,
+            "Where changes come from: `[source]` with its `kind`'s keys.",
+        ),
+        key(
+            "target",
+            "table",
+            Derived(
+                "the source's database",
+                "{ url = \"postgres://app@db/app\" }",
+            ),
+            Any,
+            "Where rebuild and reconcile SQL runs: `[target]`. Required when the source is not a database.",
+        ),
+        key(
+            "http",
+            "table",
+            Is("{}"),
+            Any,
+            "The `/metrics`, `/healthz`, `/status` listener: `[http]`.",
+        ),
+        key("log", "table", Is("{}"), Any, "Log lines: `[log]`."),
+        key(
+            "defaults",
+            "table",
+            Is("{}"),
+            Any,
+            "Timing and failure settings every view inherits: `[defaults]`.",
+        ),
+        key(
+            "views",
+            "array of tables",
+            Unset("[]"),
+            Any,
+            "The derived tables kept fresh: `[[views]]`.",
+        ),
+        key(
+            "sinks",
+            "array of tables",
+            Unset("[]"),
+            Any,
+            "Where captured changes are published: `[[sinks]]`.",
+        ),
+        key(
+            "changefeed",
+            "table",
+            Unset("{ path = \"/var/lib/freshen/feed.db\" }"),
+            Any,
+            "The durable changefeed and its HTTP API: `[changefeed]`.",
+        ),
+        key(
+            "key_stream",
+            "table",
+            Unset("{ brokers = \"k:9092\", topic = \"keys\", group = \"workers\" }"),
+            Any,
+            "Rebuilds spread over several instances through Kafka: `[key_stream]`.",
+        ),
+    ],
+};
+
+pub(super) const SOURCE: Table = Table {
+    header: "[source]",
+    feature: None,
+    about: "The keys every source kind shares; the others depend on `kind` (the tables that follow).",
+    keys: &[
+        key(
+            "kind",
+            "string",
+            Required("\"postgres\""),
+            OneOf(&[
+                "postgres",
+                "postgres-incremental",
+                "mysql",
+                "mysql-incremental",
+                "kafka",
+                "pulsar",
+            ]),
+            "The source kind; `mysql` and `mysql-incremental` need the cargo feature `mysql`, `kafka` the feature `kafka`, `pulsar` the feature `pulsar`.",
+        ),
+        key(
+            "ack",
+            "string",
+            Is("\"after-rebuild\""),
+            OneOf(&["after-rebuild", "on-enqueue"]),
+            "When a change is confirmed to the source: once every view has rebuilt its keys (at-least-once), or once queued (faster; a crash loses what was queued).",
+        ),
+    ],
+};
+
+pub(super) const TARGET: Table = Table {
+    header: "[target]",
+    feature: None,
+    about: "Where rebuild and reconcile SQL runs. Without it a database source's own database is the target; a broker source needs one.",
+    keys: &[
+        key(
+            "url",
+            "string",
+            Derived("the source's `url`", "\"postgres://app@replica/app\""),
+            Any,
+            "The target database (`postgres://…` or, with the feature `mysql`, `mysql://…`). May hold a password: write `${VAR}`.",
+        ),
+        key(
+            "pool_size",
+            "integer",
+            Derived("each view's `workers` + 1", "8"),
+            Int(1, 1024),
+            "The most connections one view opens.",
+        ),
+    ],
+};
+
+pub(super) const HTTP: Table = Table {
+    header: "[http]",
+    feature: None,
+    about: "The listener of `/metrics`, `/healthz`, `/status`, the status page and `/admin`.",
+    keys: &[
+        key(
+            "listen",
+            "string",
+            Is("\"127.0.0.1:9187\""),
+            Any,
+            "The address to listen on, or `\"off\"`. Loopback unless told otherwise.",
+        ),
+        key(
+            "allowed_hosts",
+            "array of strings",
+            Is("[]"),
+            Any,
+            "Host names served besides `localhost` and IP addresses (DNS rebinding guard; on a non-loopback address only when not empty).",
+        ),
+        key(
+            "header_timeout",
+            "duration",
+            Is("\"10s\""),
+            Millis(1000, 300_000),
+            "How long a client may take to send a request's headers; also the idle keep-alive timeout.",
+        ),
+        key(
+            "request_timeout",
+            "duration",
+            Is("\"30s\""),
+            Millis(1000, 3_600_000),
+            "How long a request may take to be answered.",
+        ),
+        key(
+            "max_connections",
+            "integer",
+            Is("64"),
+            Int(1, 65_536),
+            "Connections served at once. At the limit a new connection takes the place of the oldest one that has not sent a request; when all have, new ones wait in the listen queue.",
+        ),
+        key(
+            "admin_token",
+            "string",
+            Unset("\"0123456789abcdef0123\""),
+            Any,
+            "Bearer token the `/admin` endpoints require (at least 16 characters; write `${VAR}`). Without it `/admin` is open on loopback and off elsewhere.",
+        ),
+    ],
+};
+
+pub(super) const LOG: Table = Table {
+    header: "[log]",
+    feature: None,
+    about: "Log lines (on standard error; `RUST_LOG` sets the levels).",
+    keys: &[key(
+        "format",
+        "string",
+        Is("\"text\""),
+        OneOf(&["text", "json"]),
+        "One line of text per event, or one JSON object.",
+    )],
+};
+
+/// The timing keys of `[defaults]`, which every `[[views]]` entry may set too.
+const TIMING: [Key; 9] = [
+    key(
+        "coalesce",
+        "duration",
+        Is("\"100ms\""),
+        Millis(0, 5000),
+        "Quiet period after a key's last change before it is rebuilt. At most `max_wait`.",
+    ),
+    key(
+        "max_wait",
+        "duration",
+        Is("\"5s\""),
+        Millis(100, YEAR_MS),
+        "Longest a changed key waits for its rebuild while changes keep coming. At least `coalesce`.",
+    ),
+    key(
+        "workers",
+        "integer",
+        Is("4"),
+        Int(1, 1024),
+        "Rebuilds at once.",
+    ),
+    key(
+        "poison_after",
+        "integer",
+        Is("5"),
+        Int(1, 65_535),
+        "Failures in a row before a key is quarantined (retried only by reconcile or `/admin`).",
+    ),
+    key(
+        "backoff",
+        "table",
+        Is("{ base = \"100ms\", max = \"30s\" }"),
+        Any,
+        "Retry delays of a failing key: `base` doubling up to `max`.",
+    ),
+    key(
+        "shutdown_grace",
+        "duration",
+        Is("\"10s\""),
+        Millis(0, YEAR_MS),
+        "How long a stopping view waits for running rebuilds before cancelling them.",
+    ),
+    key(
+        "release_quarantined_after",
+        "duration",
+        Unset("\"1h\""),
+        Millis(0, YEAR_MS),
+        "For a view without reconcile: how long a quarantined key may hold its transactions unconfirmed (and the source's WAL) before they are released unrebuilt. Unset: until it rebuilds.",
+    ),
+    key(
+        "statement_timeout",
+        "duration",
+        Is("\"30s\""),
+        Millis(0, YEAR_MS),
+        "The target cancels a rebuild statement running longer (then retried with backoff); `\"0s\"`: no limit.",
+    ),
+    key(
+        "stale_after",
+        "duration",
+        Is("\"10m\""),
+        Millis(0, YEAR_MS),
+        "A change waiting longer for its rebuild makes `/healthz` unhealthy naming the view; `\"0s\"`: never.",
+    ),
+];
+
+pub(super) const DEFAULTS: Table = Table {
+    header: "[defaults]",
+    feature: None,
+    about: "Timing and failure settings every view inherits; a `[[views]]` entry may set each of them for itself.",
+    keys: &TIMING,
+};
+
+pub(super) const BACKOFF: Table = Table {
+    header: "backoff = { base, max }",
+    feature: None,
+    about: "The `backoff` table of `[defaults]` or of a view.",
+    keys: &[
+        key(
+            "base",
+            "duration",
+            Is("\"100ms\""),
+            Millis(1, 30_000),
+            "First retry delay, doubled per failure. Above zero, at most `max`.",
+        ),
+        key(
+            "max",
+            "duration",
+            Is("\"30s\""),
+            Millis(100, YEAR_MS),
+            "Longest retry delay. At least `base`.",
+        ),
+    ],
+};
+
+/// A view's own keys, then the timing keys it may set.
+const VIEW_KEYS: [Key; 18] = {
+    let own = [
+        key(
+            "name",
+            "string",
+            Required("\"totals\""),
+            Any,
+            "A unique name: in metrics, logs, `/status` and `/admin`.",
+        ),
+        key(
+            "watch",
+            "array of tables",
+            Required("[{ table = \"orders\", key = [\"customer_id\"] }]"),
+            Any,
+            "The tables whose changes dirty the view, each with its key columns (`[[views.watch]]`).",
+        ),
+        key(
+            "rebuild",
+            "string or array of strings",
+            Derived(
+                "required unless `into` and `query`",
+                "\"SELECT 1 WHERE $1::text IS NOT NULL\"",
+            ),
+            Any,
+            "Statements that recompute one key, the key's parts as `$1..$n`, run in one transaction.",
+        ),
+        key(
+            "into",
+            "string",
+            Unset("\"app.totals\""),
+            Any,
+            "With `query`: the table the query's rows are written into (set-based, in batches of keys); its key columns are the view's key.",
+        ),
+        key(
+            "query",
+            "string",
+            Unset(
+                "\"SELECT customer_id, sum(amount) AS total FROM orders WHERE customer_id = ANY($1) GROUP BY customer_id\"",
+            ),
+            Any,
+            "With `into`: the rows of `into` for a batch of keys, one array parameter per key part.",
+        ),
+        key(
+            "rebuild_batch",
+            "integer",
+            Derived("one key per rebuild; with `query`, 64", "50"),
+            Int(1, 100_000),
+            "Keys per rebuild round trip: statements written over arrays of keys.",
+        ),
+        key(
+            "keys_per_transaction",
+            "integer",
+            Is("16"),
+            Int(1, 10_000),
+            "With per-key `rebuild` statements: keys rebuilt in one transaction.",
+        ),
+        key(
+            "reconcile",
+            "table",
+            Unset("{ every = \"1h\", keys = \"SELECT customer_id FROM orders\" }"),
+            Any,
+            "A sweep rebuilding every live key periodically (`every`, `keys`): the safety net, and what releases quarantined keys.",
+        ),
+        key(
+            "static",
+            "array of strings",
+            Is("[]"),
+            Any,
+            "Tables the rebuild reads whose changes need not dirty the view (lookup tables); `check` stops warning about them.",
+        ),
+    ];
+    let mut all = [own[0]; 18];
+    let mut i = 0;
+    while i < 9 {
+        all[i] = own[i];
+        all[9 + i] = TIMING[i];
+        i += 1;
+    }
+    all
+};
+
+pub(super) const VIEWS: Table = Table {
+    header: "[[views]]",
+    feature: None,
+    about: "One derived table kept fresh: what dirties it, how a key is rebuilt, and its own timing (the keys of `[defaults]`, which it overrides).",
+    keys: &VIEW_KEYS,
+};
+
+pub(super) const WATCH: Table = Table {
+    header: "[[views.watch]]",
+    feature: None,
+    about: "One watched table of a view.",
+    keys: &[
+        key(
+            "table",
+            "string",
+            Required("\"orders\""),
+            Any,
+            "`schema.table` or `table` (the source's default schema), as the source kind spells names.",
+        ),
+        key(
+            "key",
+            "array of strings",
+            Required("[\"customer_id\"]"),
+            Any,
+            "The columns whose values are the view's key (with `keys`: the parent key the query takes).",
+        ),
+        key(
+            "keys",
+            "string",
+            Unset("\"SELECT customer_id FROM subscriptions WHERE plan_id = $1\""),
+            Any,
+            "A fan-out: SQL mapping the changed row's `key` columns (`$1..$n`) to the view's keys.",
+        ),
+        key(
+            "fixed_key",
+            "boolean",
+            Is("false"),
+            Any,
+            "Declares that no UPDATE changes the key columns and rows are not deleted: the view needs no old key (`check`'s replica identity advice).",
+        ),
+    ],
+};
+
+pub(super) const RECONCILE: Table = Table {
+    header: "reconcile = { every, keys }",
+    feature: None,
+    about: "A view's periodic sweep.",
+    keys: &[
+        key(
+            "every",
+            "duration",
+            Required("\"1h\""),
+            Millis(1, YEAR_MS),
+            "The sweep interval.",
+        ),
+        key(
+            "keys",
+            "string",
+            Required("\"SELECT customer_id FROM orders\""),
+            Any,
+            "A query listing every live key (the target's and the source's).",
+        ),
+    ],
+};
+
+pub(super) const SINKS: Table = Table {
+    header: "[[sinks]]",
+    feature: None,
+    about: "The keys every sink kind shares; the others depend on `kind`. Snapshots publish the rows that already exist (DBLog chunks beside the stream; a PostgreSQL replication source).",
+    keys: &[
+        key(
+            "kind",
+            "string",
+            Required("\"kafka\""),
+            OneOf(&["kafka"]),
+            "The sink kind; `kafka` needs the cargo feature `kafka`.",
+        ),
+        key(
+            "snapshot",
+            "string",
+            Is("\"never\""),
+            OneOf(&["initial", "never"]),
+            "`\"initial\"`: on first start (and for a sink new to a deployment) every captured table; `\"never\"`: only tables asked for with `freshen snapshot --sink N`.",
+        ),
+        key(
+            "snapshot_chunk_rows",
+            "integer",
+            Is("10000"),
+            Int(1, 1_000_000),
+            "Rows per snapshot chunk SELECT.",
+        ),
+        key(
+            "snapshot_pause_ms",
+            "integer",
+            Is("0"),
+            Int(0, 3_600_000),
+            "Pause between snapshot chunks, in ms.",
+        ),
+    ],
+};

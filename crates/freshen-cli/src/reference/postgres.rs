@@ -1,0 +1,187 @@
+//! The `[source]` keys of the PostgreSQL kinds (`freshen_postgres::PgSourceSettings`,
+//! `freshen_postgres::PgIncrementalSettings` and its per-table `TableSettings`).
+
+use super::{Key, Omitted::*, Range::*, Table, key};
+
+const HOUR_MS: u64 = 3_600_000;
+
+pub(super) const SOURCE: Table = Table {
+    header: "[source] kind = \"postgres\"",
+    feature: None,
+    about: "PostgreSQL logical replication (pgoutput): a slot and a publication.",
+    keys: &[
+        key(
+            "url",
+            "string",
+            Required("\"postgres://app@db/app\""),
+            Any,
+            "Connection URL; the user needs REPLICATION. May hold a password: write `${VAR}`.",
+        ),
+        key(
+            "slot",
+            "string",
+            Is("\"freshen\""),
+            Any,
+            "Replication slot name (a PostgreSQL identifier, at most 63 bytes).",
+        ),
+        key(
+            "publication",
+            "string",
+            Is("\"freshen\""),
+            Any,
+            "Publication name (at most 63 bytes).",
+        ),
+        key(
+            "slot_mode",
+            "string",
+            Is("\"create\""),
+            OneOf(&["create", "existing", "temporary"]),
+            "Create the slot when missing; require it; or a temporary slot that disappears with the connection (a restart loses changes: pair it with reconcile).",
+        ),
+        key(
+            "publication_mode",
+            "string",
+            Is("\"create\""),
+            OneOf(&["create", "existing"]),
+            "Create the publication for the watched tables when missing (marked as freshen's, so `freshen drop` may drop it), or require it.",
+        ),
+        key(
+            "status_interval",
+            "duration",
+            Is("\"1s\""),
+            Millis(1, HOUR_MS),
+            "How often feedback (the confirmed position) is sent to the server.",
+        ),
+        key(
+            "read_gap",
+            "duration",
+            Is("\"250us\""),
+            Millis(0, 10),
+            "While changes keep arriving, how long the reader pauses after emptying the socket so a burst gathers; `\"0s\"` reads every message as it arrives.",
+        ),
+        key(
+            "stall_after",
+            "duration",
+            Is("\"30s\""),
+            Millis(0, HOUR_MS),
+            "How long a streaming reader may read nothing while the server's WAL moves on before `/healthz` says it stalled; `\"0s\"`: no watch.",
+        ),
+        key(
+            "tables",
+            "string or array of strings",
+            Is("[]"),
+            Any,
+            "Tables captured besides the views' (for the changefeed and sinks): `schema.table`, `table`, `schema.*` (the schema's tables, later ones included; PostgreSQL 15), `schema.prefix_*`, or `all` (every table outside system schemas). Patterns and `all` need a superuser to create the publication.",
+        ),
+        key(
+            "discover_every",
+            "duration",
+            Is("\"10s\""),
+            Any,
+            "How often the catalog is read for tables the pattern entries select.",
+        ),
+    ],
+};
+
+pub(super) const INCREMENTAL: Table = Table {
+    header: "[source] kind = \"postgres-incremental\"",
+    feature: None,
+    about: "PostgreSQL without replication grants: polls each table by a cursor column (`SELECT` only). Rows deleted are not seen: pair views with reconcile.",
+    keys: &[
+        key(
+            "url",
+            "string",
+            Required("\"postgres://reader@db/app\""),
+            Any,
+            "The polled database's URL. May hold a password: write `${VAR}`.",
+        ),
+        key(
+            "cursor",
+            "string",
+            Unset("\"updated_at\""),
+            Any,
+            "The cursor column of every table without its own (a timestamp or an increasing id).",
+        ),
+        key(
+            "poll_interval",
+            "duration",
+            Is("\"1s\""),
+            Millis(1, HOUR_MS),
+            "Time between polls of a table once caught up.",
+        ),
+        key(
+            "page_size",
+            "integer",
+            Is("1000"),
+            Int(1, 100_000),
+            "Rows per page.",
+        ),
+        key(
+            "lookback",
+            "duration",
+            Is("\"5s\""),
+            Millis(0, HOUR_MS),
+            "How long a read position is held and its range read again before it may be stored: covers transactions that commit late with an earlier cursor value.",
+        ),
+        key(
+            "name",
+            "string",
+            Is("\"freshen\""),
+            Any,
+            "Keys this source's rows in the cursor table (at most 63 bytes).",
+        ),
+        key(
+            "store_table",
+            "string",
+            Is("\"freshen_cursors\""),
+            Any,
+            "The cursor table, `table` or `schema.table`, created if missing.",
+        ),
+        key(
+            "store_url",
+            "string",
+            Derived("`url`", "\"postgres://writer@db/app\""),
+            Any,
+            "The database of the cursor table, when the polled one is read-only.",
+        ),
+        key(
+            "tables",
+            "table of tables",
+            Is("{}"),
+            Any,
+            "Tables polled besides the views', by name (`[source.tables.\"schema.table\"]`), each with its own settings (the next table).",
+        ),
+    ],
+};
+
+pub(super) const INCREMENTAL_TABLE: Table = Table {
+    header: "[source.tables.\"schema.table\"] (postgres-incremental)",
+    feature: None,
+    about: "One polled table's own settings; each defaults to the `[source]` key of the same name.",
+    keys: &POLLED_TABLE,
+};
+
+/// A polled table's own keys: the same for every polling kind (`freshen::poller`).
+pub(super) const POLLED_TABLE: [Key; 3] = [
+    key(
+        "cursor",
+        "string",
+        Derived("`[source] cursor`", "\"id\""),
+        Any,
+        "Its cursor column.",
+    ),
+    key(
+        "poll_interval",
+        "duration",
+        Derived("`[source] poll_interval`", "\"5s\""),
+        Millis(1, HOUR_MS),
+        "Its poll interval.",
+    ),
+    key(
+        "page_size",
+        "integer",
+        Derived("`[source] page_size`", "500"),
+        Int(1, 100_000),
+        "Its page size.",
+    ),
+];

@@ -1,0 +1,522 @@
+//! The reference held to the parser: the same keys, and every stated default and range
+//! is what the parser applies (probed through `config::parse`, the whole file).
+
+use std::collections::BTreeSet;
+
+use serde::de::{self, Deserialize, Deserializer, Visitor};
+
+use super::*;
+use crate::config;
+
+// ---------------------------------------------------------------- the keys
+
+/// The field names a serde struct accepts, as its derive hands them to the deserializer.
+fn fields<'de, T: Deserialize<'de>>() -> BTreeSet<&'static str> {
+    struct Fields(Option<&'static [&'static str]>);
+    #[derive(Debug)]
+    struct Stop;
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("stop")
+        }
+    }
+    impl std::error::Error for Stop {}
+    impl de::Error for Stop {
+        fn custom<M: std::fmt::Display>(_: M) -> Stop {
+            Stop
+        }
+    }
+    impl<'de> Deserializer<'de> for &mut Fields {
+        type Error = Stop;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0 = Some(fields);
+            Err(Stop)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+            enum identifier ignored_any
+        }
+    }
+    let mut d = Fields(None);
+    let _ = T::deserialize(&mut d);
+    d.0.expect("a struct with named fields")
+        .iter()
+        .copied()
+        .collect()
+}
+
+fn documented(t: &Table) -> BTreeSet<&'static str> {
+    t.keys.iter().map(|k| k.name).collect()
+}
+
+#[track_caller]
+fn same_keys(t: &Table, parser: impl IntoIterator<Item = &'static str>) {
+    let parser: BTreeSet<&str> = parser.into_iter().collect();
+    let doc = documented(t);
+    let missing: Vec<_> = parser.difference(&doc).collect();
+    let extra: Vec<_> = doc.difference(&parser).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "`{}`: keys the parser accepts but the reference lacks: {missing:?}; keys the reference has but the parser refuses: {extra:?}",
+        t.header
+    );
+}
+
+#[test]
+fn every_key_the_parser_accepts_is_documented_and_no_other() {
+    same_keys(&freshen::TOP, config::TOP.iter().copied());
+    same_keys(&freshen::SOURCE, config::SOURCE_SHARED.iter().copied());
+    same_keys(&freshen::TARGET, config::TARGET.iter().copied());
+    same_keys(&freshen::HTTP, config::HTTP.iter().copied());
+    same_keys(&freshen::LOG, config::LOG.iter().copied());
+    same_keys(&freshen::DEFAULTS, config::TIMING.iter().copied());
+    same_keys(&freshen::BACKOFF, config::BACKOFF.iter().copied());
+    same_keys(&freshen::VIEWS, config::VIEW.iter().copied());
+    same_keys(&freshen::WATCH, config::WATCH.iter().copied());
+    same_keys(&freshen::RECONCILE, config::RECONCILE.iter().copied());
+    same_keys(
+        &freshen::SINKS,
+        std::iter::once("kind").chain(config::sink_snapshot::KEYS.iter().copied()),
+    );
+    same_keys(
+        &postgres::SOURCE,
+        fields::<freshen_postgres::PgSourceSettings>(),
+    );
+    same_keys(
+        &postgres::INCREMENTAL,
+        fields::<freshen_postgres::PgIncrementalSettings>(),
+    );
+    same_keys(
+        &postgres::INCREMENTAL_TABLE,
+        fields::<freshen_postgres::incremental::TableSettings>(),
+    );
+    use freshen_changefeed as cf;
+    same_keys(&changefeed::CHANGEFEED, fields::<cf::ChangefeedConfig>());
+    same_keys(&changefeed::RETENTION, fields::<cf::RetentionConfig>());
+    same_keys(&changefeed::GROUPS, fields::<cf::GroupDefaults>());
+    same_keys(&changefeed::HTTP, fields::<cf::HttpConfig>());
+    same_keys(&changefeed::TOKENS, fields::<cf::TokenConfig>());
+    #[cfg(feature = "mysql")]
+    {
+        same_keys(&mysql::SOURCE, fields::<freshen_mysql::MySqlSourceConfig>());
+        same_keys(
+            &mysql::INCREMENTAL,
+            fields::<freshen_mysql::MySqlIncrementalSettings>(),
+        );
+        same_keys(
+            &mysql::INCREMENTAL_TABLE,
+            fields::<freshen_mysql::incremental::TableSettings>(),
+        );
+    }
+    #[cfg(feature = "kafka")]
+    {
+        same_keys(&kafka::SOURCE, fields::<freshen_kafka::KafkaSourceConfig>());
+        same_keys(&kafka::SINK, fields::<freshen_kafka::KafkaSinkConfig>());
+        same_keys(
+            &kafka::KEY_STREAM,
+            fields::<freshen_kafka::KeyStreamConfig>(),
+        );
+    }
+    #[cfg(feature = "pulsar")]
+    same_keys(
+        &pulsar::SOURCE,
+        fields::<freshen_pulsar::PulsarSourceConfig>(),
+    );
+}
+
+/// Every kind the registries know (built in or left out) has its table, and the
+/// reference names no other.
+#[test]
+fn every_source_and_sink_kind_is_documented() {
+    let kinds = |t: &Table| -> BTreeSet<&'static str> {
+        match t.keys.iter().find(|k| k.name == "kind").map(|k| k.range) {
+            Some(Range::OneOf(names)) => names.iter().copied().collect(),
+            _ => panic!("`{}` lists its kinds", t.header),
+        }
+    };
+    let sources: BTreeSet<&str> = crate::sources::all_names().into_iter().collect();
+    assert_eq!(kinds(&freshen::SOURCE), sources);
+    let sinks: BTreeSet<&str> = crate::sinks::names().into_iter().collect();
+    assert_eq!(kinds(&freshen::SINKS), sinks);
+    for name in sources {
+        let header = format!("[source] kind = \"{name}\"");
+        assert!(
+            tables().iter().any(|t| t.header == header),
+            "no table `{header}`"
+        );
+    }
+    for name in sinks {
+        let header = format!("[[sinks]] kind = \"{name}\"");
+        assert!(
+            tables().iter().any(|t| t.header == header),
+            "no table `{header}`"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- the values
+
+/// Where a table's keys go in a file that parses, and what they need beside them.
+struct Context {
+    /// Tables before the probed one (each a block of lines).
+    before: String,
+    /// The probed table's opening: a header, or `name = {` for an inline table.
+    open: String,
+    /// Keys the probed table needs, written unless probed (the probe replaces them).
+    needs: Vec<(&'static str, String)>,
+    /// Closes an inline table.
+    close: &'static str,
+}
+
+const PG_SOURCE: &str = "[source]\nkind = \"postgres\"\nurl = \"postgres://app@db/app\"\n";
+const VIEW: &str = "[[views]]\nname = \"v\"\nwatch = [{ table = \"app.t\", key = [\"id\"] }]\nrebuild = \"SELECT 1 WHERE $1::text IS NOT NULL\"\n";
+
+/// The required keys of `t`, with their examples.
+fn required(t: &Table) -> Vec<(&'static str, String)> {
+    t.keys
+        .iter()
+        .filter_map(|k| match k.default {
+            Omitted::Required(ex) => Some((k.name, ex.to_owned())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn block(open: &str, needs: Vec<(&'static str, String)>) -> Context {
+    Context {
+        before: String::new(),
+        open: open.to_owned(),
+        needs,
+        close: "",
+    }
+}
+
+/// The file around table `t`; `None` for a table probed only for its keys (the top
+/// level: each of its keys is a table probed on its own).
+fn context(t: &Table) -> Option<Context> {
+    let source_of = |kind: &str| -> Option<&'static Table> {
+        let header = format!("[source] kind = \"{kind}\"");
+        tables().into_iter().find(|t| t.header == header)
+    };
+    let source_block = |kind: &str| -> String {
+        let mut s = format!("[source]\nkind = \"{kind}\"\n");
+        for (k, v) in required(source_of(kind).expect("a documented kind")) {
+            s.push_str(&format!("{k} = {v}\n"));
+        }
+        s
+    };
+    let after_pg = |open: &str, needs| Context {
+        before: format!("{PG_SOURCE}{VIEW}"),
+        ..block(open, needs)
+    };
+    let c = match t.header {
+        "top level" => return None,
+        "[source]" => Context {
+            before: VIEW.to_owned(),
+            ..block(
+            "[source]",
+            vec![
+                ("kind", "\"postgres\"".into()),
+                ("url", "\"postgres://app@db/app\"".into()),
+            ],
+        )
+        },
+        h if h.starts_with("[source] kind = ") => {
+            let kind = h.trim_start_matches("[source] kind = ").trim_matches('"');
+            let database = matches!(kind, "postgres" | "postgres-incremental" | "mysql" | "mysql-incremental");
+            let target = if database {
+                ""
+            } else {
+                "[target]\nurl = \"postgres://app@db/app\"\n"
+            };
+            Context {
+                before: format!("{target}{VIEW}"),
+                ..block(
+                    &format!("[source]\nkind = \"{kind}\""),
+                    required(t),
+                )
+            }
+        }
+        h if h.starts_with("[source.tables.") => {
+            let kind = if h.contains("mysql") {
+                "mysql-incremental"
+            } else {
+                "postgres-incremental"
+            };
+            Context {
+                before: format!("{VIEW}{}", source_block(kind)),
+                ..block("[source.tables.\"app.t\"]", Vec::new())
+            }
+        }
+        "[target]" => after_pg("[target]", vec![("url", "\"postgres://app@db/app\"".into())]),
+        "[http]" | "[log]" | "[defaults]" | "[key_stream]" => after_pg(t.header, required(t)),
+        "backoff = { base, max }" => Context {
+            before: format!("{PG_SOURCE}{VIEW}[defaults]\n"),
+            open: "backoff = {".into(),
+            needs: Vec::new(),
+            close: "}",
+        },
+        "[[views]]" => Context {
+            before: PG_SOURCE.to_owned(),
+            ..block(
+                "[[views]]",
+                vec![
+                    ("name", "\"v\"".into()),
+                    ("watch", "[{ table = \"app.t\", key = [\"id\"] }]".into()),
+                    ("rebuild", "\"SELECT 1 WHERE $1::text IS NOT NULL\"".into()),
+                ],
+            )
+        },
+        "[[views.watch]]" => Context {
+            before: PG_SOURCE.to_owned(),
+            open: "[[views]]\nname = \"v\"\nrebuild = \"SELECT 1 WHERE $1::text IS NOT NULL\"\nwatch = [{ table = \"app.t\", key = [\"id\"] }, {".into(),
+            needs: vec![("table", "\"app.u\"".into()), ("key", "[\"id\"]".into())],
+            close: "}]",
+        },
+        "reconcile = { every, keys }" => Context {
+            before: format!("{PG_SOURCE}{VIEW}"),
+            open: "reconcile = {".into(),
+            needs: required(t),
+            close: "}",
+        },
+        "[[sinks]]" | "[[sinks]] kind = \"kafka\"" => after_pg(
+            "[[sinks]]",
+            vec![
+                ("kind", "\"kafka\"".into()),
+                ("brokers", "\"k:9092\"".into()),
+                ("topic", "\"app\"".into()),
+            ],
+        ),
+        "[changefeed]" => after_pg("[changefeed]", required(t)),
+        h if h.starts_with("[changefeed.") || h.starts_with("[[changefeed.") => {
+            let needs = if h.contains("tokens") {
+                vec![
+                    ("scope", "\"read\"".into()),
+                    ("token", "\"0123456789abcdef\"".into()),
+                ]
+            } else {
+                Vec::new()
+            };
+            Context {
+                before: format!(
+                    "{PG_SOURCE}{VIEW}[changefeed]\npath = \"/nonexistent/freshen/feed.db\"\n"
+                ),
+                ..block(h, needs)
+            }
+        }
+        other => panic!("no context for `{other}`: add one"),
+    };
+    Some(c)
+}
+
+/// Keys that replace others, or come with others.
+fn companions(
+    key: &str,
+) -> (
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+) {
+    match key {
+        "into" => (
+            &["rebuild"],
+            &[("query", "\"SELECT id FROM app.t WHERE id = ANY($1)\"")],
+        ),
+        "query" => (&["rebuild"], &[("into", "\"app.totals\"")]),
+        "token_env" => (&["token"], &[]),
+        _ => (&[], &[]),
+    }
+}
+
+/// The file with `key = value` in table `t` (or without it).
+fn file(t: &Table, probe: Option<(&str, &str)>) -> String {
+    let mut c = context(t).expect("a probed table");
+    let (drop, with) = probe.map_or((&[][..], &[][..]), |(k, _)| companions(k));
+    c.needs
+        .retain(|(k, _)| probe.is_none_or(|(p, _)| p != *k) && !drop.contains(k));
+    c.needs
+        .extend(with.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    // Last, so that no line of the rest of the file moves (views keep their lines).
+    if let Some((k, v)) = probe {
+        let k = t.keys.iter().find(|d| d.name == k).map_or("?", |d| d.name);
+        c.needs.push((k, v.to_owned()));
+    }
+    file_from(c)
+}
+
+fn env(_: &str) -> Option<String> {
+    None
+}
+
+/// The configuration a file gives, as comparable text (its digests, which hash the
+/// text as written, left out); or its problems.
+fn parsed(src: &str) -> Result<String, String> {
+    config::parse(src, "f.toml", &env)
+        .map(|mut c| {
+            c.source_digest = 0;
+            c.outputs_digest = 0;
+            format!("{c:?}")
+        })
+        .map_err(|e| e.to_string())
+}
+
+/// What the probes found wrong, all of it (one run names every wrong entry).
+#[derive(Default)]
+struct Wrong(Vec<String>);
+
+impl Wrong {
+    fn accepted(&mut self, t: &Table, key: &str, value: &str) -> Option<String> {
+        let src = file(t, Some((key, value)));
+        parsed(&src)
+            .map_err(|e| {
+                self.0.push(format!(
+                    "`{}` `{key} = {value}` is documented as accepted, but the parser says: {}",
+                    t.header,
+                    e.trim_end()
+                ));
+            })
+            .ok()
+    }
+
+    fn refused(&mut self, t: &Table, key: &str, value: &str) {
+        if parsed(&file(t, Some((key, value)))).is_ok() {
+            self.0.push(format!(
+                "`{}` `{key} = {value}` is outside the documented range, but the parser takes it",
+                t.header
+            ));
+        }
+    }
+
+    #[track_caller]
+    fn none(self) {
+        assert!(
+            self.0.is_empty(),
+            "{} wrong:\n{}",
+            self.0.len(),
+            self.0.join("\n")
+        );
+    }
+}
+
+/// Whether this build reads table `t` (the shared `[[sinks]]` keys are probed beside
+/// Kafka's sink, the one sink kind).
+fn readable(t: &Table) -> bool {
+    t.feature.is_none_or(built_in) && (t.header != "[[sinks]]" || built_in("kafka"))
+}
+
+#[test]
+fn every_documented_default_is_what_leaving_the_key_out_gives() {
+    let mut wrong = Wrong::default();
+    for t in tables().into_iter().filter(|t| readable(t)) {
+        if context(t).is_none() {
+            continue;
+        }
+        let without = match parsed(&file(t, None)) {
+            Ok(c) => c,
+            Err(e) => {
+                wrong.0.push(format!(
+                    "`{}`: the probe file does not parse: {e}",
+                    t.header
+                ));
+                continue;
+            }
+        };
+        for k in t.keys {
+            match k.default {
+                Omitted::Is(v) => {
+                    if wrong.accepted(t, k.name, v).is_some_and(|c| c != without) {
+                        wrong.0.push(format!(
+                            "`{}` `{} = {v}` is documented as the default, but writing it changes the configuration",
+                            t.header, k.name
+                        ));
+                    }
+                }
+                Omitted::Required(ex) | Omitted::Unset(ex) | Omitted::Derived(_, ex) => {
+                    wrong.accepted(t, k.name, ex);
+                }
+            }
+            if matches!(k.default, Omitted::Required(_)) {
+                let mut c = context(t).unwrap();
+                c.needs.retain(|(n, _)| *n != k.name);
+                if parsed(&file_from(c)).is_ok() {
+                    wrong.0.push(format!(
+                        "`{}` `{}` is documented as required, but a file without it parses",
+                        t.header, k.name
+                    ));
+                }
+            }
+        }
+    }
+    wrong.none();
+}
+
+fn file_from(c: Context) -> String {
+    let body: Vec<String> = c.needs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+    if c.close.is_empty() {
+        format!("{}{}\n{}\n", c.before, c.open, body.join("\n"))
+    } else {
+        format!("{}{} {} {}\n", c.before, c.open, body.join(", "), c.close)
+    }
+}
+
+#[test]
+fn every_documented_range_is_what_the_parser_accepts() {
+    let mut wrong = Wrong::default();
+    for t in tables().into_iter().filter(|t| readable(t)) {
+        if context(t).is_none() {
+            continue;
+        }
+        for k in t.keys {
+            match k.range {
+                Range::Any => {}
+                Range::Int(lo, hi) => {
+                    wrong.accepted(t, k.name, &lo.to_string());
+                    wrong.accepted(t, k.name, &hi.to_string());
+                    if let Some(below) = lo.checked_sub(1) {
+                        wrong.refused(t, k.name, &below.to_string());
+                    }
+                    if let Some(above) = hi.checked_add(1) {
+                        wrong.refused(t, k.name, &above.to_string());
+                    }
+                }
+                Range::Millis(lo, hi) => {
+                    wrong.accepted(t, k.name, &format!("\"{lo}ms\""));
+                    wrong.accepted(t, k.name, &format!("\"{hi}ms\""));
+                    if lo > 0 {
+                        wrong.refused(t, k.name, &format!("\"{}ms\"", lo - 1));
+                    }
+                    wrong.refused(t, k.name, &format!("\"{}ms\"", hi + 1));
+                }
+                // `kind` chooses the table itself: its values are the kinds' tables.
+                Range::OneOf(_) if k.name == "kind" => {}
+                Range::OneOf(choices) => {
+                    for c in choices {
+                        wrong.accepted(t, k.name, &format!("\"{c}\""));
+                    }
+                    wrong.refused(t, k.name, "\"no-such-choice\"");
+                }
+            }
+        }
+    }
+    wrong.none();
+}
+
+// ---------------------------------------------------------------- the file
+
+#[test]
+fn docs_configuration_md_is_the_commands_output() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
+    let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        on_disk == render(),
+        "docs/configuration.md differs from `freshen config reference`: regenerate it with `{REGENERATE}`"
+    );
+}

@@ -11,16 +11,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn read(rel: &str) -> String {
+pub(crate) fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// Panics naming the Debian package when `tool` is not installed: never a skip.
-fn need(tool: &str, package: &str) {
+pub(crate) fn need(tool: &str, package: &str) {
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .output()
@@ -28,12 +28,12 @@ fn need(tool: &str, package: &str) {
     assert!(found, "`{tool}` is missing: apt-get install {package}");
 }
 
-fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     cmd.output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
-fn ok(cmd: &mut Command) -> String {
+pub(crate) fn ok(cmd: &mut Command) -> String {
     let out = run(cmd);
     assert!(
         out.status.success(),

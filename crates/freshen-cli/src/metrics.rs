@@ -20,6 +20,12 @@ pub mod names {
     pub const SWEEP_REBUILDS: &str = "freshen_sweep_rebuilds_total";
     /// Seconds the longest-running rebuild call now running has run, per view.
     pub const OLDEST_IN_FLIGHT: &str = "freshen_oldest_rebuild_running_seconds";
+    /// Seconds the longest-waiting change has waited for its rebuild (0: nothing
+    /// waits), per view.
+    pub const OLDEST_WAITING: &str = "freshen_oldest_change_waiting_seconds";
+    /// The view's `stale_after` bound in seconds (0: none), per view: an alert compares
+    /// [`OLDEST_WAITING`] with it, as `/healthz` does.
+    pub const STALE_AFTER: &str = "freshen_view_stale_after_seconds";
     /// Keys the reconcile sweep now listing has listed so far, per view.
     pub const SWEEP_LISTED: &str = "freshen_sweep_keys_listed";
     /// Keys marked dirty, per view.
@@ -328,6 +334,18 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         |v| age_s(v.stats.oldest_in_flight),
     ),
     (
+        names::OLDEST_WAITING,
+        "gauge",
+        "Seconds the longest-waiting change has waited for its rebuild (0: nothing waits).",
+        |v| age_s(v.stats.oldest_waiting),
+    ),
+    (
+        names::STALE_AFTER,
+        "gauge",
+        "The view's stale_after bound in seconds (0: none).",
+        |v| v.stale_after.map_or(0.0, |d| d.as_secs_f64()),
+    ),
+    (
         names::SWEEP_LISTED,
         "gauge",
         "Keys the reconcile sweep now listing has listed so far.",
@@ -597,6 +615,34 @@ mod tests {
     }
 
     #[test]
+    fn the_oldest_waiting_change_and_the_stale_bound_are_exported_for_alerts() {
+        let mut stats = Stats::default();
+        stats.oldest_waiting = Some(SystemTime::now() - std::time::Duration::from_secs(20));
+        let text = render(
+            &[ViewStats {
+                name: "totals".into(),
+                stats,
+                events: 0,
+                stale_after: Some(std::time::Duration::from_secs(10)),
+                recent: None,
+                unscoped: 0,
+                quarantined: Vec::new(),
+            }],
+            &SourceStatus::default(),
+        );
+        let value = |name: &str| -> f64 {
+            let prefix = format!("{name}{{view=\"totals\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+        };
+        let waited = value(names::OLDEST_WAITING);
+        assert!((20.0..60.0).contains(&waited), "{waited}");
+        assert_eq!(value(names::STALE_AFTER), 10.0);
+    }
+
+    #[test]
     fn renders_counters_gauges_and_a_histogram_per_view() {
         let mut stats = Stats::default();
         stats.events_received = 10;
@@ -629,6 +675,10 @@ mod tests {
             text.contains("freshen_rebuilds_total{view=\"device\\\"totals\",outcome=\"failed\"} 1")
         );
         assert!(text.contains("freshen_dirty_keys{view=\"device\\\"totals\"} 3"));
+        assert!(
+            text.contains("freshen_oldest_change_waiting_seconds{view=\"device\\\"totals\"} 0")
+        );
+        assert!(text.contains("freshen_view_stale_after_seconds{view=\"device\\\"totals\"} 0"));
         assert!(text.contains(
             "freshen_freshness_lag_seconds_bucket{view=\"device\\\"totals\",le=\"+Inf\"} 0"
         ));

@@ -11,16 +11,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn read(rel: &str) -> String {
+pub(crate) fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// Panics naming the Debian package when `tool` is not installed: never a skip.
-fn need(tool: &str, package: &str) {
+pub(crate) fn need(tool: &str, package: &str) {
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .output()
@@ -28,12 +28,12 @@ fn need(tool: &str, package: &str) {
     assert!(found, "`{tool}` is missing: apt-get install {package}");
 }
 
-fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     cmd.output()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
-fn ok(cmd: &mut Command) -> String {
+pub(crate) fn ok(cmd: &mut Command) -> String {
     let out = run(cmd);
     assert!(
         out.status.success(),
@@ -199,11 +199,12 @@ fn debian_image(name: &str, include: &str, hook: Option<&str>, changes: &[&str])
 
 /// Builds the image from the Containerfile for real — a cold release build inside the
 /// container (22 min on this 2-core machine under load; seconds once its cache mount is
-/// warm). Too slow for every CI run, so it runs on demand:
-/// `cargo nextest run -p freshen-cli --test deploy --run-ignored all`.
+/// warm) — and runs `freshen check`, `--version`, and the pipeline with `freshen health`
+/// in it. Ignored in the suite; `.ci/run` runs it by name:
+/// `cargo nextest run -p freshen-cli --test it --run-ignored only -- deploy::the_container_image`.
 #[test]
-#[ignore = "a cold release build in a container: run with --run-ignored all"]
-fn the_container_image_builds_and_runs_freshen_check() {
+#[ignore = "a cold release build in a container: .ci/run runs it (--run-ignored only)"]
+fn the_container_image_builds_and_runs_freshen_check_and_health() {
     need("podman", "podman");
     need("runc", "runc");
     need("mmdebstrap", "mmdebstrap");
@@ -317,6 +318,42 @@ fn the_container_image_builds_and_runs_freshen_check() {
             "/var/lib/freshen",
         ]));
     assert_eq!(owner.trim().split(' ').next(), Some("10001"), "{owner}");
+
+    // The image runs the pipeline: `freshen run` (its default command) against a real
+    // PostgreSQL, and `freshen health` in the container answers for it — failing, naming
+    // why, while nothing listens, and exit 0 once /healthz answers 200.
+    let pg = support::start_pg();
+    pg.psql(support::SCHEMA).expect("the schema");
+    let port = support::free_port();
+    let config = dir.path().join("run.toml");
+    std::fs::write(
+        &config,
+        read("deploy/freshen.toml").replace("127.0.0.1:9187", &format!("127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let name = format!("freshen-test-image-{}", std::process::id());
+    let health = |c: &str| {
+        run(podman().args(["exec", c, "freshen", "health", &format!("127.0.0.1:{port}")]))
+    };
+    ok(podman()
+        .args(["run", "-d", "--name", &name, "--network", "host"])
+        .args(ULIMITS)
+        .args(["-e", &format!("DATABASE_URL={}", pg.url())])
+        .arg("-v")
+        .arg(format!("{}:/etc/freshen/freshen.toml:ro", config.display()))
+        .arg(image));
+    let c = Container(name);
+    let healthy = freshen_testenv::support::wait_for(Duration::from_secs(60), || {
+        health(&c.0).status.success().then_some(())
+    });
+    assert!(
+        healthy.is_some(),
+        "freshen health never passed: {:?}\n{}",
+        health(&c.0),
+        String::from_utf8_lossy(&run(podman().args(["logs", &c.0])).stderr)
+    );
+    let out = run(podman().args(["exec", &c.0, "freshen", "health", "127.0.0.1:1"]));
+    assert!(!out.status.success(), "{out:?}");
 }
 
 /// A container removed when dropped, so a failing test leaves none behind.

@@ -35,3 +35,5 @@ mod cli_schema;
 mod cli_secrets;
 mod cli_standby;
 mod deploy;
+mod deploy_kubernetes;
+mod deploy_prometheus;

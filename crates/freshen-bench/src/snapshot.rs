@@ -18,7 +18,7 @@ use freshen_changefeed::{
     Changefeed, ChangefeedConfig, SnapshotProgress, SnapshotSource, SnapshotState,
 };
 use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotSettings,
+    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotConfig,
     SinkSnapshots, SlotMode, TableName,
 };
 use futures_util::StreamExt;
@@ -158,7 +158,7 @@ async fn kafka_sink(
     })
     .await?;
     let snaps =
-        SinkSnapshots::new(SinkSnapshotSettings::new("kafka:bench", false).chunk_rows(CHUNK_ROWS));
+        SinkSnapshots::new(SinkSnapshotConfig::new("kafka:bench", false).chunk_rows(CHUNK_ROWS));
     let sink = freshen_kafka::KafkaSink::new(&freshen_kafka::KafkaSinkConfig::new(
         bootstrap,
         "bench",

@@ -463,8 +463,8 @@ fn millis<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 
 impl HttpConfig {
     /// The serving settings these give, for [`freshen_http::serve`].
-    pub(crate) fn serving(&self) -> freshen_http::Settings {
-        let mut s = freshen_http::Settings::new("changefeed");
+    pub(crate) fn serving(&self) -> freshen_http::ListenerConfig {
+        let mut s = freshen_http::ListenerConfig::new("changefeed");
         s.allowed_hosts = self.allowed_hosts.clone();
         s.allowed_origins = self.cors_allow_origins.clone();
         s.header_timeout = std::time::Duration::from_millis(self.header_timeout_ms);

@@ -373,7 +373,7 @@ pub fn app(o: Shared, admin: crate::admin::Access) -> Router {
 pub async fn serve(
     listener: TcpListener,
     o: Shared,
-    settings: freshen_http::Settings,
+    settings: freshen_http::ListenerConfig,
     admin: crate::admin::Access,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {

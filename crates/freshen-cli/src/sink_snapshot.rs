@@ -52,7 +52,7 @@ pub fn driver(
         .into_iter()
         .map(|(schema, table)| TableName::new(schema, table))
         .collect();
-    let settings = freshen_postgres::SinkSnapshotSettings::new(
+    let settings = freshen_postgres::SinkSnapshotConfig::new(
         identity,
         s.mode == freshen_changefeed::SnapshotMode::Initial,
     )

@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::Settings;
+use crate::ListenerConfig;
 
 /// What the guard decided about one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub struct Guard {
 
 impl Guard {
     /// The rules for a listener on `loopback` (or not) with `settings`.
-    pub fn new(settings: &Settings, loopback: bool) -> Guard {
+    pub fn new(settings: &ListenerConfig, loopback: bool) -> Guard {
         Guard {
             check_host: loopback || !settings.allowed_hosts.is_empty(),
             hosts: settings
@@ -200,7 +200,7 @@ mod tests {
     }
 
     fn loopback(origins: &[&str]) -> Guard {
-        let mut s = Settings::new("t");
+        let mut s = ListenerConfig::new("t");
         s.allowed_hosts = vec!["feed.internal".into()];
         s.allowed_origins = origins.iter().map(|o| o.to_string()).collect();
         Guard::new(&s, true)
@@ -247,7 +247,7 @@ mod tests {
 
     #[test]
     fn other_listeners_check_hosts_only_when_told() {
-        let open = Guard::new(&Settings::new("t"), false);
+        let open = Guard::new(&ListenerConfig::new("t"), false);
         assert_eq!(get(&open, &[("host", "anything.example")]), Verdict::Pass);
     }
 

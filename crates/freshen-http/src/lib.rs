@@ -8,22 +8,22 @@
 //!   application ends them).
 //! - **Host allow-list** (DNS rebinding): on a loopback listener a request is served only
 //!   when its `Host` is `localhost`, an IP address, or one of
-//!   [`Settings::allowed_hosts`]; others get `421 Misdirected Request`. A page on
+//!   [`ListenerConfig::allowed_hosts`]; others get `421 Misdirected Request`. A page on
 //!   `http://evil.example` whose name the attacker re-points at 127.0.0.1 still sends
 //!   `Host: evil.example`, so it is refused. On other listeners the check applies only
 //!   when `allowed_hosts` is set.
 //! - **Origin check** (cross-site requests): a WebSocket upgrade, a request with any
 //!   method but `GET`/`HEAD`, and a request with a body type an HTML form cannot send are
 //!   refused (`403`) when they carry an `Origin` that is neither the server's own nor in
-//!   [`Settings::allowed_origins`]. Requests without `Origin` (curl, Prometheus, other
+//!   [`ListenerConfig::allowed_origins`]. Requests without `Origin` (curl, Prometheus, other
 //!   programs) are not browsers' and pass.
-//! - **Timeouts**: a connection has [`Settings::header_timeout`] to send each request's
+//! - **Timeouts**: a connection has [`ListenerConfig::header_timeout`] to send each request's
 //!   headers; the same clock runs while a kept-alive connection waits for its next
 //!   request, so it is the idle timeout too. [`with_request_timeout`] bounds how long a
 //!   handler may take to produce its response (reading the body included) — streaming
 //!   bodies (Server-Sent Events) and upgraded WebSockets are not cut, since their
 //!   handlers return at once.
-//! - **Connection limit**: at most [`Settings::max_connections`] connections are served
+//! - **Connection limit**: at most [`ListenerConfig::max_connections`] connections are served
 //!   at once (an upgraded WebSocket counts until it closes), plus the one just accepted.
 //!   At the limit a new connection takes the place of the oldest connection that has
 //!   not sent a whole request head, so a flood of half-open connections (silent, or
@@ -41,19 +41,25 @@
 //! use axum::{Router, routing::get};
 //! let app = Router::new().route("/healthz", get(|| async { "ok" }));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-//! freshen_http::serve(listener, app, freshen_http::Settings::new("example"), std::future::pending()).await
+//! freshen_http::serve(listener, app, freshen_http::ListenerConfig::new("example"), std::future::pending()).await
 //! # }
 //! ```
 
 mod bearer;
+mod config;
 mod guard;
 mod lineup;
 mod serve;
-mod settings;
 mod timeout;
 
 pub use bearer::{bearer, same_secret};
+pub use config::{ListenerConfig, host_problem, limits};
 pub use guard::{Guard, Verdict};
 pub use serve::{BACKLOG, bind, serve};
-pub use settings::{Settings, host_problem, limits};
+
+/// The name [`ListenerConfig`] had before the workspace settled on one meaning of
+/// `…Config` (what a part is built with) and `…Settings` (a file table still to be
+/// resolved into a `…Config`).
+#[deprecated(since = "0.1.0", note = "renamed `ListenerConfig`")]
+pub type Settings = ListenerConfig;
 pub use timeout::with_request_timeout;

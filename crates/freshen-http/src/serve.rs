@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::guard::{Guard, enforce};
 use crate::lineup::Lineup;
-use crate::{Settings, with_request_timeout};
+use crate::{ListenerConfig, with_request_timeout};
 
 /// The shortest pause between two "connection limit reached" warnings.
 const WARN_EVERY: Duration = Duration::from_secs(60);
@@ -56,7 +56,7 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    settings: Settings,
+    settings: ListenerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let loopback = listener.local_addr()?.ip().is_loopback();
@@ -220,7 +220,7 @@ impl AsyncWrite for Counted {
 
 /// Errors from `accept` are about one connection or a passing shortage (descriptors):
 /// log and go on, pausing when the process is out of descriptors so as not to spin.
-async fn accept_failed(settings: &Settings, e: &io::Error) {
+async fn accept_failed(settings: &ListenerConfig, e: &io::Error) {
     use io::ErrorKind::*;
     if matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted) {
         return;

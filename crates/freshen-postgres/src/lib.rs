@@ -139,7 +139,13 @@ pub use polling::{PgIncrementalSettings, PgIncrementalSource};
 pub use pool::connect_pool;
 pub use quote::quote_ident;
 pub use select::{BOOKKEEPING_PREFIX, TablePattern, capturable, system_schema};
-pub use snapshot::sink::{SINK_SNAPSHOT_TABLE, SinkSnapshotSettings, SinkSnapshots, Spliced};
+pub use snapshot::sink::{SINK_SNAPSHOT_TABLE, SinkSnapshotConfig, SinkSnapshots, Spliced};
+
+/// The name [`SinkSnapshotConfig`] had before the workspace settled on one meaning of
+/// `…Config` (what a part is built with) and `…Settings` (a file table still to be
+/// resolved into a `…Config`).
+#[deprecated(since = "0.1.0", note = "renamed `SinkSnapshotConfig`")]
+pub type SinkSnapshotSettings = SinkSnapshotConfig;
 pub use snapshot::window::{ChunkCheck, RECENT_XIDS, StreamedKeys, row_key};
 pub use snapshot::{
     Chunk, SnapshotProgress, SnapshotState, TableReader, WATERMARK_PREFIX, XidSnapshot,

@@ -221,7 +221,7 @@ pub struct Http {
     /// Where it listens.
     pub listen: SocketAddr,
     /// Host and Origin rules, timeouts, the connection limit.
-    pub serving: freshen_http::Settings,
+    pub serving: freshen_http::ListenerConfig,
     /// The bearer token the `/admin` endpoints require (`None`: open on loopback, off
     /// beyond it).
     pub admin_token: Option<AdminToken>,
@@ -679,7 +679,7 @@ pub(crate) const HTTP: &[&str] = &[
 
 fn read_http(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Option<Http> {
     let default = SocketAddr::from(([127, 0, 0, 1], 9187));
-    let mut serving = freshen_http::Settings::new("metrics");
+    let mut serving = freshen_http::ListenerConfig::new("metrics");
     // Prometheus and a few people: a small limit keeps descriptors for the databases.
     serving.max_connections = 64;
     let Some(t) = r.table(root, "http", "http") else {

@@ -51,7 +51,7 @@ async fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
 async fn the_metrics_listener_refuses_rebinding_and_cross_site_requests() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let mut settings = freshen_http::Settings::new("metrics");
+    let mut settings = freshen_http::ListenerConfig::new("metrics");
     settings.header_timeout = Duration::from_secs(1);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(
@@ -128,7 +128,7 @@ async fn admin_endpoints_take_the_token_and_are_off_beyond_loopback_without_one(
         let server = tokio::spawn(serve(
             listener,
             Arc::new(Down),
-            freshen_http::Settings::new("metrics"),
+            freshen_http::ListenerConfig::new("metrics"),
             access,
             async {
                 let _ = stopped.await;

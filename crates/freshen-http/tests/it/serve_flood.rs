@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use freshen_http::Settings;
+use freshen_http::ListenerConfig;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -57,7 +57,7 @@ fn flood_server_process() {
     let Some(limit) = std::env::var(SERVER_ENV).ok() else {
         return;
     };
-    let mut settings = Settings::new("metrics");
+    let mut settings = ListenerConfig::new("metrics");
     settings.max_connections = limit.parse().expect("a limit");
     // The default: the flood is not cut by it during the test.
     settings.header_timeout = Duration::from_secs(10);

@@ -2,11 +2,11 @@
 
 use crate::support;
 
-use freshen_http::Settings;
+use freshen_http::ListenerConfig;
 use support::*;
 
-fn settings() -> Settings {
-    let mut s = Settings::new("test");
+fn settings() -> ListenerConfig {
+    let mut s = ListenerConfig::new("test");
     s.allowed_hosts = vec!["feed.internal".into()];
     s.allowed_origins = vec!["https://app.example.com".into()];
     s
@@ -45,7 +45,7 @@ async fn a_forged_host_is_refused_on_loopback() {
 #[tokio::test]
 async fn a_non_loopback_listener_serves_any_host_unless_told() {
     // 0.0.0.0 is not loopback; clients still connect over 127.0.0.1.
-    let server = Server::start_on("0.0.0.0:0", router(), Settings::new("test")).await;
+    let server = Server::start_on("0.0.0.0:0", router(), ListenerConfig::new("test")).await;
     let a = std::net::SocketAddr::from(([127, 0, 0, 1], server.addr.port()));
     assert_eq!(
         status(a, &get_req("/hello", "feed.example.com", "")).await,

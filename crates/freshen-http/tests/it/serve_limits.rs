@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use freshen_http::Settings;
+use freshen_http::ListenerConfig;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -82,7 +82,7 @@ fn capture_logs() -> Captured {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_are_cut_off_and_descriptors_come_back() {
     let _serial = SERIAL.lock().await;
-    let mut settings = Settings::new("test");
+    let mut settings = ListenerConfig::new("test");
     settings.header_timeout = Duration::from_secs(1);
     let server = Server::start(router(), settings).await;
     let a = server.addr;
@@ -121,7 +121,7 @@ async fn slow_headers_are_cut_off_and_descriptors_come_back() {
 async fn connections_over_the_limit_wait_and_the_server_says_so_once() {
     let _serial = SERIAL.lock().await;
     let logs = capture_logs();
-    let mut settings = Settings::new("limited");
+    let mut settings = ListenerConfig::new("limited");
     settings.max_connections = 4;
     settings.header_timeout = Duration::from_secs(60);
     settings.request_timeout = None;
@@ -183,7 +183,7 @@ async fn connections_over_the_limit_wait_and_the_server_says_so_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_sent_no_request_make_room_oldest_first() {
     let _serial = SERIAL.lock().await;
-    let mut settings = Settings::new("limited");
+    let mut settings = ListenerConfig::new("limited");
     settings.max_connections = 4;
     settings.header_timeout = Duration::from_secs(60);
     let server = Server::start(router(), settings).await;
@@ -219,7 +219,7 @@ async fn connections_that_sent_no_request_make_room_oldest_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgraded_websocket_still_counts_against_the_limit() {
     let _serial = SERIAL.lock().await;
-    let mut settings = Settings::new("limited");
+    let mut settings = ListenerConfig::new("limited");
     settings.max_connections = 2;
     let server = Server::start(router(), settings).await;
     let a = server.addr;
@@ -247,7 +247,7 @@ async fn an_upgraded_websocket_still_counts_against_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_handlers_time_out_and_streams_do_not() {
     let _serial = SERIAL.lock().await;
-    let mut settings = Settings::new("test");
+    let mut settings = ListenerConfig::new("test");
     settings.request_timeout = Some(Duration::from_secs(1));
     let server = Server::start(router(), settings).await;
     let a = server.addr;

@@ -22,11 +22,11 @@ pub struct Server {
 }
 
 impl Server {
-    pub async fn start(router: Router, settings: freshen_http::Settings) -> Server {
+    pub async fn start(router: Router, settings: freshen_http::ListenerConfig) -> Server {
         Server::start_on("127.0.0.1:0", router, settings).await
     }
 
-    pub async fn start_on(bind: &str, router: Router, settings: freshen_http::Settings) -> Server {
+    pub async fn start_on(bind: &str, router: Router, settings: freshen_http::ListenerConfig) -> Server {
         let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use freshen_kafka::{KafkaSink, KafkaSinkConfig, TopicMode};
 use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotSettings,
+    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotConfig,
     SinkSnapshots, SnapshotProgress, SnapshotState, TableName,
 };
 use freshen_testenv::refresher::{eventually, within};
@@ -91,7 +91,7 @@ async fn run(pg: &PgServer, bootstrap: &str, initial: bool, pause_ms: u64) -> Ru
     let pool =
         freshen_postgres::connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 2).unwrap();
     let snapshots = SinkSnapshots::new(
-        SinkSnapshotSettings::new(SINK, initial)
+        SinkSnapshotConfig::new(SINK, initial)
             .chunk_rows(100)
             .pause(Duration::from_millis(pause_ms)),
     );

@@ -58,7 +58,7 @@ pub const SINK_SNAPSHOT_TABLE: &str = "freshen_sink_snapshots";
 /// How a sink's snapshots run.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct SinkSnapshotSettings {
+pub struct SinkSnapshotConfig {
     /// The sink's identity in the progress table (e.g. `kafka:<topic>`): a sink with a
     /// new identity starts its snapshots over.
     pub sink: String,
@@ -73,11 +73,11 @@ pub struct SinkSnapshotSettings {
     pub store: TableName,
 }
 
-impl SinkSnapshotSettings {
+impl SinkSnapshotConfig {
     /// Settings for sink `sink`: 10 000 rows per chunk, no pause, progress in
     /// `public.freshen_sink_snapshots`.
-    pub fn new(sink: impl Into<String>, initial: bool) -> SinkSnapshotSettings {
-        SinkSnapshotSettings {
+    pub fn new(sink: impl Into<String>, initial: bool) -> SinkSnapshotConfig {
+        SinkSnapshotConfig {
             sink: sink.into(),
             initial,
             chunk_rows: 10_000,
@@ -87,13 +87,13 @@ impl SinkSnapshotSettings {
     }
 
     /// Rows per chunk.
-    pub fn chunk_rows(mut self, n: usize) -> SinkSnapshotSettings {
+    pub fn chunk_rows(mut self, n: usize) -> SinkSnapshotConfig {
         self.chunk_rows = n.max(1);
         self
     }
 
     /// Pause between chunks.
-    pub fn pause(mut self, pause: Duration) -> SinkSnapshotSettings {
+    pub fn pause(mut self, pause: Duration) -> SinkSnapshotConfig {
         self.pause = pause;
         self
     }
@@ -137,7 +137,7 @@ struct State {
 }
 
 struct Inner {
-    settings: SinkSnapshotSettings,
+    settings: SinkSnapshotConfig,
     state: Mutex<State>,
     wake: Notify,
     nonce: u64,
@@ -179,7 +179,7 @@ fn now_ms() -> u64 {
 
 impl SinkSnapshots {
     /// Snapshots as `settings` say; nothing runs until [`run`](Self::run).
-    pub fn new(settings: SinkSnapshotSettings) -> SinkSnapshots {
+    pub fn new(settings: SinkSnapshotConfig) -> SinkSnapshots {
         SinkSnapshots {
             inner: Arc::new(Inner {
                 settings,

@@ -20,9 +20,10 @@ pub mod limits {
     pub const MAX_CONNECTIONS: usize = 65_536;
 }
 
-/// One listener's hardening settings. Plain data; [`Settings::new`] gives the defaults.
+/// One listener's hardening: what [`serve`](crate::serve) is built with. Plain data;
+/// [`ListenerConfig::new`] gives the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct ListenerConfig {
     /// Which server this is, in log lines (`"metrics"`, `"changefeed"`).
     pub name: &'static str,
     /// Host names served besides `localhost` and IP addresses (the port, if any, is
@@ -42,10 +43,10 @@ pub struct Settings {
     pub max_connections: usize,
 }
 
-impl Settings {
+impl ListenerConfig {
     /// The defaults, for the server called `name`.
-    pub fn new(name: &'static str) -> Settings {
-        Settings {
+    pub fn new(name: &'static str) -> ListenerConfig {
+        ListenerConfig {
             name,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),

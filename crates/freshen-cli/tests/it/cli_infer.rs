@@ -113,12 +113,18 @@ fn entries(toml_text: &str) -> Vec<(String, String, String)> {
         .iter()
         .map(|e| {
             let t = e.as_inline_table().expect("an inline table");
-            let s = |k: &str| t.get(k).map(|v| v.to_string()).unwrap_or_default();
-            (
-                s("table").trim().to_string(),
-                s("key").trim().to_string(),
-                s("keys").trim().replace("public.", ""),
-            )
+            let s = |k: &str| {
+                t.get(k)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let key: Vec<&str> = t
+                .get("key")
+                .and_then(|v| v.as_array())
+                .map(|a| a.iter().filter_map(|k| k.as_str()).collect())
+                .unwrap_or_default();
+            (s("table"), key.join(","), s("keys").replace("public.", ""))
         })
         .collect();
     out.sort();
@@ -198,15 +204,33 @@ async fn inferred_views_equal_hand_written_ones_and_a_fresh_computation_across_a
     c.batch_execute(REFERRALS).await.unwrap();
     // A debounce long enough that changes are pending when the process dies.
     let timing = "coalesce = \"200ms\"\nmax_wait = \"1s\"";
-    let (_dir, base, mut second) = saas::across_a_sigkill(
+    let (dir, base, mut second) = saas::across_a_sigkill(
         &mut c,
         |http| inferred_config(&pg.url(), http, timing),
         0x1f3,
         [150, 150, 100, 100],
     )
     .await;
-    // The saas views matched a fresh computation (and kept their witnesses); the
-    // referral view and the hand-written copy must too.
+    // The saas views matched a fresh computation (and kept their witnesses). Then
+    // changes that reach the views only through inferred fan-outs: every plan's price
+    // and name, every other invoice voided, referrers' seats and names.
+    c.batch_execute(
+        "UPDATE plans SET price = price + 1000 WHERE id > 0;
+         UPDATE plans SET name = name || '!' WHERE id > 0;
+         UPDATE invoices SET voided = NOT voided WHERE id > 0 AND id % 2 = 0;
+         UPDATE subscriptions SET seats = seats + 7 WHERE account_id IN (SELECT referred_by FROM accounts);
+         UPDATE accounts SET name = name || '*' WHERE id IN (SELECT referred_by FROM accounts);",
+    )
+    .await
+    .unwrap();
+    saas::wait_equal(&c, Duration::from_secs(60)).await;
+    let log = log_of(dir.path(), 2);
+    assert!(
+        log.contains("account_referrer")
+            && log.contains("watching what its query reads (inferred)"),
+        "the restarted run inferred its entries:\n{log}"
+    );
+    // The referral view and the hand-written copy match too.
     let referral = format!(
         "SELECT count(*) FROM ((SELECT * FROM account_referrer EXCEPT {REFERRER}) UNION ALL ({REFERRER} EXCEPT SELECT * FROM account_referrer)) d"
     );

@@ -209,7 +209,7 @@ pub fn infer(q: &Question<'_>) -> Result<Answer, Vec<String>> {
     }
 
     // Edges between aliases: columns in one class, one pair per column of the first.
-    let mut edges: BTreeMap<(String, String), Vec<(String, String)>> = BTreeMap::new();
+    let mut edges: Edges = BTreeMap::new();
     for i in 0..classes.cols.len() {
         for j in 0..classes.cols.len() {
             let (a, b) = (classes.cols[i].clone(), classes.cols[j].clone());
@@ -331,14 +331,20 @@ fn push(direct: &mut Vec<Entry>, fanouts: &mut Vec<Entry>, e: Entry) {
     }
 }
 
+/// Column pairs joining two aliases, keyed by (from, to).
+type Edges = BTreeMap<(String, String), Vec<(String, String)>>;
+
+/// Whether the columns joining two aliases follow a foreign key between their tables.
+type FkBacked<'a> = &'a dyn Fn(&str, &str, &[(String, String)]) -> bool;
+
 /// The shortest chain of aliases from `from` to one that carries the key (edges
 /// backed by a foreign key tried first), `from` included.
 fn path(
     from: &str,
     aliases: &[String],
     carried: &BTreeMap<String, Vec<String>>,
-    edges: &BTreeMap<(String, String), Vec<(String, String)>>,
-    fk_backed: &dyn Fn(&str, &str, &[(String, String)]) -> bool,
+    edges: &Edges,
+    fk_backed: FkBacked<'_>,
 ) -> Option<Vec<String>> {
     let mut before: BTreeMap<String, String> = BTreeMap::new();
     let mut queue = VecDeque::from([from.to_owned()]);
@@ -378,7 +384,7 @@ fn path(
 fn fanout(
     table: &TableName,
     p: &[String],
-    edges: &BTreeMap<(String, String), Vec<(String, String)>>,
+    edges: &Edges,
     carried: &BTreeMap<String, Vec<String>>,
     table_of: &dyn Fn(&str) -> Option<TableName>,
 ) -> Entry {

@@ -796,6 +796,19 @@ fn query_mode_needs_a_postgres_target_and_source() {
             p.iter().any(|l| l.starts_with("f.toml:13: view `device_totals`: `query` writes with PostgreSQL statements; on a MySQL/MariaDB target")),
             "{p:#?}"
         );
+        // A view left to inference is told that inference needs PostgreSQL.
+        let inferred: String = mysql
+            .lines()
+            .filter(|l| !l.starts_with("watch"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let p = problems(&inferred);
+        assert!(
+            p.iter().any(|l| l.contains(
+                "write hand-written `rebuild` statements with their `watch` entries (freshen infers what a view watches only on PostgreSQL)"
+            )),
+            "{p:#?}"
+        );
     }
 }
 

@@ -134,6 +134,10 @@ fn part(s: &str, naming: &Naming) -> String {
 }
 
 /// A TOML basic string.
+pub fn toml_string(s: &str) -> String {
+    string(s)
+}
+
 fn string(s: &str) -> String {
     let mut out = String::from("\"");
     for c in s.chars() {

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod drop;
 pub mod http;
 pub mod infer;
+pub mod init;
 pub mod key_stream;
 pub mod logging;
 pub mod metrics;

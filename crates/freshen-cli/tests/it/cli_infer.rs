@@ -389,3 +389,73 @@ query = "SELECT a.id AS account_id, open_invoices(a.id) AS n FROM accounts a WHE
     );
     let _ = code;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_writes_a_starting_file_that_check_accepts() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(saas::SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("freshen.toml");
+    let init = || {
+        freshen()
+            .args(["init", "--name", "mrr", "--into", "mrr_started", "--query"])
+            .arg(MRR_QUERY)
+            .arg("-o")
+            .arg(&file)
+            .env("APP_DB", pg.url())
+            .args(["--url-env", "APP_DB"])
+            .output()
+            .unwrap()
+    };
+    let out = init();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("url = \"${APP_DB}\""), "{text}");
+    assert!(
+        !text.contains(&pg.url()),
+        "the URL is never written: {text}"
+    );
+    assert!(
+        text.contains("{ table = \"public.plans\", key = [\"id\"], keys = \"SELECT account_id FROM public.subscriptions WHERE plan_id = $1\" }"),
+        "{text}"
+    );
+    // The target table it says to create, created, makes a file check accepts.
+    let create = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# CREATE TABLE"))
+        .expect("the target's CREATE TABLE");
+    c.batch_execute(&format!("CREATE TABLE{create}"))
+        .await
+        .unwrap();
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(&file)
+        .env("APP_DB", pg.url())
+        .output()
+        .unwrap();
+    let f = findings(&out);
+    let errors: Vec<&Value> = f.iter().filter(|x| x["level"] == "error").collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!(out.status.code(), Some(0));
+    // An existing file is never overwritten.
+    let again = init();
+    assert!(!again.status.success());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+    // Without the variable set it says which to set.
+    let out = freshen()
+        .args(["init", "--name", "v", "--into", "t", "--query", "SELECT 1"])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("set DATABASE_URL to the database URL"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

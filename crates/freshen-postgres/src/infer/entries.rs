@@ -317,6 +317,9 @@ pub fn infer(q: &Question<'_>) -> Result<Answer, Vec<String>> {
     if !problems.is_empty() {
         return Err(problems);
     }
+    // The first entry that carries the key names it when the entries are pasted into
+    // the file (ViewSpec::key): one whose columns are named as the query's key leads.
+    direct.sort_by_key(|e| e.key != key);
     direct.extend(fanouts);
     Ok(Answer {
         key,
@@ -618,14 +621,14 @@ mod tests {
             plain(&a),
             [
                 Entry {
-                    table: t("accounts"),
-                    key: vec!["id".into()],
+                    table: t("subscriptions"),
+                    key: vec!["account_id".into()],
                     keys: None,
                     lookup: None
                 },
                 Entry {
-                    table: t("subscriptions"),
-                    key: vec!["account_id".into()],
+                    table: t("accounts"),
+                    key: vec!["id".into()],
                     keys: None,
                     lookup: None
                 },

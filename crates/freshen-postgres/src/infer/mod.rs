@@ -7,7 +7,7 @@
 pub mod entries;
 pub mod plan;
 
-use freshen::plug::{Finding, Inferred, ViewSpec, Watched};
+use freshen::plug::{Finding, Inferred, Starter, ViewSpec, Watched};
 use tokio_postgres::Client;
 
 use crate::check::depends;
@@ -184,4 +184,73 @@ async fn index_advice(
             ),
         },
     }
+}
+
+/// What a starting file for `view` (its entries `inferred`) needs besides the view:
+/// the `[source]` table reading its URL from `url_var`, the `CREATE TABLE` of its
+/// target (the query's columns with their types, the key as primary key) and the
+/// publication `run` creates for the tables it watches.
+pub async fn starter(
+    client: &Client,
+    view: &ViewSpec,
+    inferred: &Inferred,
+    url_var: &str,
+) -> Result<Starter, Vec<String>> {
+    let name = &view.name;
+    let Some(q) = &view.query else {
+        return Err(vec![format!(
+            "view `{name}`: a starting file is written for a query"
+        )]);
+    };
+    let fail = |what: &str, e: &dyn std::fmt::Display| vec![format!("view `{name}`: {what}: {e}")];
+    let stmt = client
+        .prepare(&q.query)
+        .await
+        .map_err(|e| fail("the query does not prepare", &crate::error::describe(&e)))?;
+    let key = view.key();
+    let mut columns = Vec::new();
+    for c in stmt.columns() {
+        let ty: String = client
+            .query_one("SELECT format_type($1::oid, NULL)", &[&c.type_().oid()])
+            .await
+            .map_err(|e| fail("cannot name a column's type", &e))?
+            .get(0);
+        let not_null = if key.iter().any(|k| k == c.name()) {
+            " NOT NULL"
+        } else {
+            ""
+        };
+        columns.push(format!("{} {ty}{not_null}", quote_ident(c.name())));
+    }
+    let into = TableName::new(&q.into.0, &q.into.1);
+    let primary = key
+        .iter()
+        .map(|k| quote_ident(k))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut tables: Vec<String> = Vec::new();
+    for w in &inferred.watch {
+        let t = TableName::new(&w.schema, &w.table).quoted();
+        if !tables.contains(&t) {
+            tables.push(t);
+        }
+    }
+    let slot = "freshen";
+    Ok(Starter {
+        source: format!(
+            "[source]\nkind = \"postgres\"\nurl = \"${{{url_var}}}\"\nslot = \"{slot}\"\npublication = \"{slot}\"\n"
+        ),
+        notes: vec![
+            format!(
+                "The target table (create it first):\nCREATE TABLE {} ({}, PRIMARY KEY ({primary}));",
+                into.quoted(),
+                columns.join(", ")
+            ),
+            format!(
+                "`freshen run` creates the publication for the watched tables if missing (it needs CREATE on the database and ownership of each table); to create it yourself:\nCREATE PUBLICATION {slot} FOR TABLE {} WITH (publish_via_partition_root = true);",
+                tables.join(", ")
+            ),
+            "Then `freshen check -c` this file: wal_level, privileges, each table's replica identity, indexes.".to_string(),
+        ],
+    })
 }

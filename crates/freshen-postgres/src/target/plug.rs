@@ -142,6 +142,23 @@ impl Target for PgConnected {
             crate::infer::infer(&client, view).await
         })
     }
+
+    fn starter<'a>(
+        &'a self,
+        view: &'a ViewSpec,
+        inferred: &'a freshen::plug::Inferred,
+        url_var: &'a str,
+    ) -> BoxFuture<'a, Result<freshen::plug::Starter, Vec<String>>> {
+        Box::pin(async move {
+            let conn = self.source.as_ref().unwrap_or(&self.conn);
+            let cannot = |e: &dyn std::fmt::Display| {
+                vec![format!("view `{}`: cannot connect: {e}", view.name)]
+            };
+            let pool = connect_pool(conn, 1).map_err(|e| cannot(&e))?;
+            let client = pool.get().await.map_err(|e| cannot(&e))?;
+            crate::infer::starter(&client, view, inferred, url_var).await
+        })
+    }
 }
 
 /// One view's pools.

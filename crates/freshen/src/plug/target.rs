@@ -145,6 +145,18 @@ pub struct Inferred {
     pub advice: Vec<Finding>,
 }
 
+/// What a target says a starting file for one view needs besides the view itself
+/// (`freshen init`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Starter {
+    /// The `[source]` table, as TOML lines, its URL from the environment variable it
+    /// was given (never the URL itself: it may hold a password).
+    pub source: String,
+    /// Statements to run first or advice (the target table, the publication), one
+    /// per item, each printed as comment lines.
+    pub notes: Vec<String>,
+}
+
 /// A connected target: makes each view's connections.
 pub trait Target: Send + Sync + 'static {
     /// The connections of `view` alone (opened lazily), its statements cancelled by the
@@ -159,6 +171,24 @@ pub trait Target: Send + Sync + 'static {
         Box::pin(async move {
             Err(vec![format!(
                 "view `{}`: inferring what to watch needs PostgreSQL (it reads the query's plan and the catalog); write its `watch` entries by hand",
+                view.name
+            )])
+        })
+    }
+
+    /// For `freshen init`: the `[source]` table and the statements a file holding
+    /// `view` (its entries `inferred`) starts from, its URL read from the environment
+    /// variable `url_var`. Targets that cannot infer refuse, as for [`infer`](Self::infer).
+    fn starter<'a>(
+        &'a self,
+        view: &'a ViewSpec,
+        inferred: &'a Inferred,
+        url_var: &'a str,
+    ) -> BoxFuture<'a, Result<Starter, Vec<String>>> {
+        let _ = (inferred, url_var);
+        Box::pin(async move {
+            Err(vec![format!(
+                "view `{}`: a starting file is written from PostgreSQL (its plans and catalog); write this one by hand",
                 view.name
             )])
         })

@@ -187,6 +187,30 @@ async fn check_infers_the_entries_a_careful_person_writes() {
         text.contains("{ table = \"public.subscriptions\", key = [\"account_id\"], keys = \"SELECT id FROM public.accounts WHERE referred_by = $1\" }"),
         "{text}"
     );
+    // A view may mix: the file's entry stays, the rest is inferred around it.
+    let mixed = format!(
+        r#"
+[source]
+kind = "postgres"
+url = "{}"
+slot = "freshen_mixed"
+publication = "freshen_mixed"
+
+[[views]]
+name = "account_mrr"
+into = "account_mrr"
+watch = [ {{ table = "public.subscriptions", key = ["account_id"] }} ]
+query = "{MRR_QUERY}"
+"#,
+        pg.url()
+    );
+    let (code, m) = check_json(dir.path(), &mixed);
+    assert_eq!(code, Some(0), "{m:#?}");
+    let inferred = messages(&m, "ok", "infer");
+    assert_eq!(inferred.len(), 1, "{m:#?}");
+    let toml_text = &inferred[0][inferred[0].find("watch = [").unwrap()..];
+    let got: Vec<String> = entries(toml_text).into_iter().map(|e| e.0).collect();
+    assert_eq!(got, ["public.accounts", "public.plans"], "{toml_text}");
     // The advice check gives for entries covers inferred ones: the fan-out's index.
     assert!(
         messages(&f, "ok", "index")

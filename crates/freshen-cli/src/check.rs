@@ -186,8 +186,11 @@ async fn check_database(cfg: &Config, report: &mut CheckReport) {
                 report.findings.extend(inferred.advice.iter().cloned());
             }
             for (view, problems) in &done.refused {
+                // The subject names the view; each sentence does too, for `run`'s error.
+                let named = format!("view `{view}`: ");
                 for p in problems {
-                    report.push(Level::Error, "infer", format!("view {view}"), p.clone());
+                    let p = p.strip_prefix(&named).unwrap_or(p);
+                    report.push(Level::Error, "infer", format!("view {view}"), p);
                 }
                 refused.push(view.clone());
             }

@@ -110,6 +110,26 @@ pub enum Command {
         #[arg(long)]
         deny_warnings: bool,
     },
+    /// Write a starting file for one query: the view with the watch entries inferred
+    /// from the database, the target table's CREATE TABLE and the publication to run
+    /// first (PostgreSQL; the URL is read from an environment variable, never written).
+    Init {
+        /// The view's name.
+        #[arg(long)]
+        name: String,
+        /// The target table the query's rows go into (`schema.table` or `table`).
+        #[arg(long)]
+        into: String,
+        /// The query: the rows of `into` for a batch of keys, `WHERE key = ANY($1)`.
+        #[arg(long)]
+        query: String,
+        /// The environment variable holding the database URL (the file refers to it).
+        #[arg(long, value_name = "VAR", default_value = "DATABASE_URL")]
+        url_env: String,
+        /// Where to write the file (never over an existing one); default: print it.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
     /// See freshen work: a throwaway PostgreSQL, a live workload, two derived tables kept
     /// fresh and verified against truth at the end.
     Demo {

@@ -150,24 +150,59 @@ pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
 }
 
 async fn check_database(cfg: &Config, report: &mut CheckReport) {
-    let plan = crate::sources::plan(cfg);
-    report.findings.extend(cfg.source.check(&plan).await);
-    if cfg.views.is_empty() {
-        return;
-    }
-    let target = match crate::targets::connect(cfg).await {
-        Ok(t) => t,
-        Err(e) => {
-            report.push(
-                Level::Error,
-                "target",
-                cfg.target.url.redacted(),
-                freshen::redact_text(&format!("{e:#}")),
-            );
-            return;
+    // Views rebuilt by `query` get their missing entries inferred first: the source's
+    // findings (publication, replica identity) then cover the inferred tables too.
+    let target = if cfg.views.is_empty() {
+        None
+    } else {
+        match crate::targets::connect(cfg).await {
+            Ok(t) => Some(t),
+            Err(e) => {
+                report.push(
+                    Level::Error,
+                    "target",
+                    cfg.target.url.redacted(),
+                    freshen::redact_text(&format!("{e:#}")),
+                );
+                None
+            }
         }
     };
-    for view in &cfg.views {
+    let mut refused = Vec::new();
+    let completed = match &target {
+        Some(t) if crate::infer::wanted(cfg) => {
+            let done = crate::infer::complete(cfg, &**t).await;
+            let naming = cfg.source.naming();
+            for (view, inferred) in &done.inferred {
+                report.push(
+                    Level::Ok,
+                    "infer",
+                    format!("view {view}"),
+                    format!(
+                        "watches what its query reads; to pin these entries, paste into the view:\n{}",
+                        crate::infer::toml(inferred, &naming)
+                    ),
+                );
+                report.findings.extend(inferred.advice.iter().cloned());
+            }
+            for (view, problems) in &done.refused {
+                // The subject names the view; each sentence does too, for `run`'s error.
+                let named = format!("view `{view}`: ");
+                for p in problems {
+                    let p = p.strip_prefix(&named).unwrap_or(p);
+                    report.push(Level::Error, "infer", format!("view {view}"), p);
+                }
+                refused.push(view.clone());
+            }
+            Some(done.config)
+        }
+        _ => None,
+    };
+    let cfg = completed.as_ref().unwrap_or(cfg);
+    let plan = crate::sources::plan(cfg);
+    report.findings.extend(cfg.source.check(&plan).await);
+    let Some(target) = target else { return };
+    for view in cfg.views.iter().filter(|v| !refused.contains(&v.name)) {
         match target.view(&crate::targets::spec(view, Some(1))) {
             Ok(on) => report.findings.extend(on.check().await),
             Err(e) => report.push(

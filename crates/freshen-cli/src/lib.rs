@@ -10,6 +10,8 @@ pub mod config;
 pub mod demo;
 pub mod drop;
 pub mod http;
+pub mod infer;
+pub mod init;
 pub mod key_stream;
 pub mod logging;
 pub mod metrics;

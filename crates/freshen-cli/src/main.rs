@@ -31,6 +31,35 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
+        Command::Init {
+            name,
+            into,
+            query,
+            url_env,
+            output,
+        } => {
+            let request = freshen_cli::init::Request {
+                name,
+                into,
+                query,
+                url_env,
+            };
+            match freshen_cli::init::starting_file(&request).await {
+                Ok(text) => {
+                    match output {
+                        Some(path) => freshen_cli::init::write_new(&path, &text)?,
+                        None => print!("{text}"),
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(problems) => {
+                    for p in problems {
+                        eprintln!("{p}");
+                    }
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
         Command::Demo {
             duration,
             writers,

@@ -572,6 +572,16 @@ impl Pipeline {
         unchanged: &[String],
         role: Option<Role>,
     ) -> anyhow::Result<Pipeline> {
+        // Views rebuilt by `query` watch what it reads: inferred before anything uses
+        // their tables (the publication, the key stream, the scopes).
+        let completed;
+        let cfg = if crate::infer::wanted(cfg) {
+            let target = crate::targets::connect(cfg).await?;
+            completed = crate::infer::for_run(cfg, &*target).await?;
+            &completed
+        } else {
+            cfg
+        };
         if role == Some(Role::Worker) {
             return Pipeline::start_worker(cfg, unchanged).await;
         }

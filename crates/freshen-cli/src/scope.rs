@@ -189,6 +189,7 @@ mod tests {
             line: None,
             rebuild_line: None,
             static_tables: Vec::new(),
+            key_names: Vec::new(),
         }
     }
 

@@ -38,8 +38,14 @@ impl TargetPlug for MySqlTarget {
 
     fn view_problems(&self, view: &ViewSpec, _source_url: Option<&str>) -> Vec<String> {
         if view.query.is_some() {
+            // Without `watch` the file relied on inference, which reads PostgreSQL's plans.
+            let watch = if view.watch.is_empty() {
+                " with their `watch` entries (freshen infers what a view watches only on PostgreSQL)"
+            } else {
+                ""
+            };
             return vec![format!(
-                "view `{}`: `query` writes with PostgreSQL statements; on a MySQL/MariaDB target write hand-written `rebuild` statements",
+                "view `{}`: `query` writes with PostgreSQL statements; on a MySQL/MariaDB target write hand-written `rebuild` statements{watch}",
                 view.name
             )];
         }

@@ -99,6 +99,7 @@ mod catalog;
 pub mod check;
 mod config;
 mod error;
+pub mod infer;
 mod leader;
 mod lsn;
 pub mod polling;

@@ -174,6 +174,9 @@ pub struct View {
     /// Tables the view reads but does not watch, on purpose (`static = [...]`): they
     /// never change, or their changes are deliberately ignored. `schema.table`.
     pub static_tables: Vec<(String, String)>,
+    /// The view's key as the target names it when no entry of the file carries it:
+    /// set where the watch entries were inferred ([`crate::infer`]); empty otherwise.
+    pub key_names: Vec<String>,
 }
 
 impl View {
@@ -912,7 +915,9 @@ fn read_views(
         let vname = name
             .as_ref()
             .map_or_else(|| path.clone(), |n| n.value.clone());
-        let watch = read_watch(r, t, &vname, &names.source);
+        // A view rebuilt by `query` may leave `watch` out: it is inferred (crate::infer).
+        let inferred = t.t.get("query").is_some();
+        let watch = read_watch(r, t, &vname, &names.source, inferred);
         let rebuild = r.strings(t, "rebuild");
         let query = read_query(r, t, &vname, &watch, &names.target);
         match &rebuild {
@@ -1029,6 +1034,7 @@ fn read_views(
                 line,
                 rebuild_line,
                 static_tables,
+                key_names: Vec::new(),
             });
         }
     }
@@ -1083,13 +1089,17 @@ fn read_query(
         .find(|w| w.keys.is_none())
         .map(|w| w.key.iter().map(String::as_str).collect())
         .unwrap_or_default();
-    let missing = freshen_postgres::check::missing_params(&query.value, key.len());
+    // Without a watch entry that carries the key, the query takes at least $1.
+    let missing = freshen_postgres::check::missing_params(&query.value, key.len().max(1));
     if !missing.is_empty() {
-        let example: Vec<String> = key
-            .iter()
-            .enumerate()
-            .map(|(i, k)| format!("{k} = ANY(${})", i + 1))
-            .collect();
+        let example: Vec<String> = if key.is_empty() {
+            vec!["key = ANY($1)".to_string()]
+        } else {
+            key.iter()
+                .enumerate()
+                .map(|(i, k)| format!("{k} = ANY(${})", i + 1))
+                .collect()
+        };
         let missing: Vec<String> = missing.iter().map(|i| format!("${i}")).collect();
         r.p.at_line(
             query.line,
@@ -1193,13 +1203,14 @@ fn read_watch(
     t: Tbl<'_>,
     view: &str,
     naming: &freshen::plug::Naming,
+    optional: bool,
 ) -> Vec<Watch> {
     let Some(entries) = r.tables(t, "watch") else {
-        if t.t.get("watch").is_none() {
+        if t.t.get("watch").is_none() && !optional {
             r.missing(
                 t,
                 "watch",
-                "the tables whose changes dirty this view, with their key columns",
+                "the tables whose changes dirty this view, with their key columns (only a view rebuilt by `query` on PostgreSQL may leave it out: freshen infers it there)",
             );
         }
         return Vec::new();

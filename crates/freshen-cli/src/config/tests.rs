@@ -796,6 +796,19 @@ fn query_mode_needs_a_postgres_target_and_source() {
             p.iter().any(|l| l.starts_with("f.toml:13: view `device_totals`: `query` writes with PostgreSQL statements; on a MySQL/MariaDB target")),
             "{p:#?}"
         );
+        // A view left to inference is told that inference needs PostgreSQL.
+        let inferred: String = mysql
+            .lines()
+            .filter(|l| !l.starts_with("watch"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let p = problems(&inferred);
+        assert!(
+            p.iter().any(|l| l.contains(
+                "write hand-written `rebuild` statements with their `watch` entries (freshen infers what a view watches only on PostgreSQL)"
+            )),
+            "{p:#?}"
+        );
     }
 }
 
@@ -866,5 +879,33 @@ fn table_names_are_read_by_the_source_databases_rules() {
             .contains(&("public".to_string(), "readings".to_string())),
         "{:?}",
         c.watched_tables()
+    );
+}
+
+#[test]
+fn a_query_view_may_leave_watch_to_inference_but_a_rebuild_view_may_not() {
+    let inferred: String = QUERY_VIEW
+        .lines()
+        .filter(|l| !l.starts_with("watch"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let c = parse(&inferred, "f.toml", &env).unwrap();
+    assert!(c.views[0].watch.is_empty());
+    assert!(c.views[0].key_names.is_empty(), "named once inferred");
+    // Without an entry naming the key, the query still takes its batch as $1.
+    let p = problems(&inferred.replace("ANY($1)", "ANY(ARRAY['a'])"));
+    assert!(
+        p.iter()
+            .any(|l| l.contains("(key = ANY($1)), but never uses $1")),
+        "{p:#?}"
+    );
+    // Hand-written statements name their tables: inference reads a query's plan.
+    let p = problems(
+        "[source]\nkind = \"postgres\"\nurl = \"${DATABASE_URL}\"\n[[views]]\nname = \"v\"\nrebuild = [\"SELECT $1::int\"]\n",
+    );
+    assert!(
+        p.iter().any(|l| l.contains("needs `watch`")
+            && l.contains("only a view rebuilt by `query` on PostgreSQL may leave it out")),
+        "{p:#?}"
     );
 }

@@ -29,6 +29,32 @@ pub struct Relations {
 
 const PREPARED: &str = "freshen_depends";
 
+/// The generic plan of `sql` (`EXPLAIN (VERBOSE, FORMAT JSON)`, parameters NULL), the
+/// names of the columns it returns and its number of parameters. Runs in a read-only transaction that is rolled
+/// back; the prepared statement is deallocated.
+pub(crate) async fn generic_plan(
+    client: &Client,
+    sql: &str,
+) -> Result<(serde_json::Value, Vec<String>, usize), PgError> {
+    let sql = sql.trim().trim_end_matches(';').trim_end();
+    let stmt = client
+        .prepare(sql)
+        .await
+        .map_err(|e| PgError::sql("the statement does not prepare", e))?;
+    let columns = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
+    client
+        .batch_execute("BEGIN READ ONLY; SET LOCAL plan_cache_mode = force_generic_plan")
+        .await
+        .map_err(|e| PgError::sql("cannot begin the dependency check", e))?;
+    let params = stmt.params().len();
+    let explained = explain(client, sql, params).await;
+    let _ = client.batch_execute("ROLLBACK").await;
+    let _ = client
+        .batch_execute(&format!("DEALLOCATE {PREPARED}"))
+        .await;
+    Ok((explained?, columns, params))
+}
+
 /// The relations `sql` reads and writes, from its generic plan. Runs in a transaction
 /// that is rolled back; the prepared statement is deallocated.
 pub async fn relations(client: &Client, sql: &str) -> Result<Relations, PgError> {
@@ -199,7 +225,11 @@ async fn function_tables(
 
 /// The table a user watches for relation `schema.name`: its partition root; `None` for
 /// system catalogs.
-async fn root(client: &Client, schema: &str, name: &str) -> Result<Option<TableName>, PgError> {
+pub(crate) async fn root(
+    client: &Client,
+    schema: &str,
+    name: &str,
+) -> Result<Option<TableName>, PgError> {
     if schema == "pg_catalog" || schema == "information_schema" {
         return Ok(None);
     }

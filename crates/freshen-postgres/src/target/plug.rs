@@ -123,6 +123,42 @@ impl Target for PgConnected {
             source,
         }))
     }
+
+    fn infer<'a>(
+        &'a self,
+        view: &'a ViewSpec,
+    ) -> BoxFuture<'a, Result<freshen::plug::Inferred, Vec<String>>> {
+        Box::pin(async move {
+            // The query reads the source where it is another PostgreSQL database.
+            let conn = self.source.as_ref().unwrap_or(&self.conn);
+            let cannot = |e: &dyn std::fmt::Display| {
+                vec![format!(
+                    "view `{}`: cannot connect to infer what it watches: {e}",
+                    view.name
+                )]
+            };
+            let pool = connect_pool(conn, 1).map_err(|e| cannot(&e))?;
+            let client = pool.get().await.map_err(|e| cannot(&e))?;
+            crate::infer::infer(&client, view).await
+        })
+    }
+
+    fn starter<'a>(
+        &'a self,
+        view: &'a ViewSpec,
+        inferred: &'a freshen::plug::Inferred,
+        url_var: &'a str,
+    ) -> BoxFuture<'a, Result<freshen::plug::Starter, Vec<String>>> {
+        Box::pin(async move {
+            let conn = self.source.as_ref().unwrap_or(&self.conn);
+            let cannot = |e: &dyn std::fmt::Display| {
+                vec![format!("view `{}`: cannot connect: {e}", view.name)]
+            };
+            let pool = connect_pool(conn, 1).map_err(|e| cannot(&e))?;
+            let client = pool.get().await.map_err(|e| cannot(&e))?;
+            crate::infer::starter(&client, view, inferred, url_var).await
+        })
+    }
 }
 
 /// One view's pools.

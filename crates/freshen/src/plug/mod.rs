@@ -24,7 +24,9 @@ use std::time::Duration;
 
 pub use naming::Naming;
 pub use sink::{RunSink, SinkPlug, Splice};
-pub use target::{QuerySpec, Target, TargetError, TargetPlug, ViewSpec, ViewTarget};
+pub use target::{
+    Inferred, QuerySpec, Starter, Target, TargetError, TargetPlug, ViewSpec, ViewTarget,
+};
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};
 

@@ -56,6 +56,10 @@ pub struct ViewSpec {
     pub connections: usize,
     /// The server cancels a statement running longer than this.
     pub statement_timeout: Option<Duration>,
+    /// The view's key as the target and the query name it (`$1..$n` order), when no
+    /// watch entry of the file carries it (a view whose watches were inferred, see
+    /// [`Target::infer`]); empty: the first watched table that carries it names it.
+    pub key_names: Vec<String>,
 }
 
 /// What a view rebuilt by `query` writes into.
@@ -78,8 +82,12 @@ impl ViewSpec {
         self.watch.iter().filter(|w| w.keys.is_some())
     }
 
-    /// The view's key columns, as the first watched table that carries it names them.
+    /// The view's key columns: [`key_names`](Self::key_names) when set, else as the
+    /// first watched table that carries it names them.
     pub fn key(&self) -> &[String] {
+        if !self.key_names.is_empty() {
+            return &self.key_names;
+        }
         self.direct().next().map_or(&[], |w| w.key.as_slice())
     }
 
@@ -124,11 +132,67 @@ pub trait TargetPlug: fmt::Debug + Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Box<dyn Target>, BoxError>>;
 }
 
+/// What a target inferred for a view rebuilt by `query`: the watch entries the file
+/// did not give (see [`Target::infer`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inferred {
+    /// The view's key as the query returns it and the target names it, `$1..$n` order.
+    pub key: Vec<String>,
+    /// Entries for the tables the query reads that the view neither watches nor lists
+    /// as static: those that carry the key, then fan-outs (`keys`), each once.
+    pub watch: Vec<Watched>,
+    /// What each entry needs (an index for a fan-out statement, …): advice for `check`.
+    pub advice: Vec<Finding>,
+}
+
+/// What a target says a starting file for one view needs besides the view itself
+/// (`freshen init`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Starter {
+    /// The `[source]` table, as TOML lines, its URL from the environment variable it
+    /// was given (never the URL itself: it may hold a password).
+    pub source: String,
+    /// Statements to run first or advice (the target table, the publication), one
+    /// per item, each printed as comment lines.
+    pub notes: Vec<String>,
+}
+
 /// A connected target: makes each view's connections.
 pub trait Target: Send + Sync + 'static {
     /// The connections of `view` alone (opened lazily), its statements cancelled by the
     /// server past the view's `statement_timeout`.
     fn view(&self, view: &ViewSpec) -> Result<Box<dyn ViewTarget>, BoxError>;
+
+    /// For a view rebuilt by `query`: the watch entries its query needs beyond those
+    /// it has (the file's entries win), inferred from the database; or every reason it
+    /// cannot, each a sentence naming the table and saying what to write instead.
+    /// Targets that cannot infer refuse with that sentence.
+    fn infer<'a>(&'a self, view: &'a ViewSpec) -> BoxFuture<'a, Result<Inferred, Vec<String>>> {
+        Box::pin(async move {
+            Err(vec![format!(
+                "view `{}`: inferring what to watch needs PostgreSQL (it reads the query's plan and the catalog); write its `watch` entries by hand",
+                view.name
+            )])
+        })
+    }
+
+    /// For `freshen init`: the `[source]` table and the statements a file holding
+    /// `view` (its entries `inferred`) starts from, its URL read from the environment
+    /// variable `url_var`. Targets that cannot infer refuse, as for [`infer`](Self::infer).
+    fn starter<'a>(
+        &'a self,
+        view: &'a ViewSpec,
+        inferred: &'a Inferred,
+        url_var: &'a str,
+    ) -> BoxFuture<'a, Result<Starter, Vec<String>>> {
+        let _ = (inferred, url_var);
+        Box::pin(async move {
+            Err(vec![format!(
+                "view `{}`: a starting file is written from PostgreSQL (its plans and catalog); write this one by hand",
+                view.name
+            )])
+        })
+    }
 }
 
 /// One view's connections to its target, and what runs over them.
@@ -220,6 +284,7 @@ mod tests {
             static_tables: Vec::new(),
             connections: 1,
             statement_timeout: None,
+            key_names: Vec::new(),
         };
         assert_eq!(spec.key(), ["account", "region"]);
         assert_eq!(spec.arity(), 2);

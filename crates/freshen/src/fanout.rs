@@ -68,6 +68,7 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
     let gaps = batch.gaps().to_vec();
     let changes = batch.schema_changes().to_vec();
     let keys = batch.keys().to_vec();
+    let committed = batch.committed_through();
     let (events, skipped, ack) = batch.into_parts();
     let remaining = Arc::new(AtomicUsize::new(n));
     let upstream = Arc::new(Mutex::new(Some(ack)));
@@ -88,7 +89,8 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
                     .with_marks(marks.clone())
                     .with_gaps(gaps.clone())
                     .with_schema_changes(changes.clone())
-                    .with_keys(keys.clone()),
+                    .with_keys(keys.clone())
+                    .with_committed_through(committed),
                 |b, e| b.with_skipped(e.to_string()),
             )
         })

@@ -120,6 +120,11 @@
 //! change. A TRUNCATE is a `DELETE` of key `table:`. Clients that ignore fields they do
 //! not know (ThemisDB's do) are unaffected by ours.
 //!
+//! A long-poll reader that asks `tx=1` also gets a `TRANSACTION_COMMIT` entry after each
+//! source transaction's last event (`sequence` of that event, `xid`, `lsn`,
+//! `event_count`, `first_sequence`); they are made while reading, not stored. See
+//! `txmark.rs` for when a transaction is known to have ended.
+//!
 //! # Store
 //!
 //! The log is one [redb](https://www.redb.org) file: a copy-on-write B-tree with ACID
@@ -174,6 +179,7 @@ mod record;
 mod retention;
 mod snapshot;
 mod store;
+mod txmark;
 mod writer;
 
 pub use capture::{CaptureError, CaptureReport};

@@ -17,3 +17,4 @@ mod log_crash;
 mod log_semantics;
 mod postgres_replay;
 mod postgres_snapshot;
+mod postgres_tx;

@@ -7,6 +7,7 @@ mod support;
 
 mod browser;
 mod http_api;
+mod http_compress;
 mod http_groups;
 mod http_guard;
 mod http_poll;

@@ -387,8 +387,9 @@ pub struct HttpConfig {
     /// The longest long-poll wait honoured, in milliseconds (at most 60000).
     #[serde(default = "defaults::max_long_poll_ms")]
     pub max_long_poll_ms: u64,
-    /// Long-poll readers get a `TRANSACTION_COMMIT` marker after each source
-    /// transaction unless they ask `tx=0` (without it, only those asking `tx=1` do).
+    /// Long-poll and Server-Sent Events readers get a `TRANSACTION_COMMIT` marker after
+    /// each source transaction unless they ask `tx=0` (without it, only those asking
+    /// `tx=1` do).
     #[serde(default)]
     pub transaction_markers: bool,
     /// Server-Sent Events: idle time before a `: heartbeat` comment, in milliseconds.

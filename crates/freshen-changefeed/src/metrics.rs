@@ -215,8 +215,8 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
         &m.poll_events,
     );
     o.counter(
-        "poll_transaction_markers_total",
-        "TRANSACTION_COMMIT markers returned by GET /changefeed (tx=1).",
+        "transaction_markers_total",
+        "TRANSACTION_COMMIT markers sent (long poll and Server-Sent Events, tx=1).",
         &m.tx_markers,
     );
     o.counter(

@@ -62,10 +62,20 @@ pub(crate) enum Next {
     Stop,
 }
 
+/// How entries are written: a long-poll page's JSON array (comma-separated), or
+/// Server-Sent Events frames (a marker is `event: transaction`, without an `id`, so
+/// that `Last-Event-ID` stays the last event's sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    Json,
+    Sse,
+}
+
 /// Writes a page with markers: events go through [`Page::record`], the end through
 /// [`Page::finish`].
 #[derive(Debug)]
 pub(crate) struct Page {
+    framing: Framing,
     /// The transaction the reader's position is inside, if the first record read
     /// continues it (otherwise its marker was already written, or is not this page's).
     candidate: Option<Open>,
@@ -83,8 +93,9 @@ impl Page {
     /// A page of at most `limit` events; `before` is the transaction of the record at
     /// the reader's position, if it has one: it is continued only if the first record
     /// read belongs to it too.
-    pub(crate) fn new(before: Option<Open>, limit: usize) -> Page {
+    pub(crate) fn new(before: Option<Open>, limit: usize, framing: Framing) -> Page {
         Page {
+            framing,
             candidate: before,
             open: None,
             events: 0,
@@ -149,7 +160,7 @@ impl Page {
 
     /// Writes the comma before the next entry, if one came before it.
     pub(crate) fn separator(&self, out: &mut Vec<u8>) {
-        if self.entries > 0 {
+        if self.framing == Framing::Json && self.entries > 0 {
             out.push(b',');
         }
     }
@@ -198,8 +209,17 @@ impl Page {
         if open.count == 0 {
             return;
         }
-        self.separator(out);
-        marker_json(&open, out);
+        match self.framing {
+            Framing::Json => {
+                self.separator(out);
+                marker_json(&open, out);
+            }
+            Framing::Sse => {
+                out.extend_from_slice(b"event: transaction\ndata: ");
+                marker_json(&open, out);
+                out.extend_from_slice(b"\n\n");
+            }
+        }
         self.entries += 1;
         self.markers += 1;
     }
@@ -239,7 +259,7 @@ mod tests {
         complete: u64,
         from: u64,
     ) -> (serde_json::Value, u64) {
-        let mut p = Page::new(open, limit);
+        let mut p = Page::new(open, limit, Framing::Json);
         let mut out = Vec::new();
         let mut consumed = from;
         let mut stopped = false;
@@ -348,6 +368,33 @@ mod tests {
         assert_eq!((v, next), (serde_json::json!([]), 2));
         let (v, _) = page(Some(before), 100, &[(3, B, true)], true, 0x200, 2);
         assert_eq!(markers(&v), [(3, 1, 3)]);
+    }
+
+    #[test]
+    fn server_sent_events_get_a_named_frame_without_an_id() {
+        let mut p = Page::new(None, 10, Framing::Sse);
+        let mut out = Vec::new();
+        for seq in [1, 2] {
+            assert_eq!(p.record(seq, A, true, &mut out), Next::Write);
+            p.separator(&mut out);
+            write!(out, "id: {seq}\ndata: e\n\n").unwrap();
+            p.written();
+        }
+        let next = p.finish(true, 0x100, 0, 2, &mut out);
+        assert_eq!(next, 2);
+        let text = String::from_utf8(out).unwrap();
+        let (events, marker) = text.split_at(text.find("event: transaction").unwrap());
+        assert_eq!(events, "id: 1\ndata: e\n\nid: 2\ndata: e\n\n");
+        let data = marker
+            .strip_prefix("event: transaction\ndata: ")
+            .and_then(|m| m.strip_suffix("\n\n"))
+            .unwrap();
+        let m: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(
+            (m["sequence"].as_u64(), m["event_count"].as_u64()),
+            (Some(2), Some(2))
+        );
+        assert_eq!((p.events, p.entries, p.markers), (2, 3, 1));
     }
 
     #[test]

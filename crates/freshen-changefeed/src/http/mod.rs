@@ -33,6 +33,7 @@ mod error;
 mod groups;
 mod poll;
 mod sse;
+mod txread;
 mod ws;
 
 use std::future::Future;
@@ -52,6 +53,7 @@ use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use self::error::ApiError;
+use self::txread::with_markers;
 use crate::{Changefeed, Error, Filter, HttpConfig, Scope};
 
 /// Events examined per read step: bounds the time a filtered read holds a thread.

@@ -12,10 +12,9 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::error::{ApiError, parse_flag, parse_u64};
-use super::{AppState, FilterParams, MAX_SCAN};
+use super::{AppState, FilterParams, MAX_SCAN, with_markers};
 use crate::metrics;
-use crate::record;
-use crate::txmark::{Next, Page};
+use crate::txmark::Framing;
 
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct PollParams {
@@ -72,7 +71,15 @@ pub(crate) async fn poll(
             let through = *complete.borrow_and_update();
             latest.borrow_and_update();
             events.clear();
-            let read = with_markers(core, after, limit, through, &filter, &mut events)?;
+            let read = with_markers(
+                core,
+                after,
+                limit,
+                through,
+                &filter,
+                &mut events,
+                Framing::Json,
+            )?;
             after = read.next;
             let n = read.entries;
             if n > 0 || wait == 0 || ended || Instant::now() >= deadline {
@@ -118,60 +125,6 @@ pub(crate) async fn poll(
             () = &mut ending => ended = true,
         }
     }
-}
-
-/// A page read with transaction markers.
-struct TxRead {
-    next: u64,
-    entries: usize,
-    events: usize,
-    markers: usize,
-    /// The log was read to its end.
-    at_end: bool,
-}
-
-/// Reads a page after `after` with a `TRANSACTION_COMMIT` marker after each source
-/// transaction ([`crate::txmark`]); `through`: the commit position through which the
-/// source said transactions are complete.
-fn with_markers(
-    core: &crate::log::Core,
-    after: u64,
-    limit: usize,
-    through: u64,
-    filter: &crate::Filter,
-    out: &mut Vec<u8>,
-) -> Result<TxRead, crate::Error> {
-    let before = if after > 0 {
-        core.tx_at(after, MAX_SCAN, filter)?
-    } else {
-        None
-    };
-    let mut p = Page::new(before, limit);
-    let mut consumed = after;
-    let mut stopped = false;
-    core.scan(after, MAX_SCAN, |seq, r| {
-        let matches = filter.matches(r);
-        if p.record(seq, record::position_of(r), matches, out) == Next::Stop {
-            stopped = true;
-            return false;
-        }
-        if matches {
-            p.separator(out);
-            r.write_json(seq, out);
-            p.written();
-        }
-        consumed = seq;
-        true
-    })?;
-    let at_end = !stopped && consumed >= core.latest();
-    let next = p.finish(at_end, through, after, consumed, out);
-    Ok(TxRead {
-        next,
-        entries: p.entries,
-        events: p.events,
-        markers: p.markers,
-        at_end,
-    })
 }
 
 fn bad(s: &AppState, e: ApiError) -> ApiError {

@@ -3,7 +3,8 @@
 //! transaction's xid (as PostgreSQL reports it), commit LSN and event count, right after
 //! its last event; the last transaction's marker comes without waiting for another;
 //! resuming inside a transaction and a page limit inside one behave as documented;
-//! without `tx=1` nothing changes; a restart keeps what it knew.
+//! Server-Sent Events carry the same; without `tx=1` nothing changes; a restart keeps
+//! what it knew.
 
 use crate::support;
 
@@ -234,11 +235,31 @@ async fn each_transaction_ends_with_one_marker_after_its_last_event() {
     let items = read_markers(&server, "tx=1&table=items", 2).await;
     assert_eq!(check_markers(&items, true), [(t1, 1), (t3, 2)]);
 
+    // Server-Sent Events: the same entries, a marker as `event: transaction` without an
+    // id (Last-Event-ID stays the last event's sequence).
+    let mut sse = SseReader::open(&server.url("/changefeed/stream?from_seq=0&tx=1"), &[]).await;
+    let mut streamed: Vec<Value> = Vec::new();
+    while streamed.len() < entries.len() {
+        match sse.next(PATIENCE).await.expect("the stream goes on") {
+            Sse::Event { id, data } => {
+                let e: Value = serde_json::from_str(&data).unwrap();
+                assert_eq!(id, e["sequence"].as_u64());
+                streamed.push(e);
+            }
+            Sse::Named { event, data } => {
+                assert_eq!(event, "transaction");
+                streamed.push(serde_json::from_str(&data).unwrap());
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(streamed, entries);
+    drop(sse);
+
     let metrics = server.cf.metrics_text();
     assert!(
         metrics.lines().any(
-            |l| l.starts_with("freshen_changefeed_poll_transaction_markers_total")
-                && !l.ends_with(" 0")
+            |l| l.starts_with("freshen_changefeed_transaction_markers_total") && !l.ends_with(" 0")
         ),
         "{metrics}"
     );

@@ -165,6 +165,18 @@ impl Page {
         }
     }
 
+    /// The page stopped before the log's end for another reason than its limit (a scan
+    /// bound, or events appended meanwhile): the record after it has source position
+    /// `position`. If that ends the open transaction, its marker goes on this page —
+    /// the next page, starting after this one, could not tell it was not sent.
+    pub(crate) fn peek(&mut self, position: Option<(u64, u64)>, out: &mut Vec<u8>) {
+        if let Some(open) = self.open
+            && position != Some((open.commit, open.xid))
+        {
+            self.close(out);
+        }
+    }
+
     /// Ends the page: `at_end` says the log was read to its end (not stopped by the
     /// limit or a scan bound); `complete_through` is the source's commit position
     /// through which transactions are complete. Returns the reader's next position:
@@ -358,6 +370,28 @@ mod tests {
         let (v, next) = page(Some(open), 2, &recs[2..], true, 0x200, 2);
         assert_eq!(markers(&v), [(3, 3, 1), (4, 1, 4)]);
         assert_eq!(next, 4);
+    }
+
+    #[test]
+    fn a_page_cut_by_a_scan_bound_peeks_at_the_next_record() {
+        let mut p = Page::new(None, 100, Framing::Json);
+        let mut out = Vec::new();
+        for seq in [1, 2] {
+            p.record(seq, A, true, &mut out);
+            p.separator(&mut out);
+            out.extend_from_slice(b"0");
+            p.written();
+        }
+        // The next record is A's too: nothing to say yet.
+        p.peek(A, &mut out);
+        assert_eq!(p.markers, 0);
+        // The next record is B's: A ended here, and only this page can say so.
+        p.peek(B, &mut out);
+        assert_eq!(p.markers, 1);
+        assert_eq!(p.finish(false, 0, 0, 2, &mut out), 2);
+        let v: serde_json::Value =
+            serde_json::from_slice(&[&b"["[..], &out[..], &b"]"[..]].concat()).unwrap();
+        assert_eq!(markers(&v), [(2, 2, 1)]);
     }
 
     #[test]

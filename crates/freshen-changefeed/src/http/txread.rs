@@ -59,7 +59,20 @@ pub(crate) fn with_markers(
         consumed = seq;
         true
     })?;
-    let at_end = !stopped && consumed >= core.latest();
+    let mut at_end = !stopped && consumed >= core.latest();
+    if !stopped && !at_end {
+        // Cut by the scan bound or by events appended meanwhile: the next record says
+        // whether the open transaction ended here.
+        let mut next = None;
+        core.scan(consumed, 1, |_, r| {
+            next = Some(record::position_of(r));
+            false
+        })?;
+        match next {
+            Some(position) => p.peek(position, out),
+            None => at_end = true,
+        }
+    }
     let next = p.finish(at_end, through, after, consumed, out);
     Ok(TxRead {
         next,

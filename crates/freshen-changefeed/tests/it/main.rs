@@ -12,6 +12,7 @@ mod http_groups;
 mod http_guard;
 mod http_poll;
 mod http_sse;
+mod http_tx;
 mod http_ws;
 mod log_append;
 mod log_crash;

@@ -170,15 +170,20 @@ async fn main() {
     // level 1, against the read that every reader does.
     let sample = cf.read(0, 20_000, &Filter::default()).unwrap();
     let raw: usize = sample.iter().map(|e| e.json.len()).sum();
+    // One context each, reused, as a store would keep them.
+    let mut packer = zstd::bulk::Compressor::new(1).unwrap();
     let packed: Vec<Vec<u8>> = sample
         .iter()
-        .map(|e| zstd::bulk::compress(e.json.as_bytes(), 1).unwrap())
+        .map(|e| packer.compress(e.json.as_bytes()).unwrap())
         .collect();
     let small: usize = packed.iter().map(Vec::len).sum();
+    let mut unpacker = zstd::bulk::Decompressor::new().unwrap();
+    let mut buf = Vec::with_capacity(4096);
     let start = Instant::now();
     let mut out = 0usize;
     for p in &packed {
-        out += zstd::bulk::decompress(p, 4096).unwrap().len();
+        buf.clear();
+        out += unpacker.decompress_to_buffer(p, &mut buf).unwrap();
     }
     let unpack = start.elapsed();
     assert_eq!(out, raw);

@@ -84,6 +84,11 @@ async fn pages_are_compressed_on_request_and_decode_to_the_same_page() {
         plain.len()
     );
 
+    // Equally welcome: zstd.
+    let (_, encoding, zs) = raw(&url, "gzip, zstd").await;
+    assert_eq!(encoding.as_deref(), Some("zstd"));
+    assert_eq!(unzstd(&zs).as_bytes(), &plain[..]);
+
     // Not asked for (or refused): as before.
     let (_, encoding, body) = raw(&url, "identity").await;
     assert_eq!((encoding, &body[..]), (None, &plain[..]));

@@ -164,7 +164,7 @@ mod tests {
     use crate::StreamMark;
 
     #[tokio::test]
-    async fn every_branch_gets_the_stream_marks() {
+    async fn every_branch_gets_the_stream_marks_and_the_transactions_end() {
         let (feed, source) = crate::channel(2);
         let mut branches = fanout(source, 2);
         let mark = StreamMark {
@@ -173,12 +173,17 @@ mod tests {
             content: b"c"[..].into(),
             position: 9,
         };
-        feed.send(Batch::new(Vec::new(), Ack::none()).with_marks(vec![mark.clone()]))
-            .await
-            .unwrap();
+        feed.send(
+            Batch::new(Vec::new(), Ack::none())
+                .with_marks(vec![mark.clone()])
+                .with_committed_through(Some(7)),
+        )
+        .await
+        .unwrap();
         for b in &mut branches {
             let got = b.next_batch().await.unwrap().unwrap();
             assert_eq!(got.marks(), std::slice::from_ref(&mark));
+            assert_eq!(got.committed_through(), Some(7));
         }
     }
 }

@@ -24,7 +24,10 @@
 //!   `cors_allow_origins`; connections have `header_timeout` to send each request's
 //!   headers (and to stay idle between requests), handlers `request_timeout` (long
 //!   polls and group receives their wait on top; streams are not cut); at most
-//!   `max_connections` are served at once. See [`HttpConfig`].
+//!   `max_connections` are served at once. See [`HttpConfig`]. Long-poll pages, group
+//!   receives and the snapshot progress are gzip- or zstd-compressed when the request's
+//!   `Accept-Encoding` asks; Server-Sent Events never are (compressors hold frames,
+//!   proxies buffer encoded streams), and WebSocket has no permessage-deflate here.
 //! - Consumer groups: competing consumers lease events for a visibility timeout,
 //!   acknowledge or reject them; unacknowledged events are delivered again, then
 //!   dead-lettered. All of it survives a restart.

@@ -88,6 +88,7 @@ impl Changefeed {
                 .filter(|m| crate::snapshot::Snapshots::is_watermark(m))
                 .cloned()
                 .collect();
+            let complete = batch.committed_through();
             let (events, skipped, ack) = batch.into_parts();
             for e in &skipped {
                 tracing::warn!(error = %e, "changefeed capture skipped a message the source could not decode");
@@ -97,7 +98,7 @@ impl Changefeed {
                 report.last_skip = Some(last.to_string());
                 metrics::add(&self.core.metrics().source_skipped, skipped.len() as u64);
             }
-            let receipts = match self.submit_split(&events, &marks) {
+            let receipts = match self.submit_split(&events, &marks, complete) {
                 Ok(r) => r,
                 Err(e) => {
                     failed = Some(e.into());
@@ -131,28 +132,33 @@ impl Changefeed {
 
 impl Changefeed {
     /// Queues a batch's events for the writer; a snapshot chunk whose high watermark is
-    /// among `marks` goes right behind the events before it.
+    /// among `marks` goes right behind the events before it. `complete` goes with the
+    /// last append (the batch's end).
     fn submit_split(
         &self,
         events: &[freshen::RowEvent],
         marks: &[freshen::StreamMark],
+        complete: Option<u64>,
     ) -> Result<Vec<oneshot::Receiver<Result<AppendOutcome, Error>>>, Error> {
         self.snapshots.note_truncates(events);
         if marks.is_empty() {
-            return Ok(vec![self.submit_append(events)?]);
+            return Ok(vec![self.submit_append(events, complete)?]);
         }
         let mut receipts = Vec::with_capacity(marks.len() + 1);
         let mut from = 0;
         for m in marks {
             let at = m.at.clamp(from, events.len());
             if at > from {
-                receipts.push(self.submit_append(&events[from..at])?);
+                receipts.push(self.submit_append(&events[from..at], None)?);
                 from = at;
             }
             self.submit_chunk_at(m)?;
         }
         if from < events.len() || receipts.is_empty() {
-            receipts.push(self.submit_append(&events[from..])?);
+            receipts.push(self.submit_append(&events[from..], complete)?);
+        } else if complete.is_some() {
+            // The batch ended with a chunk: the end still has to be recorded.
+            receipts.push(self.submit_append(&[], complete)?);
         }
         Ok(receipts)
     }

@@ -387,6 +387,11 @@ pub struct HttpConfig {
     /// The longest long-poll wait honoured, in milliseconds (at most 60000).
     #[serde(default = "defaults::max_long_poll_ms")]
     pub max_long_poll_ms: u64,
+    /// Long-poll and Server-Sent Events readers get a `TRANSACTION_COMMIT` marker after
+    /// each source transaction unless they ask `tx=0` (without it, only those asking
+    /// `tx=1` do).
+    #[serde(default)]
+    pub transaction_markers: bool,
     /// Server-Sent Events: idle time before a `: heartbeat` comment, in milliseconds.
     #[serde(default = "defaults::heartbeat_ms")]
     pub heartbeat_ms: u64,
@@ -486,6 +491,7 @@ impl Default for HttpConfig {
             default_limit: defaults::default_limit(),
             max_limit: defaults::max_limit(),
             max_long_poll_ms: defaults::max_long_poll_ms(),
+            transaction_markers: false,
             heartbeat_ms: defaults::heartbeat_ms(),
             retry_ms: defaults::retry_ms(),
             max_events_per_frame: defaults::max_events_per_frame(),

@@ -24,7 +24,10 @@
 //!   `cors_allow_origins`; connections have `header_timeout` to send each request's
 //!   headers (and to stay idle between requests), handlers `request_timeout` (long
 //!   polls and group receives their wait on top; streams are not cut); at most
-//!   `max_connections` are served at once. See [`HttpConfig`].
+//!   `max_connections` are served at once. See [`HttpConfig`]. Long-poll pages, group
+//!   receives and the snapshot progress are gzip- or zstd-compressed when the request's
+//!   `Accept-Encoding` asks; Server-Sent Events never are (compressors hold frames,
+//!   proxies buffer encoded streams), and WebSocket has no permessage-deflate here.
 //! - Consumer groups: competing consumers lease events for a visibility timeout,
 //!   acknowledge or reject them; unacknowledged events are delivered again, then
 //!   dead-lettered. All of it survives a restart.
@@ -120,6 +123,11 @@
 //! change. A TRUNCATE is a `DELETE` of key `table:`. Clients that ignore fields they do
 //! not know (ThemisDB's do) are unaffected by ours.
 //!
+//! A long-poll reader that asks `tx=1` also gets a `TRANSACTION_COMMIT` entry after each
+//! source transaction's last event (`sequence` of that event, `xid`, `lsn`,
+//! `event_count`, `first_sequence`); they are made while reading, not stored. See
+//! `txmark.rs` for when a transaction is known to have ended.
+//!
 //! # Store
 //!
 //! The log is one [redb](https://www.redb.org) file: a copy-on-write B-tree with ACID
@@ -174,6 +182,7 @@ mod record;
 mod retention;
 mod snapshot;
 mod store;
+mod txmark;
 mod writer;
 
 pub use capture::{CaptureError, CaptureReport};

@@ -47,6 +47,7 @@ pub(crate) struct Published {
     size: AtomicU64,
     count: AtomicU64,
     truncated: AtomicU64,
+    tx_complete: watch::Sender<u64>,
     closed: Mutex<Option<String>>,
     pub(crate) metrics: Metrics,
 }
@@ -69,6 +70,12 @@ impl writer::Publish for Arc<Published> {
         self.latest.send_if_modified(|l| {
             let changed = *l != s.last;
             *l = s.last;
+            changed
+        });
+        // After `latest`: a reader that sees this value sees every event it covers.
+        self.tx_complete.send_if_modified(|c| {
+            let changed = *c != s.tx_complete;
+            *c = s.tx_complete;
             changed
         });
     }
@@ -205,6 +212,41 @@ impl Core {
         Ok(if n >= limit { last_match } else { last })
     }
 
+    /// The commit position through which every transaction is known to be wholly in
+    /// the log (0: none known), published after the events it covers: read it before
+    /// reading the events.
+    pub(crate) fn watch_tx_complete(&self) -> watch::Receiver<u64> {
+        self.published.tx_complete.subscribe()
+    }
+
+    /// The transaction of the record at `at`, if it has a source position: where it
+    /// began and how many of its events up to `at` match `filter` (looking back at most
+    /// `max_scan` records).
+    pub(crate) fn tx_at(
+        &self,
+        at: u64,
+        max_scan: usize,
+        filter: &Filter,
+    ) -> Result<Option<crate::txmark::Open>, Error> {
+        let mut found: Option<((u64, u64), u64, u64)> = None;
+        store::scan_back(&self.db, at, max_scan, |seq, r| {
+            let position = record::position_of(r);
+            match (&mut found, position) {
+                (None, Some(p)) => {
+                    found = Some((p, seq, u64::from(filter.matches(r))));
+                    true
+                }
+                (Some((p, first, count)), Some(q)) if *p == q => {
+                    *first = seq;
+                    *count += u64::from(filter.matches(r));
+                    true
+                }
+                _ => false,
+            }
+        })?;
+        Ok(found.map(|(p, first, count)| crate::txmark::Open::before(p, first, at, count)))
+    }
+
     /// Every sequence below this one was deleted from the front of the log: a reader
     /// positioned below it has missed events (a gap).
     pub(crate) fn truncated(&self) -> u64 {
@@ -292,6 +334,7 @@ impl Changefeed {
             size: AtomicU64::new(state.size),
             count: AtomicU64::new(state.count),
             truncated: AtomicU64::new(state.truncated),
+            tx_complete: watch::Sender::new(state.tx_complete),
             closed: Mutex::new(None),
             metrics: Metrics::default(),
         });
@@ -326,14 +369,17 @@ impl Changefeed {
     /// position ([`freshen::Tx`]) at or below the last one appended are skipped: a
     /// source replaying after a crash appends nothing twice.
     pub async fn append(&self, events: &[RowEvent]) -> Result<AppendOutcome, Error> {
-        let rx = self.submit_append(events)?;
+        let rx = self.submit_append(events, None)?;
         self.core.wait(rx).await
     }
 
     /// Queues `events` for the next group commit; the receiver answers once durable.
+    /// `complete`: the source says every transaction through this commit position is
+    /// complete ([`freshen::Batch::committed_through`]).
     pub(crate) fn submit_append(
         &self,
         events: &[RowEvent],
+        complete: Option<u64>,
     ) -> Result<oneshot::Receiver<Result<AppendOutcome, Error>>, Error> {
         let now = record::unix_ms(SystemTime::now());
         let mut encoder = Encoder::default();
@@ -345,7 +391,11 @@ impl Changefeed {
             })
             .collect();
         let (reply, rx) = oneshot::channel();
-        self.core.submit(Request::Append { items, reply })?;
+        self.core.submit(Request::Append {
+            items,
+            complete,
+            reply,
+        })?;
         Ok(rx)
     }
 

@@ -25,6 +25,7 @@ pub(crate) struct Metrics {
     pub(crate) retention_errors: AtomicU64,
     pub(crate) poll_requests: AtomicU64,
     pub(crate) poll_events: AtomicU64,
+    pub(crate) tx_markers: AtomicU64,
     pub(crate) sse_connections: AtomicU64,
     pub(crate) sse_open: AtomicU64,
     pub(crate) sse_events: AtomicU64,
@@ -212,6 +213,11 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
         "poll_events_total",
         "Events returned by GET /changefeed.",
         &m.poll_events,
+    );
+    o.counter(
+        "transaction_markers_total",
+        "TRANSACTION_COMMIT markers sent (long poll and Server-Sent Events, tx=1).",
+        &m.tx_markers,
     );
     o.counter(
         "sse_connections_total",

@@ -34,6 +34,7 @@ pub(crate) const META_HIGH_WATER: &str = "high_water";
 pub(crate) const META_SIZE: &str = "size_bytes";
 pub(crate) const META_TRUNCATED: &str = "truncated_before";
 pub(crate) const META_INDEXED: &str = "key_index_upto";
+pub(crate) const META_TX_COMPLETE: &str = "tx_complete_through";
 
 /// Bytes an event occupies in the size accounting: its key and its record.
 pub(crate) fn stored_size(record_len: usize) -> u64 {
@@ -57,6 +58,10 @@ pub(crate) struct LogState {
     /// by age, count or size, or an explicit delete): a reader whose position is below
     /// it missed events. Compaction's holes do not count.
     pub(crate) truncated: u64,
+    /// The source's commit position through which every transaction is wholly in the
+    /// log ([`freshen::Batch::committed_through`]; 0: none known): the last
+    /// transaction's marker need not wait for the next one.
+    pub(crate) tx_complete: u64,
 }
 
 fn u64_of(bytes: &[u8]) -> Option<u64> {
@@ -136,6 +141,10 @@ pub(crate) fn open(
             .and_then(|v| u64_of(v.value()))
             .unwrap_or(oldest);
         let count = events.len()?;
+        let tx_complete = meta
+            .get(META_TX_COMPLETE)?
+            .and_then(|v| u64_of(v.value()))
+            .unwrap_or(0);
         tx.open_table(GROUPS)?;
         tx.open_table(LEASES)?;
         tx.open_table(DEAD)?;
@@ -163,6 +172,7 @@ pub(crate) fn open(
             size,
             count,
             truncated,
+            tx_complete,
         }
     };
     tx.commit()?;
@@ -215,6 +225,26 @@ pub(crate) fn scan(
         }
     }
     Ok(last)
+}
+
+/// Visits stored events with sequence at or below `at`, newest first, at most
+/// `max_scan` of them, until `visit` returns false. Records that do not parse end it.
+pub(crate) fn scan_back(
+    db: &Database,
+    at: u64,
+    max_scan: usize,
+    mut visit: impl FnMut(u64, &RecordRef<'_>) -> bool,
+) -> Result<(), Error> {
+    let tx = db.begin_read()?;
+    let table = tx.open_table(EVENTS)?;
+    for item in table.range(..=at)?.rev().take(max_scan) {
+        let (k, v) = item?;
+        match RecordRef::parse(v.value()) {
+            Some(r) if visit(k.value(), &r) => {}
+            _ => break,
+        }
+    }
+    Ok(())
 }
 
 /// The stored record of `sequence`, if it is still stored.

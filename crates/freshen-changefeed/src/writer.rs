@@ -103,6 +103,9 @@ pub(crate) enum WriteOp {
 pub(crate) enum Request {
     Append {
         items: Vec<Item>,
+        /// The source's word that every transaction through this commit position is
+        /// complete ([`freshen::Batch::committed_through`]), recorded with the items.
+        complete: Option<u64>,
         reply: oneshot::Sender<Result<AppendOutcome, Error>>,
     },
     Write {
@@ -326,8 +329,16 @@ fn apply(
     work: &mut Work<'_>,
 ) -> Result<Reply, Error> {
     Ok(match request {
-        Request::Append { items, reply } => {
+        Request::Append {
+            items,
+            complete,
+            reply,
+        } => {
             let mut outcome = AppendOutcome::default();
+            let completes = complete.is_some_and(|c| c > next.tx_complete);
+            if let Some(c) = complete.filter(|_| completes) {
+                next.tx_complete = c;
+            }
             if !items.is_empty() {
                 let mut events = tx.open_table(EVENTS)?;
                 let mut latest = tx.open_table(LATEST)?;
@@ -391,6 +402,8 @@ fn apply(
                         outcome.first_sequence.get_or_insert(next.last);
                     }
                 }
+                write_meta(tx, next, work.settings.key_index)?;
+            } else if completes {
                 write_meta(tx, next, work.settings.key_index)?;
             }
             outcome.last_sequence = next.last;
@@ -582,6 +595,12 @@ fn write_meta(tx: &WriteTransaction, s: &LogState, key_index: bool) -> Result<()
     meta.insert(store::META_TRUNCATED, s.truncated.to_le_bytes().as_slice())?;
     if key_index {
         meta.insert(store::META_INDEXED, s.last.to_le_bytes().as_slice())?;
+    }
+    if s.tx_complete > 0 {
+        meta.insert(
+            store::META_TX_COMPLETE,
+            s.tx_complete.to_le_bytes().as_slice(),
+        )?;
     }
     if let Some(hw) = s.high_water {
         meta.insert(

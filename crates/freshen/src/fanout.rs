@@ -68,6 +68,7 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
     let gaps = batch.gaps().to_vec();
     let changes = batch.schema_changes().to_vec();
     let keys = batch.keys().to_vec();
+    let committed = batch.committed_through();
     let (events, skipped, ack) = batch.into_parts();
     let remaining = Arc::new(AtomicUsize::new(n));
     let upstream = Arc::new(Mutex::new(Some(ack)));
@@ -88,7 +89,8 @@ fn split(batch: Batch, n: usize) -> Vec<Batch> {
                     .with_marks(marks.clone())
                     .with_gaps(gaps.clone())
                     .with_schema_changes(changes.clone())
-                    .with_keys(keys.clone()),
+                    .with_keys(keys.clone())
+                    .with_committed_through(committed),
                 |b, e| b.with_skipped(e.to_string()),
             )
         })
@@ -162,7 +164,7 @@ mod tests {
     use crate::StreamMark;
 
     #[tokio::test]
-    async fn every_branch_gets_the_stream_marks() {
+    async fn every_branch_gets_the_stream_marks_and_the_transactions_end() {
         let (feed, source) = crate::channel(2);
         let mut branches = fanout(source, 2);
         let mark = StreamMark {
@@ -171,12 +173,17 @@ mod tests {
             content: b"c"[..].into(),
             position: 9,
         };
-        feed.send(Batch::new(Vec::new(), Ack::none()).with_marks(vec![mark.clone()]))
-            .await
-            .unwrap();
+        feed.send(
+            Batch::new(Vec::new(), Ack::none())
+                .with_marks(vec![mark.clone()])
+                .with_committed_through(Some(7)),
+        )
+        .await
+        .unwrap();
         for b in &mut branches {
             let got = b.next_batch().await.unwrap().unwrap();
             assert_eq!(got.marks(), std::slice::from_ref(&mark));
+            assert_eq!(got.committed_through(), Some(7));
         }
     }
 }

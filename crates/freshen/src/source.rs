@@ -65,6 +65,7 @@ pub struct Batch {
     gaps: Vec<Gap>,
     schema_changes: Vec<SchemaChange>,
     keys: Vec<ScopedKey>,
+    committed_through: Option<u64>,
     ack: Ack,
 }
 
@@ -109,6 +110,7 @@ impl Batch {
             gaps: Vec::new(),
             schema_changes: Vec::new(),
             keys: Vec::new(),
+            committed_through: None,
             ack,
         }
     }
@@ -122,6 +124,7 @@ impl Batch {
             gaps: Vec::new(),
             schema_changes: Vec::new(),
             keys: Vec::new(),
+            committed_through: None,
             ack,
         }
     }
@@ -177,6 +180,21 @@ impl Batch {
     /// Schema changes seen among the events.
     pub fn schema_changes(&self) -> &[SchemaChange] {
         &self.schema_changes
+    }
+
+    /// Says that every transaction whose commit position ([`Tx::commit`](crate::Tx)) is
+    /// at or below `commit` is complete: no later batch holds an event of it. Sources
+    /// that hand transactions over in commit order and know where each ends set it (the
+    /// changefeed's transaction markers use it to close the last transaction at once).
+    pub fn with_committed_through(mut self, commit: Option<u64>) -> Batch {
+        self.committed_through = commit;
+        self
+    }
+
+    /// The commit position through which every transaction is complete, when the
+    /// source knows it (see [`Batch::with_committed_through`]).
+    pub fn committed_through(&self) -> Option<u64> {
+        self.committed_through
     }
 
     /// Marks found in the stream among the events, in stream order.

@@ -96,6 +96,18 @@ impl IntoResponse for ApiError {
 }
 
 /// A positive integer parameter, with a message naming it when it is not one.
+/// A flag parameter: `1`/`true` or `0`/`false`; absent or empty is `None`.
+pub(crate) fn parse_flag(name: &str, value: Option<&str>) -> Result<Option<bool>, ApiError> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some("1" | "true") => Ok(Some(true)),
+        Some("0" | "false") => Ok(Some(false)),
+        Some(v) => Err(ApiError::BadRequest(format!(
+            "{name}: expected 1, true, 0 or false, got {v:?}"
+        ))),
+    }
+}
+
 pub(crate) fn parse_u64(name: &str, value: Option<&str>) -> Result<Option<u64>, ApiError> {
     match value.map(str::trim) {
         None | Some("") => Ok(None),

@@ -33,6 +33,7 @@ mod error;
 mod groups;
 mod poll;
 mod sse;
+mod txread;
 mod ws;
 
 use std::future::Future;
@@ -48,9 +49,11 @@ use freshen_http::with_request_timeout;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tower_http::compression::CompressionLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use self::error::ApiError;
+use self::txread::with_markers;
 use crate::{Changefeed, Error, Filter, HttpConfig, Scope};
 
 /// Events examined per read step: bounds the time a filtered read holds a thread.
@@ -183,10 +186,14 @@ pub fn app(state: AppState) -> Router {
             "/changefeed/groups/{group}/dead-letters",
             get(groups::dead_letters),
         )
-        .route("/changefeed/snapshot", get(admin::snapshot_status))
         .route("/metrics", get(admin::metrics));
-    let read = with_request_timeout(read, quick)
-        .merge(with_request_timeout(read_waiting, waiting))
+    // Pages of events and the snapshot progress: compressed when the client asks.
+    let read_waiting = with_request_timeout(read_waiting, waiting).layer(compression());
+    let read_compressed = Router::new()
+        .route("/changefeed/snapshot", get(admin::snapshot_status))
+        .layer(compression());
+    let read = with_request_timeout(read.merge(read_compressed), quick)
+        .merge(read_waiting)
         .route_layer(from_fn_with_state(state.clone(), auth::require_read));
     let admin = Router::new()
         .route("/changefeed/stats", get(admin::stats))
@@ -217,6 +224,18 @@ pub fn app(state: AppState) -> Router {
         router = router.layer(cors);
     }
     router.with_state(state)
+}
+
+/// gzip or zstd, as the request's `Accept-Encoding` prefers (zstd first at equal
+/// weight), for bodies of 32 bytes and more. Server-Sent Events are never compressed:
+/// a compressor holds frames until its block fills, and proxies that see
+/// `Content-Encoding` buffer the stream, so events would arrive late or in bursts.
+/// Only the routes that serve whole pages get the layer.
+fn compression() -> CompressionLayer {
+    CompressionLayer::new()
+        .gzip(true)
+        .zstd(true)
+        .quality(tower_http::CompressionLevel::Fastest)
 }
 
 fn cors(origins: &[String]) -> Option<CorsLayer> {

@@ -11,15 +11,18 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::error::{ApiError, parse_u64};
-use super::{AppState, FilterParams, MAX_SCAN};
+use super::error::{ApiError, parse_flag, parse_u64};
+use super::{AppState, FilterParams, MAX_SCAN, with_markers};
 use crate::metrics;
+use crate::txmark::Framing;
 
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct PollParams {
     from_seq: Option<String>,
     limit: Option<String>,
     long_poll_ms: Option<String>,
+    /// `1`: a `TRANSACTION_COMMIT` marker after each source transaction.
+    tx: Option<String>,
     #[serde(flatten)]
     filter: FilterParams,
 }
@@ -45,9 +48,10 @@ pub(crate) async fn poll(
         let wait = parse_u64("long_poll_ms", q.long_poll_ms.as_deref())?
             .unwrap_or(0)
             .min(config.max_long_poll_ms);
-        Ok((from, limit, wait, q.filter.filter()?))
+        let tx = parse_flag("tx", q.tx.as_deref())?.unwrap_or(config.transaction_markers);
+        Ok((from, limit, wait, tx, q.filter.filter()?))
     })();
-    let (from, limit, wait, filter) = parsed.map_err(|e| bad(&s, e))?;
+    let (from, limit, wait, tx, filter) = parsed.map_err(|e| bad(&s, e))?;
     let core = &s.cf().core;
     metrics::inc(&core.metrics().poll_requests);
     let deadline = Instant::now() + Duration::from_millis(wait);
@@ -60,6 +64,42 @@ pub(crate) async fn poll(
     let mut after = from;
     let mut ended = false;
     let mut events = Vec::with_capacity(1024);
+    if tx {
+        let mut complete = core.watch_tx_complete();
+        loop {
+            // Read before the events: the value never covers events not yet visible.
+            let through = *complete.borrow_and_update();
+            latest.borrow_and_update();
+            events.clear();
+            let read = with_markers(
+                core,
+                after,
+                limit,
+                through,
+                &filter,
+                &mut events,
+                Framing::Json,
+            )?;
+            after = read.next;
+            let n = read.entries;
+            if n > 0 || wait == 0 || ended || Instant::now() >= deadline {
+                metrics::add(&core.metrics().poll_events, read.events as u64);
+                metrics::add(&core.metrics().tx_markers, read.markers as u64);
+                return Ok(page(&events, n, core.latest(), after, gap));
+            }
+            if !read.at_end {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            // Wait for more events, or for the held-back transaction's end.
+            tokio::select! {
+                r = latest.changed() => if r.is_err() { ended = true },
+                r = complete.changed() => if r.is_err() { ended = true },
+                () = tokio::time::sleep_until(deadline) => {}
+                () = &mut ending => ended = true,
+            }
+        }
+    }
     loop {
         let mut n = 0usize;
         after = core.read_json(after, limit, MAX_SCAN, &filter, |seq, r| {

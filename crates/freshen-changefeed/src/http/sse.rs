@@ -8,6 +8,10 @@
 //! stream says so with a named event, `event: gap` and `data: {"after":a,"before":b}`
 //! (every sequence between a and b is gone): `EventSource.onmessage` does not see it,
 //! `addEventListener("gap", …)` does.
+//!
+//! With `tx=1` (or `transaction_markers` in the listener's settings), each source
+//! transaction ends with `event: transaction` and the marker as `data` (no `id`, so
+//! `Last-Event-ID` stays the last event's sequence): `addEventListener("transaction", …)`.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -23,12 +27,13 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::error::{ApiError, parse_u64};
-use super::{AppState, FilterParams, MAX_SCAN};
+use super::error::{ApiError, parse_flag, parse_u64};
+use super::{AppState, FilterParams, MAX_SCAN, with_markers};
 use crate::Filter;
 use crate::log::Core;
 use crate::metrics;
 use crate::record;
+use crate::txmark::Framing;
 
 /// ThemisDB's one-shot mode (`keep_alive=false`) sends at most this many events.
 const ONE_SHOT_LIMIT: usize = 1000;
@@ -41,6 +46,7 @@ pub(crate) struct StreamParams {
     max_events: Option<String>,
     max_seconds: Option<String>,
     keep_alive: Option<String>,
+    tx: Option<String>,
     #[serde(flatten)]
     filter: FilterParams,
 }
@@ -52,6 +58,8 @@ struct Settings {
     max_events: usize,
     max_time: Option<Duration>,
     keep_alive: bool,
+    /// Transaction markers.
+    tx: bool,
     filter: Filter,
 }
 
@@ -112,6 +120,7 @@ fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<Setti
         max_events,
         max_time,
         keep_alive,
+        tx: parse_flag("tx", q.tx.as_deref())?.unwrap_or(config.transaction_markers),
         filter: q.filter.filter()?,
     })
 }
@@ -137,6 +146,7 @@ pub(crate) async fn stream(
     let now = Instant::now();
     let state = Sse {
         latest: core.watch_latest(),
+        complete: core.watch_tx_complete(),
         open: Open(core.clone()),
         core,
         after: settings.from,
@@ -182,6 +192,8 @@ struct Sse {
     core: std::sync::Arc<Core>,
     settings: Settings,
     latest: watch::Receiver<u64>,
+    /// The source's "complete through" position, for transaction markers.
+    complete: watch::Receiver<u64>,
     after: u64,
     last_write: Instant,
     deadline: Option<Instant>,
@@ -217,6 +229,13 @@ impl Sse {
             } else {
                 self.settings.max_events.min(ONE_SHOT_LIMIT - self.sent)
             };
+            if self.settings.tx {
+                match self.tx_step(limit).await {
+                    Step::Chunk(c) => return Some(c),
+                    Step::End => return None,
+                    Step::Again => continue,
+                }
+            }
             // Allocated at the first event: an idle stream holds no buffer.
             let mut buf = Vec::new();
             let mut n = 0;
@@ -272,6 +291,71 @@ impl Sse {
                 () = &mut self.ending => return None,
             }
         }
+    }
+}
+
+/// What one step of a stream with transaction markers gives.
+enum Step {
+    Chunk(Bytes),
+    End,
+    Again,
+}
+
+impl Sse {
+    /// One read with transaction markers: a chunk of frames, or a wait (for events, or
+    /// for the end of a transaction held back) and another try, or the end.
+    async fn tx_step(&mut self, limit: usize) -> Step {
+        // Read before the events: the value never covers events not yet visible.
+        let through = *self.complete.borrow_and_update();
+        self.latest.borrow_and_update();
+        let mut buf = Vec::new();
+        let Ok(read) = with_markers(
+            &self.core,
+            self.after,
+            limit,
+            through,
+            &self.settings.filter,
+            &mut buf,
+            Framing::Sse,
+        ) else {
+            // A store failure ends the stream; the client reconnects and resumes.
+            return Step::End;
+        };
+        self.after = read.next;
+        if read.entries > 0 {
+            self.sent += read.events;
+            metrics::add(&self.core.metrics().sse_events, read.events as u64);
+            metrics::add(&self.core.metrics().tx_markers, read.markers as u64);
+            self.last_write = Instant::now();
+            if !self.settings.keep_alive && (self.sent >= ONE_SHOT_LIMIT || read.at_end) {
+                self.done = true;
+            }
+            return Step::Chunk(Bytes::from(buf));
+        }
+        if !read.at_end {
+            tokio::task::yield_now().await;
+            return Step::Again;
+        }
+        if !self.settings.keep_alive {
+            self.done = true;
+            return match self.sent {
+                0 => Step::Chunk(Bytes::from_static(b": heartbeat\n\n")),
+                _ => Step::End,
+            };
+        }
+        let heartbeat_at = self.last_write + self.settings.heartbeat;
+        tokio::select! {
+            r = self.latest.changed() => if r.is_err() { return Step::End },
+            r = self.complete.changed() => if r.is_err() { return Step::End },
+            () = tokio::time::sleep_until(heartbeat_at) => {
+                self.last_write = Instant::now();
+                metrics::inc(&self.core.metrics().sse_heartbeats);
+                return Step::Chunk(Bytes::from_static(b": heartbeat\n\n"));
+            }
+            () = sleep_until_opt(self.deadline) => return Step::End,
+            () = &mut self.ending => return Step::End,
+        }
+        Step::Again
     }
 }
 

@@ -7,13 +7,16 @@ mod support;
 
 mod browser;
 mod http_api;
+mod http_compress;
 mod http_groups;
 mod http_guard;
 mod http_poll;
 mod http_sse;
+mod http_tx;
 mod http_ws;
 mod log_append;
 mod log_crash;
 mod log_semantics;
 mod postgres_replay;
 mod postgres_snapshot;
+mod postgres_tx;

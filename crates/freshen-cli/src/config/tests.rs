@@ -334,6 +334,17 @@ durabilty = "fsync"
 }
 
 #[test]
+fn a_changefeed_listener_flag_that_is_not_a_boolean_is_a_problem_on_its_line() {
+    let src = "[source]\nkind = \"postgres\"\nurl = \"${DATABASE_URL}\"\ntables = [\"public.orders\"]\n[changefeed]\npath = \"/tmp/f.redb\"\n[changefeed.http]\ntransaction_markers = \"yes\"\n";
+    let p = problems(src);
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("f.toml:8: in `changefeed`") && l.contains("expected a boolean")),
+        "{p:?}"
+    );
+}
+
+#[test]
 fn a_changefeed_alone_needs_no_views() {
     let src = "[source]\nkind = \"postgres\"\nurl = \"${DATABASE_URL}\"\ntables = [\"public.orders\"]\n[changefeed]\npath = \"/tmp/f.redb\"\n";
     let c = parse(src, "f.toml", &env).unwrap();

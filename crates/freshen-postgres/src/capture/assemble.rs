@@ -29,6 +29,9 @@ pub(crate) struct Output {
     pub(crate) commit_end: Option<u64>,
     /// Commit time of the first transaction this batch completes (with `commit_end`).
     pub(crate) first_commit: Option<SystemTime>,
+    /// The commit LSN of the last transaction whose commit was read: every transaction
+    /// up to it is wholly in this batch or an earlier one.
+    pub(crate) committed_through: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +73,11 @@ pub(crate) struct Assembler {
     /// ([`Assembler::stamp`]). It belongs to that batch: closing or dropping the batch
     /// forgets it, so an age is never read off a batch that is gone.
     opened: Option<Instant>,
+    /// The commit LSN of the last transaction whose commit was read.
+    committed_through: Option<u64>,
+    /// A batch was handed over while the open transaction had rows in it: its commit,
+    /// should nothing else follow, still has to be told (see [`Assembler::tx_end`]).
+    handed_open: bool,
 }
 
 /// The most bytes of a logical decoding message's content handed over: markers are
@@ -92,6 +100,8 @@ impl Assembler {
             commit_end: None,
             first_commit: None,
             opened: None,
+            committed_through: None,
+            handed_open: false,
         }
     }
 
@@ -120,6 +130,7 @@ impl Assembler {
         self.commit_end = None;
         self.first_commit = None;
         self.opened = None;
+        self.handed_open = false;
     }
 
     /// Whether a transaction is open (its rows may be partly handed over).
@@ -161,6 +172,7 @@ impl Assembler {
             &mut self.events,
             Vec::with_capacity(self.batch_size.clamp(1, 4096)),
         );
+        self.handed_open = self.tx.is_some_and(|t| t.index > 0);
         Some(Output {
             events,
             skipped: std::mem::take(&mut self.skipped),
@@ -168,6 +180,26 @@ impl Assembler {
             schema_changes: std::mem::take(&mut self.schema_changes),
             commit_end: self.commit_end.take(),
             first_commit: self.first_commit.take(),
+            committed_through: self.committed_through,
+        })
+    }
+
+    /// After a commit that left nothing to hand over ([`Committed::Empty`]): a batch
+    /// without rows that only says the transaction ended, when rows of it were handed
+    /// over before its commit was read (a batch closed mid-transaction). Otherwise the
+    /// changefeed would learn of the end only with the next transaction.
+    pub(crate) fn tx_end(&mut self) -> Option<Output> {
+        if !std::mem::take(&mut self.handed_open) {
+            return None;
+        }
+        Some(Output {
+            events: Vec::new(),
+            skipped: Vec::new(),
+            marks: Vec::new(),
+            schema_changes: Vec::new(),
+            commit_end: None,
+            first_commit: None,
+            committed_through: self.committed_through,
         })
     }
 
@@ -182,7 +214,12 @@ impl Assembler {
 
     pub(crate) fn commit(&mut self, end_lsn: u64) -> Committed {
         let tx = self.tx.take();
+        if let Some(t) = tx {
+            self.committed_through = Some(t.final_lsn);
+        }
         if self.has_output() {
+            // This batch carries the end; no separate one is needed.
+            self.handed_open = false;
             self.commit_end = Some(end_lsn);
             if self.first_commit.is_none() {
                 self.first_commit = tx.map(|t| t.commit_ts);
@@ -467,6 +504,29 @@ mod tests {
         );
         assert!(batches[..3].iter().all(|b| b.commit_end.is_none()));
         assert_eq!(batches[3].commit_end, Some(1100));
+        // Only the batch after the commit says the transaction (commit LSN 1000) ended.
+        assert!(batches[..3].iter().all(|b| b.committed_through.is_none()));
+        assert_eq!(batches[3].committed_through, Some(1000));
+        assert!(a.tx_end().is_none(), "the last batch said it already");
+    }
+
+    #[test]
+    fn a_commit_after_a_batch_closed_mid_transaction_is_told_on_its_own() {
+        let mut a = asm(10);
+        a.begin(2000, 8, 0);
+        a.change(&insert(1, &[Some(Some("1")), None, None]));
+        // The stream went quiet mid-transaction: the batch is handed over open.
+        let open = a.take().unwrap();
+        assert_eq!(open.committed_through, None);
+        assert_eq!(a.commit(2100), Committed::Empty(2100));
+        let end = a.tx_end().expect("an end-only batch");
+        assert!(end.events.is_empty() && end.commit_end.is_none());
+        assert_eq!(end.committed_through, Some(2000));
+        assert!(a.tx_end().is_none(), "told once");
+        // A transaction with no watched rows needs no such batch.
+        a.begin(2200, 9, 0);
+        assert_eq!(a.commit(2300), Committed::Empty(2300));
+        assert!(a.tx_end().is_none());
     }
 
     #[test]

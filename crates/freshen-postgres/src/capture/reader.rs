@@ -586,6 +586,11 @@ impl Reader {
                 if let Committed::Empty(end) = self.asm.commit(end_lsn.0) {
                     self.feedback.idle_at(end);
                     self.advance(client);
+                    if let Some(out) = self.asm.tx_end()
+                        && let Some(end) = self.send(out, client).await?
+                    {
+                        return Ok(Some(end));
+                    }
                 }
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
@@ -643,7 +648,8 @@ impl Reader {
         };
         let mut batch = Batch::new(out.events, ack)
             .with_marks(out.marks)
-            .with_schema_changes(out.schema_changes);
+            .with_schema_changes(out.schema_changes)
+            .with_committed_through(out.committed_through);
         for e in out.skipped {
             batch = batch.with_skipped(e);
         }

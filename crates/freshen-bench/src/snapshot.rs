@@ -18,8 +18,8 @@ use freshen_changefeed::{
     Changefeed, ChangefeedConfig, SnapshotProgress, SnapshotSource, SnapshotState,
 };
 use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotConfig,
-    SinkSnapshots, SlotMode, TableName,
+    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotConfig, SinkSnapshots,
+    SlotMode, TableName,
 };
 use futures_util::StreamExt;
 use tokio_postgres::Client;

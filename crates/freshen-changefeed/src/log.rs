@@ -338,7 +338,7 @@ impl Changefeed {
             closed: Mutex::new(None),
             metrics: Metrics::default(),
         });
-        let settings = writer::Settings {
+        let settings = writer::WriterConfig {
             durability: config.durability,
             commit_delay: Duration::from_millis(config.commit_delay_ms),
             max_commit_events: config.max_commit_events,

@@ -142,7 +142,8 @@ pub(crate) const TRUNCATE_CHUNK: u64 = 50_000;
 /// only at durable commits, so a file written without them only grows.
 const NONE_SYNC_EVERY: Duration = Duration::from_secs(1);
 
-pub(crate) struct Settings {
+/// What the writer thread is built with.
+pub(crate) struct WriterConfig {
     pub(crate) durability: Durability,
     pub(crate) commit_delay: Duration,
     pub(crate) max_commit_events: usize,
@@ -171,7 +172,7 @@ pub(crate) trait Publish: Send + 'static {
 pub(crate) fn spawn(
     db: Arc<Database>,
     state: LogState,
-    settings: Settings,
+    settings: WriterConfig,
     publish: impl Publish,
 ) -> std::io::Result<(mpsc::UnboundedSender<Request>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -193,7 +194,7 @@ enum Reply {
 
 /// The writer's working state for one commit.
 struct Work<'s> {
-    settings: &'s Settings,
+    settings: &'s WriterConfig,
     encoder: Encoder,
     tally: Tally,
 }
@@ -225,7 +226,7 @@ impl Reply {
 fn run(
     db: &Database,
     mut state: LogState,
-    settings: &Settings,
+    settings: &WriterConfig,
     mut rx: mpsc::UnboundedReceiver<Request>,
     publish: &impl Publish,
 ) {

@@ -51,7 +51,8 @@ pub(crate) struct StreamParams {
     filter: FilterParams,
 }
 
-struct Settings {
+/// One stream's parameters, resolved from its query, headers and the listener's config.
+struct StreamConfig {
     from: u64,
     heartbeat: Duration,
     retry_ms: u64,
@@ -63,7 +64,7 @@ struct Settings {
     filter: Filter,
 }
 
-fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<Settings, ApiError> {
+fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<StreamConfig, ApiError> {
     let config = s.config();
     // A reconnecting EventSource repeats its URL and adds Last-Event-ID: that wins.
     let last_id = match headers.get("last-event-id") {
@@ -113,7 +114,7 @@ fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<Setti
             )));
         }
     };
-    Ok(Settings {
+    Ok(StreamConfig {
         from,
         heartbeat: Duration::from_millis(heartbeat_ms),
         retry_ms,
@@ -190,7 +191,7 @@ impl Drop for Open {
 
 struct Sse {
     core: std::sync::Arc<Core>,
-    settings: Settings,
+    settings: StreamConfig,
     latest: watch::Receiver<u64>,
     /// The source's "complete through" position, for transaction markers.
     complete: watch::Receiver<u64>,

@@ -240,6 +240,13 @@ pub(super) const HTTP: Table = Table {
             "The longest long-poll wait honoured, in ms.",
         ),
         key(
+            "transaction_markers",
+            "boolean",
+            Is("false"),
+            Any,
+            "A `TRANSACTION_COMMIT` marker after the last event of each source transaction (long poll and Server-Sent Events) for every reader unless it asks `tx=0`; off: only readers asking `tx=1` get them.",
+        ),
+        key(
             "heartbeat_ms",
             "integer",
             Is("15000"),

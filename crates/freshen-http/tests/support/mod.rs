@@ -26,7 +26,11 @@ impl Server {
         Server::start_on("127.0.0.1:0", router, settings).await
     }
 
-    pub async fn start_on(bind: &str, router: Router, settings: freshen_http::ListenerConfig) -> Server {
+    pub async fn start_on(
+        bind: &str,
+        router: Router,
+        settings: freshen_http::ListenerConfig,
+    ) -> Server {
         let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use freshen_kafka::{KafkaSink, KafkaSinkConfig, TopicMode};
 use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotConfig,
-    SinkSnapshots, SnapshotProgress, SnapshotState, TableName,
+    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SinkSnapshotConfig, SinkSnapshots,
+    SnapshotProgress, SnapshotState, TableName,
 };
 use freshen_testenv::refresher::{eventually, within};
 use freshen_testenv::{KafkaFlavor, PgServer};

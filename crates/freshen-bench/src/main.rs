@@ -126,7 +126,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "scale-out",
-        about: "rebuilds/s of one view with 1, 2 and 4 key stream workers on a rebuild-heavy workload; PostgreSQL's and freshen's CPU (where the database becomes the limit)",
+        about: "rebuilds/s of one view over key stream workers: 1, 2 and 4 on a CPU-bound rebuild (where the database becomes the limit), 1 to 8 on a latency-bound one (a remote round trip per rebuild); PostgreSQL's and freshen's CPU",
         run: scale_out_run,
     },
     Scenario {

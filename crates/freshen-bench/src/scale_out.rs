@@ -1,5 +1,11 @@
-//! Scaling out: rebuilds/s of one view spread over 1, 2 and 4 key stream workers, on a
-//! rebuild-heavy workload (every key's rebuild aggregates hundreds of rows).
+//! Scaling out: rebuilds/s of one view spread over key stream workers, twice:
+//!
+//! - *CPU-bound*: 1, 2 and 4 workers on a rebuild-heavy workload (every key's rebuild
+//!   aggregates hundreds of rows). On a 2-core machine the database saturates first.
+//! - *Latency-bound*: 1, 2, 4 and 8 workers whose rebuilds mostly wait (a server-side
+//!   `pg_sleep` stands for a remote target's round trip, e.g. a database in another
+//!   region): what workers on machines of their own buy, since a waiting rebuild costs
+//!   neither side's CPU.
 //!
 //! The key stream is filled once (one record per key, published by the capture end's
 //! `KeyPublisher`); each run is a fresh consumer group that reads it from the start with
@@ -29,7 +35,19 @@ use crate::workload::{connect, process_cpu, runtime, server, server_cpu};
 const PARTITIONS: i32 = 8;
 const TOPIC: &str = "bench-keys";
 
-fn config(url: &str, bootstrap: &str, group: &str) -> String {
+/// The latency-bound runs' wait per rebuild (a remote target's round trip).
+const ROUND_TRIP_MS: u64 = 50;
+
+fn config(url: &str, bootstrap: &str, group: &str, wait_ms: u64) -> String {
+    // The wait is a statement of the rebuild's own transaction, like a round trip.
+    let wait = if wait_ms == 0 {
+        String::new()
+    } else {
+        format!(
+            "\"SELECT pg_sleep({}) WHERE $1::text IS NOT NULL\",\n  ",
+            wait_ms as f64 / 1000.0
+        )
+    };
     format!(
         r#"
 [source]
@@ -47,7 +65,7 @@ name = "device_totals"
 watch = [{{ table = "readings", key = ["device"] }}]
 coalesce = "0s"
 rebuild = [
-  "DELETE FROM device_totals WHERE device = $1",
+  {wait}"DELETE FROM device_totals WHERE device = $1",
   "INSERT INTO device_totals (device, total, n) SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
 ]
 "#
@@ -130,18 +148,31 @@ fn rebuilt(workers: &[Worker]) -> u64 {
         .sum()
 }
 
-/// One run: `n` workers drain the whole stream. Returns (rebuild span, database CPU
-/// over it, freshen's CPU over it).
+/// What one run measured.
+struct Run {
+    /// From the first rebuild to the last key's row.
+    span: Duration,
+    /// The database's CPU over the span.
+    db: Duration,
+    /// This process's (the workers') CPU over the span.
+    own: Duration,
+    /// Each worker's rebuilds at the end, fewest first.
+    each: Vec<u64>,
+}
+
+/// One run: `n` workers read the stream from its start until `keys` keys are rebuilt,
+/// each rebuild waiting `wait_ms` first.
 async fn drain(
     url: &str,
     bootstrap: &str,
     data_dir: &std::path::Path,
     n: usize,
     keys: usize,
-) -> anyhow::Result<(Duration, Duration, Duration)> {
+    wait_ms: u64,
+) -> anyhow::Result<Run> {
     let c = connect(url).await?;
     c.batch_execute("TRUNCATE device_totals").await?;
-    let toml = config(url, bootstrap, &format!("bench-{n}"));
+    let toml = config(url, bootstrap, &format!("bench-{wait_ms}-{n}"), wait_ms);
     let mut workers = Vec::new();
     for _ in 0..n {
         workers.push(start_worker(&toml).await?);
@@ -173,11 +204,22 @@ async fn drain(
     let span = t0.elapsed();
     let db = server_cpu(data_dir).saturating_sub(db0);
     let own = process_cpu(std::process::id()).saturating_sub(own0);
+    // How evenly the group spread the work: each worker's rebuilds so far.
+    let mut each: Vec<u64> = workers
+        .iter()
+        .map(|w| rebuilt(std::slice::from_ref(w)))
+        .collect();
+    each.sort_unstable();
     for w in workers {
         let _ = w.stop.send(());
         w.task.await.context("a worker panicked")??;
     }
-    Ok((span, db, own))
+    Ok(Run {
+        span,
+        db,
+        own,
+        each,
+    })
 }
 
 pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
@@ -206,34 +248,75 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         c.batch_execute("VACUUM ANALYZE readings").await?;
         create_topic(&bootstrap).await?;
         publish(&bootstrap, keys).await?;
-        let mut t = Table::new(&[
-            "workers",
-            "rebuilds",
-            "time",
-            "rebuilds/s",
-            "vs 1 worker",
-            "PostgreSQL CPU (cores)",
-            "freshen CPU (cores)",
-        ]);
-        let mut base = None;
-        for n in [1usize, 2, 4] {
-            let (span, db, own) = drain(&url, &bootstrap, &pg.data_dir(), n, keys).await?;
-            let per_s = keys as f64 / span.as_secs_f64();
-            let b = *base.get_or_insert(per_s);
-            t.row(vec![
-                n.to_string(),
-                keys.to_string(),
-                dur(span),
-                rate(keys as f64, span),
-                format!("{:.2}×", per_s / b),
-                format!("{:.2}", db.as_secs_f64() / span.as_secs_f64()),
-                format!("{:.2}", own.as_secs_f64() / span.as_secs_f64()),
-            ]);
-        }
+        let cpu = table(&url, &bootstrap, &pg.data_dir(), &[1, 2, 4], keys, 0).await?;
         println!(
-            "{keys} keys, {rows_per_key} rows aggregated per rebuild, {PARTITIONS} partitions; each worker rebuilds 4 keys at once (the default):\n"
+            "CPU-bound: {keys} keys, {rows_per_key} rows aggregated per rebuild, {PARTITIONS} partitions; each worker rebuilds 4 keys at once (the default):\n"
         );
-        t.print();
+        cpu.print();
+        // Timed over fewer rebuilds: one worker takes rebuilds × round trip / 4.
+        let waiting = keys / if opts.quick { 5 } else { 4 };
+        let lat = table(
+            &url,
+            &bootstrap,
+            &pg.data_dir(),
+            &[1, 2, 4, 8],
+            waiting,
+            ROUND_TRIP_MS,
+        )
+        .await?;
+        println!(
+            "\nLatency-bound: the time to {waiting} rebuilds (from the same {keys}-key stream), each the same rebuild after a {ROUND_TRIP_MS} ms server-side wait (a remote target's round trip); \"of linear\" = rate ÷ (n × the 1-worker rate):\n"
+        );
+        lat.print();
         anyhow::Ok(())
     })
+}
+
+/// Times `keys` rebuilds from the stream with each of `workers` worker counts, rebuilds waiting
+/// `wait_ms` each, and tabulates the rates.
+async fn table(
+    url: &str,
+    bootstrap: &str,
+    data_dir: &std::path::Path,
+    workers: &[usize],
+    keys: usize,
+    wait_ms: u64,
+) -> anyhow::Result<Table> {
+    let mut t = Table::new(&[
+        "workers",
+        "rebuilds",
+        "time",
+        "rebuilds/s",
+        "vs 1 worker",
+        "of linear",
+        "PostgreSQL CPU (cores)",
+        "freshen CPU (cores)",
+        "rebuilds per worker",
+    ]);
+    let mut base = None;
+    for &n in workers {
+        let Run {
+            span,
+            db,
+            own,
+            each,
+        } = drain(url, bootstrap, data_dir, n, keys, wait_ms).await?;
+        let per_s = keys as f64 / span.as_secs_f64();
+        let b = *base.get_or_insert(per_s);
+        t.row(vec![
+            n.to_string(),
+            keys.to_string(),
+            dur(span),
+            rate(keys as f64, span),
+            format!("{:.2}×", per_s / b),
+            format!("{:.2}", per_s / b / n as f64),
+            format!("{:.2}", db.as_secs_f64() / span.as_secs_f64()),
+            format!("{:.2}", own.as_secs_f64() / span.as_secs_f64()),
+            each.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(" "),
+        ]);
+    }
+    Ok(t)
 }

@@ -28,26 +28,28 @@
 //!
 //! At most one chunk is in flight, so memory is bounded by `snapshot_chunk_rows`, and
 //! `snapshot_pause_ms` spaces chunks out to bound the load on the source.
+//!
+//! The chunk loop (watermarks, SELECT, waiting for the high watermark) is
+//! [`freshen_postgres::snapshot_table`], shared with the sinks' snapshots; this module
+//! holds the chunk for the capture loop and puts it into the log.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use freshen::{Backoff, Jitter, Op, RowEvent, StreamMark};
 pub(crate) use freshen_postgres::ChunkCheck;
-use freshen_postgres::{PgAdmin, Pool, TableName, TablePattern, TableReader, WATERMARK_PREFIX};
+use freshen_postgres::{
+    ChunkConsumer, ChunkIds, DriverError, HeldChunk, PgAdmin, PgError, Pool, TableEvent, TableName,
+    TablePattern, TableReader, WATERMARK_PREFIX, WATERMARK_WAIT, high_mark,
+};
 pub use freshen_postgres::{SnapshotProgress, SnapshotState};
 use tokio::sync::{Notify, oneshot};
 
 use crate::record::unix_ms;
 use crate::writer::{Request, WriteOp};
 use crate::{Changefeed, Error, SnapshotMode};
-
-/// How long a chunk waits for its high watermark to come back through the stream
-/// before it is read again (the capture loop may be reconnecting meanwhile).
-const WATERMARK_WAIT: Duration = Duration::from_secs(300);
 
 impl SnapshotRecord for SnapshotProgress {
     fn store_key(&self) -> String {
@@ -68,12 +70,6 @@ pub(crate) trait SnapshotRecord {
     fn store_key(&self) -> String;
     /// The stored value.
     fn to_json(&self) -> Vec<u8>;
-}
-
-/// The high watermark's content for chunk `id` (the low one says `low`: the writer
-/// needs only its position, and it must not end the chunk).
-fn high_mark(id: &str) -> String {
-    format!("{id} high")
 }
 
 fn store_key(schema: &str, table: &str) -> String {
@@ -103,9 +99,9 @@ pub(crate) struct Snapshots {
     /// The tables the driver may read (the source's), once it runs.
     tables: Mutex<Option<Vec<TableName>>>,
     wake: Notify,
-    /// Distinguishes this process's watermarks from older runs' and other feeds'.
-    nonce: u64,
-    counter: AtomicU64,
+    /// Ids of this process's chunks (which tell its watermarks from older runs' and
+    /// other feeds').
+    ids: ChunkIds,
 }
 
 impl Snapshots {
@@ -133,8 +129,7 @@ impl Snapshots {
             progress: Mutex::new(progress),
             tables: Mutex::new(None),
             wake: Notify::new(),
-            nonce: Jitter::from_clock().next_u64(),
-            counter: AtomicU64::new(0),
+            ids: ChunkIds::new(""),
         }
     }
 
@@ -511,111 +506,24 @@ impl Changefeed {
         Ok(())
     }
 
-    /// Reads one table to its end, chunk by chunk.
+    /// Reads one table to its end, chunk by chunk ([`freshen_postgres::snapshot_table`]).
     async fn snapshot_table(
         &self,
         source: &SnapshotSource,
-        mut progress: SnapshotProgress,
-    ) -> Result<(), ChunkError> {
-        let table = progress.table_name();
-        let reader = TableReader::new(source.pool.clone(), table.clone())
-            .await
-            .map_err(|e| ChunkError::Source(e.to_string()))?;
-        match &progress.after {
-            None => tracing::info!(table = %table, "changefeed snapshot starting"),
-            Some(after) => tracing::info!(
-                table = %table, after = ?after, rows = progress.rows,
-                "changefeed snapshot resuming after its last committed chunk"
-            ),
-        }
-        loop {
-            progress = self.chunk(source, &reader, progress).await?;
-            tracing::debug!(
-                table = %table, rows = progress.rows, dropped = progress.dropped,
-                chunks = progress.chunks, "changefeed snapshot chunk committed"
-            );
-            if progress.state == SnapshotState::Done {
-                tracing::info!(
-                    table = %table, rows = progress.rows, dropped = progress.dropped,
-                    chunks = progress.chunks, "changefeed snapshot done"
-                );
-                return Ok(());
-            }
-            if !self.snapshots.pause.is_zero() {
-                tokio::time::sleep(self.snapshots.pause).await;
-            }
-        }
-    }
-
-    /// One chunk: low watermark, SELECT, high watermark, and its commit by the capture
-    /// loop. Returns the table's progress after it.
-    async fn chunk(
-        &self,
-        source: &SnapshotSource,
-        reader: &TableReader,
         progress: SnapshotProgress,
-    ) -> Result<SnapshotProgress, ChunkError> {
+    ) -> Result<(), ChunkError> {
         let s = &self.snapshots;
-        let id = format!(
-            "{:016x}:{}",
-            s.nonce,
-            s.counter.fetch_add(1, Ordering::Relaxed)
-        );
-        let src = |e: freshen_postgres::PgError| ChunkError::Source(e.to_string());
-        let low = freshen_postgres::write_watermark(&source.pool, &format!("{id} low"), false)
+        freshen_postgres::snapshot_table(&Feed(self), &source.pool, progress, s.chunk_rows, s.pause)
             .await
-            .map_err(src)?;
-        let chunk = reader
-            .read_chunk(progress.after.as_deref(), s.chunk_rows)
-            .await
-            .map_err(src)?;
-        let complete = chunk.rows.len() < s.chunk_rows;
-        let mut next = progress.clone();
-        next.last_error = None;
-        if chunk.last_key.is_some() {
-            next.after = chunk.last_key;
-        }
-        if complete {
-            next.state = SnapshotState::Done;
-            next.finished_ms = Some(unix_ms(SystemTime::now()));
-        } else {
-            next.state = SnapshotState::Running;
-        }
-        let (reply, rx) = oneshot::channel();
-        *s.lock_in_flight() = Some(InFlight {
-            id: id.clone(),
-            rows: chunk.rows,
-            check: ChunkCheck {
-                snapshot: chunk.snapshot,
-                low: low.0,
-            },
-            next,
-            truncated: false,
-            reply,
-        });
-        if let Err(e) = freshen_postgres::write_watermark(&source.pool, &high_mark(&id), true).await
-        {
-            s.unregister(&id);
-            return Err(src(e));
-        }
-        let stop = self.core.stopping();
-        let outcome = tokio::select! {
-            r = rx => r.map_err(|_| ChunkError::Stopped)?,
-            () = tokio::time::sleep(WATERMARK_WAIT) => {
-                s.unregister(&id);
-                return Err(ChunkError::Source(format!(
+            .map_err(|e| match e {
+                DriverError::Stopped => ChunkError::Stopped,
+                DriverError::Source(e) => ChunkError::Source(e.to_string()),
+                DriverError::Unseen => ChunkError::Source(format!(
                     "the high watermark did not come through the stream within {}s; is the capture running?",
                     WATERMARK_WAIT.as_secs()
-                )));
-            }
-            () = stopped(stop) => {
-                s.unregister(&id);
-                return Err(ChunkError::Stopped);
-            }
-        };
-        let p = outcome.map_err(ChunkError::Log)?;
-        s.set(p.clone());
-        Ok(p)
+                )),
+                DriverError::Consumer(e) => ChunkError::Log(e),
+            })
     }
 
     /// Queues the chunk whose high watermark `mark` is (if it is one of this process's
@@ -644,6 +552,64 @@ impl Changefeed {
 
 async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
+}
+
+/// A changefeed's snapshots: the consumer of the driver's chunks, which go into the log
+/// when their high watermark comes through the capture loop ([`Changefeed::submit_chunk_at`]).
+struct Feed<'a>(&'a Changefeed);
+
+impl ChunkConsumer for Feed<'_> {
+    type Error = Error;
+
+    fn chunk_ids(&self) -> &ChunkIds {
+        &self.0.snapshots.ids
+    }
+
+    fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Error>> {
+        let (reply, rx) = oneshot::channel();
+        *self.0.snapshots.lock_in_flight() = Some(InFlight {
+            id: chunk.id,
+            rows: chunk.rows,
+            check: chunk.check,
+            next: chunk.next,
+            truncated: false,
+            reply,
+        });
+        rx
+    }
+
+    fn release(&self, id: &str) {
+        self.0.snapshots.unregister(id);
+    }
+
+    fn stopping(&self) -> impl Future<Output = ()> + Send {
+        stopped(self.0.core.stopping())
+    }
+
+    async fn committed(&self, p: &SnapshotProgress) -> Result<(), PgError> {
+        self.0.snapshots.set(p.clone());
+        Ok(())
+    }
+
+    fn on(&self, event: TableEvent<'_>) {
+        match event {
+            TableEvent::Started(p) => match &p.after {
+                None => tracing::info!(table = %p.table_name(), "changefeed snapshot starting"),
+                Some(after) => tracing::info!(
+                    table = %p.table_name(), after = ?after, rows = p.rows,
+                    "changefeed snapshot resuming after its last committed chunk"
+                ),
+            },
+            TableEvent::Chunk(p) => tracing::debug!(
+                table = %p.table_name(), rows = p.rows, dropped = p.dropped,
+                chunks = p.chunks, "changefeed snapshot chunk committed"
+            ),
+            TableEvent::Done(p) => tracing::info!(
+                table = %p.table_name(), rows = p.rows, dropped = p.dropped,
+                chunks = p.chunks, "changefeed snapshot done"
+            ),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! the text pgoutput sends, and are mapped to [`freshen::Value`] exactly as streamed
 //! rows are, so a row read here and the same row streamed encode alike.
 
+pub(crate) mod driver;
 pub(crate) mod sink;
 pub(crate) mod window;
 

@@ -2,11 +2,11 @@
 //! among the live changes, with DBLog's watermarks, resumable from the last chunk the
 //! sink delivered.
 //!
-//! The algorithm is the changefeed's (`freshen-changefeed`'s `snapshot` module): per
-//! chunk, a low watermark (non-transactional logical message), a primary-key-ordered
-//! SELECT in a REPEATABLE READ transaction whose snapshot is kept, a high watermark
-//! (transactional). What differs is where a chunk's rows are checked and where progress
-//! lives:
+//! The chunk loop is the changefeed's, one driver for both
+//! ([`snapshot_table`](crate::snapshot_table)): per chunk, a low watermark
+//! (non-transactional logical message), a primary-key-ordered SELECT in a REPEATABLE
+//! READ transaction whose snapshot is kept, a high watermark (transactional). What
+//! differs is where a chunk's rows are checked and where progress lives:
 //!
 //! - The sink calls [`SinkSnapshots::splice`] on every batch, in stream order, before
 //!   publishing it. While a table is being read, the keys the stream carries for it are
@@ -31,8 +31,8 @@
 //! streamed while it is in flight), and `pause` spaces chunks out.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -42,15 +42,13 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::error::ErrorKind;
 use crate::pool::client;
+use crate::snapshot::driver::{
+    ChunkConsumer, ChunkIds, DriverError, HeldChunk, TableEvent, WATERMARK_WAIT, high_mark,
+};
 use crate::snapshot::window::row_key;
 use crate::{
-    ChunkCheck, PgError, SnapshotProgress, SnapshotState, StreamedKeys, TableName, TableReader,
-    WATERMARK_PREFIX, write_watermark,
+    ChunkCheck, PgError, SnapshotProgress, SnapshotState, StreamedKeys, TableName, WATERMARK_PREFIX,
 };
-
-/// How long a chunk waits for its high watermark to come through the sink (and be
-/// delivered) before it is read again.
-const WATERMARK_WAIT: Duration = Duration::from_secs(300);
 
 /// The default table of sink snapshot progress.
 pub const SINK_SNAPSHOT_TABLE: &str = "freshen_sink_snapshots";
@@ -122,7 +120,7 @@ struct InFlight {
     /// The table's progress before this chunk (what a re-read starts from).
     prev: SnapshotProgress,
     next: SnapshotProgress,
-    reply: oneshot::Sender<SnapshotProgress>,
+    reply: oneshot::Sender<Result<SnapshotProgress, Infallible>>,
 }
 
 #[derive(Default)]
@@ -140,8 +138,7 @@ struct Inner {
     settings: SinkSnapshotConfig,
     state: Mutex<State>,
     wake: Notify,
-    nonce: u64,
-    counter: AtomicU64,
+    ids: ChunkIds,
 }
 
 /// One sink's snapshots: the driver ([`run`](Self::run)), the splice the sink calls on
@@ -185,8 +182,7 @@ impl SinkSnapshots {
                 settings,
                 state: Mutex::new(State::default()),
                 wake: Notify::new(),
-                nonce: Jitter::from_clock().next_u64(),
-                counter: AtomicU64::new(0),
+                ids: ChunkIds::new("sink:"),
             }),
         }
     }
@@ -257,7 +253,7 @@ impl SinkSnapshots {
                 at: mark.at,
                 rows: Vec::new(),
                 delivered: Ack::new(move || {
-                    let _ = reply.send(prev);
+                    let _ = reply.send(Ok(prev));
                 }),
             });
             return;
@@ -280,7 +276,7 @@ impl SinkSnapshots {
             at: mark.at,
             rows,
             delivered: Ack::new(move || {
-                let _ = reply.send(next);
+                let _ = reply.send(Ok(next));
             }),
         });
     }
@@ -446,117 +442,34 @@ impl SinkSnapshots {
         st.keys.clear();
     }
 
-    /// Reads one table to its end, chunk by chunk.
+    /// Reads one table to its end, chunk by chunk ([`snapshot_table`](crate::snapshot_table)).
     async fn snapshot_table(
         &self,
         pool: &Pool,
-        mut progress: SnapshotProgress,
+        progress: SnapshotProgress,
     ) -> Result<(), ChunkError> {
-        let table = progress.table_name();
         {
             // Remember the table's streamed keys from before its first low watermark.
             let mut st = self.lock();
-            st.recording = Some(table.clone());
+            st.recording = Some(progress.table_name());
             st.keys.begin();
         }
-        let reader = TableReader::new(pool.clone(), table.clone()).await?;
-        match &progress.after {
-            None => tracing::info!(sink = %self.sink(), table = %table, "sink snapshot starting"),
-            Some(after) => tracing::info!(
-                sink = %self.sink(), table = %table, after = ?after, rows = progress.rows,
-                "sink snapshot resuming after its last delivered chunk"
-            ),
-        }
-        loop {
-            progress = self.chunk(pool, &reader, progress).await?;
-            tracing::debug!(
-                sink = %self.sink(), table = %table, rows = progress.rows,
-                dropped = progress.dropped, chunks = progress.chunks,
-                "sink snapshot chunk delivered"
-            );
-            if progress.state == SnapshotState::Done {
-                self.stop_recording();
-                tracing::info!(
-                    sink = %self.sink(), table = %table, rows = progress.rows,
-                    dropped = progress.dropped, chunks = progress.chunks, "sink snapshot done"
-                );
-                return Ok(());
-            }
-            if !self.inner.settings.pause.is_zero() {
-                tokio::time::sleep(self.inner.settings.pause).await;
-            }
-        }
-    }
-
-    /// One chunk: low watermark, SELECT, high watermark, its delivery by the sink, and
-    /// the stored progress. Returns the table's progress after it.
-    async fn chunk(
-        &self,
-        pool: &Pool,
-        reader: &TableReader,
-        progress: SnapshotProgress,
-    ) -> Result<SnapshotProgress, ChunkError> {
-        let s = &self.inner;
-        let id = format!(
-            "sink:{:016x}:{}",
-            s.nonce,
-            s.counter.fetch_add(1, Ordering::Relaxed)
-        );
-        let low = write_watermark(pool, &format!("{id} low"), false).await?;
-        let chunk = reader
-            .read_chunk(progress.after.as_deref(), s.settings.chunk_rows)
-            .await?;
-        let prev = progress.clone();
-        let mut next = progress.clone();
-        next.last_error = None;
-        if chunk.last_key.is_some() {
-            next.after = chunk.last_key;
-        }
-        if chunk.rows.len() < s.settings.chunk_rows {
-            next.state = SnapshotState::Done;
-            next.finished_ms = Some(now_ms());
-        } else {
-            next.state = SnapshotState::Running;
-        }
-        let (reply, rx) = oneshot::channel();
-        self.lock().in_flight = Some(InFlight {
-            id: id.clone(),
-            rows: chunk.rows,
-            check: ChunkCheck {
-                snapshot: chunk.snapshot,
-                low: low.0,
-            },
-            prev,
-            next,
-            reply,
-        });
-        let unregister = || {
-            let mut st = self.lock();
-            if st.in_flight.as_ref().is_some_and(|f| f.id == id) {
-                st.in_flight = None;
-            }
+        let settings = &self.inner.settings;
+        let run = Run {
+            snapshots: self,
+            pool,
         };
-        if let Err(e) = write_watermark(pool, &high_mark(&id), true).await {
-            unregister();
-            return Err(e.into());
-        }
-        let p = tokio::select! {
-            r = rx => match r {
-                Ok(p) => p,
-                // The sink dropped the chunk undelivered (it failed or stopped).
-                Err(_) => return Err(ChunkError::Stopped),
-            },
-            () = tokio::time::sleep(WATERMARK_WAIT) => {
-                unregister();
-                return Err(ChunkError::Source(PgError::new(ErrorKind::Server, format!(
+        crate::snapshot_table(&run, pool, progress, settings.chunk_rows, settings.pause)
+            .await
+            .map_err(|e| match e {
+                DriverError::Stopped => ChunkError::Stopped,
+                DriverError::Source(e) => ChunkError::Source(e),
+                DriverError::Unseen => ChunkError::Source(PgError::new(ErrorKind::Server, format!(
                     "the high watermark did not come through the sink within {}s; is the sink running?",
                     WATERMARK_WAIT.as_secs()
-                ))));
-            }
-        };
-        self.save(pool, &p).await?;
-        self.lock().progress.insert(p.table_name(), p.clone());
-        Ok(p)
+                ))),
+                DriverError::Consumer(never) => match never {},
+            })
     }
 
     /// Creates the progress table when missing.
@@ -662,7 +575,77 @@ impl State {
     }
 }
 
-/// The high watermark's content for chunk `id`.
-fn high_mark(id: &str) -> String {
-    format!("{id} high")
+/// A sink's snapshots running from `pool`: the consumer of the driver's chunks.
+struct Run<'a> {
+    snapshots: &'a SinkSnapshots,
+    pool: &'a Pool,
+}
+
+impl ChunkConsumer for Run<'_> {
+    type Error = Infallible;
+
+    fn chunk_ids(&self) -> &ChunkIds {
+        &self.snapshots.inner.ids
+    }
+
+    fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Infallible>> {
+        let (reply, rx) = oneshot::channel();
+        self.snapshots.lock().in_flight = Some(InFlight {
+            id: chunk.id,
+            rows: chunk.rows,
+            check: chunk.check,
+            prev: chunk.prev,
+            next: chunk.next,
+            reply,
+        });
+        rx
+    }
+
+    fn release(&self, id: &str) {
+        let mut st = self.snapshots.lock();
+        if st.in_flight.as_ref().is_some_and(|f| f.id == id) {
+            st.in_flight = None;
+        }
+    }
+
+    /// The sink stops by dropping the chunk undelivered (it failed or stopped).
+    fn stopping(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+
+    async fn committed(&self, p: &SnapshotProgress) -> Result<(), PgError> {
+        self.snapshots.save(self.pool, p).await?;
+        self.snapshots
+            .lock()
+            .progress
+            .insert(p.table_name(), p.clone());
+        Ok(())
+    }
+
+    fn on(&self, event: TableEvent<'_>) {
+        let sink = self.snapshots.sink();
+        match event {
+            TableEvent::Started(p) => match &p.after {
+                None => {
+                    tracing::info!(sink = %sink, table = %p.table_name(), "sink snapshot starting")
+                }
+                Some(after) => tracing::info!(
+                    sink = %sink, table = %p.table_name(), after = ?after, rows = p.rows,
+                    "sink snapshot resuming after its last delivered chunk"
+                ),
+            },
+            TableEvent::Chunk(p) => tracing::debug!(
+                sink = %sink, table = %p.table_name(), rows = p.rows,
+                dropped = p.dropped, chunks = p.chunks,
+                "sink snapshot chunk delivered"
+            ),
+            TableEvent::Done(p) => {
+                self.snapshots.stop_recording();
+                tracing::info!(
+                    sink = %sink, table = %p.table_name(), rows = p.rows,
+                    dropped = p.dropped, chunks = p.chunks, "sink snapshot done"
+                );
+            }
+        }
+    }
 }

@@ -172,6 +172,7 @@
 
 mod capture;
 mod config;
+mod cursors;
 mod error;
 mod filter;
 mod groups;

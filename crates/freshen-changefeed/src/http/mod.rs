@@ -148,6 +148,11 @@ pub(crate) struct FilterParams {
 }
 
 impl FilterParams {
+    /// A `table` filter was given (non-empty).
+    pub(crate) fn has_tables(&self) -> bool {
+        self.table.as_deref().is_some_and(|t| !t.trim().is_empty())
+    }
+
     pub(crate) fn filter(&self) -> Result<Filter, ApiError> {
         let mut f = Filter::default();
         if let Some(p) = &self.key_prefix {

@@ -56,6 +56,11 @@ use self::error::ApiError;
 use self::txread::with_markers;
 use crate::{Changefeed, Error, Filter, HttpConfig, Scope};
 
+/// Per-table cursors name the tables and their positions: another position or table
+/// list beside them would be ambiguous.
+pub(crate) const CURSORS_ALONE: &str =
+    "cursors: the list names the tables and their positions; leave out from_seq and table";
+
 /// Events examined per read step: bounds the time a filtered read holds a thread.
 pub(crate) const MAX_SCAN: usize = 10_000;
 

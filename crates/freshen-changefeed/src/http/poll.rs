@@ -49,15 +49,8 @@ impl PollParams {
         };
         // Each table has its position in the list: a second one, or a table filter
         // beside the tables named, would be ambiguous.
-        if self.from_seq.is_some() {
-            return Err(ApiError::BadRequest(
-                "cursors: give either from_seq or cursors, not both".to_owned(),
-            ));
-        }
-        if self.filter.has_tables() {
-            return Err(ApiError::BadRequest(
-                "cursors: the list names the tables; leave out table".to_owned(),
-            ));
+        if self.from_seq.is_some() || self.filter.has_tables() {
+            return Err(ApiError::BadRequest(super::CURSORS_ALONE.to_owned()));
         }
         Ok(Reading::Cursors(
             Cursors::parse(list, filter).map_err(ApiError::BadRequest)?,

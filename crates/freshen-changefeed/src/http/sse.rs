@@ -127,10 +127,7 @@ fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<Strea
         }
         Some(list) => {
             if q.from_seq.is_some() || q.filter.has_tables() {
-                return Err(ApiError::BadRequest(
-                    "cursors: the list names the tables and their positions; leave out from_seq and table"
-                        .to_owned(),
-                ));
+                return Err(ApiError::BadRequest(super::CURSORS_ALONE.to_owned()));
             }
             let mut cursors = Cursors::parse(list, filter).map_err(ApiError::BadRequest)?;
             // The id of the last event this client got: a list like `cursors`, or a

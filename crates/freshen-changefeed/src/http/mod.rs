@@ -2,8 +2,8 @@
 //!
 //! | method, path | scope | what |
 //! |---|---|---|
-//! | `GET /changefeed` | read | long-poll: `from_seq` (exclusive), `limit`, `long_poll_ms`, filters |
-//! | `GET /changefeed/stream` | read | Server-Sent Events from `from_seq` or `Last-Event-ID` |
+//! | `GET /changefeed` | read | long-poll: `from_seq` (exclusive) or `cursors` (`table:seq,…`), `limit`, `long_poll_ms`, `tx`, filters |
+//! | `GET /changefeed/stream` | read | Server-Sent Events from `from_seq`, `cursors` or `Last-Event-ID` |
 //! | `GET /v2/cdc/stream` | read | WebSocket: subscribe, unsubscribe, ack |
 //! | `GET /changefeed/stats` | admin | `total_events`, `latest_sequence`, `oldest_sequence`, `total_size_bytes` |
 //! | `POST /changefeed/retention` | admin | `{"before_sequence": N}` deletes everything before N |

@@ -1,7 +1,7 @@
 //! Several tables in one stream, a cursor per table, against a real PostgreSQL through
 //! the real HTTP API: a reader that applies `orders` at once and `items` two events a
-//! page stops, the changefeed restarts, more rows come, and the reader resumes from its
-//! own per-table cursors: it has applied every event of both tables exactly once, in
+//! page stops, the changefeed restarts, and the reader resumes from its own per-table
+//! cursors while more rows come: it has applied every event of both tables exactly once, in
 //! order, none of a table it did not name, and its replay equals the tables. With
 //! `tx=1` the markers follow the delivered events only; Server-Sent Events resume from
 //! a composite `Last-Event-ID`; bad lists are 400s; a cursor older than retention gets
@@ -108,7 +108,7 @@ impl Reader {
     /// Reads one page; returns how many events it delivered.
     async fn step(&mut self, server: &Server) -> usize {
         let url = server.url(&format!(
-            "/changefeed?cursors=public.orders:{},items:{}&limit=8",
+            "/changefeed?cursors=public.orders:{},items:{}&limit=8&long_poll_ms=100",
             self.orders, self.items
         ));
         let page = get_json(&url).await;
@@ -222,10 +222,12 @@ async fn two_tables_at_two_paces_resume_exactly_from_their_cursors() {
     within(20, "capture stops", task).await.unwrap();
     let server = server.restart(&config).await;
     let (stop, task) = capture(&server.cf, pg_source(&pg).await);
-    write_orders(&c, 13..=20).await;
-    stored(&server.cf, 12 * 4 + 12 + 8 * 4).await;
 
-    // A new reader process, from the kept cursors only.
+    // A new reader process, from the kept cursors only, reading while the new rows come.
+    let writes = {
+        let c = sql(&pg).await;
+        tokio::spawn(async move { write_orders(&c, 13..=20).await })
+    };
     let mut reader = Reader {
         orders: kept.0,
         items: kept.1,
@@ -233,13 +235,20 @@ async fn two_tables_at_two_paces_resume_exactly_from_their_cursors() {
         applied,
         ..Reader::default()
     };
+    let total = 12 * 4 + 12 + 8 * 4;
     within(60, "the reader catches up", async {
-        let latest = server.cf.latest_sequence();
-        while reader.orders < latest || reader.items < latest {
+        loop {
             reader.step(&server).await;
+            // Everything stored first, then the latest sequence: it is then the last.
+            let all = writes.is_finished() && server.cf.stats().total_events >= total;
+            let latest = server.cf.latest_sequence();
+            if all && reader.orders >= latest && reader.items >= latest {
+                break;
+            }
         }
     })
     .await;
+    stored(&server.cf, total).await;
     // Every event of each named table, each once, in order; none of `users`.
     assert_eq!(reader.applied("orders"), truth(&server.cf, "orders"));
     assert_eq!(reader.applied("items"), truth(&server.cf, "items"));

@@ -2,7 +2,35 @@
 
 use freshen::Op;
 
-use crate::record::RecordRef;
+use crate::record::{self, RecordRef};
+
+/// What a reader reads: the events it follows, which of them it still wants at a
+/// position, and how a stream names its position after an event. A [`Filter`] wants every
+/// event it matches; per-table cursors ([`crate::cursors::Cursors`]) want a table's events
+/// only past that table's cursor.
+pub(crate) trait Selection {
+    /// The reader follows this event's table, key and operation (transaction markers
+    /// count these, wherever the reader's position is).
+    fn keeps(&self, r: &RecordRef<'_>) -> bool;
+
+    /// The event at `seq` is delivered to this reader.
+    fn delivers(&self, seq: u64, r: &RecordRef<'_>) -> bool {
+        let _ = seq;
+        self.keeps(r)
+    }
+
+    /// Writes a stream's event `id` after the event at `seq`: what `Last-Event-ID`
+    /// resumes from.
+    fn write_id(&self, seq: u64, out: &mut Vec<u8>) {
+        record::push_u64(out, seq);
+    }
+}
+
+impl Selection for Filter {
+    fn keeps(&self, r: &RecordRef<'_>) -> bool {
+        self.matches(r)
+    }
+}
 
 /// Which events a reader wants. The default matches every event.
 ///

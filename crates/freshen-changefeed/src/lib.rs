@@ -15,7 +15,10 @@
 //!   so a source replaying after a crash duplicates nothing.
 //! - Readers see only durable events, in sequence order, at their own pace: every reader
 //!   reads the log itself, so a slow reader never loses events and never makes the
-//!   server buffer for it.
+//!   server buffer for it. A reader may follow several tables in one stream, each from
+//!   its own cursor (`?cursors=orders:120,items:95` on the long poll and Server-Sent
+//!   Events; each page says every table's next cursor); a consumer group keeps one
+//!   committed sequence (one group per table for tables consumed at different paces).
 //! - [`app`] builds the HTTP API (an axum `Router`, testable in-process); [`serve`] runs
 //!   it on a bound listener until a shutdown future completes, through `freshen-http`
 //!   (the binary's metrics listener uses the same): on loopback only `localhost`, IP
@@ -172,6 +175,7 @@
 
 mod capture;
 mod config;
+mod cursors;
 mod error;
 mod filter;
 mod groups;

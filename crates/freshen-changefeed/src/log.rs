@@ -8,6 +8,7 @@ use freshen::RowEvent;
 use redb::Database;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::filter::Selection;
 use crate::groups::{GroupInfo, GroupSpec, Groups, Start};
 use crate::metrics::{self, GroupGauges, LogGauges, Metrics};
 use crate::record::{self, Encoder, Extra, RecordRef};
@@ -195,13 +196,13 @@ impl Core {
         after: u64,
         limit: usize,
         max_scan: usize,
-        filter: &Filter,
+        filter: &(impl Selection + ?Sized),
         mut each: impl FnMut(u64, &RecordRef<'_>),
     ) -> Result<u64, Error> {
         let mut n = 0;
         let mut last_match = after;
         let last = self.scan(after, max_scan, |seq, r| {
-            if filter.matches(r) {
+            if filter.delivers(seq, r) {
                 each(seq, r);
                 n += 1;
                 last_match = seq;
@@ -226,19 +227,19 @@ impl Core {
         &self,
         at: u64,
         max_scan: usize,
-        filter: &Filter,
+        filter: &(impl Selection + ?Sized),
     ) -> Result<Option<crate::txmark::Open>, Error> {
         let mut found: Option<((u64, u64), u64, u64)> = None;
         store::scan_back(&self.db, at, max_scan, |seq, r| {
             let position = record::position_of(r);
             match (&mut found, position) {
                 (None, Some(p)) => {
-                    found = Some((p, seq, u64::from(filter.matches(r))));
+                    found = Some((p, seq, u64::from(filter.keeps(r))));
                     true
                 }
                 (Some((p, first, count)), Some(q)) if *p == q => {
                     *first = seq;
-                    *count += u64::from(filter.matches(r));
+                    *count += u64::from(filter.keeps(r));
                     true
                 }
                 _ => false,

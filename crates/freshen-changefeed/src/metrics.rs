@@ -26,6 +26,8 @@ pub(crate) struct Metrics {
     pub(crate) poll_requests: AtomicU64,
     pub(crate) poll_events: AtomicU64,
     pub(crate) tx_markers: AtomicU64,
+    pub(crate) cursor_polls: AtomicU64,
+    pub(crate) cursor_gaps: AtomicU64,
     pub(crate) sse_connections: AtomicU64,
     pub(crate) sse_open: AtomicU64,
     pub(crate) sse_events: AtomicU64,
@@ -218,6 +220,16 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
         "transaction_markers_total",
         "TRANSACTION_COMMIT markers sent (long poll and Server-Sent Events, tx=1).",
         &m.tx_markers,
+    );
+    o.counter(
+        "cursor_reads_total",
+        "Long polls and Server-Sent Events streams reading with per-table cursors.",
+        &m.cursor_polls,
+    );
+    o.counter(
+        "cursor_gaps_total",
+        "Per-table cursors found older than retention (a gap reported for the table).",
+        &m.cursor_gaps,
     );
     o.counter(
         "sse_connections_total",

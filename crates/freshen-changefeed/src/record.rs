@@ -475,7 +475,7 @@ fn json_value(value: &Value, out: &mut Vec<u8>) {
 }
 
 /// Writes `s` as a JSON string literal.
-fn json_str(s: &str, out: &mut Vec<u8>) {
+pub(crate) fn json_str(s: &str, out: &mut Vec<u8>) {
     // serde_json's string escaping: fast and correct (control characters, quotes, \u2028
     // pass through as allowed by JSON).
     let _ = serde_json::to_writer(&mut *out, s);

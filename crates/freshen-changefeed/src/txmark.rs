@@ -31,6 +31,10 @@ pub(crate) struct Open {
     pub(crate) last: u64,
     /// Its events that match the reader's filter.
     pub(crate) count: u64,
+    /// The reader got some of its events: on this page, or before its position. A
+    /// transaction whose kept events all lay at or before their tables' cursors (per-table
+    /// cursors) gets no marker: the reader had them, and their marker, already.
+    delivered: bool,
     /// Where its events begin in the page being written (and how many entries the page
     /// held then), to hold them back if the page ends before it does.
     page_at: usize,
@@ -47,6 +51,7 @@ impl Open {
             first,
             last,
             count,
+            delivered: true,
             page_at: 0,
             page_entries: 0,
         }
@@ -141,6 +146,7 @@ impl Page {
                     first: seq,
                     last: seq,
                     count: u64::from(matches),
+                    delivered: false,
                     page_at: out.len(),
                     page_entries: self.entries,
                 });
@@ -154,6 +160,9 @@ impl Page {
     /// filter matched). The caller separates entries with commas: see
     /// [`Page::separator`].
     pub(crate) fn written(&mut self) {
+        if let Some(open) = &mut self.open {
+            open.delivered = true;
+        }
         self.events += 1;
         self.entries += 1;
     }
@@ -218,7 +227,7 @@ impl Page {
         let Some(open) = self.open.take() else {
             return;
         };
-        if open.count == 0 {
+        if open.count == 0 || !open.delivered {
             return;
         }
         match self.framing {
@@ -339,6 +348,28 @@ mod tests {
         assert_eq!(v[2]["lsn"], "0/100");
         assert_eq!(v[2]["xid"], 7);
         assert_eq!(next, 5);
+    }
+
+    #[test]
+    fn no_marker_for_a_transaction_the_reader_had_already() {
+        // Per-table cursors: A's events are kept but lie before their table's cursor
+        // (not written); B's second event is written, so B's marker counts both.
+        let mut p = Page::new(None, 100, Framing::Json);
+        let mut out = Vec::new();
+        for (seq, pos, write) in [(1, A, false), (2, B, false), (3, B, true)] {
+            assert_eq!(p.record(seq, pos, true, &mut out), Next::Write);
+            if write {
+                p.separator(&mut out);
+                write!(out, "\"e{seq}\"").unwrap();
+                p.written();
+            }
+        }
+        assert_eq!(p.finish(true, 0x200, 0, 3, &mut out), 3);
+        let v: serde_json::Value =
+            serde_json::from_slice(&[b"[", &out[..], b"]"].concat()).unwrap();
+        assert_eq!(v[0], "e3");
+        assert_eq!(markers(&v), [(3, 2, 2)]);
+        assert_eq!(p.markers, 1);
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! | method, path | scope | what |
 //! |---|---|---|
-//! | `GET /changefeed` | read | long-poll: `from_seq` (exclusive), `limit`, `long_poll_ms`, filters |
-//! | `GET /changefeed/stream` | read | Server-Sent Events from `from_seq` or `Last-Event-ID` |
+//! | `GET /changefeed` | read | long-poll: `from_seq` (exclusive) or `cursors` (`table:seq,…`), `limit`, `long_poll_ms`, `tx`, filters |
+//! | `GET /changefeed/stream` | read | Server-Sent Events from `from_seq`, `cursors` or `Last-Event-ID` |
 //! | `GET /v2/cdc/stream` | read | WebSocket: subscribe, unsubscribe, ack |
 //! | `GET /changefeed/stats` | admin | `total_events`, `latest_sequence`, `oldest_sequence`, `total_size_bytes` |
 //! | `POST /changefeed/retention` | admin | `{"before_sequence": N}` deletes everything before N |
@@ -55,6 +55,11 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use self::error::ApiError;
 use self::txread::with_markers;
 use crate::{Changefeed, Error, Filter, HttpConfig, Scope};
+
+/// Per-table cursors name the tables and their positions: another position or table
+/// list beside them would be ambiguous.
+pub(crate) const CURSORS_ALONE: &str =
+    "cursors: the list names the tables and their positions; leave out from_seq and table";
 
 /// Events examined per read step: bounds the time a filtered read holds a thread.
 pub(crate) const MAX_SCAN: usize = 10_000;
@@ -148,6 +153,11 @@ pub(crate) struct FilterParams {
 }
 
 impl FilterParams {
+    /// A `table` filter was given (non-empty).
+    pub(crate) fn has_tables(&self) -> bool {
+        self.table.as_deref().is_some_and(|t| !t.trim().is_empty())
+    }
+
     pub(crate) fn filter(&self) -> Result<Filter, ApiError> {
         let mut f = Filter::default();
         if let Some(p) = &self.key_prefix {

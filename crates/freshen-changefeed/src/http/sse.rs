@@ -12,7 +12,12 @@
 //! With `tx=1` (or `transaction_markers` in the listener's settings), each source
 //! transaction ends with `event: transaction` and the marker as `data` (no `id`, so
 //! `Last-Event-ID` stays the last event's sequence): `addEventListener("transaction", …)`.
+//!
+//! With `cursors=orders:120,items:95` ([`crate::cursors`]) each event's `id` is the list
+//! to resume with (`orders:130,items:130`), which a reconnecting `EventSource` sends
+//! back as `Last-Event-ID`; a gap names its table (`"table":"orders"`).
 
+use std::io::Write as _;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -30,9 +35,11 @@ use tokio::time::Instant;
 use super::error::{ApiError, parse_flag, parse_u64};
 use super::{AppState, FilterParams, MAX_SCAN, with_markers};
 use crate::Filter;
+use crate::cursors::Cursors;
+use crate::filter::Selection;
 use crate::log::Core;
 use crate::metrics;
-use crate::record;
+use crate::record::{self, RecordRef};
 use crate::txmark::Framing;
 
 /// ThemisDB's one-shot mode (`keep_alive=false`) sends at most this many events.
@@ -47,8 +54,39 @@ pub(crate) struct StreamParams {
     max_seconds: Option<String>,
     keep_alive: Option<String>,
     tx: Option<String>,
+    cursors: Option<String>,
     #[serde(flatten)]
     filter: FilterParams,
+}
+
+/// What a stream reads: every event a filter matches, or the named tables each past
+/// its own cursor.
+enum Reader {
+    All(Filter),
+    Tables(Cursors),
+}
+
+impl Selection for Reader {
+    fn keeps(&self, r: &RecordRef<'_>) -> bool {
+        match self {
+            Reader::All(f) => f.keeps(r),
+            Reader::Tables(c) => c.keeps(r),
+        }
+    }
+
+    fn delivers(&self, seq: u64, r: &RecordRef<'_>) -> bool {
+        match self {
+            Reader::All(f) => f.delivers(seq, r),
+            Reader::Tables(c) => c.delivers(seq, r),
+        }
+    }
+
+    fn write_id(&self, seq: u64, out: &mut Vec<u8>) {
+        match self {
+            Reader::All(f) => f.write_id(seq, out),
+            Reader::Tables(c) => c.write_id(seq, out),
+        }
+    }
 }
 
 /// One stream's parameters, resolved from its query, headers and the listener's config.
@@ -61,24 +99,55 @@ struct StreamConfig {
     keep_alive: bool,
     /// Transaction markers.
     tx: bool,
-    filter: Filter,
+    filter: Reader,
 }
 
 fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<StreamConfig, ApiError> {
     let config = s.config();
     // A reconnecting EventSource repeats its URL and adds Last-Event-ID: that wins.
     let last_id = match headers.get("last-event-id") {
-        Some(v) => {
-            let v = v
-                .to_str()
-                .map_err(|_| ApiError::BadRequest("Last-Event-ID: not text".to_owned()))?;
-            parse_u64("Last-Event-ID", Some(v))?
-        }
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::BadRequest("Last-Event-ID: not text".to_owned()))?,
+        ),
         None => None,
     };
-    let from = match last_id {
-        Some(id) => id,
-        None => parse_u64("from_seq", q.from_seq.as_deref())?.unwrap_or(0),
+    let filter = q.filter.filter()?;
+    let (from, filter) = match &q.cursors {
+        None => {
+            let from = match last_id {
+                Some(id) => parse_u64("Last-Event-ID", Some(id))?,
+                None => None,
+            };
+            let from = match from {
+                Some(id) => id,
+                None => parse_u64("from_seq", q.from_seq.as_deref())?.unwrap_or(0),
+            };
+            (from, Reader::All(filter))
+        }
+        Some(list) => {
+            if q.from_seq.is_some() || q.filter.has_tables() {
+                return Err(ApiError::BadRequest(super::CURSORS_ALONE.to_owned()));
+            }
+            let mut cursors = Cursors::parse(list, filter).map_err(ApiError::BadRequest)?;
+            // The id of the last event this client got: a list like `cursors`, or a
+            // sequence (from a stream without cursors).
+            match last_id.map(str::trim).filter(|id| !id.is_empty()) {
+                None => {}
+                Some(id) => match id.parse::<u64>() {
+                    Ok(seq) => cursors.resume_all(seq),
+                    Err(_) => {
+                        let resumed = Cursors::parse(id, Filter::default()).map_err(|m| {
+                            ApiError::BadRequest(format!(
+                                "Last-Event-ID: expected a sequence or a cursor list: {m}"
+                            ))
+                        })?;
+                        cursors.resume_from(&resumed);
+                    }
+                },
+            }
+            (cursors.start(), Reader::Tables(cursors))
+        }
     };
     let heartbeat_ms = parse_u64("heartbeat_ms", q.heartbeat_ms.as_deref())?
         .unwrap_or(config.heartbeat_ms)
@@ -122,7 +191,7 @@ fn settings(s: &AppState, headers: &HeaderMap, q: &StreamParams) -> Result<Strea
         max_time,
         keep_alive,
         tx: parse_flag("tx", q.tx.as_deref())?.unwrap_or(config.transaction_markers),
-        filter: q.filter.filter()?,
+        filter,
     })
 }
 
@@ -144,6 +213,9 @@ pub(crate) async fn stream(
     let core = s.cf().core.clone();
     metrics::inc(&core.metrics().sse_connections);
     metrics::inc(&core.metrics().sse_open);
+    if matches!(settings.filter, Reader::Tables(_)) {
+        metrics::inc(&core.metrics().cursor_polls);
+    }
     let now = Instant::now();
     let state = Sse {
         latest: core.watch_latest(),
@@ -216,6 +288,28 @@ impl Sse {
         }
         loop {
             let front = self.core.truncated();
+            if let Reader::Tables(cursors) = &mut self.settings.filter {
+                // Moved up to where this stream has read: a gap concerns only tables whose
+                // events it had not yet read.
+                cursors.advance(self.after);
+                let gaps = cursors.gaps(front);
+                if !gaps.is_empty() {
+                    metrics::add(&self.core.metrics().cursor_gaps, gaps.len() as u64);
+                    let mut frames = Vec::new();
+                    for (table, after) in gaps {
+                        let _ = write!(
+                            frames,
+                            "event: gap\ndata: {{\"after\":{after},\"before\":{front},\"table\":"
+                        );
+                        record::json_str(table, &mut frames);
+                        frames.extend_from_slice(b"}\n\n");
+                    }
+                    cursors.advance(front - 1);
+                    self.after = self.after.max(cursors.start());
+                    self.last_write = Instant::now();
+                    return Some(Bytes::from(frames));
+                }
+            }
             if self.after + 1 < front {
                 let gap = format!(
                     "event: gap\ndata: {{\"after\":{},\"before\":{front}}}\n\n",
@@ -250,7 +344,7 @@ impl Sse {
                         buf.reserve(16 * 1024);
                     }
                     buf.extend_from_slice(b"id: ");
-                    record::push_u64(&mut buf, seq);
+                    self.settings.filter.write_id(seq, &mut buf);
                     buf.extend_from_slice(b"\ndata: ");
                     r.write_json(seq, &mut buf);
                     buf.extend_from_slice(b"\n\n");

@@ -2,10 +2,11 @@
 //! the long poll and Server-Sent Events.
 
 use super::MAX_SCAN;
+use crate::Error;
+use crate::filter::Selection;
 use crate::log::Core;
 use crate::record;
 use crate::txmark::{Framing, Next, Page};
-use crate::{Error, Filter};
 
 /// A page read with transaction markers.
 pub(crate) struct TxRead {
@@ -25,7 +26,7 @@ pub(crate) fn with_markers(
     after: u64,
     limit: usize,
     through: u64,
-    filter: &Filter,
+    filter: &(impl Selection + ?Sized),
     out: &mut Vec<u8>,
     framing: Framing,
 ) -> Result<TxRead, Error> {
@@ -38,16 +39,18 @@ pub(crate) fn with_markers(
     let mut consumed = after;
     let mut stopped = false;
     core.scan(after, MAX_SCAN, |seq, r| {
-        let matches = filter.matches(r);
-        if p.record(seq, record::position_of(r), matches, out) == Next::Stop {
+        // Counted in the transaction's marker even where it is not delivered (before its
+        // table's cursor): the marker describes the whole transaction, as with `from_seq`.
+        let keeps = filter.keeps(r);
+        if p.record(seq, record::position_of(r), keeps, out) == Next::Stop {
             stopped = true;
             return false;
         }
-        if matches {
+        if keeps && filter.delivers(seq, r) {
             p.separator(out);
             if framing == Framing::Sse {
                 out.extend_from_slice(b"id: ");
-                record::push_u64(out, seq);
+                filter.write_id(seq, out);
                 out.extend_from_slice(b"\ndata: ");
                 r.write_json(seq, out);
                 out.extend_from_slice(b"\n\n");

@@ -256,6 +256,11 @@ pub enum Sse {
         id: Option<u64>,
         data: String,
     },
+    /// An event whose `id` is not a sequence (a per-table cursor list).
+    Listed {
+        id: String,
+        data: String,
+    },
     /// An event with an `event:` name (`gap`).
     Named {
         event: String,
@@ -354,20 +359,25 @@ fn parse_block(block: &str) -> Sse {
         return Sse::Retry(r.trim().parse().expect("retry is a number"));
     }
     let mut id = None;
+    let mut listed = None;
     let mut data = String::new();
     let mut event = None;
     for line in block.lines() {
         if let Some(v) = line.strip_prefix("event:") {
             event = Some(v.trim().to_owned());
         } else if let Some(v) = line.strip_prefix("id:") {
-            id = Some(v.trim().parse().expect("id is a sequence"));
+            match v.trim().parse() {
+                Ok(seq) => id = Some(seq),
+                Err(_) => listed = Some(v.trim().to_owned()),
+            }
         } else if let Some(v) = line.strip_prefix("data:") {
             data.push_str(v.trim_start());
         }
     }
-    match event {
-        Some(event) => Sse::Named { event, data },
-        None => Sse::Event { id, data },
+    match (event, listed) {
+        (Some(event), _) => Sse::Named { event, data },
+        (None, Some(id)) => Sse::Listed { id, data },
+        (None, None) => Sse::Event { id, data },
     }
 }
 

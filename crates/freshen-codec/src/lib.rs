@@ -69,6 +69,7 @@ mod error;
 mod format;
 mod json;
 mod key_change;
+mod redact;
 
 pub use canal::CanalJson;
 pub use debezium::{DebeziumJson, UNAVAILABLE_VALUE};
@@ -77,3 +78,7 @@ pub use decoded::{Control, Decoded};
 pub use error::DecodeError;
 pub use format::{Decoder, Format};
 pub use key_change::{KeyChange, changes_key, split_key_change};
+pub use redact::{
+    Action as RedactAction, DEFAULT_MASK_LENGTH, HashKey, MASK_CHAR, Mask, RedactRule, Redactor,
+    hmac_hex, redact_value,
+};

@@ -17,6 +17,7 @@ mod http_ws;
 mod log_append;
 mod log_crash;
 mod log_semantics;
+mod postgres_redact;
 mod postgres_replay;
 mod postgres_snapshot;
 mod postgres_tx;

@@ -181,6 +181,12 @@ impl Redactor {
     }
 }
 
+impl freshen::plug::Redact for Redactor {
+    fn apply(&self, event: &RowEvent) -> Option<RowEvent> {
+        Redactor::apply(self, event)
+    }
+}
+
 /// A row image with the rules' columns redacted (dropped columns left out).
 fn redact_row(rules: &[&RedactRule], row: &Row) -> Row {
     let mut columns: Vec<Box<str>> = Vec::with_capacity(row.len());

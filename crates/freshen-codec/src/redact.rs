@@ -189,6 +189,24 @@ impl freshen::plug::Redact for Redactor {
 
 /// A row image with the rules' columns redacted (dropped columns left out).
 fn redact_row(rules: &[&RedactRule], row: &Row) -> Row {
+    let drops = |c: &str| {
+        rules
+            .iter()
+            .any(|r| r.column == c && matches!(r.action, Action::Drop))
+    };
+    if !row.columns().iter().any(|c| drops(c)) {
+        // The same columns: share the names, rewrite the values.
+        let values = row
+            .iter()
+            .map(
+                |(column, value)| match rules.iter().find(|r| r.column == column) {
+                    Some(r) => redact_value(&r.action, value),
+                    None => value.clone(),
+                },
+            )
+            .collect();
+        return Row::new(row.columns().clone(), values);
+    }
     let mut columns: Vec<Box<str>> = Vec::with_capacity(row.len());
     let mut values = Vec::with_capacity(row.len());
     for (column, value) in row.iter() {

@@ -296,6 +296,9 @@ pub struct Changefeed {
     pub(crate) snapshots: Arc<crate::snapshot::Snapshots>,
     /// The latest-per-key index is kept: unchanged values can be filled in.
     key_index: bool,
+    /// Column redaction, applied before a record is built: the store never holds a
+    /// redacted column's clear value.
+    redact: freshen_codec::Redactor,
 }
 
 impl std::fmt::Debug for Changefeed {
@@ -360,10 +363,25 @@ impl Changefeed {
             groups,
             snapshots,
             key_index: config.key_index,
+            redact: freshen_codec::Redactor::default(),
         };
         crate::retention::spawn(&cf, config.retention.clone());
         crate::groups::spawn_sweeper(&cf);
         Ok(cf)
+    }
+
+    /// This changefeed with `redactor` applied to every event and snapshot row before it
+    /// is stored (so its values, before and after images and snapshots never hold a
+    /// redacted column's clear value). Set it right after [`Changefeed::open`]: clones
+    /// made before keep the rules they had.
+    pub fn with_redactor(mut self, redactor: freshen_codec::Redactor) -> Changefeed {
+        self.redact = redactor;
+        self
+    }
+
+    /// The redaction rules this changefeed applies.
+    pub(crate) fn redactor(&self) -> &freshen_codec::Redactor {
+        &self.redact
     }
 
     /// Appends `events` and returns once they are durable. Events carrying a source
@@ -404,6 +422,7 @@ impl Changefeed {
     /// a PUT of the new one; an event with unchanged values waits for the writer, which
     /// fills them from the row's last image.
     fn parts(&self, e: &RowEvent, now: u64, encoder: &mut Encoder) -> Vec<Part> {
+        let e = &*self.redact.apply_one(e);
         let mut one = |e: &RowEvent, extra: Extra<'_>, from: Option<String>| -> Part {
             if self.key_index && record::has_unchanged(e) {
                 Part::Fill {

@@ -539,7 +539,11 @@ impl Changefeed {
             tracing::info!(table = %p.table_name(), "changefeed snapshot: the table was truncated meanwhile; every row from now on streams live");
             (Vec::new(), p)
         } else {
-            (f.rows, f.next)
+            let rows = match self.redactor().apply_all(&f.rows) {
+                std::borrow::Cow::Borrowed(_) => f.rows,
+                std::borrow::Cow::Owned(redacted) => redacted,
+            };
+            (rows, f.next)
         };
         self.core.submit(Request::Chunk {
             rows,

@@ -42,9 +42,15 @@ fn sink_run(
     cfg: &Config,
     sink: &Sink,
 ) -> anyhow::Result<(SinkRun, Option<crate::sink_snapshot::Driver>)> {
-    let s = sink
-        .plug
-        .open()
+    // With `[[redact]]`, a sink opens with the rules or refuses to start: never one
+    // that publishes clear values.
+    let opened = if cfg.redact.is_empty() {
+        sink.plug.open()
+    } else {
+        sink.plug
+            .open_redacted(std::sync::Arc::new(cfg.redact.clone()))
+    };
+    let s = opened
         .map_err(anyhow::Error::from_boxed)
         .with_context(|| format!("cannot set up the {} sink", sink.plug.name()))?;
     let driver = crate::sink_snapshot::driver(cfg, &sink.plug.identity(), &sink.snapshot)?;
@@ -497,6 +503,7 @@ async fn changefeed_consumer(
     let changefeed = Changefeed::open(c)
         .await
         .context("cannot open the changefeed")?;
+    let changefeed = changefeed.with_redactor(cfg.redact.clone());
     let state = AppState::new(changefeed.clone(), &c.http)
         .context("the changefeed's HTTP settings are not usable")?;
     let addr = c.http.listen;

@@ -1,7 +1,7 @@
 //! Wire formats for freshen: change events from brokers decoded into
 //! [`freshen::RowEvent`]s, and freshen's own captured changes encoded for them.
 //!
-//! Pure: no I/O, no async; serde and serde_json only.
+//! Pure: no I/O, no async; serde and serde_json, and hmac/sha2 for redaction.
 //!
 //! - [`CanalJson`] decodes canal-json, what TiCDC (`protocol=canal-json`) and Alibaba
 //!   Canal write to Kafka and Pulsar.
@@ -10,6 +10,8 @@
 //! - [`Decoder`] picks one by [`Format`] at run time.
 //! - [`split_key_change`] turns a primary-key UPDATE into a DELETE of the old key and
 //!   an INSERT of the new one, as every keyed output publishes it.
+//! - [`Redactor`] rewrites row images before they leave freshen (`[[redact]]`: drop,
+//!   mask, keyed hash, truncate), for the changefeed and the sinks alike.
 //!
 //! A decoder never panics, whatever the bytes: a message it cannot read is a
 //! [`DecodeError`] (the source skips and counts it), and a message that carries no rows
@@ -69,6 +71,7 @@ mod error;
 mod format;
 mod json;
 mod key_change;
+mod redact;
 
 pub use canal::CanalJson;
 pub use debezium::{DebeziumJson, UNAVAILABLE_VALUE};
@@ -77,3 +80,7 @@ pub use decoded::{Control, Decoded};
 pub use error::DecodeError;
 pub use format::{Decoder, Format};
 pub use key_change::{KeyChange, changes_key, split_key_change};
+pub use redact::{
+    Action as RedactAction, DEFAULT_MASK_LENGTH, HashKey, MASK_CHAR, Mask, RedactRule, Redactor,
+    hmac_hex, redact_value,
+};

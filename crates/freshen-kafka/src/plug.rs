@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use freshen::plug::{Finding, Plan, RunSink, SinkPlug, SourcePlug, Started};
+use freshen::plug::{Finding, Plan, Redact, RunSink, SinkPlug, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture};
 
 use crate::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
@@ -70,15 +70,23 @@ impl SinkPlug for KafkaSinkConfig {
     }
 
     fn open(&self) -> Result<RunSink, BoxError> {
-        let sink = KafkaSink::new(self)?;
-        Ok(Box::new(move |branch, splice, stop| {
-            Box::pin(async move {
-                match splice {
-                    Some(splice) => sink.run_interleaved(branch, splice, stop).await,
-                    None => sink.run(branch, stop).await,
-                }
-                .map_err(Into::into)
-            })
-        }))
+        run(KafkaSink::new(self)?)
     }
+
+    fn open_redacted(&self, redact: Arc<dyn Redact>) -> Result<RunSink, BoxError> {
+        run(KafkaSink::new(self)?.with_redactor(redact))
+    }
+}
+
+/// How the binary runs `sink` on its branch, with a snapshot's rows spliced in.
+fn run(sink: KafkaSink) -> Result<RunSink, BoxError> {
+    Ok(Box::new(move |branch, splice, stop| {
+        Box::pin(async move {
+            match splice {
+                Some(splice) => sink.run_interleaved(branch, splice, stop).await,
+                None => sink.run(branch, stop).await,
+            }
+            .map_err(Into::into)
+        })
+    }))
 }

@@ -54,6 +54,8 @@ pub struct KafkaSink {
     topic: String,
     mode: TopicMode,
     counters: Arc<SinkCounters>,
+    /// Column redaction, applied to every event and snapshot row before it is encoded.
+    redact: Option<Arc<dyn freshen::plug::Redact>>,
 }
 
 impl fmt::Debug for KafkaSink {
@@ -98,7 +100,24 @@ impl KafkaSink {
             topic: config.topic.clone(),
             mode: config.topic_mode,
             counters: Arc::new(SinkCounters::default()),
+            redact: None,
         })
+    }
+
+    /// This sink with `redact` applied to every event and snapshot row it publishes
+    /// (keys, values, before and after images), so no record holds a redacted
+    /// column's clear value.
+    pub fn with_redactor(mut self, redact: Arc<dyn freshen::plug::Redact>) -> KafkaSink {
+        self.redact = Some(redact);
+        self
+    }
+
+    /// `event` as it may leave: redacted when a rule concerns it.
+    fn redacted<'a>(&self, event: &'a RowEvent) -> std::borrow::Cow<'a, RowEvent> {
+        match self.redact.as_ref().and_then(|r| r.apply(event)) {
+            Some(e) => std::borrow::Cow::Owned(e),
+            None => std::borrow::Cow::Borrowed(event),
+        }
     }
 
     /// The topic an event is published to.
@@ -150,6 +169,7 @@ impl KafkaSink {
                 self.enqueue_reads(rows, ts_ms, &mut value, &mut deliveries)
                     .await?;
             }
+            let event = &*self.redacted(event);
             let topic = self.topic_for(event);
             if changes_key(event) {
                 // A primary-key change: delete, tombstone, create (Debezium's records).
@@ -194,6 +214,7 @@ impl KafkaSink {
         deliveries: &mut Vec<(String, DeliveryFuture)>,
     ) -> Result<(), Error> {
         for row in rows {
+            let row = &*self.redacted(row);
             let topic = self.topic_for(row);
             let key = self.encoder.encode_key(row);
             value.clear();

@@ -18,6 +18,7 @@ mod log_append;
 mod log_crash;
 mod log_semantics;
 mod postgres_cursors;
+mod postgres_redact;
 mod postgres_replay;
 mod postgres_snapshot;
 mod postgres_tx;

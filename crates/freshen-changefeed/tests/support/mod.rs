@@ -91,7 +91,16 @@ impl Server {
     }
 
     pub async fn start_at(config: &ChangefeedConfig, addr: SocketAddr) -> Server {
-        let cf = open(config).await;
+        Server::start_redacted(config, addr, freshen_codec::Redactor::default()).await
+    }
+
+    /// A server whose changefeed applies `redactor`.
+    pub async fn start_redacted(
+        config: &ChangefeedConfig,
+        addr: SocketAddr,
+        redactor: freshen_codec::Redactor,
+    ) -> Server {
+        let cf = open(config).await.with_redactor(redactor);
         let state = AppState::new(cf.clone(), &config.http).expect("valid HTTP settings");
         let listener = bind(addr).await;
         let addr = listener.local_addr().unwrap();

@@ -4,6 +4,7 @@
 mod key_stream;
 mod problems;
 pub(crate) mod read;
+pub(crate) mod redact;
 pub(crate) mod sink_snapshot;
 
 use std::net::SocketAddr;
@@ -296,11 +297,14 @@ pub struct Config {
     /// comments and layout not): a reload refuses a changed source even when only a redacted
     /// value changed.
     pub source_digest: u64,
-    /// The same for `[[sinks]]` and `[changefeed]` together.
+    /// The same for `[[sinks]]`, `[changefeed]` and `[[redact]]` together.
     pub outputs_digest: u64,
     /// Rebuild work spread over many instances (`[key_stream]`): see
     /// [`crate::role`].
     pub key_stream: Option<KeyStream>,
+    /// Column redaction applied to every output (`[[redact]]`): the changefeed and
+    /// every sink; never rebuilds.
+    pub redact: freshen_codec::Redactor,
     /// Offline only: variables that are not set here, with their line and where they
     /// are used (their values were not judged).
     pub unset: Vec<(Option<usize>, String, String)>,
@@ -342,6 +346,7 @@ pub(crate) const TOP: &[&str] = &[
     "sinks",
     "changefeed",
     "key_stream",
+    "redact",
 ];
 /// The timing keys of `[defaults]` and of each view.
 pub(crate) const TIMING: &[&str] = &[
@@ -546,6 +551,7 @@ fn parse_with(
     );
     check_views_on_target(&mut r, &views, target_plug.as_deref(), source.as_ref());
     let key_stream = key_stream::read(&mut r, root, &views);
+    let redact = redact::read(&mut r, root);
 
     let kind = root
         .t
@@ -564,7 +570,7 @@ fn parse_with(
         (Some(source), target, true) if target.is_some() || views.is_empty() => Ok(Config {
             source,
             source_digest: root.t.get("source").map_or(0, read::digest),
-            outputs_digest: ["sinks", "changefeed"]
+            outputs_digest: ["sinks", "changefeed", "redact"]
                 .iter()
                 .map(|k| root.t.get(k).map_or(0, read::digest))
                 .fold(0, |a, d| a.rotate_left(1) ^ d),
@@ -579,6 +585,7 @@ fn parse_with(
             sinks,
             changefeed,
             key_stream,
+            redact,
             unset: r
                 .unset
                 .iter()

@@ -142,6 +142,31 @@ impl<'s, 'e> Reader<'s, 'e> {
         self.mark() == mark
     }
 
+    /// The value of environment variable `name`, which `path` (on `line`) names: `None`
+    /// when it is unset — a problem, except offline, where it is listed in
+    /// [`unset`](Self::unset).
+    pub(crate) fn env_value(
+        &mut self,
+        name: &str,
+        line: Option<usize>,
+        path: &str,
+    ) -> Option<String> {
+        match (self.env)(name) {
+            Some(v) => Some(v),
+            None if self.lenient => {
+                self.unset.push((line, name.to_string(), path.to_string()));
+                None
+            }
+            None => {
+                self.p.at_line(
+                    line,
+                    format!("environment variable `{name}` is not set (used by `{path}`)"),
+                );
+                None
+            }
+        }
+    }
+
     pub(crate) fn line(&self, span: Option<Range<usize>>) -> Option<usize> {
         self.p.line_of(span)
     }

@@ -920,3 +920,175 @@ fn a_query_view_may_leave_watch_to_inference_but_a_rebuild_view_may_not() {
         "{p:#?}"
     );
 }
+
+/// A changefeed and a file's `[[redact]]` entries after [`GOOD`]'s source and views.
+fn with_redact(entries: &str) -> String {
+    format!("{GOOD}\n[changefeed]\npath = \"/nonexistent/feed.db\"\n{entries}")
+}
+
+fn redact_env(name: &str) -> Option<String> {
+    match name {
+        "PII_KEY" => Some("a-key-of-32-bytes-for-the-tests!".into()),
+        "SHORT_KEY" => Some("short".into()),
+        other => env(other),
+    }
+}
+
+#[test]
+fn redact_entries_resolve_into_rules() {
+    let src = with_redact(
+        r#"
+[[redact]]
+table = "public.users"
+column = "email"
+action = "hash"
+key_env = "PII_KEY"
+
+[[redact]]
+table = "users"
+column = "card"
+action = "mask"
+keep = 4
+
+[[redact]]
+table = "users"
+column = "note"
+action = "truncate"
+length = 10
+
+[[redact]]
+table = "users"
+column = "ssn"
+action = "drop"
+
+[[redact]]
+table = "users"
+column = "phone"
+action = "mask"
+"#,
+    );
+    let c = parse(&src, "f.toml", &redact_env).unwrap();
+    let rules = c.redact.rules();
+    let got: Vec<String> = rules
+        .iter()
+        .map(|r| format!("{:?}.{}.{} {:?}", r.schema, r.table, r.column, r.action))
+        .collect();
+    assert_eq!(got.len(), 5, "{got:?}");
+    assert!(
+        got[0].starts_with("Some(\"public\").users.email Hash"),
+        "{got:?}"
+    );
+    assert_eq!(got[1], "None.users.card Mask(KeepLast(4))");
+    assert_eq!(got[2], "None.users.note Truncate(10)");
+    assert_eq!(got[3], "None.users.ssn Drop");
+    assert_eq!(got[4], "None.users.phone Mask(Fixed(8))");
+    // The key is read, never shown.
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("a-key-of-32"), "{debug}");
+    // The rules hash with the key from the environment.
+    let e = freshen::RowEvent::new("public", "users", freshen::Op::Insert)
+        .with_new(freshen::Row::from_pairs([("email", "ann@example.com")]));
+    let out = c.redact.apply(&e).unwrap();
+    assert_eq!(
+        out.new.unwrap().get("email"),
+        Some(&freshen::Value::text(freshen_codec::hmac_hex(
+            &freshen_codec::HashKey::new(b"a-key-of-32-bytes-for-the-tests!".to_vec()),
+            "ann@example.com"
+        )))
+    );
+}
+
+#[test]
+fn redact_problems_are_listed_at_once_with_their_lines() {
+    let src = with_redact(
+        r#"
+[[redact]]
+table = "users"
+column = "email"
+action = "hush"
+
+[[redact]]
+table = "users"
+column = "email2"
+action = "hash"
+key_env = "NO_SUCH_KEY"
+
+[[redact]]
+table = "users"
+column = "email3"
+action = "hash"
+key_env = "SHORT_KEY"
+
+[[redact]]
+table = "users"
+column = "card"
+action = "mask"
+length = 4
+keep = 2
+
+[[redact]]
+table = "users"
+column = "note"
+action = "truncate"
+
+[[redact]]
+table = "users"
+column = "ssn"
+action = "drop"
+length = 3
+
+[[redact]]
+table = "users"
+column = "ssn"
+action = "drop"
+
+[[redact]]
+table = "users"
+column = "zip"
+action = "truncate"
+length = 0
+colour = "red"
+"#,
+    );
+    let base = GOOD.lines().count() + 4;
+    let p = parse(&src, "f.toml", &redact_env).unwrap_err().lines();
+    let at = |n: usize| format!("f.toml:{}: ", base + n);
+    let want = [
+        format!(
+            "{}`redact[0].action` must be one of `drop`, `mask`, `hash`, `truncate`, not `hush` (did you mean `hash`?)",
+            at(4)
+        ),
+        format!(
+            "{}environment variable `NO_SUCH_KEY` is not set (used by `redact[1].key_env`)",
+            at(10)
+        ),
+        format!(
+            "{}`redact[2].key_env`: the key in `SHORT_KEY` is 5 bytes long; use at least 16",
+            at(16)
+        ),
+        format!("{}`redact[3]`: a mask has either `length`", at(23)),
+        format!("{}`redact[4]` needs `length`", at(25)),
+        format!(
+            "{}`redact[5].length` does not apply to action `drop`",
+            at(34)
+        ),
+        format!(
+            "{}`redact[6]`: column `ssn` of `users` is already redacted by the entry on line {}",
+            at(36),
+            base + 30
+        ),
+        format!(
+            "{}`redact[7].length` must be between 1 and 65536, not 0",
+            at(45)
+        ),
+        format!("{}unknown key `colour` in `redact[7]`", at(46)),
+    ];
+    for w in &want {
+        assert!(
+            p.iter().any(|l| l.starts_with(w.as_str())),
+            "missing {w:?} in\n{}",
+            p.join("\n")
+        );
+    }
+    assert_eq!(p.len(), want.len(), "{}", p.join("\n"));
+}

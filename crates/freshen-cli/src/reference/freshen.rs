@@ -1,5 +1,5 @@
 //! The tables `config/` reads itself: the file's top level, `[source]`'s shared keys,
-//! `[target]`, `[http]`, `[log]`, `[defaults]`, `[[views]]` and `[[sinks]]`' shared keys.
+//! `[target]`, `[http]`, `[log]`, `[defaults]`, `[[views]]`, `[[sinks]]`' shared keys and `[[redact]]`.
 
 use super::{Key, Omitted::*, Range::*, Table, key};
 
@@ -70,6 +70,13 @@ pub(super) const TOP: Table = Table {
             Unset("{ brokers = \"k:9092\", topic = \"keys\", group = \"workers\" }"),
             Any,
             "Rebuilds spread over several instances through Kafka: `[key_stream]`.",
+        ),
+        key(
+            "redact",
+            "array of tables",
+            Unset("[{ table = \"app.users\", column = \"email\", action = \"drop\" }]"),
+            Any,
+            "Column redaction (PII) applied to every output: `[[redact]]`.",
         ),
     ],
 };
@@ -463,6 +470,56 @@ pub(super) const SINKS: Table = Table {
             Is("0"),
             Int(0, 3_600_000),
             "Pause between snapshot chunks, in ms.",
+        ),
+    ],
+};
+
+pub(super) const REDACT: Table = Table {
+    header: "[[redact]]",
+    feature: None,
+    about: "Column redaction (PII), one entry per table and column, applied wherever a row leaves freshen: the changefeed's values, before/after images and snapshot rows (before they are stored), and every sink's events and snapshot rows. Never applied to rebuilds (they read the database). NULL stays NULL.",
+    keys: &[
+        key(
+            "table",
+            "string",
+            Required("\"app.users\""),
+            Any,
+            "`schema.table`, or `table` for the table in any schema.",
+        ),
+        key(
+            "column",
+            "string",
+            Required("\"email\""),
+            Any,
+            "The column whose values are redacted (one entry per column).",
+        ),
+        key(
+            "action",
+            "string",
+            Required("\"mask\""),
+            OneOf(&["drop", "mask", "hash", "truncate"]),
+            "`drop`: the column is left out of every image; `mask`: `*` characters (`length`, or `keep`); `hash`: the lower-case hex HMAC-SHA-256 of the value under the key in `key_env` (equal values stay joinable); `truncate`: the first `length` characters.",
+        ),
+        key(
+            "length",
+            "integer",
+            Derived("8 for `mask`; required for `truncate`", "4"),
+            Int(1, 65_536),
+            "`mask`: always this many `*` (the value's length is hidden too); `truncate`: the characters kept. Only for those actions.",
+        ),
+        key(
+            "keep",
+            "integer",
+            Unset("4"),
+            Int(0, 65_536),
+            "`mask` only, instead of `length`: every character but the last `keep` masked (a value no longer than that is masked whole).",
+        ),
+        key(
+            "key_env",
+            "string",
+            Unset("\"FRESHEN_REDACT_KEY\""),
+            Any,
+            "`hash` only, required there: the environment variable holding the key (at least 16 bytes; read at start, never logged, never in the file).",
         ),
     ],
 };

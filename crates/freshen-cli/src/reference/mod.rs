@@ -123,6 +123,7 @@ pub fn tables() -> Vec<&'static Table> {
         &freshen::SINKS,
         &kafka::SINK,
         &kafka::KEY_STREAM,
+        &freshen::REDACT,
     ]);
     out.extend([
         &changefeed::CHANGEFEED,

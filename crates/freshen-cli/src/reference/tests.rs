@@ -83,6 +83,7 @@ fn every_key_the_parser_accepts_is_documented_and_no_other() {
     same_keys(&freshen::VIEWS, config::VIEW.iter().copied());
     same_keys(&freshen::WATCH, config::WATCH.iter().copied());
     same_keys(&freshen::RECONCILE, config::RECONCILE.iter().copied());
+    same_keys(&freshen::REDACT, config::redact::KEYS.iter().copied());
     same_keys(
         &freshen::SINKS,
         std::iter::once("kind").chain(config::sink_snapshot::KEYS.iter().copied()),
@@ -297,6 +298,7 @@ fn context(t: &Table) -> Option<Context> {
             ],
         ),
         "[changefeed]" => after_pg("[changefeed]", required(t)),
+        "[[redact]]" => after_pg("[[redact]]", required(t)),
         h if h.starts_with("[changefeed.") || h.starts_with("[[changefeed.") => {
             let needs = if h.contains("tokens") {
                 vec![
@@ -321,6 +323,23 @@ fn context(t: &Table) -> Option<Context> {
 /// Keys that replace others, or come with others.
 fn companions(
     key: &str,
+    value: &str,
+) -> (
+    &'static [&'static str],
+    &'static [(&'static str, &'static str)],
+) {
+    match (key, value) {
+        // `[[redact]]`: each action's parameters (the probe file's action is `mask`).
+        ("action", "\"truncate\"") => (&[], &[("length", "4")]),
+        ("action", "\"hash\"") => (&[], &[("key_env", "\"FRESHEN_REDACT_KEY\"")]),
+        ("key_env", _) => (&["action"], &[("action", "\"hash\"")]),
+        _ => companions_of(key),
+    }
+}
+
+/// Keys that replace others, or come with others, whatever the probed value.
+fn companions_of(
+    key: &str,
 ) -> (
     &'static [&'static str],
     &'static [(&'static str, &'static str)],
@@ -339,7 +358,7 @@ fn companions(
 /// The file with `key = value` in table `t` (or without it).
 fn file(t: &Table, probe: Option<(&str, &str)>) -> String {
     let mut c = context(t).expect("a probed table");
-    let (drop, with) = probe.map_or((&[][..], &[][..]), |(k, _)| companions(k));
+    let (drop, with) = probe.map_or((&[][..], &[][..]), |(k, v)| companions(k, v));
     c.needs
         .retain(|(k, _)| probe.is_none_or(|(p, _)| p != *k) && !drop.contains(k));
     c.needs
@@ -352,8 +371,9 @@ fn file(t: &Table, probe: Option<(&str, &str)>) -> String {
     file_from(c)
 }
 
-fn env(_: &str) -> Option<String> {
-    None
+/// The probes' environment: only the `[[redact]]` hash key is set.
+fn env(name: &str) -> Option<String> {
+    (name == "FRESHEN_REDACT_KEY").then(|| "0123456789abcdef0123456789abcdef".to_owned())
 }
 
 /// The configuration a file gives, as comparable text (its digests, which hash the

@@ -207,12 +207,18 @@ pub fn spawn_run_limited(dir: &Path, config: &Path, n: u32, nofile: u32) -> Runn
 
 /// `freshen run -c path`, logging to a file in `dir`.
 pub fn spawn_run(dir: &Path, config: &Path, n: u32) -> Running {
+    spawn_run_env(dir, config, n, &[])
+}
+
+/// [`spawn_run`] with `env` set for the process.
+pub fn spawn_run_env(dir: &Path, config: &Path, n: u32, env: &[(&str, &str)]) -> Running {
     let log = std::fs::File::create(dir.join(format!("run-{n}.log"))).expect("log file");
     Running(
         freshen()
             .args(["run", "-c"])
             .arg(config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -7,6 +7,7 @@ mod support;
 
 mod key_stream;
 mod postgres_sink;
+mod postgres_sink_redact;
 mod postgres_sink_snapshot;
 mod sink;
 mod source_canal;

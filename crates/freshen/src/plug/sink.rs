@@ -7,6 +7,8 @@
 //!                                             │ problems()   offline validation
 //!                                             │ identity()   who keeps snapshot progress
 //!                                             └ open() ──► RunSink(branch, splice, stop)
+//!                                               open_redacted(redact): the same, with
+//!                                               column redaction on what it publishes
 //! ```
 //!
 //! A sink is one more consumer of the source's [`fanout`](crate::fanout()): it takes
@@ -17,6 +19,7 @@
 //! [`SourcePlug`]: super::SourcePlug
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::fanout::Branch;
 use crate::source::{BoxError, BoxFuture};
@@ -39,6 +42,14 @@ pub type RunSink = Box<
         ) -> BoxFuture<'static, Result<(), BoxError>>
         + Send,
 >;
+
+/// Rewrites the row images of the events a sink publishes (column redaction, e.g.
+/// `freshen_codec::Redactor`): `None` leaves an event as it is. Applied to the
+/// branch's events and to a snapshot's rows alike, never to rebuilds.
+pub trait Redact: fmt::Debug + Send + Sync + 'static {
+    /// `event` redacted, or `None` when no rule concerns it.
+    fn apply(&self, event: &RowEvent) -> Option<RowEvent>;
+}
 
 /// A sink kind's configuration, as a program that reads configuration files uses it.
 ///
@@ -65,4 +76,12 @@ pub trait SinkPlug: fmt::Debug + Send + Sync + 'static {
 
     /// Sets the sink up (a producer; nothing is sent yet) and returns how to run it.
     fn open(&self) -> Result<RunSink, BoxError>;
+
+    /// Like [`open`](Self::open), with `redact` applied to every event and snapshot row
+    /// before the sink encodes it. A kind that cannot redact refuses (the default), so
+    /// configured redaction is never skipped silently.
+    fn open_redacted(&self, redact: Arc<dyn Redact>) -> Result<RunSink, BoxError> {
+        let _ = redact;
+        Err(format!("the {} sink cannot redact columns", self.name()).into())
+    }
 }

@@ -1,0 +1,170 @@
+//! `[[redact]]`: column redaction (PII), one entry per table and column, applied to
+//! every output — the changefeed (values, before/after images, snapshots) and every
+//! sink (events and snapshot rows) — and never to rebuilds, which read the database.
+
+use freshen_codec::{DEFAULT_MASK_LENGTH, HashKey, Mask, RedactAction, RedactRule, Redactor};
+
+use super::read::{Reader, Tbl};
+
+/// The keys of a `[[redact]]` entry.
+pub(crate) const KEYS: &[&str] = &["table", "column", "action", "length", "keep", "key_env"];
+
+/// The actions, as `action` names them.
+pub(crate) const ACTIONS: &[&str] = &["drop", "mask", "hash", "truncate"];
+
+/// The longest `length` or `keep`: longer masks and truncations protect nothing more.
+pub(crate) const MAX_LENGTH: i64 = 65_536;
+
+/// The shortest hash key: a short key lets anyone who guesses it test guesses of the
+/// values, which is what keying the hash prevents.
+pub(crate) const MIN_KEY_BYTES: usize = 16;
+
+/// Reads every `[[redact]]` entry, reporting every problem with its line.
+pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Redactor {
+    let Some(entries) = r.tables(root, "redact") else {
+        return Redactor::default();
+    };
+    let mut rules: Vec<RedactRule> = Vec::new();
+    let mut seen: Vec<(String, String, Option<usize>)> = Vec::new();
+    for (t, path) in &entries {
+        let t = Tbl { path, ..*t };
+        r.known_keys(t, KEYS);
+        let line = r.line(t.span.map(|s| s..s));
+        let table = r.string(t, "table");
+        if table.is_none() && t.t.get("table").is_none() {
+            r.missing(
+                t,
+                "table",
+                "the table, \"schema.table\" or \"table\" (any schema)",
+            );
+        }
+        let column = r.string(t, "column");
+        if column.is_none() && t.t.get("column").is_none() {
+            r.missing(t, "column", "the column whose values are redacted");
+        }
+        let action = r.choice(t, "action", ACTIONS);
+        if action.is_none() && t.t.get("action").is_none() {
+            r.missing(t, "action", "\"drop\", \"mask\", \"hash\" or \"truncate\"");
+        }
+        let length = r.int(t, "length", 1..=MAX_LENGTH);
+        let keep = r.int(t, "keep", 0..=MAX_LENGTH);
+        let key_env = r.string(t, "key_env");
+        for part in [&table, &column].into_iter().flatten() {
+            if part.value.trim().is_empty() {
+                r.p.at_line(
+                    part.line,
+                    format!("`{path}`: table and column must not be empty"),
+                );
+            }
+        }
+        let Some(action) = action else { continue };
+        // Parameters that do not apply to the action are mistakes: say so rather than
+        // redact differently from what the file seems to ask.
+        let applies: &[&str] = match action.value.as_str() {
+            "mask" => &["length", "keep"],
+            "hash" => &["key_env"],
+            "truncate" => &["length"],
+            _ => &[],
+        };
+        for key in ["length", "keep", "key_env"] {
+            if let Some(item) = t.t.get(key)
+                && !applies.contains(&key)
+            {
+                r.p.at(
+                    item.span(),
+                    format!("`{path}.{key}` does not apply to action `{}`", action.value),
+                );
+            }
+        }
+        let problems = r.p.list.len();
+        let act = match action.value.as_str() {
+            "drop" => Some(RedactAction::Drop),
+            "mask" => match (&length, &keep) {
+                (Some(_), Some(k)) => {
+                    r.p.at_line(
+                        k.line,
+                        format!("`{path}`: a mask has either `length` (always that many `*`) or `keep` (the last N characters shown), not both"),
+                    );
+                    None
+                }
+                (Some(n), None) => Some(RedactAction::Mask(Mask::Fixed(n.value as usize))),
+                (None, Some(k)) => Some(RedactAction::Mask(Mask::KeepLast(k.value as usize))),
+                (None, None) => Some(RedactAction::Mask(Mask::Fixed(DEFAULT_MASK_LENGTH))),
+            },
+            "truncate" => match &length {
+                Some(n) => Some(RedactAction::Truncate(n.value as usize)),
+                None => {
+                    if t.t.get("length").is_none() {
+                        r.missing(t, "length", "how many characters `truncate` keeps");
+                    }
+                    None
+                }
+            },
+            _ => hash_key(r, t, path, key_env.as_ref(), line).map(RedactAction::Hash),
+        };
+        let (Some(table), Some(column), Some(act)) = (table, column, act) else {
+            continue;
+        };
+        if r.p.list.len() != problems {
+            continue;
+        }
+        if let Some((_, _, first)) = seen
+            .iter()
+            .find(|(tb, c, _)| *tb == table.value && *c == column.value)
+        {
+            r.p.at_line(
+                line,
+                format!(
+                    "`{path}`: column `{}` of `{}` is already redacted by the entry on line {}",
+                    column.value,
+                    table.value,
+                    first.map_or_else(|| "?".to_owned(), |l| l.to_string())
+                ),
+            );
+            continue;
+        }
+        seen.push((table.value.clone(), column.value.clone(), line));
+        rules.push(RedactRule::new(&table.value, column.value, act));
+    }
+    Redactor::new(rules)
+}
+
+/// The key of a `hash` entry, read from the environment variable `key_env` names.
+/// Offline (`check --offline`) an unset variable gives an empty key: the entry is
+/// checked, never run.
+fn hash_key(
+    r: &mut Reader<'_, '_>,
+    t: Tbl<'_>,
+    path: &str,
+    key_env: Option<&super::read::Spanned<String>>,
+    line: Option<usize>,
+) -> Option<HashKey> {
+    let Some(name) = key_env else {
+        if t.t.get("key_env").is_none() {
+            r.missing(
+                t,
+                "key_env",
+                "the environment variable holding the hash key (the key itself never goes in the file)",
+            );
+        }
+        return None;
+    };
+    let before = r.p.list.len();
+    let where_ = format!("{path}.key_env");
+    match r.env_value(&name.value, name.line.or(line), &where_) {
+        Some(key) if key.len() < MIN_KEY_BYTES => {
+            r.p.at_line(
+                name.line,
+                format!(
+                    "`{where_}`: the key in `{}` is {} bytes long; use at least {MIN_KEY_BYTES} (e.g. `openssl rand -hex 32`)",
+                    name.value,
+                    key.len()
+                ),
+            );
+            None
+        }
+        Some(key) => Some(HashKey::new(key.into_bytes())),
+        None if r.p.list.len() == before => Some(HashKey::new(Vec::new())),
+        None => None,
+    }
+}

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use freshen::plug::{Finding, Plan, RunSink, SinkPlug, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture};
 
-use crate::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+use crate::{
+    KafkaOutbox, KafkaOutboxConfig, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig,
+};
 
 impl SourcePlug for KafkaSourceConfig {
     fn kind(&self) -> &'static str {
@@ -76,6 +78,37 @@ impl SinkPlug for KafkaSinkConfig {
                 match splice {
                     Some(splice) => sink.run_interleaved(branch, splice, stop).await,
                     None => sink.run(branch, stop).await,
+                }
+                .map_err(Into::into)
+            })
+        }))
+    }
+}
+
+impl SinkPlug for KafkaOutboxConfig {
+    fn kind(&self) -> &'static str {
+        "kafka-outbox"
+    }
+
+    fn name(&self) -> &'static str {
+        "Kafka outbox"
+    }
+
+    fn problems(&self) -> Vec<String> {
+        KafkaOutboxConfig::problems(self)
+    }
+
+    fn identity(&self) -> String {
+        format!("kafka-outbox:{}", self.table)
+    }
+
+    fn open(&self) -> Result<RunSink, BoxError> {
+        let outbox = KafkaOutbox::new(self)?;
+        Ok(Box::new(move |branch, splice, stop| {
+            Box::pin(async move {
+                match splice {
+                    Some(splice) => outbox.run_interleaved(branch, splice, stop).await,
+                    None => outbox.run(branch, stop).await,
                 }
                 .map_err(Into::into)
             })

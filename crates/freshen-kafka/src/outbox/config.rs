@@ -8,8 +8,9 @@ use serde::Deserialize;
 use crate::config::{RESERVED_PRODUCER, Redacted, bad_topic, brokers, reserved};
 
 /// The placeholder of [`KafkaOutboxConfig::topic`] that becomes the row's
-/// `aggregatetype` (Debezium's `route.topic.replacement` spelling).
-pub const ROUTED_BY: &str = "${routedByValue}";
+/// `aggregatetype`: Debezium's `${routedByValue}` without the `$`, because `${…}` in
+/// freshen's file is an environment variable.
+pub const ROUTED_BY: &str = "{routedByValue}";
 
 /// How the payload column becomes the record's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -35,7 +36,7 @@ pub enum PayloadEncoding {
 /// kind = "kafka-outbox"
 /// brokers = "127.0.0.1:9092"
 /// table = "public.outbox"                  # must be among [source] tables
-/// topic = "outbox.event.${routedByValue}"  # the default
+/// topic = "outbox.event.{routedByValue}"  # the default
 /// dead_letter_topic = "outbox.dead-letter"
 /// ```
 ///
@@ -49,7 +50,7 @@ pub struct KafkaOutboxConfig {
     /// The outbox table, `schema.table` as the source names it.
     pub table: String,
     /// The topic pattern: [`ROUTED_BY`] becomes the row's aggregate type (characters a
-    /// topic name may not hold become `_`). Default `outbox.event.${routedByValue}`.
+    /// topic name may not hold become `_`). Default `outbox.event.{routedByValue}`.
     #[serde(default = "default_topic")]
     pub topic: String,
     /// Where a malformed row goes (no `id`, `aggregatetype` or `aggregateid`, or a
@@ -219,7 +220,7 @@ mod tests {
 
     #[test]
     fn every_problem_is_listed() {
-        let mut c = KafkaOutboxConfig::new("", "outbox", "bad topic").topic("a/${routedByValue}");
+        let mut c = KafkaOutboxConfig::new("", "outbox", "bad topic").topic("a/{routedByValue}");
         c.type_column = "aggregateid".into();
         c.payload_column = String::new();
         c.delivery_timeout_ms = 0;

@@ -180,7 +180,7 @@ impl App {
                 let seq = self.seq.entry(a).or_insert(0);
                 *seq += 1;
                 let id = format!("e-{a}-{seq}");
-                let (ty, kind) = if a % 2 == 0 {
+                let (ty, kind) = if a.is_multiple_of(2) {
                     ("order", "OrderChanged")
                 } else {
                     ("customer", "CustomerChanged")
@@ -211,13 +211,13 @@ fn check_arrivals(got: &[Got]) -> (BTreeSet<String>, usize) {
         let id = g.id.clone().expect("an id header");
         let key = g.key.clone().expect("a key");
         let a: u64 = key.trim_start_matches('a').parse().expect("key a<n>");
-        let want_topic = if a % 2 == 0 {
+        let want_topic = if a.is_multiple_of(2) {
             "outbox.event.order"
         } else {
             "outbox.event.customer"
         };
         assert_eq!(g.topic, want_topic, "{g:?}");
-        let want_kind = if a % 2 == 0 {
+        let want_kind = if a.is_multiple_of(2) {
             "OrderChanged"
         } else {
             "CustomerChanged"

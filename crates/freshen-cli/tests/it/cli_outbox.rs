@@ -419,3 +419,75 @@ async fn a_malformed_outbox_row_reaches_the_dead_letter_topic_with_its_reason() 
         "the good rows, in order, around the bad ones; the delete is no event"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_already_in_the_outbox_are_relayed_by_an_initial_snapshot() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(OUTBOX).await.unwrap();
+    c.batch_execute(
+        "INSERT INTO outbox SELECT 'old-' || g, 'order', 'a' || (g % 3), 'OrderCreated',
+                                   '{\"seq\":' || g || '}'
+         FROM generate_series(1, 50) g;",
+    )
+    .await
+    .unwrap();
+    create_topics(&kafka.bootstrap()).await;
+    let reader = Reader::start(&kafka.bootstrap());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &config(
+            &pg.url(),
+            &kafka.bootstrap(),
+            &format!("127.0.0.1:{port}"),
+            "snapshot = \"initial\"\nsnapshot_chunk_rows = 20",
+        ),
+    );
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_healthy(&base, dir.path(), 1, DEADLINE).await;
+    c.execute(
+        "INSERT INTO outbox VALUES ('new-1', 'order', 'a0', 'OrderCreated', '{\"seq\":51}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let want: BTreeSet<String> = (1..=50)
+        .map(|g| format!("old-{g}"))
+        .chain(["new-1".to_owned()])
+        .collect();
+    let ids = || -> BTreeSet<String> {
+        reader
+            .all()
+            .into_iter()
+            .filter(|g| g.topic == "outbox.event.order")
+            .filter_map(|g| g.id)
+            .collect()
+    };
+    until_within("the existing rows and the new one", DEADLINE, || {
+        ids() == want
+    })
+    .await;
+    let got = reader.all();
+    for g in &got {
+        let a: u64 = g
+            .key
+            .as_deref()
+            .unwrap()
+            .trim_start_matches('a')
+            .parse()
+            .unwrap();
+        let id = g.id.as_deref().unwrap();
+        if let Some(n) = id.strip_prefix("old-") {
+            assert_eq!(
+                n.parse::<u64>().unwrap() % 3,
+                a,
+                "keyed by aggregateid: {g:?}"
+            );
+        }
+        assert_eq!(g.kind.as_deref(), Some("OrderCreated"));
+    }
+}

@@ -102,6 +102,13 @@ impl SinkPlug for KafkaOutboxConfig {
         format!("kafka-outbox:{}", self.table)
     }
 
+    fn tables(&self) -> Vec<(String, String)> {
+        self.table_parts()
+            .map(|(s, t)| (s.to_owned(), t.to_owned()))
+            .into_iter()
+            .collect()
+    }
+
     fn open(&self) -> Result<RunSink, BoxError> {
         let outbox = KafkaOutbox::new(self)?;
         Ok(Box::new(move |branch, splice, stop| {

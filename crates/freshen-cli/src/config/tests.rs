@@ -928,7 +928,7 @@ fn an_outbox_sink_lists_every_problem_with_its_line() {
 [source]
 kind = "postgres"
 url = "postgres://app@db/app"
-tables = ["public.outbox"]
+tables = ["public.orders"]
 
 [[sinks]]
 kind = "kafka-outbox"
@@ -938,6 +938,14 @@ dead_letter_topic = "outbox.dead-letter"
 "#;
     let c = parse(good, "f.toml", &env).unwrap();
     assert_eq!(c.sinks.len(), 1);
+    assert_eq!(
+        c.watched_tables(),
+        [
+            ("public".into(), "orders".into()),
+            ("public".into(), "outbox".into())
+        ],
+        "the outbox table is captured without being listed"
+    );
     let bad = r#"
 [source]
 kind = "postgres"

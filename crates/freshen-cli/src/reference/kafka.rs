@@ -158,7 +158,7 @@ pub(super) const OUTBOX: Table = Table {
             "string",
             Required("\"public.outbox\""),
             Any,
-            "The outbox table as `schema.table`; it must be among `[source] tables`.",
+            "The outbox table as `schema.table`; the source captures it (it need not be in `[source] tables`).",
         ),
         key(
             "topic",

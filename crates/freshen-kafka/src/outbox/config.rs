@@ -35,7 +35,7 @@ pub enum PayloadEncoding {
 /// [[sinks]]
 /// kind = "kafka-outbox"
 /// brokers = "127.0.0.1:9092"
-/// table = "public.outbox"                  # must be among [source] tables
+/// table = "public.outbox"                  # captured by the source
 /// topic = "outbox.event.{routedByValue}"  # the default
 /// dead_letter_topic = "outbox.dead-letter"
 /// ```

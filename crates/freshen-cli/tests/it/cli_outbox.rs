@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use freshen_testenv::KafkaServer;
-use freshen_testenv::refresher::{until_within, within};
+use freshen_testenv::refresher::{eventually, until_within, within};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -267,7 +267,7 @@ async fn an_outbox_relay_killed_mid_relay_loses_nothing_and_keeps_each_aggregate
             // Records wait in the producer before they are sent: a relay that
             // acknowledged on handing them over (not on the broker's acknowledgement)
             // would let the slot pass them, and the kill would lose them.
-            r#"properties = { "linger.ms" = "300" }"#,
+            r#"properties = { "linger.ms" = "1000" }"#,
         ),
     );
     let mut app = App {
@@ -293,6 +293,11 @@ async fn an_outbox_relay_killed_mid_relay_loses_nothing_and_keeps_each_aggregate
     // Witnesses: committed while the relay runs, never written again. The relay is
     // killed as soon as the first of them is in Kafka, with the rest in flight.
     let arrived_before = reader.all().len();
+    let start: String = c
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
     let writer = {
         let url = pg.url();
         let mut app = std::mem::replace(
@@ -316,8 +321,24 @@ async fn an_outbox_relay_killed_mid_relay_loses_nothing_and_keeps_each_aggregate
         (task, done, stop)
     };
     let (writer, written, stop_writing) = writer;
-    until_within("a witness in Kafka", DEADLINE, || {
-        reader.all().len() > arrived_before
+    // The kill comes once a witness is in Kafka and the slot has confirmed past the
+    // first witnesses: a relay that confirmed ahead of the broker would lose the rest.
+    eventually(60, "a witness in Kafka and the slot past it", || {
+        let (reader, c, start) = (&reader, &c, &start);
+        async move {
+            if reader.all().len() <= arrived_before {
+                return None;
+            }
+            let row = c
+                .query_one(
+                    "SELECT confirmed_flush_lsn > $1::text::pg_lsn FROM pg_replication_slots
+                     WHERE slot_name = 'freshen_outbox'",
+                    &[start],
+                )
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(())
+        }
     })
     .await;
     first.kill().unwrap();

@@ -45,12 +45,16 @@ pub const fn kind<T: DeserializeOwned + SinkPlug>(name: &'static str) -> Kind {
 pub const KINDS: &[Kind] = &[
     #[cfg(feature = "kafka")]
     kind::<freshen_kafka::KafkaSinkConfig>("kafka"),
+    #[cfg(feature = "kafka")]
+    kind::<freshen_kafka::KafkaOutboxConfig>("kafka-outbox"),
 ];
 
 /// Kinds left out of this build, and the cargo feature of `freshen-cli` that adds each.
 const LEFT_OUT: &[(&str, &str)] = &[
     #[cfg(not(feature = "kafka"))]
     ("kafka", "kafka"),
+    #[cfg(not(feature = "kafka"))]
+    ("kafka-outbox", "kafka"),
 ];
 
 /// Every kind `[[sinks]] kind` may name: those built in, then those left out.

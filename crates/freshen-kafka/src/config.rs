@@ -14,7 +14,7 @@ const RESERVED_CONSUMER: &[&str] = &[
     "enable.auto.commit",
     "enable.auto.offset.store",
 ];
-const RESERVED_PRODUCER: &[&str] = &[
+pub(crate) const RESERVED_PRODUCER: &[&str] = &[
     "bootstrap.servers",
     "enable.idempotence",
     "acks",

@@ -10,6 +10,10 @@
 //!   acknowledged upstream only once every record of it is delivered.
 //!   [`KafkaSink::run_interleaved`] also publishes a snapshot's rows as READ events
 //!   (`op` `r`) at their place in the stream (`freshen_postgres::SinkSnapshots`).
+//! - [`KafkaOutbox`]: a transactional outbox table relayed as Debezium's outbox event
+//!   router does (topic by `aggregatetype`, key `aggregateid`, headers `id` and `type`,
+//!   value `payload`); malformed rows go to a dead-letter topic with the reason; a batch
+//!   is acknowledged upstream only once the broker acknowledged all of it.
 //! - The key stream, for rebuild work spread over many instances: a capture instance's
 //!   [`KeyPublisher`] publishes each view's dirtied scope keys ([`KeyRecord`]) to the
 //!   partition that owns them ([`partition_of`]); workers read them as a consumer group
@@ -35,6 +39,7 @@ mod key_publisher;
 mod key_source;
 mod keys;
 mod offsets;
+mod outbox;
 mod plug;
 mod sink;
 mod source;
@@ -46,6 +51,7 @@ pub use key_config::KeyStreamConfig;
 pub use key_publisher::{KeyPublisher, Keyer};
 pub use key_source::{KeySource, KeyStreamProbe, ViewKeys};
 pub use keys::{KeyDecodeError, KeyRecord, StreamRecord, partition_of};
+pub use outbox::{KafkaOutbox, KafkaOutboxConfig, OutboxStats, PayloadEncoding, ROUTED_BY};
 pub use sink::KafkaSink;
 pub use source::{KafkaSource, SourceStatsHandle, Undecodable};
 pub use stats::{SinkStats, SourceStats};

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use freshen::plug::{Finding, Plan, Redact, RunSink, SinkPlug, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture};
 
-use crate::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+use crate::{
+    KafkaOutbox, KafkaOutboxConfig, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig,
+};
 
 impl SourcePlug for KafkaSourceConfig {
     fn kind(&self) -> &'static str {
@@ -89,4 +91,42 @@ fn run(sink: KafkaSink) -> Result<RunSink, BoxError> {
             .map_err(Into::into)
         })
     }))
+}
+
+impl SinkPlug for KafkaOutboxConfig {
+    fn kind(&self) -> &'static str {
+        "kafka-outbox"
+    }
+
+    fn name(&self) -> &'static str {
+        "Kafka outbox"
+    }
+
+    fn problems(&self) -> Vec<String> {
+        KafkaOutboxConfig::problems(self)
+    }
+
+    fn identity(&self) -> String {
+        format!("kafka-outbox:{}", self.table)
+    }
+
+    fn tables(&self) -> Vec<(String, String)> {
+        self.table_parts()
+            .map(|(s, t)| (s.to_owned(), t.to_owned()))
+            .into_iter()
+            .collect()
+    }
+
+    fn open(&self) -> Result<RunSink, BoxError> {
+        let outbox = KafkaOutbox::new(self)?;
+        Ok(Box::new(move |branch, splice, stop| {
+            Box::pin(async move {
+                match splice {
+                    Some(splice) => outbox.run_interleaved(branch, splice, stop).await,
+                    None => outbox.run(branch, stop).await,
+                }
+                .map_err(Into::into)
+            })
+        }))
+    }
 }

@@ -233,32 +233,7 @@ impl KafkaSink {
         value: Option<&[u8]>,
         headers: Option<OwnedHeaders>,
     ) -> Result<DeliveryFuture, Error> {
-        loop {
-            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
-            if let Some(v) = value {
-                record = record.payload(v);
-            }
-            if let Some(k) = key {
-                record = record.key(k);
-            }
-            if let Some(h) = &headers {
-                record = record.headers(h.clone());
-            }
-            match self.producer.send_result(record) {
-                Ok(fut) => return Ok(fut),
-                // The producer's queue is full of earlier deliveries: let some finish.
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                }
-                Err((error, _)) => {
-                    add(&self.counters.failed, 1);
-                    return Err(Error::Delivery {
-                        topic: topic.to_owned(),
-                        error,
-                    });
-                }
-            }
-        }
+        send_record(&self.producer, &self.counters, topic, key, value, headers).await
     }
 
     /// Publishes every batch of `source` and acknowledges it once delivered, until the
@@ -381,8 +356,46 @@ where
     result
 }
 
+/// Hands one record to `producer`, waiting while its queue is full; a refusal counts as
+/// a failed delivery.
+pub(crate) async fn send_record(
+    producer: &FutureProducer,
+    counters: &SinkCounters,
+    topic: &str,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: Option<OwnedHeaders>,
+) -> Result<DeliveryFuture, Error> {
+    loop {
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(h) = &headers {
+            record = record.headers(h.clone());
+        }
+        match producer.send_result(record) {
+            Ok(fut) => return Ok(fut),
+            // The producer's queue is full of earlier deliveries: let some finish.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+            }
+            Err((error, _)) => {
+                add(&counters.failed, 1);
+                return Err(Error::Delivery {
+                    topic: topic.to_owned(),
+                    error,
+                });
+            }
+        }
+    }
+}
+
 /// The rows to splice into a batch, and one acknowledgement for the batch and them.
-fn with_reads(
+pub(crate) fn with_reads(
     spliced: Vec<(usize, Vec<RowEvent>, Ack)>,
     ack: Ack,
 ) -> (Vec<(usize, Vec<RowEvent>)>, Ack) {

@@ -312,16 +312,17 @@ pub struct Config {
 
 impl Config {
     /// Every watched table, each once, in first-seen order, then the source's extra
-    /// captured tables.
+    /// captured tables, then those sinks need (a transactional outbox's).
     pub fn watched_tables(&self) -> Vec<(String, String)> {
         let extra = self.source.tables();
+        let sinks = self.sinks.iter().flat_map(|s| s.plug.tables());
         let mut out: Vec<(String, String)> = Vec::new();
         let views = self
             .views
             .iter()
             .flat_map(|v| &v.watch)
             .map(|w| (w.schema.clone(), w.table.clone()));
-        for t in views.chain(extra) {
+        for t in views.chain(extra).chain(sinks) {
             if !out.contains(&t) {
                 out.push(t);
             }

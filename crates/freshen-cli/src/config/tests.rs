@@ -1092,3 +1092,65 @@ colour = "red"
     }
     assert_eq!(p.len(), want.len(), "{}", p.join("\n"));
 }
+
+#[test]
+#[cfg(feature = "kafka")]
+fn an_outbox_sink_lists_every_problem_with_its_line() {
+    let good = r#"
+[source]
+kind = "postgres"
+url = "postgres://app@db/app"
+tables = ["public.orders"]
+
+[[sinks]]
+kind = "kafka-outbox"
+brokers = "127.0.0.1:9092"
+table = "public.outbox"
+dead_letter_topic = "outbox.dead-letter"
+"#;
+    let c = parse(good, "f.toml", &env).unwrap();
+    assert_eq!(c.sinks.len(), 1);
+    assert_eq!(
+        c.watched_tables(),
+        [
+            ("public".into(), "orders".into()),
+            ("public".into(), "outbox".into())
+        ],
+        "the outbox table is captured without being listed"
+    );
+    let bad = r#"
+[source]
+kind = "postgres"
+url = "postgres://app@db/app"
+tables = ["public.outbox"]
+
+[[sinks]]
+kind = "kafka-outbox"
+brokers = "127.0.0.1:9092"
+table = "outbox"
+topic = "events/{routedByValue}"
+dead_letter_topic = "outbox.dead-letter"
+type_column = "aggregateid"
+
+[[sinks]]
+kind = "kafka-outbox"
+brokers = "127.0.0.1:9092"
+table = "public.outbox"
+payload_encoding = "xml"
+"#;
+    let p = problems(bad);
+    let at = |line: &str, words: &str| {
+        assert!(
+            p.iter()
+                .any(|l| l.starts_with(&format!("f.toml:{line}:")) && l.contains(words)),
+            "no `{words}` at line {line}: {p:#?}"
+        );
+    };
+    at("10", "table \"outbox\" must be written schema.table");
+    at("11", "topic \"events/{routedByValue}\"");
+    at(
+        "13",
+        "type_column names column \"aggregateid\", as aggregate_id_column does",
+    );
+    at("19", "unknown variant `xml`");
+}

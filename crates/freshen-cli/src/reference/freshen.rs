@@ -447,8 +447,8 @@ pub(super) const SINKS: Table = Table {
             "kind",
             "string",
             Required("\"kafka\""),
-            OneOf(&["kafka"]),
-            "The sink kind; `kafka` needs the cargo feature `kafka`.",
+            OneOf(&["kafka", "kafka-outbox"]),
+            "The sink kind; `kafka` and `kafka-outbox` need the cargo feature `kafka`.",
         ),
         key(
             "snapshot",

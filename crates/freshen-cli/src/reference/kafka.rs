@@ -1,6 +1,7 @@
 //! The keys of Kafka's kinds: `[source] kind = "kafka"`
 //! (`freshen_kafka::KafkaSourceConfig`), `[[sinks]] kind = "kafka"`
-//! (`freshen_kafka::KafkaSinkConfig`) and `[key_stream]`
+//! (`freshen_kafka::KafkaSinkConfig`), `[[sinks]] kind = "kafka-outbox"`
+//! (`freshen_kafka::KafkaOutboxConfig`) and `[key_stream]`
 //! (`freshen_kafka::KeyStreamConfig`).
 
 use super::{Omitted::*, Range::*, Table, key};
@@ -136,6 +137,98 @@ pub(super) const SINK: Table = Table {
             Is("{}"),
             Any,
             "More librdkafka properties (`compression.type`, `security.protocol`, …), applied last; `bootstrap.servers`, `enable.idempotence` and `acks` are freshen's.",
+        ),
+    ],
+};
+
+pub(super) const OUTBOX: Table = Table {
+    header: "[[sinks]] kind = \"kafka-outbox\"",
+    feature: Some("kafka"),
+    about: "Relays a transactional outbox table as Debezium's outbox event router does: each inserted row becomes one record on its `aggregatetype`'s topic, keyed by `aggregateid`, with headers `id` and `type` and the `payload` as value; updates and deletes are ignored and the rows are never deleted by freshen; a batch is acknowledged (the slot advances) once the broker acknowledged every record of it.",
+    keys: &[
+        key(
+            "brokers",
+            "string or array of strings",
+            Required("\"k1:9092\""),
+            Any,
+            "Bootstrap brokers: `\"host:port,host:port\"` or a list of `\"host:port\"`.",
+        ),
+        key(
+            "table",
+            "string",
+            Required("\"public.outbox\""),
+            Any,
+            "The outbox table as `schema.table`; the source captures it (it need not be in `[source] tables`).",
+        ),
+        key(
+            "topic",
+            "string",
+            Is("\"outbox.event.{routedByValue}\""),
+            Any,
+            "The topic pattern: `{routedByValue}` becomes the row's aggregate type (characters a topic name may not hold become `_`); Debezium's `${routedByValue}` without the `$`, since `${…}` reads the environment.",
+        ),
+        key(
+            "dead_letter_topic",
+            "string",
+            Required("\"outbox.dead-letter\""),
+            Any,
+            "Where a malformed row goes (no id, aggregate type or aggregate id, or a payload the encoding refuses), with header `freshen.error` giving the reason.",
+        ),
+        key(
+            "id_column",
+            "string",
+            Is("\"id\""),
+            Any,
+            "The column of the event's unique id, sent as header `id` for consumer-side deduplication.",
+        ),
+        key(
+            "aggregate_type_column",
+            "string",
+            Is("\"aggregatetype\""),
+            Any,
+            "The column whose value routes the row to a topic.",
+        ),
+        key(
+            "aggregate_id_column",
+            "string",
+            Is("\"aggregateid\""),
+            Any,
+            "The column that keys the record: one aggregate's events share a partition, in order.",
+        ),
+        key(
+            "type_column",
+            "string",
+            Is("\"type\""),
+            Any,
+            "The column of the event type, sent as header `type` (NULL: no header).",
+        ),
+        key(
+            "payload_column",
+            "string",
+            Is("\"payload\""),
+            Any,
+            "The column whose value is the record's value (NULL: a record without a value).",
+        ),
+        key(
+            "payload_encoding",
+            "string",
+            Is("\"json\""),
+            OneOf(&["json", "text", "bytes"]),
+            "What the payload must be: a JSON document, UTF-8 text, or any bytes.",
+        ),
+        key(
+            "delivery_timeout_ms",
+            "integer",
+            Is("30000"),
+            Int(1, 2_147_483_647),
+            "How long a record may take to be acknowledged by every in-sync replica, retries included, in ms; past it the relay fails and its batch is not acknowledged.",
+        ),
+        key(
+            "properties",
+            "table of strings",
+            Is("{}"),
+            Any,
+            "More librdkafka properties, applied last; `bootstrap.servers`, `enable.idempotence` and `acks` are freshen's.",
         ),
     ],
 };

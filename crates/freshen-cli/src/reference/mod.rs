@@ -122,6 +122,7 @@ pub fn tables() -> Vec<&'static Table> {
         &freshen::RECONCILE,
         &freshen::SINKS,
         &kafka::SINK,
+        &kafka::OUTBOX,
         &kafka::KEY_STREAM,
         &freshen::REDACT,
     ]);

@@ -122,6 +122,7 @@ fn every_key_the_parser_accepts_is_documented_and_no_other() {
     {
         same_keys(&kafka::SOURCE, fields::<freshen_kafka::KafkaSourceConfig>());
         same_keys(&kafka::SINK, fields::<freshen_kafka::KafkaSinkConfig>());
+        same_keys(&kafka::OUTBOX, fields::<freshen_kafka::KafkaOutboxConfig>());
         same_keys(
             &kafka::KEY_STREAM,
             fields::<freshen_kafka::KeyStreamConfig>(),
@@ -295,6 +296,15 @@ fn context(t: &Table) -> Option<Context> {
                 ("kind", "\"kafka\"".into()),
                 ("brokers", "\"k:9092\"".into()),
                 ("topic", "\"app\"".into()),
+            ],
+        ),
+        "[[sinks]] kind = \"kafka-outbox\"" => after_pg(
+            "[[sinks]]",
+            vec![
+                ("kind", "\"kafka-outbox\"".into()),
+                ("brokers", "\"k:9092\"".into()),
+                ("table", "\"app.outbox\"".into()),
+                ("dead_letter_topic", "\"outbox.dead-letter\"".into()),
             ],
         ),
         "[changefeed]" => after_pg("[changefeed]", required(t)),

@@ -23,6 +23,8 @@ mod cli_kafka;
 mod cli_mysql;
 #[cfg(feature = "mysql")]
 mod cli_mysql_incremental;
+#[cfg(feature = "kafka")]
+mod cli_outbox;
 mod cli_page;
 #[cfg(feature = "pulsar")]
 mod cli_pulsar;

@@ -74,6 +74,13 @@ pub trait SinkPlug: fmt::Debug + Send + Sync + 'static {
     /// afresh (`kafka:<topic>`).
     fn identity(&self) -> String;
 
+    /// Tables this sink needs captured (`(schema, table)`), besides the views' and the
+    /// source's own: a transactional outbox names its table here, so that the file need
+    /// not list it twice.
+    fn tables(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Sets the sink up (a producer; nothing is sent yet) and returns how to run it.
     fn open(&self) -> Result<RunSink, BoxError>;
 

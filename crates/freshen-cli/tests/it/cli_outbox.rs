@@ -1,0 +1,527 @@
+//! The binary relaying a transactional outbox (`[[sinks]] kind = "kafka-outbox"`) from
+//! PostgreSQL to a real Kafka-protocol broker: a SIGKILL mid-relay loses no row, each
+//! aggregate's events stay in order (repeats allowed, told apart by the `id` header), and
+//! a malformed row reaches the dead-letter topic with its reason.
+
+use crate::support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use freshen_testenv::KafkaServer;
+use freshen_testenv::refresher::{eventually, until_within, within};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use support::*;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const TOPICS: [&str; 3] = ["outbox.event.order", "outbox.event.customer", "outbox.dlq"];
+/// Aggregates written to: `a0`, `a1`, …; even ones are orders, odd ones customers.
+const AGGREGATES: u64 = 12;
+/// The most transactions the application commits around the kill (it stops at the kill).
+const WITNESS_TXS: usize = 5000;
+
+const OUTBOX: &str = "CREATE TABLE outbox (
+    id text PRIMARY KEY,
+    aggregatetype text,
+    aggregateid text,
+    type text,
+    payload text
+);
+CREATE TABLE orders (id bigint PRIMARY KEY, seq int NOT NULL);";
+
+fn broker() -> KafkaServer {
+    KafkaServer::start().expect("a Kafka-protocol broker (run scripts/test-deps-brokers)")
+}
+
+async fn create_topics(bootstrap: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let new: Vec<NewTopic<'_>> = TOPICS
+        .iter()
+        .map(|t| NewTopic::new(t, 3, TopicReplication::Fixed(1)))
+        .collect();
+    let made = admin
+        .create_topics(&new, &AdminOptions::new().operation_timeout(Some(DEADLINE)))
+        .await
+        .unwrap();
+    for r in made {
+        r.unwrap();
+    }
+}
+
+/// The file; `extra` adds keys to the outbox sink.
+fn config(pg: &str, brokers: &str, listen: &str, extra: &str) -> String {
+    format!(
+        r#"
+[source]
+kind = "postgres"
+url = "{pg}"
+slot = "freshen_outbox"
+publication = "freshen_outbox"
+# The outbox table is captured because the sink names it.
+tables = ["public.orders"]
+# Confirm eagerly: an acknowledgement given too early would show as a loss.
+status_interval = "10ms"
+
+[http]
+listen = "{listen}"
+
+[[sinks]]
+kind = "kafka-outbox"
+brokers = "{brokers}"
+table = "public.outbox"
+dead_letter_topic = "outbox.dlq"
+{extra}
+"#
+    )
+}
+
+/// One record read back: its topic, key, headers `id`, `type` and `freshen.error`, and
+/// its value.
+#[derive(Debug, Clone)]
+struct Got {
+    topic: String,
+    key: Option<String>,
+    id: Option<String>,
+    kind: Option<String>,
+    error: Option<String>,
+    value: Option<String>,
+}
+
+/// Reads every topic from the start on a thread of its own until dropped.
+struct Reader {
+    got: Arc<Mutex<Vec<Got>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Reader {
+    fn start(bootstrap: &str) -> Reader {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "outbox-reader")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&TOPICS).unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (got, stop) = (got.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
+                        continue;
+                    };
+                    let header = |name: &str| {
+                        m.headers()
+                            .and_then(|h| h.iter().find(|h| h.key == name))
+                            .and_then(|h| text(h.value))
+                    };
+                    let g = Got {
+                        topic: m.topic().to_owned(),
+                        key: text(m.key()),
+                        id: header("id"),
+                        kind: header("type"),
+                        error: header("freshen.error"),
+                        value: text(m.payload()),
+                    };
+                    got.lock().unwrap().push(g);
+                }
+            })
+        };
+        Reader {
+            got,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn all(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The application: each transaction changes its data and writes its events (one per
+/// aggregate it touches, with the aggregate's next sequence number) into the outbox.
+struct App {
+    rng: Rng,
+    seq: BTreeMap<u64, u64>,
+    /// Every event committed: id → (aggregate, seq).
+    committed: BTreeMap<String, (u64, u64)>,
+    /// Transactions committed so far, readable while another task runs them.
+    done: Arc<AtomicUsize>,
+    /// Set: commit no more transactions.
+    stop: Arc<AtomicBool>,
+}
+
+impl App {
+    async fn transactions(&mut self, c: &tokio_postgres::Client, n: usize) {
+        for _ in 0..n {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let mut sql = String::from("BEGIN;");
+            let mut events = Vec::new();
+            for _ in 0..=self.rng.below(3) {
+                let a = self.rng.below(AGGREGATES);
+                let seq = self.seq.entry(a).or_insert(0);
+                *seq += 1;
+                let id = format!("e-{a}-{seq}");
+                let (ty, kind) = if a.is_multiple_of(2) {
+                    ("order", "OrderChanged")
+                } else {
+                    ("customer", "CustomerChanged")
+                };
+                sql.push_str(&format!(
+                    "INSERT INTO orders VALUES ({a}, {seq}) ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq;
+                     INSERT INTO outbox VALUES ('{id}', '{ty}', 'a{a}', '{kind}', '{{\"seq\":{seq}}}');"
+                ));
+                events.push((id, (a, *seq)));
+            }
+            sql.push_str("COMMIT;");
+            c.batch_execute(&sql).await.unwrap();
+            self.committed.extend(events);
+            self.done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What arrived, checked: each record on its aggregate type's topic, keyed by its
+/// aggregate, with its `id` and `type` headers; per aggregate, the first arrival of each
+/// id comes in sequence order (a repeat is a replay of an id seen before). Returns the
+/// ids seen and how many records were repeats.
+fn check_arrivals(got: &[Got]) -> (BTreeSet<String>, usize) {
+    let mut seen = BTreeSet::new();
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    let mut repeats = 0;
+    for g in got.iter().filter(|g| g.topic != "outbox.dlq") {
+        let id = g.id.clone().expect("an id header");
+        let key = g.key.clone().expect("a key");
+        let a: u64 = key.trim_start_matches('a').parse().expect("key a<n>");
+        let want_topic = if a.is_multiple_of(2) {
+            "outbox.event.order"
+        } else {
+            "outbox.event.customer"
+        };
+        assert_eq!(g.topic, want_topic, "{g:?}");
+        let want_kind = if a.is_multiple_of(2) {
+            "OrderChanged"
+        } else {
+            "CustomerChanged"
+        };
+        assert_eq!(g.kind.as_deref(), Some(want_kind), "{g:?}");
+        let value: serde_json::Value =
+            serde_json::from_str(g.value.as_deref().expect("a value")).unwrap();
+        let seq = value["seq"].as_u64().expect("seq");
+        assert_eq!(id, format!("e-{a}-{seq}"), "the payload is the row's");
+        if !seen.insert(id.clone()) {
+            repeats += 1;
+            continue;
+        }
+        let before = last.insert(key.clone(), seq).unwrap_or(0);
+        assert_eq!(
+            seq,
+            before + 1,
+            "aggregate {key}: event {seq} arrived first after {before}"
+        );
+    }
+    (seen, repeats)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_relay_killed_mid_relay_loses_nothing_and_keeps_each_aggregate_in_order() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(OUTBOX).await.unwrap();
+    create_topics(&kafka.bootstrap()).await;
+    let reader = Reader::start(&kafka.bootstrap());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &config(
+            &pg.url(),
+            &kafka.bootstrap(),
+            &format!("127.0.0.1:{port}"),
+            // Records wait in the producer before they are sent: a relay that
+            // acknowledged on handing them over (not on the broker's acknowledgement)
+            // would let the slot pass them, and the kill would lose them.
+            r#"properties = { "linger.ms" = "1000" }"#,
+        ),
+    );
+    let mut app = App {
+        rng: Rng::new(7),
+        seq: BTreeMap::new(),
+        committed: BTreeMap::new(),
+        done: Arc::default(),
+        stop: Arc::default(),
+    };
+
+    // A clean run: every event once, in order per aggregate.
+    let mut first = spawn_run(dir.path(), &cfg, 1);
+    wait_healthy(&base, dir.path(), 1, DEADLINE).await;
+    app.transactions(&c, 30).await;
+    let clean: BTreeSet<String> = app.committed.keys().cloned().collect();
+    until_within("the clean run's events", DEADLINE, || {
+        check_arrivals(&reader.all()).0 == clean
+    })
+    .await;
+    let (_, repeats) = check_arrivals(&reader.all());
+    assert_eq!(repeats, 0, "no repeats in a clean run");
+
+    // Witnesses: committed while the relay runs, never written again. The relay is
+    // killed as soon as the first of them is in Kafka, with the rest in flight.
+    let arrived_before = reader.all().len();
+    let start: String = c
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let writer = {
+        let url = pg.url();
+        let mut app = std::mem::replace(
+            &mut app,
+            App {
+                rng: Rng::new(0),
+                seq: BTreeMap::new(),
+                committed: BTreeMap::new(),
+                done: Arc::default(),
+                stop: Arc::default(),
+            },
+        );
+        app.done.store(0, Ordering::Relaxed);
+        let done = app.done.clone();
+        let stop = app.stop.clone();
+        let task = tokio::spawn(async move {
+            let c = connect(&url).await;
+            app.transactions(&c, WITNESS_TXS).await;
+            app
+        });
+        (task, done, stop)
+    };
+    let (writer, written, stop_writing) = writer;
+    // The kill comes once a witness is in Kafka and the slot has confirmed past the
+    // first witnesses: a relay that confirmed ahead of the broker would lose the rest.
+    eventually(60, "a witness in Kafka and the slot past it", || {
+        let (reader, c, start) = (&reader, &c, &start);
+        async move {
+            if reader.all().len() <= arrived_before {
+                return None;
+            }
+            let row = c
+                .query_one(
+                    "SELECT confirmed_flush_lsn > $1::text::pg_lsn FROM pg_replication_slots
+                     WHERE slot_name = 'freshen_outbox'",
+                    &[start],
+                )
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(())
+        }
+    })
+    .await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let written_at_kill = written.load(Ordering::Relaxed);
+    let arrived_at_kill = reader.all().len() - arrived_before;
+    assert!(
+        written_at_kill < WITNESS_TXS,
+        "killed while the application was still writing ({written_at_kill} transactions)"
+    );
+    // Witnesses are the transactions committed up to here: the writer stops, and
+    // what it committed after the kill is written while the relay is down.
+    stop_writing.store(true, Ordering::Relaxed);
+    app = within(60, "the witnesses committed", writer).await.unwrap();
+    app.stop.store(false, Ordering::Relaxed);
+    // More events while the relay is down.
+    app.transactions(&c, 20).await;
+    let committed: BTreeSet<String> = app.committed.keys().cloned().collect();
+
+    let _second = spawn_run(dir.path(), &cfg, 2);
+    until_within("every witness after the restart", DEADLINE, || {
+        check_arrivals(&reader.all()).0 == committed
+    })
+    .await;
+    let (seen, repeats) = check_arrivals(&reader.all());
+    assert_eq!(seen, committed, "nothing but the application's events");
+    eprintln!(
+        "{} events; at the kill {written_at_kill} witness transactions committed and \
+         {arrived_at_kill} witness events read back; {repeats} repeats",
+        committed.len()
+    );
+    assert!(
+        !reader.all().iter().any(|g| g.topic == "outbox.dlq"),
+        "no dead letters"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_outbox_row_reaches_the_dead_letter_topic_with_its_reason() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(OUTBOX).await.unwrap();
+    create_topics(&kafka.bootstrap()).await;
+    let reader = Reader::start(&kafka.bootstrap());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &config(
+            &pg.url(),
+            &kafka.bootstrap(),
+            &format!("127.0.0.1:{port}"),
+            "",
+        ),
+    );
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_healthy(&base, dir.path(), 1, DEADLINE).await;
+    let insert = "INSERT INTO outbox VALUES ($1, $2, $3, $4, $5)";
+    for (id, ty, agg, payload) in [
+        ("e-1", Some("order"), Some("a0"), "{\"seq\":1}"),
+        ("bad-key", Some("order"), None, "{\"seq\":2}"),
+        ("bad-json", Some("order"), Some("a0"), "{seq: 2"),
+        ("e-2", Some("order"), Some("a0"), "{\"seq\":2}"),
+    ] {
+        c.execute(insert, &[&id, &ty, &agg, &"OrderChanged", &payload])
+            .await
+            .unwrap();
+    }
+    // A delete of an outbox row (the application cleaning up) is no event.
+    c.execute("DELETE FROM outbox WHERE id = 'e-1'", &[])
+        .await
+        .unwrap();
+    c.execute(insert, &[&"e-3", &"order", &"a0", &"x", &"{\"seq\":3}"])
+        .await
+        .unwrap();
+    until_within("the good events and the dead letters", DEADLINE, || {
+        reader.all().len() >= 5
+    })
+    .await;
+    let got = reader.all();
+    let dead: BTreeMap<String, Got> = got
+        .iter()
+        .filter(|g| g.topic == "outbox.dlq")
+        .map(|g| (g.id.clone().unwrap(), g.clone()))
+        .collect();
+    assert_eq!(dead.len(), 2, "{got:#?}\n{}", log_of(dir.path(), 1));
+    assert_eq!(
+        dead["bad-key"].error.as_deref(),
+        Some("aggregateid is missing or NULL")
+    );
+    let why = dead["bad-json"].error.clone().unwrap();
+    assert!(why.starts_with("payload is not valid JSON"), "{why}");
+    assert_eq!(
+        dead["bad-json"].value.as_deref(),
+        Some("{seq: 2"),
+        "the row kept as it was"
+    );
+    let events: Vec<(String, String)> = got
+        .iter()
+        .filter(|g| g.topic == "outbox.event.order")
+        .map(|g| (g.id.clone().unwrap(), g.value.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("e-1".to_owned(), "{\"seq\":1}".to_owned()),
+            ("e-2".to_owned(), "{\"seq\":2}".to_owned()),
+            ("e-3".to_owned(), "{\"seq\":3}".to_owned()),
+        ],
+        "the good rows, in order, around the bad ones; the delete is no event"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_already_in_the_outbox_are_relayed_by_an_initial_snapshot() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(OUTBOX).await.unwrap();
+    c.batch_execute(
+        "INSERT INTO outbox SELECT 'old-' || g, 'order', 'a' || (g % 3), 'OrderCreated',
+                                   '{\"seq\":' || g || '}'
+         FROM generate_series(1, 50) g;",
+    )
+    .await
+    .unwrap();
+    create_topics(&kafka.bootstrap()).await;
+    let reader = Reader::start(&kafka.bootstrap());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let cfg = write_config(
+        dir.path(),
+        &config(
+            &pg.url(),
+            &kafka.bootstrap(),
+            &format!("127.0.0.1:{port}"),
+            "snapshot = \"initial\"\nsnapshot_chunk_rows = 20",
+        ),
+    );
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_healthy(&base, dir.path(), 1, DEADLINE).await;
+    c.execute(
+        "INSERT INTO outbox VALUES ('new-1', 'order', 'a0', 'OrderCreated', '{\"seq\":51}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let want: BTreeSet<String> = (1..=50)
+        .map(|g| format!("old-{g}"))
+        .chain(["new-1".to_owned()])
+        .collect();
+    let ids = || -> BTreeSet<String> {
+        reader
+            .all()
+            .into_iter()
+            .filter(|g| g.topic == "outbox.event.order")
+            .filter_map(|g| g.id)
+            .collect()
+    };
+    until_within("the existing rows and the new one", DEADLINE, || {
+        ids() == want
+    })
+    .await;
+    let got = reader.all();
+    for g in &got {
+        let a: u64 = g
+            .key
+            .as_deref()
+            .unwrap()
+            .trim_start_matches('a')
+            .parse()
+            .unwrap();
+        let id = g.id.as_deref().unwrap();
+        if let Some(n) = id.strip_prefix("old-") {
+            assert_eq!(
+                n.parse::<u64>().unwrap() % 3,
+                a,
+                "keyed by aggregateid: {g:?}"
+            );
+        }
+        assert_eq!(g.kind.as_deref(), Some("OrderCreated"));
+    }
+}

@@ -158,6 +158,8 @@ struct Run {
     own: Duration,
     /// Each worker's rebuilds at the end, fewest first.
     each: Vec<u64>,
+    /// From the first rebuild to the first of the last worker to start.
+    all_in: Duration,
 }
 
 /// One run: `n` workers read the stream from its start until `keys` keys are rebuilt,
@@ -187,7 +189,13 @@ async fn drain(
         server_cpu(data_dir),
         process_cpu(std::process::id()),
     );
+    // When the last worker's first rebuild came: until then the group was still
+    // forming (joins and the rebalances they cause), and fewer workers rebuilt.
+    let mut all_in = None;
     loop {
+        if all_in.is_none() && workers.iter().all(|w| rebuilt(std::slice::from_ref(w)) > 0) {
+            all_in = Some(t0.elapsed());
+        }
         let rows: i64 = c
             .query_one("SELECT count(*) FROM device_totals", &[])
             .await?
@@ -219,6 +227,7 @@ async fn drain(
         db,
         own,
         each,
+        all_in: all_in.unwrap_or(span),
     })
 }
 
@@ -292,6 +301,7 @@ async fn table(
         "PostgreSQL CPU (cores)",
         "freshen CPU (cores)",
         "rebuilds per worker",
+        "every worker rebuilding after",
     ]);
     let mut base = None;
     for &n in workers {
@@ -300,6 +310,7 @@ async fn table(
             db,
             own,
             each,
+            all_in,
         } = drain(url, bootstrap, data_dir, n, keys, wait_ms).await?;
         let per_s = keys as f64 / span.as_secs_f64();
         let b = *base.get_or_insert(per_s);
@@ -316,6 +327,7 @@ async fn table(
                 .map(u64::to_string)
                 .collect::<Vec<_>>()
                 .join(" "),
+            dur(all_in),
         ]);
     }
     Ok(t)

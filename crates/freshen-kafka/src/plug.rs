@@ -118,15 +118,23 @@ impl SinkPlug for KafkaOutboxConfig {
     }
 
     fn open(&self) -> Result<RunSink, BoxError> {
-        let outbox = KafkaOutbox::new(self)?;
-        Ok(Box::new(move |branch, splice, stop| {
-            Box::pin(async move {
-                match splice {
-                    Some(splice) => outbox.run_interleaved(branch, splice, stop).await,
-                    None => outbox.run(branch, stop).await,
-                }
-                .map_err(Into::into)
-            })
-        }))
+        run_outbox(KafkaOutbox::new(self)?)
     }
+
+    fn open_redacted(&self, redact: Arc<dyn Redact>) -> Result<RunSink, BoxError> {
+        run_outbox(KafkaOutbox::new(self)?.with_redactor(redact))
+    }
+}
+
+/// How the binary runs an outbox relay on its branch, with a snapshot's rows spliced in.
+fn run_outbox(outbox: KafkaOutbox) -> Result<RunSink, BoxError> {
+    Ok(Box::new(move |branch, splice, stop| {
+        Box::pin(async move {
+            match splice {
+                Some(splice) => outbox.run_interleaved(branch, splice, stop).await,
+                None => outbox.run(branch, stop).await,
+            }
+            .map_err(Into::into)
+        })
+    }))
 }

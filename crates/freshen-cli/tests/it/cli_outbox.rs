@@ -525,3 +525,76 @@ async fn rows_already_in_the_outbox_are_relayed_by_an_initial_snapshot() {
         assert_eq!(g.kind.as_deref(), Some("OrderCreated"));
     }
 }
+
+/// `[[redact]]` on the outbox's payload column: the clear payload reaches neither the
+/// event topic nor the dead-letter topic, and routing still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacted_outbox_payload_leaves_the_relay_only_masked() {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(OUTBOX).await.unwrap();
+    create_topics(&kafka.bootstrap()).await;
+    let reader = Reader::start(&kafka.bootstrap());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    // A masked payload is no JSON document: relayed as text.
+    let extra = "payload_encoding = \"text\"\n\n[[redact]]\ntable = \"public.outbox\"\ncolumn = \"payload\"\naction = \"mask\"";
+    let cfg = write_config(
+        dir.path(),
+        &config(
+            &pg.url(),
+            &kafka.bootstrap(),
+            &format!("127.0.0.1:{port}"),
+            extra,
+        ),
+    );
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_healthy(&base, dir.path(), 1, DEADLINE).await;
+    let insert = "INSERT INTO outbox VALUES ($1, $2, $3, $4, $5)";
+    for (id, agg, payload) in [
+        ("e-1", Some("a0"), "{\"card\":\"4111-secret-1\"}"),
+        ("bad-key", None, "{\"card\":\"4111-secret-2\"}"),
+        ("e-2", Some("a1"), "{\"card\":\"4111-secret-3\"}"),
+    ] {
+        c.execute(insert, &[&id, &"order", &agg, &"CardAdded", &payload])
+            .await
+            .unwrap();
+    }
+    until_within("the events and the dead letter", DEADLINE, || {
+        reader.all().len() >= 3
+    })
+    .await;
+    let got = reader.all();
+    let mut seen: Vec<(String, String, Option<String>)> = got
+        .iter()
+        .map(|g| (g.topic.clone(), g.id.clone().unwrap(), g.value.clone()))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (
+                "outbox.dlq".to_owned(),
+                "bad-key".to_owned(),
+                Some("********".to_owned())
+            ),
+            (
+                "outbox.event.order".to_owned(),
+                "e-1".to_owned(),
+                Some("********".to_owned())
+            ),
+            (
+                "outbox.event.order".to_owned(),
+                "e-2".to_owned(),
+                Some("********".to_owned())
+            ),
+        ],
+        "{got:#?}"
+    );
+    assert!(
+        got.iter().all(|g| !format!("{g:?}").contains("secret")),
+        "a clear payload left the relay: {got:#?}"
+    );
+}

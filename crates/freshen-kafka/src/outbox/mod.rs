@@ -45,6 +45,9 @@ pub struct KafkaOutbox {
     dead_letter_topic: String,
     counters: Arc<SinkCounters>,
     outbox: Arc<OutboxCounters>,
+    /// Column redaction, applied to every row before it is routed, so neither a
+    /// relayed record nor a dead letter holds a redacted value.
+    redact: Option<Arc<dyn freshen::plug::Redact>>,
 }
 
 impl fmt::Debug for KafkaOutbox {
@@ -107,7 +110,17 @@ impl KafkaOutbox {
             dead_letter_topic: config.dead_letter_topic.clone(),
             counters: Arc::new(SinkCounters::default()),
             outbox: Arc::new(OutboxCounters::default()),
+            redact: None,
         })
+    }
+
+    /// This relay with `redact` applied to every outbox row before it is routed: a rule
+    /// on the payload column hides it in the record's value (and in a dead letter); a
+    /// rule that drops `id`, `aggregatetype` or `aggregateid` sends the rows to the
+    /// dead-letter topic, as a row without them would.
+    pub fn with_redactor(mut self, redact: Arc<dyn freshen::plug::Redact>) -> KafkaOutbox {
+        self.redact = Some(redact);
+        self
     }
 
     /// A snapshot of the counters.
@@ -196,6 +209,8 @@ impl KafkaOutbox {
         read: bool,
         deliveries: &mut Vec<(String, rdkafka::producer::DeliveryFuture)>,
     ) -> Result<(), Error> {
+        let redacted = self.redact.as_ref().and_then(|r| r.apply(event));
+        let event = redacted.as_ref().unwrap_or(event);
         let record = match self.router.route(event, read, &self.dead_letter_topic) {
             Routed::Ignored => {
                 add(&self.outbox.ignored, 1);

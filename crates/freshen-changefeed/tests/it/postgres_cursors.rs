@@ -10,61 +10,13 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use freshen_changefeed::{Changefeed, Filter};
-use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode, TableName,
-};
 use freshen_testenv::PgServer;
 use freshen_testenv::refresher::{eventually, within};
 use serde_json::Value;
 use support::*;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tokio_postgres::{Client, NoTls};
-
-async fn sql(pg: &PgServer) -> Client {
-    let (client, conn) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-async fn pg_source(pg: &PgServer) -> PgSource {
-    let mut config = PgSourceConfig {
-        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
-        slot: "feed".into(),
-        slot_mode: SlotMode::CreateIfMissing,
-        publication: "feed".into(),
-        publication_mode: PublicationMode::CreateIfMissing,
-        tables: ["public.orders", "public.items", "public.users"]
-            .iter()
-            .map(|t| t.parse::<TableName>().unwrap())
-            .collect(),
-        status_interval: Duration::from_millis(100),
-        ..PgSourceConfig::default()
-    };
-    config.batch_size = 3;
-    PgSource::start(config)
-        .await
-        .expect("the PostgreSQL source")
-}
-
-fn capture(cf: &Changefeed, source: PgSource) -> (oneshot::Sender<()>, JoinHandle<()>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let runner = cf.clone();
-    let task = tokio::spawn(async move {
-        runner
-            .capture(source, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("capture runs");
-    });
-    (stop, task)
-}
+use tokio_postgres::Client;
 
 async fn stored(cf: &Changefeed, events: u64) {
     eventually(30, "the changes in the changefeed", || async {
@@ -188,7 +140,16 @@ async fn two_tables_at_two_paces_resume_exactly_from_their_cursors() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
     let server = Server::start(&config).await;
-    let (stop, task) = capture(&server.cf, pg_source(&pg).await);
+    let (stop, task) = capture_until_stopped(
+        &server.cf,
+        pg_source(
+            &pg,
+            "feed",
+            &["public.orders", "public.items", "public.users"],
+            |c| c.batch_size = 3,
+        )
+        .await,
+    );
 
     write_orders(&c, 1..=12).await;
     // Single-table transactions: each row changed once more, never again.
@@ -221,7 +182,16 @@ async fn two_tables_at_two_paces_resume_exactly_from_their_cursors() {
     let _ = stop.send(());
     within(20, "capture stops", task).await.unwrap();
     let server = server.restart(&config).await;
-    let (stop, task) = capture(&server.cf, pg_source(&pg).await);
+    let (stop, task) = capture_until_stopped(
+        &server.cf,
+        pg_source(
+            &pg,
+            "feed",
+            &["public.orders", "public.items", "public.users"],
+            |c| c.batch_size = 3,
+        )
+        .await,
+    );
 
     // A new reader process, from the kept cursors only, reading while the new rows come.
     let writes = {

@@ -5,18 +5,13 @@
 
 use crate::support;
 
-use std::time::Duration;
-
 use freshen_changefeed::{ChangefeedConfig, SnapshotMode, SnapshotSource, SnapshotState};
 use freshen_codec::{HashKey, Mask, RedactAction, RedactRule, Redactor, hmac_hex};
-use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode, TableName,
-};
+use freshen_postgres::{ConnectionConfig, TableName};
 use freshen_testenv::PgServer;
 use freshen_testenv::refresher::eventually;
 use support::*;
 use tokio::sync::oneshot;
-use tokio_postgres::NoTls;
 
 const KEY: &[u8] = b"test-key-one";
 
@@ -83,10 +78,7 @@ fn clear_values() -> Vec<&'static str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redacted_columns_leave_no_trace_in_pages_snapshots_or_the_store() {
     let pg = PgServer::start().unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"));
-    let (c, conn) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let c = sql(&pg).await;
     c.batch_execute(
         "CREATE TABLE users (id int PRIMARY KEY, email text, card text, ssn text, note text, city text);
          ALTER TABLE users REPLICA IDENTITY FULL;",
@@ -108,18 +100,7 @@ async fn redacted_columns_leave_no_trace_in_pages_snapshots_or_the_store() {
     let server = Server::start_redacted(&cfg, "127.0.0.1:0".parse().unwrap(), redactor(KEY)).await;
     let cf = server.cf.clone();
     let users = TableName::new("public", "users");
-    let source = PgSource::start(PgSourceConfig {
-        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
-        slot: "redact".into(),
-        slot_mode: SlotMode::CreateIfMissing,
-        publication: "redact".into(),
-        publication_mode: PublicationMode::CreateIfMissing,
-        tables: vec![users.clone()],
-        status_interval: Duration::from_millis(100),
-        ..PgSourceConfig::default()
-    })
-    .await
-    .expect("the PostgreSQL source");
+    let source = pg_source(&pg, "redact", &["public.users"], |_| {}).await;
     let pool =
         freshen_postgres::connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 2).unwrap();
     let (stop_c, stopped_c) = oneshot::channel::<()>();

@@ -9,39 +9,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use freshen_changefeed::{Changefeed, ChangefeedConfig, Keep, RetentionConfig};
-use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode, TableName,
-};
+use freshen_postgres::{ConnectionConfig, TableName};
 use freshen_testenv::PgServer;
 use serde_json::json;
 use support::*;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_postgres::{Client, NoTls};
-
-async fn sql(pg: &PgServer) -> Client {
-    let (client, conn) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-async fn pg_source(pg: &PgServer) -> PgSource {
-    PgSource::start(PgSourceConfig {
-        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
-        slot: "feed".into(),
-        slot_mode: SlotMode::CreateIfMissing,
-        publication: "feed".into(),
-        publication_mode: PublicationMode::CreateIfMissing,
-        tables: vec!["public.docs".parse::<TableName>().unwrap()],
-        status_interval: Duration::from_millis(100),
-        reconnect: freshen::Backoff::new(Duration::from_millis(50), Duration::from_millis(500)),
-        ..PgSourceConfig::default()
-    })
-    .await
-    .expect("the PostgreSQL source")
-}
+use tokio_postgres::Client;
 
 /// A capture run: the changefeed and the task appending the source to it.
 struct Capture {
@@ -52,7 +26,10 @@ struct Capture {
 
 async fn capture(pg: &PgServer, config: &ChangefeedConfig) -> Capture {
     let cf = open(config).await;
-    let source = pg_source(pg).await;
+    let source = pg_source(pg, "feed", &["public.docs"], |c| {
+        c.reconnect = freshen::Backoff::new(Duration::from_millis(50), Duration::from_millis(500))
+    })
+    .await;
     let (stop, stopped) = oneshot::channel::<()>();
     let runner = cf.clone();
     let task = tokio::spawn(async move {

@@ -13,9 +13,7 @@ use std::time::Duration;
 use freshen_changefeed::{
     Changefeed, ChangefeedConfig, SnapshotMode, SnapshotProgress, SnapshotSource, SnapshotState,
 };
-use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode, TableName,
-};
+use freshen_postgres::{ConnectionConfig, TableName};
 use freshen_testenv::PgServer;
 use freshen_testenv::refresher::eventually;
 use hyper::StatusCode;
@@ -26,14 +24,6 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
 const ROWS: i32 = 3000;
-
-async fn sql(pg: &PgServer) -> Client {
-    let (client, conn) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
 
 /// Rows no writer touches (see [`writers`]), present before the snapshot starts.
 const WITNESSES: &str =
@@ -54,22 +44,6 @@ async fn setup(pg: &PgServer) -> Client {
     c
 }
 
-async fn pg_source(pg: &PgServer) -> PgSource {
-    PgSource::start(PgSourceConfig {
-        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
-        slot: "snap".into(),
-        slot_mode: SlotMode::CreateIfMissing,
-        publication: "snap".into(),
-        publication_mode: PublicationMode::CreateIfMissing,
-        tables: vec![items()],
-        status_interval: Duration::from_millis(100),
-        reconnect: freshen::Backoff::new(Duration::from_millis(50), Duration::from_millis(500)),
-        ..PgSourceConfig::default()
-    })
-    .await
-    .expect("the PostgreSQL source")
-}
-
 fn items() -> TableName {
     TableName::new("public", "items")
 }
@@ -82,7 +56,10 @@ struct Run {
 }
 
 async fn run(pg: &PgServer, cf: &Changefeed) -> Run {
-    let source = pg_source(pg).await;
+    let source = pg_source(pg, "snap", &["public.items"], |c| {
+        c.reconnect = freshen::Backoff::new(Duration::from_millis(50), Duration::from_millis(500))
+    })
+    .await;
     let pool =
         freshen_postgres::connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 2).unwrap();
     let (stop_c, stopped_c) = oneshot::channel::<()>();

@@ -8,63 +8,11 @@
 
 use crate::support;
 
-use std::time::Duration;
-
-use freshen_changefeed::Changefeed;
-use freshen_postgres::{
-    ConnectionConfig, PgSource, PgSourceConfig, PublicationMode, SlotMode, TableName,
-};
 use freshen_testenv::PgServer;
 use freshen_testenv::refresher::within;
 use serde_json::Value;
 use support::*;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tokio_postgres::{Client, NoTls};
-
-async fn sql(pg: &PgServer) -> Client {
-    let (client, conn) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-/// The PostgreSQL source with batches of 2 events: the transactions below span
-/// batches, so their ends come in batches of their own or with the next one's rows.
-async fn pg_source(pg: &PgServer) -> PgSource {
-    let mut config = PgSourceConfig {
-        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
-        slot: "feed".into(),
-        slot_mode: SlotMode::CreateIfMissing,
-        publication: "feed".into(),
-        publication_mode: PublicationMode::CreateIfMissing,
-        tables: vec![
-            "public.orders".parse::<TableName>().unwrap(),
-            "public.items".parse::<TableName>().unwrap(),
-        ],
-        status_interval: Duration::from_millis(100),
-        ..PgSourceConfig::default()
-    };
-    config.batch_size = 2;
-    PgSource::start(config)
-        .await
-        .expect("the PostgreSQL source")
-}
-
-fn capture(cf: &Changefeed, source: PgSource) -> (oneshot::Sender<()>, JoinHandle<()>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let runner = cf.clone();
-    let task = tokio::spawn(async move {
-        runner
-            .capture(source, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("capture runs");
-    });
-    (stop, task)
-}
+use tokio_postgres::Client;
 
 /// Runs `statements` in one transaction; returns its xid as PostgreSQL reports it.
 async fn transaction(c: &Client, statements: &[&str]) -> u64 {
@@ -161,7 +109,15 @@ async fn each_transaction_ends_with_one_marker_after_its_last_event() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
     let server = Server::start(&config).await;
-    let (stop, task) = capture(&server.cf, pg_source(&pg).await);
+    let (stop, task) = capture_until_stopped(
+        &server.cf,
+        // Batches of 2 events: the transactions below span batches, so their ends
+        // come in batches of their own or with the next one's rows.
+        pg_source(&pg, "feed", &["public.orders", "public.items"], |c| {
+            c.batch_size = 2
+        })
+        .await,
+    );
 
     let t1 = transaction(
         &c,

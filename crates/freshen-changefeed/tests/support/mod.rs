@@ -428,3 +428,57 @@ pub fn replay_by_key(
         }
     }
 }
+
+/// A client of `pg`, its connection driven on a task of its own.
+pub async fn sql(pg: &freshen_testenv::PgServer) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// The PostgreSQL source of `pg` on slot and publication `name` (both created when
+/// missing), capturing `tables`, confirming every 100 ms; `tune` changes the rest.
+pub async fn pg_source(
+    pg: &freshen_testenv::PgServer,
+    name: &str,
+    tables: &[&str],
+    tune: impl FnOnce(&mut freshen_postgres::PgSourceConfig),
+) -> freshen_postgres::PgSource {
+    use freshen_postgres::{ConnectionConfig, PgSourceConfig, PublicationMode, SlotMode};
+    let mut config = PgSourceConfig {
+        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
+        slot: name.into(),
+        slot_mode: SlotMode::CreateIfMissing,
+        publication: name.into(),
+        publication_mode: PublicationMode::CreateIfMissing,
+        tables: tables.iter().map(|t| t.parse().unwrap()).collect(),
+        status_interval: Duration::from_millis(100),
+        ..PgSourceConfig::default()
+    };
+    tune(&mut config);
+    freshen_postgres::PgSource::start(config)
+        .await
+        .expect("the PostgreSQL source")
+}
+
+/// Runs `cf`'s capture of `source` on a task until the sender is used (or dropped).
+pub fn capture_until_stopped(
+    cf: &Changefeed,
+    source: freshen_postgres::PgSource,
+) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let runner = cf.clone();
+    let task = tokio::spawn(async move {
+        runner
+            .capture(source, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("capture runs");
+    });
+    (stop, task)
+}

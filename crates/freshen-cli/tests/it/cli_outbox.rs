@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use freshen_testenv::KafkaServer;
 use freshen_testenv::refresher::{eventually, until_within, within};
+use freshen_testenv::{KafkaServer, PgServer};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -82,6 +82,48 @@ dead_letter_topic = "outbox.dlq"
 {extra}
 "#
     )
+}
+
+/// What every test here starts from: a broker with the topics and a reader of them, a
+/// PostgreSQL with the outbox table, and the file (`extra` adds keys to the outbox sink,
+/// or tables after it) in `dir`, served on `base` once run.
+struct Setup {
+    kafka: KafkaServer,
+    pg: PgServer,
+    c: tokio_postgres::Client,
+    reader: Reader,
+    dir: tempfile::TempDir,
+    base: String,
+    cfg: std::path::PathBuf,
+}
+
+async fn setup(extra: &str) -> Setup {
+    let kafka = broker();
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(OUTBOX).await.unwrap();
+    create_topics(&kafka.bootstrap()).await;
+    let reader = Reader::start(&kafka.bootstrap());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config(
+            &pg.url(),
+            &kafka.bootstrap(),
+            &format!("127.0.0.1:{port}"),
+            extra,
+        ),
+    );
+    Setup {
+        kafka,
+        pg,
+        c,
+        reader,
+        dir,
+        base: format!("http://127.0.0.1:{port}"),
+        cfg,
+    }
 }
 
 /// One record read back: its topic, key, headers `id`, `type` and `freshen.error`, and
@@ -249,27 +291,18 @@ fn check_arrivals(got: &[Got]) -> (BTreeSet<String>, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_relay_killed_mid_relay_loses_nothing_and_keeps_each_aggregate_in_order() {
-    let kafka = broker();
-    let pg = start_pg();
-    let c = connect(&pg.url()).await;
-    c.batch_execute(OUTBOX).await.unwrap();
-    create_topics(&kafka.bootstrap()).await;
-    let reader = Reader::start(&kafka.bootstrap());
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let cfg = write_config(
-        dir.path(),
-        &config(
-            &pg.url(),
-            &kafka.bootstrap(),
-            &format!("127.0.0.1:{port}"),
-            // Records wait in the producer before they are sent: a relay that
-            // acknowledged on handing them over (not on the broker's acknowledgement)
-            // would let the slot pass them, and the kill would lose them.
-            r#"properties = { "linger.ms" = "1000" }"#,
-        ),
-    );
+    // Records wait in the producer before they are sent: a relay that acknowledged on
+    // handing them over (not on the broker's acknowledgement) would let the slot pass
+    // them, and the kill would lose them.
+    let Setup {
+        kafka: _kafka,
+        pg,
+        c,
+        reader,
+        dir,
+        base,
+        cfg,
+    } = setup(r#"properties = { "linger.ms" = "1000" }"#).await;
     let mut app = App {
         rng: Rng::new(7),
         seq: BTreeMap::new(),
@@ -378,24 +411,15 @@ async fn an_outbox_relay_killed_mid_relay_loses_nothing_and_keeps_each_aggregate
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_outbox_row_reaches_the_dead_letter_topic_with_its_reason() {
-    let kafka = broker();
-    let pg = start_pg();
-    let c = connect(&pg.url()).await;
-    c.batch_execute(OUTBOX).await.unwrap();
-    create_topics(&kafka.bootstrap()).await;
-    let reader = Reader::start(&kafka.bootstrap());
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let cfg = write_config(
-        dir.path(),
-        &config(
-            &pg.url(),
-            &kafka.bootstrap(),
-            &format!("127.0.0.1:{port}"),
-            "",
-        ),
-    );
+    let Setup {
+        kafka: _kafka,
+        pg: _pg,
+        c,
+        reader,
+        dir,
+        base,
+        cfg,
+    } = setup("").await;
     let _run = spawn_run(dir.path(), &cfg, 1);
     wait_healthy(&base, dir.path(), 1, DEADLINE).await;
     let insert = "INSERT INTO outbox VALUES ($1, $2, $3, $4, $5)";
@@ -456,10 +480,15 @@ async fn a_malformed_outbox_row_reaches_the_dead_letter_topic_with_its_reason() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_already_in_the_outbox_are_relayed_by_an_initial_snapshot() {
-    let kafka = broker();
-    let pg = start_pg();
-    let c = connect(&pg.url()).await;
-    c.batch_execute(OUTBOX).await.unwrap();
+    let Setup {
+        kafka: _kafka,
+        pg: _pg,
+        c,
+        reader,
+        dir,
+        base,
+        cfg,
+    } = setup("snapshot = \"initial\"\nsnapshot_chunk_rows = 20").await;
     c.batch_execute(
         "INSERT INTO outbox SELECT 'old-' || g, 'order', 'a' || (g % 3), 'OrderCreated',
                                    '{\"seq\":' || g || '}'
@@ -467,20 +496,6 @@ async fn rows_already_in_the_outbox_are_relayed_by_an_initial_snapshot() {
     )
     .await
     .unwrap();
-    create_topics(&kafka.bootstrap()).await;
-    let reader = Reader::start(&kafka.bootstrap());
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let cfg = write_config(
-        dir.path(),
-        &config(
-            &pg.url(),
-            &kafka.bootstrap(),
-            &format!("127.0.0.1:{port}"),
-            "snapshot = \"initial\"\nsnapshot_chunk_rows = 20",
-        ),
-    );
     let _run = spawn_run(dir.path(), &cfg, 1);
     wait_healthy(&base, dir.path(), 1, DEADLINE).await;
     c.execute(
@@ -530,26 +545,17 @@ async fn rows_already_in_the_outbox_are_relayed_by_an_initial_snapshot() {
 /// event topic nor the dead-letter topic, and routing still works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redacted_outbox_payload_leaves_the_relay_only_masked() {
-    let kafka = broker();
-    let pg = start_pg();
-    let c = connect(&pg.url()).await;
-    c.batch_execute(OUTBOX).await.unwrap();
-    create_topics(&kafka.bootstrap()).await;
-    let reader = Reader::start(&kafka.bootstrap());
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     // A masked payload is no JSON document: relayed as text.
     let extra = "payload_encoding = \"text\"\n\n[[redact]]\ntable = \"public.outbox\"\ncolumn = \"payload\"\naction = \"mask\"";
-    let cfg = write_config(
-        dir.path(),
-        &config(
-            &pg.url(),
-            &kafka.bootstrap(),
-            &format!("127.0.0.1:{port}"),
-            extra,
-        ),
-    );
+    let Setup {
+        kafka: _kafka,
+        pg: _pg,
+        c,
+        reader,
+        dir,
+        base,
+        cfg,
+    } = setup(extra).await;
     let _run = spawn_run(dir.path(), &cfg, 1);
     wait_healthy(&base, dir.path(), 1, DEADLINE).await;
     let insert = "INSERT INTO outbox VALUES ($1, $2, $3, $4, $5)";

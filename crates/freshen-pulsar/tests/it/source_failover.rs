@@ -62,7 +62,20 @@ async fn the_standby_waits_then_takes_over_what_was_not_acknowledged() {
             .await
             .unwrap();
     }
-    until("A read them", || a_stats.stats().events == 3).await;
+    // This wait timed out once at the end of a loaded full suite: say what each consumer
+    // had seen, so the next failure tells a slow broker from a switched active consumer.
+    let read = tokio::time::timeout(DEADLINE, async {
+        while a_stats.stats().events != 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    if read.await.is_err() {
+        panic!(
+            "timed out after {DEADLINE:?} waiting for A to read them; A: {:?}, B: {:?}",
+            a_stats.stats(),
+            b_stats.stats()
+        );
+    }
     assert_eq!(b_stats.stats().messages, 0, "the standby receives nothing");
 
     // A stops with two changes unacknowledged: B takes over from there.

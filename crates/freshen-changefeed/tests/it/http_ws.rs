@@ -10,23 +10,28 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub(crate) type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn connect(server: &Server) -> Ws {
-    let (ws, _) = tokio_tungstenite::connect_async(server.ws_url("/v2/cdc/stream"))
+    connect_at(server, "/v2/cdc/stream").await
+}
+
+/// A WebSocket connection to `path` (`/v2/cdc/stream` with a query).
+pub(crate) async fn connect_at(server: &Server, path: &str) -> Ws {
+    let (ws, _) = tokio_tungstenite::connect_async(server.ws_url(path))
         .await
         .expect("connect");
     ws
 }
 
-async fn send(ws: &mut Ws, frame: Value) {
+pub(crate) async fn send(ws: &mut Ws, frame: Value) {
     ws.send(Message::Text(frame.to_string().into()))
         .await
         .expect("send");
 }
 
 /// The next JSON frame from the server.
-async fn recv(ws: &mut Ws) -> Value {
+pub(crate) async fn recv(ws: &mut Ws) -> Value {
     loop {
         let msg = tokio::time::timeout(PATIENCE, ws.next())
             .await
@@ -41,7 +46,7 @@ async fn recv(ws: &mut Ws) -> Value {
 
 /// Asks the server something it answers with an error: every frame the server meant to
 /// send before handling it arrives first, so what comes before the answer is all of it.
-async fn drain_until_probe(ws: &mut Ws) -> Vec<Value> {
+pub(crate) async fn drain_until_probe(ws: &mut Ws) -> Vec<Value> {
     send(ws, json!({"action": "probe"})).await;
     let mut before = Vec::new();
     loop {

@@ -460,7 +460,7 @@ impl Conn {
                 for p in &mut sub.pending {
                     p.sent = None;
                 }
-                metrics::add(&core.metrics().ws_redelivered, sub.pending.len() as u64);
+                metrics::add(&core.metrics().ws_redelivered, sub.events_pending() as u64);
             }
             match &mut sub.reader {
                 Reader::Tables(cursors) => {
@@ -527,7 +527,13 @@ impl Conn {
                     });
                 }
                 sub.cursor = read.next;
-                sub.examined = read.examined;
+                // Read to the end: everything up to `latest` was examined, even where the
+                // last records are holes (compaction).
+                sub.examined = if read.at_end {
+                    read.examined.max(latest)
+                } else {
+                    read.examined
+                };
                 sub.idle = read.at_end.then_some((latest, through));
                 continue;
             }

@@ -387,9 +387,10 @@ pub struct HttpConfig {
     /// The longest long-poll wait honoured, in milliseconds (at most 60000).
     #[serde(default = "defaults::max_long_poll_ms")]
     pub max_long_poll_ms: u64,
-    /// Long-poll and Server-Sent Events readers get a `TRANSACTION_COMMIT` marker after
-    /// each source transaction unless they ask `tx=0` (without it, only those asking
-    /// `tx=1` do).
+    /// Long-poll, Server-Sent Events and WebSocket readers get a `TRANSACTION_COMMIT`
+    /// marker after each source transaction unless they ask `tx=0` (`"tx":false` in a
+    /// WebSocket subscription); without it, only those asking `tx=1` do. Consumer groups
+    /// never do.
     #[serde(default)]
     pub transaction_markers: bool,
     /// Server-Sent Events: idle time before a `: heartbeat` comment, in milliseconds.

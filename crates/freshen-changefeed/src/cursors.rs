@@ -177,6 +177,36 @@ impl Cursors {
     }
 }
 
+/// What a stream (Server-Sent Events, a WebSocket subscription) reads: every event a
+/// filter matches, or the named tables each past its own cursor.
+pub(crate) enum Reader {
+    All(Filter),
+    Tables(Cursors),
+}
+
+impl Selection for Reader {
+    fn keeps(&self, r: &RecordRef<'_>) -> bool {
+        match self {
+            Reader::All(f) => f.keeps(r),
+            Reader::Tables(c) => c.keeps(r),
+        }
+    }
+
+    fn delivers(&self, seq: u64, r: &RecordRef<'_>) -> bool {
+        match self {
+            Reader::All(f) => f.delivers(seq, r),
+            Reader::Tables(c) => c.delivers(seq, r),
+        }
+    }
+
+    fn write_id(&self, seq: u64, out: &mut Vec<u8>) {
+        match self {
+            Reader::All(f) => f.write_id(seq, out),
+            Reader::Tables(c) => c.write_id(seq, out),
+        }
+    }
+}
+
 /// Two entries that an event could both match: the same name, or one bare name and a
 /// `schema.table` with that name.
 fn same_table(a: &Entry, b: &Entry) -> bool {

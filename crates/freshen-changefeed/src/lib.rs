@@ -17,8 +17,10 @@
 //!   reads the log itself, so a slow reader never loses events and never makes the
 //!   server buffer for it. A reader may follow several tables in one stream, each from
 //!   its own cursor (`?cursors=orders:120,items:95` on the long poll and Server-Sent
-//!   Events; each page says every table's next cursor); a consumer group keeps one
-//!   committed sequence (one group per table for tables consumed at different paces).
+//!   Events, `"cursors"` in a WebSocket subscription; each page or event says every
+//!   table's next cursor), and ask for a `TRANSACTION_COMMIT` marker after each source
+//!   transaction (`tx`); a consumer group keeps one committed sequence (one group per
+//!   table for tables consumed at different paces) and carries no markers.
 //! - [`app`] builds the HTTP API (an axum `Router`, testable in-process); [`serve`] runs
 //!   it on a bound listener until a shutdown future completes, through `freshen-http`
 //!   (the binary's metrics listener uses the same): on loopback only `localhost`, IP

@@ -218,12 +218,12 @@ pub(crate) fn render(m: &Metrics, log: &LogGauges, groups: &[GroupGauges]) -> St
     );
     o.counter(
         "transaction_markers_total",
-        "TRANSACTION_COMMIT markers sent (long poll and Server-Sent Events, tx=1).",
+        "TRANSACTION_COMMIT markers sent (long poll, Server-Sent Events, WebSocket; tx=1).",
         &m.tx_markers,
     );
     o.counter(
         "cursor_reads_total",
-        "Long polls and Server-Sent Events streams reading with per-table cursors.",
+        "Long polls, Server-Sent Events streams and WebSocket subscriptions reading with per-table cursors.",
         &m.cursor_polls,
     );
     o.counter(

@@ -67,13 +67,25 @@ pub(crate) enum Next {
     Stop,
 }
 
-/// How entries are written: a long-poll page's JSON array (comma-separated), or
+/// How entries are written: a long-poll page's JSON array (comma-separated),
 /// Server-Sent Events frames (a marker is `event: transaction`, without an `id`, so
-/// that `Last-Event-ID` stays the last event's sequence).
+/// that `Last-Event-ID` stays the last event's sequence), or one JSON object per
+/// WebSocket frame, each entry's end recorded in [`Page::frames`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Framing {
     Json,
     Sse,
+    Frames,
+}
+
+/// Where an entry written with [`Framing::Frames`] ends in the output (it begins where
+/// the one before it ends), its sequence (a marker's is its transaction's last event's)
+/// and whether it is a marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FrameEnd {
+    pub(crate) end: usize,
+    pub(crate) seq: u64,
+    pub(crate) marker: bool,
 }
 
 /// Writes a page with markers: events go through [`Page::record`], the end through
@@ -91,6 +103,8 @@ pub(crate) struct Page {
     pub(crate) entries: usize,
     /// Markers written.
     pub(crate) markers: usize,
+    /// With [`Framing::Frames`], one per entry written and kept, in order.
+    pub(crate) frames: Vec<FrameEnd>,
     limit: usize,
 }
 
@@ -106,6 +120,7 @@ impl Page {
             events: 0,
             entries: 0,
             markers: 0,
+            frames: Vec::new(),
             limit,
         }
     }
@@ -156,15 +171,22 @@ impl Page {
         Next::Write
     }
 
-    /// Counts a record the caller wrote (after [`Page::record`] said `Write` and the
-    /// filter matched). The caller separates entries with commas: see
-    /// [`Page::separator`].
-    pub(crate) fn written(&mut self) {
+    /// Counts the record at `seq` the caller wrote into `out` (after [`Page::record`]
+    /// said `Write` and the filter matched). The caller separates entries with commas:
+    /// see [`Page::separator`].
+    pub(crate) fn written(&mut self, seq: u64, out: &[u8]) {
         if let Some(open) = &mut self.open {
             open.delivered = true;
         }
         self.events += 1;
         self.entries += 1;
+        if self.framing == Framing::Frames {
+            self.frames.push(FrameEnd {
+                end: out.len(),
+                seq,
+                marker: false,
+            });
+        }
     }
 
     /// Writes the comma before the next entry, if one came before it.
@@ -213,6 +235,7 @@ impl Page {
         out.truncate(open.page_at);
         self.events -= self.entries - open.page_entries;
         self.entries = open.page_entries;
+        self.frames.truncate(self.entries);
         self.open = None;
         if open.first > from {
             open.first - 1
@@ -239,6 +262,14 @@ impl Page {
                 out.extend_from_slice(b"event: transaction\ndata: ");
                 marker_json(&open, out);
                 out.extend_from_slice(b"\n\n");
+            }
+            Framing::Frames => {
+                marker_json(&open, out);
+                self.frames.push(FrameEnd {
+                    end: out.len(),
+                    seq: open.last,
+                    marker: true,
+                });
             }
         }
         self.entries += 1;
@@ -292,7 +323,7 @@ mod tests {
             if m {
                 p.separator(&mut out);
                 write!(out, "\"e{seq}\"").unwrap();
-                p.written();
+                p.written(seq, &out);
             }
             consumed = seq;
         }
@@ -361,7 +392,7 @@ mod tests {
             if write {
                 p.separator(&mut out);
                 write!(out, "\"e{seq}\"").unwrap();
-                p.written();
+                p.written(seq, &out);
             }
         }
         assert_eq!(p.finish(true, 0x200, 0, 3, &mut out), 3);
@@ -411,7 +442,7 @@ mod tests {
             p.record(seq, A, true, &mut out);
             p.separator(&mut out);
             out.extend_from_slice(b"0");
-            p.written();
+            p.written(seq, &out);
         }
         // The next record is A's too: nothing to say yet.
         p.peek(A, &mut out);
@@ -443,7 +474,7 @@ mod tests {
             assert_eq!(p.record(seq, A, true, &mut out), Next::Write);
             p.separator(&mut out);
             write!(out, "id: {seq}\ndata: e\n\n").unwrap();
-            p.written();
+            p.written(seq, &out);
         }
         let next = p.finish(true, 0x100, 0, 2, &mut out);
         assert_eq!(next, 2);
@@ -477,5 +508,37 @@ mod tests {
         let (v, next) = page(Some(open), 100, &[(2, A, true)], true, 0, 1);
         assert_eq!(v, serde_json::json!([]));
         assert_eq!(next, 1);
+    }
+
+    #[test]
+    fn websocket_frames_record_each_entry_and_drop_those_held_back() {
+        let mut p = Page::new(None, 10, Framing::Frames);
+        let mut out = Vec::new();
+        for (seq, pos) in [(1, A), (2, A), (3, B)] {
+            assert_eq!(p.record(seq, pos, true, &mut out), Next::Write);
+            write!(out, "{{\"e\":{seq}}}").unwrap();
+            p.written(seq, &out);
+        }
+        // B may go on: its event is held back, A's marker stays.
+        assert_eq!(p.finish(true, 0x100, 0, 3, &mut out), 2);
+        let kinds: Vec<(u64, bool)> = p.frames.iter().map(|f| (f.seq, f.marker)).collect();
+        assert_eq!(kinds, [(1, false), (2, false), (2, true)]);
+        assert_eq!(p.frames.last().map(|f| f.end), Some(out.len()));
+        let mut start = 0;
+        let texts: Vec<serde_json::Value> = p
+            .frames
+            .iter()
+            .map(|f| {
+                let v = serde_json::from_slice(&out[start..f.end]).expect("one object");
+                start = f.end;
+                v
+            })
+            .collect();
+        assert_eq!(texts[1], serde_json::json!({"e": 2}));
+        assert_eq!(
+            (texts[2]["type"].as_str(), texts[2]["event_count"].as_u64()),
+            (Some("TRANSACTION_COMMIT"), Some(2))
+        );
+        assert_eq!((p.events, p.entries, p.markers), (2, 3, 1));
     }
 }

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `GET /changefeed` | read | long-poll: `from_seq` (exclusive) or `cursors` (`table:seq,…`), `limit`, `long_poll_ms`, `tx`, filters |
 //! | `GET /changefeed/stream` | read | Server-Sent Events from `from_seq`, `cursors` or `Last-Event-ID` |
-//! | `GET /v2/cdc/stream` | read | WebSocket: subscribe, unsubscribe, ack |
+//! | `GET /v2/cdc/stream` | read | WebSocket: subscribe (`cursors`, `tx`), unsubscribe, ack; `?tx=1` |
 //! | `GET /changefeed/stats` | admin | `total_events`, `latest_sequence`, `oldest_sequence`, `total_size_bytes` |
 //! | `POST /changefeed/retention` | admin | `{"before_sequence": N}` deletes everything before N |
 //! | `GET /changefeed/snapshot` | read | each table's snapshot progress |

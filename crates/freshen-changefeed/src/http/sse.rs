@@ -35,11 +35,11 @@ use tokio::time::Instant;
 use super::error::{ApiError, parse_flag, parse_u64};
 use super::{AppState, FilterParams, MAX_SCAN, with_markers};
 use crate::Filter;
-use crate::cursors::Cursors;
+use crate::cursors::{Cursors, Reader};
 use crate::filter::Selection;
 use crate::log::Core;
 use crate::metrics;
-use crate::record::{self, RecordRef};
+use crate::record;
 use crate::txmark::Framing;
 
 /// ThemisDB's one-shot mode (`keep_alive=false`) sends at most this many events.
@@ -57,36 +57,6 @@ pub(crate) struct StreamParams {
     cursors: Option<String>,
     #[serde(flatten)]
     filter: FilterParams,
-}
-
-/// What a stream reads: every event a filter matches, or the named tables each past
-/// its own cursor.
-enum Reader {
-    All(Filter),
-    Tables(Cursors),
-}
-
-impl Selection for Reader {
-    fn keeps(&self, r: &RecordRef<'_>) -> bool {
-        match self {
-            Reader::All(f) => f.keeps(r),
-            Reader::Tables(c) => c.keeps(r),
-        }
-    }
-
-    fn delivers(&self, seq: u64, r: &RecordRef<'_>) -> bool {
-        match self {
-            Reader::All(f) => f.delivers(seq, r),
-            Reader::Tables(c) => c.delivers(seq, r),
-        }
-    }
-
-    fn write_id(&self, seq: u64, out: &mut Vec<u8>) {
-        match self {
-            Reader::All(f) => f.write_id(seq, out),
-            Reader::Tables(c) => c.write_id(seq, out),
-        }
-    }
 }
 
 /// One stream's parameters, resolved from its query, headers and the listener's config.

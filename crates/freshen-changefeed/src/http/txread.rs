@@ -1,12 +1,12 @@
 //! Reading a page of the log with `TRANSACTION_COMMIT` markers ([`crate::txmark`]), for
-//! the long poll and Server-Sent Events.
+//! the long poll, Server-Sent Events and WebSocket subscriptions.
 
 use super::MAX_SCAN;
 use crate::Error;
 use crate::filter::Selection;
 use crate::log::Core;
 use crate::record;
-use crate::txmark::{Framing, Next, Page};
+use crate::txmark::{FrameEnd, Framing, Next, Page};
 
 /// A page read with transaction markers.
 pub(crate) struct TxRead {
@@ -16,6 +16,10 @@ pub(crate) struct TxRead {
     pub(crate) markers: usize,
     /// The log was read to its end.
     pub(crate) at_end: bool,
+    /// The last sequence examined (`next` is before it when a transaction is held back).
+    pub(crate) examined: u64,
+    /// With [`Framing::Frames`]: where each entry ends in the output.
+    pub(crate) frames: Vec<FrameEnd>,
 }
 
 /// Reads a page after `after` with a `TRANSACTION_COMMIT` marker after each source
@@ -57,7 +61,7 @@ pub(crate) fn with_markers(
             } else {
                 r.write_json(seq, out);
             }
-            p.written();
+            p.written(seq, out);
         }
         consumed = seq;
         true
@@ -83,5 +87,7 @@ pub(crate) fn with_markers(
         events: p.events,
         markers: p.markers,
         at_end,
+        examined: consumed,
+        frames: std::mem::take(&mut p.frames),
     })
 }

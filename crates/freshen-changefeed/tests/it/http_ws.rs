@@ -10,23 +10,28 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub(crate) type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn connect(server: &Server) -> Ws {
-    let (ws, _) = tokio_tungstenite::connect_async(server.ws_url("/v2/cdc/stream"))
+    connect_at(server, "/v2/cdc/stream").await
+}
+
+/// A WebSocket connection to `path` (`/v2/cdc/stream` with a query).
+pub(crate) async fn connect_at(server: &Server, path: &str) -> Ws {
+    let (ws, _) = tokio_tungstenite::connect_async(server.ws_url(path))
         .await
         .expect("connect");
     ws
 }
 
-async fn send(ws: &mut Ws, frame: Value) {
+pub(crate) async fn send(ws: &mut Ws, frame: Value) {
     ws.send(Message::Text(frame.to_string().into()))
         .await
         .expect("send");
 }
 
 /// The next JSON frame from the server.
-async fn recv(ws: &mut Ws) -> Value {
+pub(crate) async fn recv(ws: &mut Ws) -> Value {
     loop {
         let msg = tokio::time::timeout(PATIENCE, ws.next())
             .await
@@ -41,7 +46,7 @@ async fn recv(ws: &mut Ws) -> Value {
 
 /// Asks the server something it answers with an error: every frame the server meant to
 /// send before handling it arrives first, so what comes before the answer is all of it.
-async fn drain_until_probe(ws: &mut Ws) -> Vec<Value> {
+pub(crate) async fn drain_until_probe(ws: &mut Ws) -> Vec<Value> {
     send(ws, json!({"action": "probe"})).await;
     let mut before = Vec::new();
     loop {
@@ -280,5 +285,62 @@ async fn a_slow_reader_that_keeps_acknowledging_gets_no_duplicates() {
             .metrics_text()
             .contains("freshen_changefeed_ws_redelivered_total 0")
     );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_transaction_is_sent_with_its_marker_once_the_source_says_it_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&config(dir.path())).await;
+    let (feed, source) = freshen::channel(8);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let cf = server.cf.clone();
+    let capture = tokio::spawn(async move {
+        cf.capture(source, async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("capture runs");
+    });
+    let mut ws = connect_at(&server, "/v2/cdc/stream?tx=1").await;
+    send(
+        &mut ws,
+        json!({"action": "subscribe", "id": "s", "from_seq": 0}),
+    )
+    .await;
+    assert_eq!(recv(&mut ws).await["action"], "subscribed");
+
+    // A transaction the source has not said is complete: its events wait for its end.
+    let batch = freshen::Batch::new(
+        vec![order(1, 100, 0), order(2, 100, 1)],
+        freshen::Ack::none(),
+    );
+    feed.send(batch).await.unwrap();
+    freshen_testenv::refresher::eventually(20, "the events stored", || async {
+        (server.cf.stats().total_events == 2).then_some(())
+    })
+    .await;
+    assert!(drain_until_probe(&mut ws).await.is_empty(), "held back");
+
+    // Only the source's word that commit 100 is complete: no new event, no client frame.
+    let end = freshen::Batch::new(vec![], freshen::Ack::none()).with_committed_through(Some(100));
+    feed.send(end).await.unwrap();
+    let frames = [
+        recv(&mut ws).await,
+        recv(&mut ws).await,
+        recv(&mut ws).await,
+    ];
+    assert_eq!(seqs(&frames[..2]), [1, 2]);
+    assert_eq!(frames[2]["type"], "TRANSACTION_COMMIT");
+    assert_eq!(
+        (
+            frames[2]["sequence"].as_u64(),
+            frames[2]["event_count"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
+    assert_eq!(frames[2]["sub_id"], "s");
+    let _ = stop.send(());
+    capture.await.unwrap();
     server.stop().await;
 }

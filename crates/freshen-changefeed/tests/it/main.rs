@@ -22,3 +22,4 @@ mod postgres_redact;
 mod postgres_replay;
 mod postgres_snapshot;
 mod postgres_tx;
+mod postgres_ws;

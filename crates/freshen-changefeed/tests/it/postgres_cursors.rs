@@ -18,7 +18,7 @@ use serde_json::Value;
 use support::*;
 use tokio_postgres::Client;
 
-async fn stored(cf: &Changefeed, events: u64) {
+pub(crate) async fn stored(cf: &Changefeed, events: u64) {
     eventually(30, "the changes in the changefeed", || async {
         (cf.stats().total_events >= events).then_some(())
     })
@@ -27,7 +27,7 @@ async fn stored(cf: &Changefeed, events: u64) {
 }
 
 /// Every event of `table` in the log, as the truth to compare readers with.
-fn truth(cf: &Changefeed, table: &str) -> Vec<u64> {
+pub(crate) fn truth(cf: &Changefeed, table: &str) -> Vec<u64> {
     cf.read(0, 100_000, &Filter::default().table(table))
         .unwrap()
         .iter()
@@ -35,7 +35,7 @@ fn truth(cf: &Changefeed, table: &str) -> Vec<u64> {
         .collect()
 }
 
-fn seq(e: &Value) -> u64 {
+pub(crate) fn seq(e: &Value) -> u64 {
     e["sequence"].as_u64().expect("a sequence")
 }
 
@@ -110,7 +110,7 @@ impl Reader {
 }
 
 /// One transaction per order: the order, two items, a user (a table not read).
-async fn write_orders(c: &Client, ids: std::ops::RangeInclusive<i32>) {
+pub(crate) async fn write_orders(c: &Client, ids: std::ops::RangeInclusive<i32>) {
     for i in ids {
         c.batch_execute(&format!(
             "BEGIN;

@@ -15,7 +15,7 @@ use support::*;
 use tokio_postgres::Client;
 
 /// Runs `statements` in one transaction; returns its xid as PostgreSQL reports it.
-async fn transaction(c: &Client, statements: &[&str]) -> u64 {
+pub(crate) async fn transaction(c: &Client, statements: &[&str]) -> u64 {
     c.batch_execute("BEGIN").await.unwrap();
     let xid: String = c
         .query_one("SELECT pg_current_xact_id()::text", &[])
@@ -29,7 +29,7 @@ async fn transaction(c: &Client, statements: &[&str]) -> u64 {
     xid.parse().expect("an xid8")
 }
 
-fn is_marker(e: &Value) -> bool {
+pub(crate) fn is_marker(e: &Value) -> bool {
     e["type"] == "TRANSACTION_COMMIT"
 }
 
@@ -56,7 +56,7 @@ async fn read_markers(server: &Server, query: &str, markers: usize) -> Vec<Value
 /// last event, which carry its xid and lsn, and counts them. Returns (xid, count) per
 /// marker. For a `filtered` reader the marker's `sequence` is still the transaction's
 /// last event in the log, which the filter may have left out.
-fn check_markers(entries: &[Value], filtered: bool) -> Vec<(u64, u64)> {
+pub(crate) fn check_markers(entries: &[Value], filtered: bool) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut run: Vec<&Value> = Vec::new();
     for e in entries {

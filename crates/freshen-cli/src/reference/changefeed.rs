@@ -244,7 +244,7 @@ pub(super) const HTTP: Table = Table {
             "boolean",
             Is("false"),
             Any,
-            "A `TRANSACTION_COMMIT` marker after the last event of each source transaction (long poll and Server-Sent Events) for every reader unless it asks `tx=0`; off: only readers asking `tx=1` get them.",
+            "A `TRANSACTION_COMMIT` marker after the last event of each source transaction (long poll, Server-Sent Events and WebSocket; never for consumer groups) for every reader unless it asks `tx=0`; off: only readers asking `tx=1` get them.",
         ),
         key(
             "heartbeat_ms",

@@ -185,7 +185,9 @@ async fn a_group_subscription_commits_the_group_offset_and_resumes_after_restart
     server.cf.append(&orders(1, 6)).await.unwrap();
     let (status, _) = post(
         &server.url("/changefeed/groups"),
-        json!({"name": "ui", "visibility_timeout_ms": 500}),
+        // Long enough that no lease runs out between the first delivery and the restart
+        // on a loaded machine (500 ms did, about one run in fifteen under stress).
+        json!({"name": "ui", "visibility_timeout_ms": 3000}),
     )
     .await;
     assert_eq!(status, hyper::StatusCode::CREATED);
@@ -252,7 +254,9 @@ async fn a_slow_reader_that_keeps_acknowledging_gets_no_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
     cfg.http.ws_pending_window = 2;
-    cfg.http.ws_ack_timeout_ms = 200;
+    // Times scaled so that a scheduling delay of up to 350 ms on a loaded machine
+    // cannot make an acknowledgement late (130 ms against 200 ms failed one run in three).
+    cfg.http.ws_ack_timeout_ms = 1000;
     let server = Server::start(&cfg).await;
     server.cf.append(&orders(1, 8)).await.unwrap();
     let mut ws = connect(&server).await;
@@ -262,15 +266,15 @@ async fn a_slow_reader_that_keeps_acknowledging_gets_no_duplicates() {
     )
     .await;
     assert_eq!(recv(&mut ws).await["action"], "subscribed");
-    // Each event waits two handling times (260 ms) in the window, longer than the ack
-    // timeout, but the reader acknowledges one every 130 ms: it is paced by the window,
+    // Each event waits two handling times (1300 ms) in the window, longer than the ack
+    // timeout, but the reader acknowledges one every 650 ms: it is paced by the window,
     // never sent an event twice.
     let mut got = Vec::new();
     while got.len() < 8 {
         let f = recv(&mut ws).await;
         let seq = f["sequence"].as_u64().expect("an event");
         got.push(seq);
-        tokio::time::sleep(std::time::Duration::from_millis(130)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(650)).await;
         send(
             &mut ws,
             json!({"action": "ack", "id": "s", "sequence": seq}),

@@ -740,13 +740,10 @@ async fn a_broker_outage_delays_the_outbox_and_loses_nothing_even_across_a_kill(
         check_arrivals(&reader.all()).0 == early
     })
     .await;
-    let Some(before) = metric(&base, &delivered).await else {
+    if metric(&base, &delivered).await.is_none() {
         let text = freshen_cli::status::get(&base, "/metrics").await;
         panic!("no {delivered} in /metrics: {text:?}");
-    };
-    assert!(before >= early.len() as f64, "{before} delivered");
-    assert!(metric(&base, &last_delivery).await.unwrap() > 0.0);
-    let errors_before = metric(&base, &client_errors).await.unwrap();
+    }
     // The broker stops once it has acknowledged the witnesses: a clean stop, as a
     // rolling restart or an operator stops it. Not sooner: the single test broker
     // (noida-db 0.2.3) was seen to lose records it had acknowledged just before a clean
@@ -762,6 +759,10 @@ async fn a_broker_outage_delays_the_outbox_and_loses_nothing_even_across_a_kill(
         (waiting == 0.0 && delivered >= witnesses).then_some(())
     })
     .await;
+    // (A consumer may read a record before the producer hears it was acknowledged:
+    // hence the wait above rather than a look.)
+    assert!(metric(&base, &last_delivery).await.unwrap() > 0.0);
+    let errors_before = metric(&base, &client_errors).await.unwrap();
     kafka.stop().expect("the broker stops");
 
     // The outage: the application goes on writing.

@@ -132,6 +132,13 @@ pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
             format!("environment variable `{name}` is not set here (used by `{used}`): its value was not checked, and `run` needs it"),
         );
     }
+    let at = |line: Option<usize>| match line {
+        Some(n) => format!("{}:{n}", path.display()),
+        None => path.display().to_string(),
+    };
+    for u in cfg.unmatched_redactions() {
+        report.push(Level::Warning, "redact", at(u.line), u.message);
+    }
     // What each view relies on that the source cannot give: known without I/O.
     let caps = cfg.source.capabilities();
     for view in &cfg.views {
@@ -145,8 +152,65 @@ pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
     }
     if !offline {
         check_database(&cfg, &mut report).await;
+        for u in redacted_columns(&cfg).await {
+            report.push(Level::Warning, "redact", at(u.line), u.message);
+        }
     }
     report.finish()
+}
+
+/// `[[redact]]` rules naming a column their (PostgreSQL) tables do not have. Only a
+/// PostgreSQL source is asked (its catalog, whatever the role's column privileges); a
+/// table it cannot read is left to the source's own findings.
+async fn redacted_columns(cfg: &Config) -> Vec<crate::redact_coverage::Unmatched> {
+    if cfg.redact.is_empty() || cfg.source.kind() != "postgres" {
+        return Vec::new();
+    }
+    let Some(url) = cfg.source.database_url() else {
+        return Vec::new();
+    };
+    let captured = cfg.watched_tables();
+    let Ok(columns) = table_columns(url, &captured).await else {
+        return Vec::new();
+    };
+    crate::redact_coverage::unmatched_columns(
+        cfg.redact.rules(),
+        &cfg.redact_lines,
+        &captured,
+        |s, t| {
+            columns
+                .get(&(s.to_owned(), t.to_owned()))
+                .filter(|c| !c.is_empty())
+                .cloned()
+        },
+    )
+}
+
+/// Each table's columns from the catalog (an empty list: no such table).
+async fn table_columns(
+    url: &str,
+    tables: &[(String, String)],
+) -> anyhow::Result<std::collections::BTreeMap<(String, String), Vec<String>>> {
+    let conn = freshen_postgres::ConnectionConfig::from_url(url)?;
+    let pool = freshen_postgres::connect_pool(&conn, 1)?;
+    let client = pool.get().await?;
+    let mut out = std::collections::BTreeMap::new();
+    for (schema, table) in tables {
+        let rows = client
+            .query(
+                "SELECT a.attname::text FROM pg_attribute a
+                 JOIN pg_class c ON c.oid = a.attrelid
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+                &[schema, table],
+            )
+            .await?;
+        out.insert(
+            (schema.clone(), table.clone()),
+            rows.iter().map(|r| r.get::<_, String>(0)).collect(),
+        );
+    }
+    Ok(out)
 }
 
 async fn check_database(cfg: &Config, report: &mut CheckReport) {

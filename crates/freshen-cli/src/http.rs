@@ -28,6 +28,12 @@ pub trait Readout: Send + Sync + 'static {
     fn sink_snapshots(&self) -> Vec<crate::sink_snapshot::SinkSnapshotStatus> {
         Vec::new()
     }
+    /// Each sink's deliveries (none without sinks that report them). No default: a
+    /// wrapper that forgot to forward it would hide every sink from `/metrics`.
+    fn sinks(&self) -> Vec<crate::metrics::SinkStatus>;
+    /// What each `[[redact]]` rule redacted so far (none without rules). No default,
+    /// for the same reason.
+    fn redactions(&self) -> Vec<crate::metrics::Redacted>;
     /// The snapshots of sink `index` (`[[sinks]]` order), for `/admin`.
     fn sink(&self, index: usize) -> Option<freshen_postgres::SinkSnapshots> {
         let _ = index;
@@ -273,6 +279,7 @@ async fn metrics(State(o): State<Shared>) -> Response {
         )],
         {
             let mut text = render(&o.views(), &o.source());
+            text.push_str(&crate::metrics::render_outputs(&o.sinks(), &o.redactions()));
             let active = u8::from(o.activity() == crate::standby::Activity::Active);
             let name = crate::metrics::names::ACTIVE;
             text.push_str(&format!(

@@ -16,6 +16,7 @@ pub mod key_stream;
 pub mod logging;
 pub mod metrics;
 pub mod pipeline;
+pub mod redact_coverage;
 pub mod reference;
 pub mod reload;
 pub mod role;

@@ -101,6 +101,30 @@ pub mod names {
     pub const SOURCE_EVENTS: &str = "freshen_source_events_total";
     /// Gauge: partitions of the key stream this worker owns now (key stream workers).
     pub const KEY_STREAM_PARTITIONS: &str = "freshen_key_stream_partitions_owned";
+    /// Records the destination acknowledged (a Kafka broker: every in-sync replica),
+    /// per sink.
+    pub const SINK_DELIVERED: &str = "freshen_sink_records_delivered_total";
+    /// Records whose delivery failed for good (after the client's own retries, within
+    /// `delivery_timeout_ms`): the batch stays unconfirmed and the sink stops, per sink.
+    pub const SINK_FAILURES: &str = "freshen_sink_delivery_failures_total";
+    /// Errors the sink's client reported and retried by itself (a broker down, a
+    /// connection refused), per sink: an outage shows here before anything fails.
+    pub const SINK_CLIENT_ERRORS: &str = "freshen_sink_client_errors_total";
+    /// Rows sent to the dead-letter topic, per sink and `reason` (a fixed set:
+    /// `missing_id`, `missing_aggregate_type`, `missing_aggregate_id`,
+    /// `missing_payload`, `invalid_payload`).
+    pub const SINK_DEAD_LETTERS: &str = "freshen_sink_dead_letters_total";
+    /// Batches handed to the destination and not yet acknowledged by it, per sink.
+    pub const SINK_WAITING: &str = "freshen_sink_batches_waiting";
+    /// Seconds the oldest batch waiting for the destination's acknowledgement has
+    /// waited (0: none waits), per sink: a stuck relay grows it.
+    pub const SINK_OLDEST_WAITING: &str = "freshen_sink_oldest_waiting_seconds";
+    /// Unix time of the last record the destination acknowledged (0: none yet), per
+    /// sink.
+    pub const SINK_LAST_DELIVERY: &str = "freshen_sink_last_delivery_timestamp_seconds";
+    /// Values a `[[redact]]` rule rewrote or dropped, per `table`, `column` and
+    /// `action`: once per row image and per output that published it.
+    pub const REDACTED: &str = "freshen_redacted_values_total";
 }
 
 /// Freshness histogram bucket bounds, in seconds.
@@ -584,9 +608,226 @@ pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
     o.0
 }
 
+/// One sink's deliveries, as `/metrics` labels them.
+#[derive(Debug, Clone)]
+pub struct SinkStatus {
+    /// The `sink` label: where it publishes (`kafka-outbox:public.outbox`).
+    pub name: String,
+    /// The `kind` label, as `[[sinks]] kind` names it.
+    pub kind: &'static str,
+    /// What the sink reports.
+    pub report: freshen::plug::SinkReport,
+}
+
+/// What one `[[redact]]` rule redacted so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redacted {
+    /// The table as the rule names it (`schema.table`, or `table` for any schema).
+    pub table: String,
+    /// The column.
+    pub column: String,
+    /// The action (`drop`, `mask`, `hash`, `truncate`).
+    pub action: &'static str,
+    /// Values redacted.
+    pub values: u64,
+}
+
+impl Redacted {
+    /// Every rule of `redactor` with its count.
+    pub fn from_redactor(redactor: &freshen_codec::Redactor) -> Vec<Redacted> {
+        redactor
+            .counts()
+            .into_iter()
+            .map(|(rule, values)| Redacted {
+                table: match &rule.schema {
+                    Some(s) => format!("{s}.{}", rule.table),
+                    None => rule.table.clone(),
+                },
+                column: rule.column.clone(),
+                action: rule.action.name(),
+                values,
+            })
+            .collect()
+    }
+}
+
+/// The Prometheus text exposition of the sinks' deliveries and the redaction counts
+/// (nothing for a configuration without either).
+pub fn render_outputs(sinks: &[SinkStatus], redacted: &[Redacted]) -> String {
+    let mut o = Out(String::new());
+    if !sinks.is_empty() {
+        type SinkGet = fn(&freshen::plug::SinkReport) -> f64;
+        let per_sink: [(&str, &str, &str, SinkGet); 6] = [
+            (
+                names::SINK_DELIVERED,
+                "counter",
+                "Records the destination acknowledged.",
+                |r| r.delivered as f64,
+            ),
+            (
+                names::SINK_FAILURES,
+                "counter",
+                "Records whose delivery failed for good (the sink stops, its batch unconfirmed).",
+                |r| r.failed as f64,
+            ),
+            (
+                names::SINK_CLIENT_ERRORS,
+                "counter",
+                "Errors the sink's client reported and retried by itself (a broker down).",
+                |r| r.client_errors as f64,
+            ),
+            (
+                names::SINK_WAITING,
+                "gauge",
+                "Batches handed to the destination and not yet acknowledged.",
+                |r| r.batches_waiting as f64,
+            ),
+            (
+                names::SINK_OLDEST_WAITING,
+                "gauge",
+                "Seconds the oldest batch waiting for the destination's acknowledgement has waited (0: none waits).",
+                |r| age_s(r.oldest_waiting),
+            ),
+            (
+                names::SINK_LAST_DELIVERY,
+                "gauge",
+                "Unix time of the last record the destination acknowledged (0: none yet).",
+                |r| unix(r.last_delivery),
+            ),
+        ];
+        let label =
+            |s: &SinkStatus| format!("sink=\"{}\",kind=\"{}\"", escape(&s.name), escape(s.kind));
+        for (name, kind, help, get) in per_sink {
+            o.header(name, kind, help);
+            for s in sinks {
+                o.sample(name, &label(s), get(&s.report));
+            }
+        }
+        if sinks.iter().any(|s| !s.report.dead_lettered.is_empty()) {
+            let name = names::SINK_DEAD_LETTERS;
+            o.header(
+                name,
+                "counter",
+                "Rows sent to the dead-letter topic, by reason.",
+            );
+            for s in sinks {
+                for (reason, n) in &s.report.dead_lettered {
+                    o.sample(
+                        name,
+                        &format!("{},reason=\"{}\"", label(s), escape(reason)),
+                        n,
+                    );
+                }
+            }
+        }
+    }
+    if !redacted.is_empty() {
+        let name = names::REDACTED;
+        o.header(
+            name,
+            "counter",
+            "Values a [[redact]] rule rewrote or dropped, once per row image and output.",
+        );
+        for r in redacted {
+            o.sample(
+                name,
+                &format!(
+                    "table=\"{}\",column=\"{}\",action=\"{}\"",
+                    escape(&r.table),
+                    escape(&r.column),
+                    r.action
+                ),
+                r.values,
+            );
+        }
+    }
+    o.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sinks_and_redactions_are_exported_with_bounded_labels() {
+        assert_eq!(
+            render_outputs(&[], &[]),
+            "",
+            "nothing without sinks or rules"
+        );
+        let mut report = freshen::plug::SinkReport::default();
+        report.delivered = 12;
+        report.client_errors = 3;
+        report.batches_waiting = 2;
+        report.oldest_waiting = Some(SystemTime::now() - Duration::from_secs(40));
+        report.last_delivery = Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+        report.dead_lettered = vec![("missing_id", 1), ("invalid_payload", 0)];
+        let plain = freshen::plug::SinkReport::default();
+        let text = render_outputs(
+            &[
+                SinkStatus {
+                    name: "kafka-outbox:public.outbox".into(),
+                    kind: "kafka-outbox",
+                    report,
+                },
+                SinkStatus {
+                    name: "kafka:shop".into(),
+                    kind: "kafka",
+                    report: plain,
+                },
+            ],
+            &[Redacted {
+                table: "public.users".into(),
+                column: "email".into(),
+                action: "hash",
+                values: 7,
+            }],
+        );
+        let l = "sink=\"kafka-outbox:public.outbox\",kind=\"kafka-outbox\"";
+        let value = |series: &str| -> f64 {
+            text.lines()
+                .find_map(|line| line.strip_prefix(&format!("{series} ")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {series} in {text}"))
+        };
+        assert_eq!(value(&format!("{}{{{l}}}", names::SINK_DELIVERED)), 12.0);
+        assert_eq!(value(&format!("{}{{{l}}}", names::SINK_CLIENT_ERRORS)), 3.0);
+        assert_eq!(value(&format!("{}{{{l}}}", names::SINK_WAITING)), 2.0);
+        let waited = value(&format!("{}{{{l}}}", names::SINK_OLDEST_WAITING));
+        assert!((40.0..120.0).contains(&waited), "{waited}");
+        assert_eq!(
+            value(&format!("{}{{{l}}}", names::SINK_LAST_DELIVERY)),
+            1_700_000_000.0
+        );
+        assert_eq!(
+            value(&format!(
+                "{}{{{l},reason=\"missing_id\"}}",
+                names::SINK_DEAD_LETTERS
+            )),
+            1.0
+        );
+        let plain = "sink=\"kafka:shop\",kind=\"kafka\"";
+        assert_eq!(
+            value(&format!("{}{{{plain}}}", names::SINK_OLDEST_WAITING)),
+            0.0,
+            "nothing waits"
+        );
+        assert!(
+            !text.contains(&format!("{}{{{plain}", names::SINK_DEAD_LETTERS)),
+            "a sink without a dead-letter path has no dead-letter series"
+        );
+        assert_eq!(
+            value(&format!(
+                "{}{{table=\"public.users\",column=\"email\",action=\"hash\"}}",
+                names::REDACTED
+            )),
+            7.0
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let v = line.rsplit(' ').next().unwrap();
+            assert!(v.parse::<f64>().is_ok(), "not a sample: {line}");
+        }
+    }
 
     #[test]
     fn a_change_waiting_past_stale_after_makes_the_view_unhealthy() {

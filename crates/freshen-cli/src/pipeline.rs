@@ -36,21 +36,23 @@ pub(crate) type SinkRun = Box<
         + Send,
 >;
 
-/// Sets up `sink` (connects its producer) and returns how to run it, with its snapshot
-/// driver (a PostgreSQL source only).
-fn sink_run(
-    cfg: &Config,
-    sink: &Sink,
-) -> anyhow::Result<(SinkRun, Option<crate::sink_snapshot::Driver>)> {
+/// A sink set up: how to run it, its snapshot driver (a PostgreSQL source only) and
+/// what reads its deliveries for `/metrics` (a kind that reports them).
+type SinkParts = (
+    SinkRun,
+    Option<crate::sink_snapshot::Driver>,
+    Option<Arc<dyn freshen::plug::SinkProbe>>,
+);
+
+/// Sets up `sink` (connects its producer) and returns how to run it.
+fn sink_run(cfg: &Config, sink: &Sink) -> anyhow::Result<SinkParts> {
     // With `[[redact]]`, a sink opens with the rules or refuses to start: never one
     // that publishes clear values.
-    let opened = if cfg.redact.is_empty() {
-        sink.plug.open()
-    } else {
-        sink.plug
-            .open_redacted(std::sync::Arc::new(cfg.redact.clone()))
-    };
-    let s = opened
+    let redact = (!cfg.redact.is_empty())
+        .then(|| Arc::new(cfg.redact.clone()) as Arc<dyn freshen::plug::Redact>);
+    let (s, probe) = sink
+        .plug
+        .open_probed(redact)
         .map_err(anyhow::Error::from_boxed)
         .with_context(|| format!("cannot set up the {} sink", sink.plug.name()))?;
     let driver = crate::sink_snapshot::driver(cfg, &sink.plug.identity(), &sink.snapshot)?;
@@ -64,7 +66,23 @@ fn sink_run(
                 .map_err(anyhow::Error::from_boxed)
         })
     });
-    Ok((run, driver))
+    Ok((run, driver, probe))
+}
+
+/// Each sink's `sink` label: where it publishes (its identity, `kafka:<topic>`), made
+/// unique by its place in `[[sinks]]` when two share one.
+fn sink_labels(cfg: &Config) -> Vec<String> {
+    let ids: Vec<String> = cfg.sinks.iter().map(|s| s.plug.identity()).collect();
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| {
+            if ids.iter().filter(|other| *other == id).count() > 1 {
+                format!("{id}#{i}")
+            } else {
+                id.clone()
+            }
+        })
+        .collect()
 }
 
 /// Until the pipeline stops.
@@ -110,7 +128,14 @@ struct Topology {
     changefeed: Option<Changefeed>,
     /// The sinks' snapshots, by sink index.
     sink_snapshots: Vec<(usize, freshen_postgres::SinkSnapshots)>,
+    /// The sinks that report their deliveries, by label.
+    sinks: Vec<ObservedSink>,
+    /// The redaction rules, counting what they redact.
+    redact: freshen_codec::Redactor,
 }
+
+/// A sink as `/metrics` labels it (`sink`, `kind`), and what reads its deliveries.
+type ObservedSink = (String, &'static str, Arc<dyn freshen::plug::SinkProbe>);
 
 type ObservedView = (String, freshen::Handle, Arc<ViewScope>, Option<Duration>);
 
@@ -167,6 +192,8 @@ struct SinkConsumer {
     index: Option<usize>,
     run: SinkRun,
     driver: Option<crate::sink_snapshot::Driver>,
+    /// Its `/metrics` labels and probe, for a kind that reports its deliveries.
+    observed: Option<ObservedSink>,
 }
 
 impl Consumer for SinkConsumer {
@@ -179,6 +206,7 @@ impl Consumer for SinkConsumer {
         topology
             .parts
             .push(Part::new(name.clone(), move |stop| run(branch, stop)));
+        topology.sinks.extend(self.observed);
         if let Some(driver) = self.driver {
             if let Some(i) = self.index {
                 topology.sink_snapshots.push((i, driver.snapshots.clone()));
@@ -268,6 +296,10 @@ pub struct Observer {
     changefeed: Option<Changefeed>,
     /// The sinks' snapshots, by sink index.
     sink_snapshots: Vec<(usize, freshen_postgres::SinkSnapshots)>,
+    /// The sinks that report their deliveries.
+    sinks: Vec<ObservedSink>,
+    /// The redaction rules, counting what they redact.
+    redact: freshen_codec::Redactor,
     running: AtomicBool,
     /// Per view, freshness snapshots of the last [`RECENT`] (oldest first).
     windows: std::sync::Mutex<
@@ -329,6 +361,21 @@ impl Readout for Observer {
 
     fn sink_snapshots(&self) -> Vec<crate::sink_snapshot::SinkSnapshotStatus> {
         crate::sink_snapshot::status(&self.sink_snapshots)
+    }
+
+    fn sinks(&self) -> Vec<crate::metrics::SinkStatus> {
+        self.sinks
+            .iter()
+            .map(|(name, kind, probe)| crate::metrics::SinkStatus {
+                name: name.clone(),
+                kind,
+                report: probe.report(),
+            })
+            .collect()
+    }
+
+    fn redactions(&self) -> Vec<crate::metrics::Redacted> {
+        crate::metrics::Redacted::from_redactor(&self.redact)
     }
 
     fn sink(&self, index: usize) -> Option<freshen_postgres::SinkSnapshots> {
@@ -608,14 +655,17 @@ impl Pipeline {
                 index: None,
                 run: crate::role::publisher(cfg).await?,
                 driver: None,
+                observed: None,
             }));
         }
-        for (i, sink) in cfg.sinks.iter().enumerate() {
-            let (run, driver) = sink_run(cfg, sink)?;
+        let labels = sink_labels(cfg);
+        for ((i, sink), label) in cfg.sinks.iter().enumerate().zip(labels) {
+            let (run, driver, probe) = sink_run(cfg, sink)?;
             consumers.push(Box::new(SinkConsumer {
                 index: Some(i),
                 run,
                 driver,
+                observed: probe.map(|p| (label, sink.plug.kind(), p)),
             }));
         }
         if let Some(c) = &cfg.changefeed {
@@ -627,7 +677,10 @@ impl Pipeline {
             .start(&crate::sources::plan(cfg))
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the {kind} source: {e}"))?;
-        let mut topology = Topology::default();
+        let mut topology = Topology {
+            redact: cfg.redact.clone(),
+            ..Topology::default()
+        };
         let branches = fanout(source, consumers.len());
         for (consumer, branch) in consumers.into_iter().zip(branches) {
             consumer.attach(branch, &mut topology)?;
@@ -669,6 +722,8 @@ impl Pipeline {
             views,
             changefeed,
             sink_snapshots,
+            sinks,
+            redact,
         } = topology;
         let windows = vec![std::collections::VecDeque::new(); views.len()];
         let observer = Arc::new(Observer {
@@ -676,6 +731,8 @@ impl Pipeline {
             source: probe,
             changefeed,
             sink_snapshots,
+            sinks,
+            redact,
             running: AtomicBool::new(true),
             windows: std::sync::Mutex::new(windows),
         });

@@ -37,6 +37,12 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
         }
     };
     logging::init(cfg.log, "info");
+    // A rule that matches nothing hides nothing: said once, loudly, but not refused
+    // (README, "Redacting columns": why).
+    for u in cfg.unmatched_redactions() {
+        let line = u.line.map_or_else(String::new, |l| format!(":{l}"));
+        tracing::warn!("{}{line}: {}", path.display(), u.message);
+    }
     // One stop signal for every phase: waiting as a standby, starting, running.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {

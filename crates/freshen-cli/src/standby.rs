@@ -132,6 +132,14 @@ impl Readout for Process {
         self.active().and_then(|o| o.sink(index))
     }
 
+    fn sinks(&self) -> Vec<crate::metrics::SinkStatus> {
+        self.active().map(|o| o.sinks()).unwrap_or_default()
+    }
+
+    fn redactions(&self) -> Vec<crate::metrics::Redacted> {
+        self.active().map(|o| o.redactions()).unwrap_or_default()
+    }
+
     fn handle(&self, view: &str) -> Option<freshen::Handle> {
         self.active().and_then(|o| o.handle(view))
     }

@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use freshen::{Row, RowEvent, Value};
 use hmac::{Hmac, Mac};
@@ -111,18 +112,34 @@ impl RedactRule {
 
 /// Every redaction rule, applied to the row images of the events that leave freshen.
 ///
-/// Cloning is cheap (the rules are shared).
+/// Cloning is cheap (the rules are shared, and so are the counts of what they did:
+/// every clone counts into the same [`counts`](Self::counts)).
 #[derive(Debug, Clone, Default)]
 pub struct Redactor {
     rules: Arc<[RedactRule]>,
+    /// Values each rule redacted, by rule index.
+    counts: Arc<[AtomicU64]>,
 }
 
 impl Redactor {
     /// A redactor applying `rules` (a column named by several rules gets the first).
     pub fn new(rules: Vec<RedactRule>) -> Redactor {
         Redactor {
+            counts: rules.iter().map(|_| AtomicU64::new(0)).collect(),
             rules: rules.into(),
         }
+    }
+
+    /// Each rule with the number of values it redacted so far, one per row image
+    /// (before and after count apart); NULL and unchanged values, which are never
+    /// rewritten, do not count. An event that leaves by two outputs (the
+    /// changefeed and a sink) counts once for each.
+    pub fn counts(&self) -> Vec<(&RedactRule, u64)> {
+        self.rules
+            .iter()
+            .zip(self.counts.iter())
+            .map(|(r, n)| (r, n.load(Relaxed)))
+            .collect()
     }
 
     /// Whether there is no rule at all.
@@ -143,8 +160,14 @@ impl Redactor {
             return None;
         }
         let mut out = event.clone();
-        out.new = event.new.as_ref().map(|r| redact_row(&rules, r));
-        out.old = event.old.as_ref().map(|r| redact_row(&rules, r));
+        out.new = event
+            .new
+            .as_ref()
+            .map(|r| redact_row(&rules, r, &self.counts));
+        out.old = event
+            .old
+            .as_ref()
+            .map(|r| redact_row(&rules, r, &self.counts));
         Some(out)
     }
 
@@ -173,10 +196,12 @@ impl Redactor {
         }
     }
 
-    fn rules_for(&self, schema: &str, table: &str) -> Vec<&RedactRule> {
+    /// The rules naming the table, each with its index.
+    fn rules_for(&self, schema: &str, table: &str) -> Vec<(usize, &RedactRule)> {
         self.rules
             .iter()
-            .filter(|r| r.matches(schema, table))
+            .enumerate()
+            .filter(|(_, r)| r.matches(schema, table))
             .collect()
     }
 }
@@ -187,38 +212,47 @@ impl freshen::plug::Redact for Redactor {
     }
 }
 
-/// A row image with the rules' columns redacted (dropped columns left out).
-fn redact_row(rules: &[&RedactRule], row: &Row) -> Row {
-    let drops = |c: &str| {
-        rules
-            .iter()
-            .any(|r| r.column == c && matches!(r.action, Action::Drop))
+/// A row image with the rules' columns redacted (dropped columns left out), each
+/// redaction counted in `counts` by rule index.
+fn redact_row(rules: &[(usize, &RedactRule)], row: &Row, counts: &[AtomicU64]) -> Row {
+    let rule = |column: &str| rules.iter().find(|(_, r)| r.column == column);
+    let count = |i: usize, value: &Value| {
+        // NULL and unchanged values are left as they are: nothing was hidden.
+        if !matches!(value, Value::Null | Value::Unchanged)
+            && let Some(n) = counts.get(i)
+        {
+            n.fetch_add(1, Relaxed);
+        }
     };
+    let drops = |c: &str| rule(c).is_some_and(|(_, r)| matches!(r.action, Action::Drop));
     if !row.columns().iter().any(|c| drops(c)) {
         // The same columns: share the names, rewrite the values.
         let values = row
             .iter()
-            .map(
-                |(column, value)| match rules.iter().find(|r| r.column == column) {
-                    Some(r) => redact_value(&r.action, value),
-                    None => value.clone(),
-                },
-            )
+            .map(|(column, value)| match rule(column) {
+                Some((i, r)) => {
+                    count(*i, value);
+                    redact_value(&r.action, value)
+                }
+                None => value.clone(),
+            })
             .collect();
         return Row::new(row.columns().clone(), values);
     }
     let mut columns: Vec<Box<str>> = Vec::with_capacity(row.len());
     let mut values = Vec::with_capacity(row.len());
     for (column, value) in row.iter() {
-        match rules.iter().find(|r| r.column == column).map(|r| &r.action) {
+        match rule(column) {
             None => {
                 columns.push(column.into());
                 values.push(value.clone());
             }
-            Some(Action::Drop) => {}
-            Some(action) => {
-                columns.push(column.into());
-                values.push(redact_value(action, value));
+            Some((i, r)) => {
+                count(*i, value);
+                if !matches!(r.action, Action::Drop) {
+                    columns.push(column.into());
+                    values.push(redact_value(&r.action, value));
+                }
             }
         }
     }
@@ -328,6 +362,32 @@ mod tests {
         let old = e.old.unwrap();
         assert_eq!(old.get("email"), new.get("email"));
         assert_eq!(old.get("ssn"), None, "dropped from the old image too");
+    }
+
+    #[test]
+    fn each_rule_counts_the_values_it_redacted_in_every_clone() {
+        let r = redactor("k1");
+        let shared = r.clone();
+        shared.apply(&event("ann@example.com")).unwrap();
+        let mut other = event("bob@example.com");
+        other.table = "accounts".into();
+        assert!(r.apply(&other).is_none(), "another table: nothing counted");
+        let counts: Vec<(&str, &str, u64)> = r
+            .counts()
+            .into_iter()
+            .map(|(rule, n)| (rule.column.as_str(), rule.action.name(), n))
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                ("email", "hash", 2),
+                ("card", "mask", 1),
+                ("ssn", "drop", 1),
+                ("note", "truncate", 1),
+                ("other", "mask", 0),
+            ],
+            "before and after images count apart; NULL and unchanged values do not"
+        );
     }
 
     #[test]

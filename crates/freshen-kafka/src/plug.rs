@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use freshen::plug::{Finding, Plan, Redact, RunSink, SinkPlug, SourcePlug, Started};
+use freshen::plug::{Finding, Plan, Redact, RunSink, SinkPlug, SinkProbe, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture};
 
 use crate::{
@@ -78,6 +78,18 @@ impl SinkPlug for KafkaSinkConfig {
     fn open_redacted(&self, redact: Arc<dyn Redact>) -> Result<RunSink, BoxError> {
         run(KafkaSink::new(self)?.with_redactor(redact))
     }
+
+    fn open_probed(
+        &self,
+        redact: Option<Arc<dyn Redact>>,
+    ) -> Result<(RunSink, Option<Arc<dyn SinkProbe>>), BoxError> {
+        let mut sink = KafkaSink::new(self)?;
+        if let Some(r) = redact {
+            sink = sink.with_redactor(r);
+        }
+        let probe = sink.probe();
+        Ok((run(sink)?, Some(probe)))
+    }
 }
 
 /// How the binary runs `sink` on its branch, with a snapshot's rows spliced in.
@@ -123,6 +135,18 @@ impl SinkPlug for KafkaOutboxConfig {
 
     fn open_redacted(&self, redact: Arc<dyn Redact>) -> Result<RunSink, BoxError> {
         run_outbox(KafkaOutbox::new(self)?.with_redactor(redact))
+    }
+
+    fn open_probed(
+        &self,
+        redact: Option<Arc<dyn Redact>>,
+    ) -> Result<(RunSink, Option<Arc<dyn SinkProbe>>), BoxError> {
+        let mut outbox = KafkaOutbox::new(self)?;
+        if let Some(r) = redact {
+            outbox = outbox.with_redactor(r);
+        }
+        let probe = outbox.probe();
+        Ok((run_outbox(outbox)?, Some(probe)))
     }
 }
 

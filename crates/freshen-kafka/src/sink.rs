@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::config::{KafkaSinkConfig, TopicMode, valid_topic_char};
-use crate::stats::{SinkCounters, SinkStats, add};
+use crate::stats::{CountingContext, SinkCounters, SinkStats, add};
 
 /// Publishes row events to Kafka as Debezium change events.
 ///
@@ -49,7 +49,7 @@ use crate::stats::{SinkCounters, SinkStats, add};
 /// # }
 /// ```
 pub struct KafkaSink {
-    producer: FutureProducer,
+    producer: FutureProducer<CountingContext>,
     encoder: DebeziumEncoder,
     topic: String,
     mode: TopicMode,
@@ -94,12 +94,15 @@ impl KafkaSink {
         if let Some(db) = &config.database {
             encoder = encoder.database(db.clone());
         }
+        let counters = Arc::new(SinkCounters::default());
         Ok(KafkaSink {
-            producer: cc.create()?,
+            producer: cc.create_with_context(CountingContext {
+                counters: counters.clone(),
+            })?,
             encoder,
             topic: config.topic.clone(),
             mode: config.topic_mode,
-            counters: Arc::new(SinkCounters::default()),
+            counters,
             redact: None,
         })
     }
@@ -143,6 +146,11 @@ impl KafkaSink {
     /// A snapshot of the counters.
     pub fn stats(&self) -> SinkStats {
         self.counters.snapshot()
+    }
+
+    /// Reads this sink's deliveries while it runs (for the binary's `/metrics`).
+    pub fn probe(&self) -> std::sync::Arc<dyn freshen::plug::SinkProbe> {
+        Arc::new(SinkCountersProbe(self.counters.clone()))
     }
 
     /// Publishes `events` in order and waits until every one is delivered.
@@ -306,8 +314,11 @@ where
     let pump = tokio::spawn(pump(source, tx, stop_rx));
     tokio::pin!(shutdown);
     let mut in_flight: VecDeque<(JoinHandle<Result<(), Error>>, Ack)> = VecDeque::new();
+    // When each batch in flight was handed over, for the waiting gauges.
+    let mut handed: VecDeque<SystemTime> = VecDeque::new();
     let mut source_done = false;
     let mut result = loop {
+        counters.set_waiting(handed.iter().copied());
         if source_done && in_flight.is_empty() {
             break Ok(());
         }
@@ -316,6 +327,7 @@ where
             _ = &mut shutdown => break Ok(()),
             done = async { (&mut in_flight.front_mut().expect("not empty").0).await }, if !in_flight.is_empty() => {
                 let (_, ack) = in_flight.pop_front().expect("not empty");
+                handed.pop_front();
                 match flatten(done) {
                     Ok(()) => {
                         ack.ack();
@@ -328,7 +340,10 @@ where
                 None => source_done = true,
                 Some(Err(e)) => break Err(Error::Source(e)),
                 Some(Ok(batch)) => match enqueue(batch).await {
-                    Ok(queued) => in_flight.push_back(queued),
+                    Ok(queued) => {
+                        in_flight.push_back(queued);
+                        handed.push_back(SystemTime::now());
+                    }
                     Err(e) => break Err(e),
                 },
             },
@@ -337,6 +352,8 @@ where
     // Batches already handed to the producer: settle and acknowledge them in order
     // (on a failure, nothing after it is acknowledged).
     while let Some((task, ack)) = in_flight.pop_front() {
+        counters.set_waiting(handed.iter().copied());
+        handed.pop_front();
         if result.is_err() {
             task.abort();
             continue;
@@ -349,6 +366,7 @@ where
             Err(e) => result = Err(e),
         }
     }
+    counters.set_waiting(std::iter::empty());
     let _ = stop_tx.send(());
     if let Ok(mut source) = pump.await {
         source.close().await;
@@ -358,8 +376,8 @@ where
 
 /// Hands one record to `producer`, waiting while its queue is full; a refusal counts as
 /// a failed delivery.
-pub(crate) async fn send_record(
-    producer: &FutureProducer,
+pub(crate) async fn send_record<C: rdkafka::ClientContext + 'static>(
+    producer: &FutureProducer<C>,
     counters: &SinkCounters,
     topic: &str,
     key: Option<&[u8]>,
@@ -435,7 +453,7 @@ impl InFlight {
         for (topic, fut) in self.deliveries {
             let error = match fut.await {
                 Ok(Ok(_)) => {
-                    add(&self.counters.delivered, 1);
+                    self.counters.delivered_one();
                     continue;
                 }
                 Ok(Err((e, _))) => e,
@@ -445,6 +463,15 @@ impl InFlight {
             first.get_or_insert(Error::Delivery { topic, error });
         }
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// A sink's counters as the binary reads them (a sink without dead letters).
+struct SinkCountersProbe(Arc<SinkCounters>);
+
+impl freshen::plug::SinkProbe for SinkCountersProbe {
+    fn report(&self) -> freshen::plug::SinkReport {
+        self.0.report(Vec::new())
     }
 }
 

@@ -1,6 +1,12 @@
 //! Counters of the source and the sink, read as plain snapshots.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use freshen::plug::SinkReport;
+use rdkafka::client::ClientContext;
+use rdkafka::error::KafkaError;
 
 /// What a [`KafkaSource`](crate::KafkaSource) has done so far; from
 /// [`KafkaSource::stats`](crate::KafkaSource::stats). Counters only grow.
@@ -100,6 +106,9 @@ pub struct SinkStats {
     pub delivered: u64,
     /// Records that could not be delivered.
     pub failed: u64,
+    /// Errors the producer reported and retried by itself (a broker down, a
+    /// connection refused).
+    pub client_errors: u64,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +116,19 @@ pub(crate) struct SinkCounters {
     pub(crate) batches: AtomicU64,
     pub(crate) delivered: AtomicU64,
     pub(crate) failed: AtomicU64,
+    pub(crate) client_errors: AtomicU64,
+    /// Unix milliseconds of the last delivery (0: none yet).
+    pub(crate) last_delivery_ms: AtomicU64,
+    /// When each batch waiting for the broker was handed over, oldest first (written
+    /// by the delivery loop only).
+    pub(crate) waiting: Mutex<Vec<SystemTime>>,
+}
+
+/// Unix milliseconds now.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl SinkCounters {
@@ -116,6 +138,50 @@ impl SinkCounters {
             batches: g(&self.batches),
             delivered: g(&self.delivered),
             failed: g(&self.failed),
+            client_errors: g(&self.client_errors),
         }
+    }
+
+    /// One record acknowledged by the broker.
+    pub(crate) fn delivered_one(&self) {
+        add(&self.delivered, 1);
+        self.last_delivery_ms.store(now_ms(), Relaxed);
+    }
+
+    /// The delivery loop's batches waiting for the broker, as handed-over times.
+    pub(crate) fn set_waiting(&self, times: impl Iterator<Item = SystemTime>) {
+        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        w.clear();
+        w.extend(times);
+    }
+
+    /// The report the binary exports; `dead_lettered` is the caller's (by reason).
+    pub(crate) fn report(&self, dead_lettered: Vec<(&'static str, u64)>) -> SinkReport {
+        let s = self.snapshot();
+        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let last = self.last_delivery_ms.load(Relaxed);
+        let mut r = SinkReport::default();
+        r.delivered = s.delivered;
+        r.failed = s.failed;
+        r.client_errors = s.client_errors;
+        r.dead_lettered = dead_lettered;
+        r.batches_waiting = waiting.len() as u64;
+        r.oldest_waiting = waiting.first().copied();
+        r.last_delivery = (last > 0).then(|| UNIX_EPOCH + Duration::from_millis(last));
+        r
+    }
+}
+
+/// The producer's callbacks: errors it reports (and retries by itself) are counted,
+/// then logged as rdkafka's default does.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CountingContext {
+    pub(crate) counters: std::sync::Arc<SinkCounters>,
+}
+
+impl ClientContext for CountingContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        add(&self.counters.client_errors, 1);
+        rdkafka::client::DefaultClientContext.error(error, reason);
     }
 }

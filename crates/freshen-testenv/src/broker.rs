@@ -256,6 +256,41 @@ impl Process {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// Stops the process as Ctrl-C would (SIGINT), so a broker that saves its data at
+    /// shutdown saves it, and reaps it; kills it if it has not exited within
+    /// `within` (then the error says so). Idempotent.
+    pub(crate) fn stop(&mut self, within: Duration) -> Result<(), TestEnvError> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        }
+        let exited = support::wait_for(within, || child.try_wait().ok().flatten().map(|_| ()));
+        if exited.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(TestEnvError::StartFailed {
+                reason: format!(
+                    "{} did not stop within {within:?} and was killed",
+                    self.name
+                ),
+                log: support::tail(&self.log_path(), 30),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a stopped (or killed) process again on the same port and directory, and
+    /// waits until it accepts connections. Nothing happens while it runs.
+    pub(crate) fn start_again(&mut self) -> Result<(), TestEnvError> {
+        if self.is_running() {
+            return Ok(());
+        }
+        self.spawn()?;
+        self.wait_listening()
+    }
+
     /// Kills the process (SIGKILL) and reaps it. Idempotent.
     pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -146,8 +146,22 @@ impl KafkaServer {
         self.process.kill();
     }
 
+    /// Stops the broker cleanly (SIGINT, as Ctrl-C: noida saves its data, which a
+    /// SIGKILL loses) and waits for it to exit; [`start_again`](Self::start_again)
+    /// brings it back. An error if it did not exit within a minute (it is killed then).
+    pub fn stop(&mut self) -> Result<(), TestEnvError> {
+        self.process.stop(std::time::Duration::from_secs(60))
+    }
+
+    /// Starts a stopped broker again on the same port and directory, and waits until it
+    /// accepts connections (nothing happens while it runs).
+    pub fn start_again(&mut self) -> Result<(), TestEnvError> {
+        self.process.start_again()
+    }
+
     /// Kills the broker and starts it again on the same port and directory (noida keeps
-    /// its data there; tansu's memory storage starts empty).
+    /// there what it saved: its data as of a clean [`stop`](Self::stop), not what a
+    /// SIGKILL caught in memory; tansu's memory storage starts empty).
     pub fn restart(&mut self) -> Result<(), TestEnvError> {
         self.process.restart()
     }

@@ -305,6 +305,8 @@ pub struct Config {
     /// Column redaction applied to every output (`[[redact]]`): the changefeed and
     /// every sink; never rebuilds.
     pub redact: freshen_codec::Redactor,
+    /// The line of each `[[redact]]` rule (the order of `redact`'s rules).
+    pub redact_lines: Vec<Option<usize>>,
     /// Offline only: variables that are not set here, with their line and where they
     /// are used (their values were not judged).
     pub unset: Vec<(Option<usize>, String, String)>,
@@ -328,6 +330,22 @@ impl Config {
             }
         }
         out
+    }
+
+    /// `[[redact]]` rules whose table nothing here captures (and no `[source] tables`
+    /// pattern could select): known without I/O; see [`crate::redact_coverage`].
+    pub fn unmatched_redactions(&self) -> Vec<crate::redact_coverage::Unmatched> {
+        let patterns = self
+            .source
+            .discovery()
+            .map(|d| d.patterns)
+            .unwrap_or_default();
+        crate::redact_coverage::unmatched_tables(
+            self.redact.rules(),
+            &self.redact_lines,
+            &self.watched_tables(),
+            &patterns,
+        )
     }
 
     /// How many consumers the source feeds: views, sinks and the changefeed.
@@ -552,7 +570,7 @@ fn parse_with(
     );
     check_views_on_target(&mut r, &views, target_plug.as_deref(), source.as_ref());
     let key_stream = key_stream::read(&mut r, root, &views);
-    let redact = redact::read(&mut r, root);
+    let (redact, redact_lines) = redact::read(&mut r, root);
 
     let kind = root
         .t
@@ -587,6 +605,7 @@ fn parse_with(
             changefeed,
             key_stream,
             redact,
+            redact_lines,
             unset: r
                 .unset
                 .iter()

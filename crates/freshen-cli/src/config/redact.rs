@@ -19,12 +19,14 @@ pub(crate) const MAX_LENGTH: i64 = 65_536;
 /// values, which is what keying the hash prevents.
 pub(crate) const MIN_KEY_BYTES: usize = 16;
 
-/// Reads every `[[redact]]` entry, reporting every problem with its line.
-pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Redactor {
+/// Reads every `[[redact]]` entry, reporting every problem with its line; each rule
+/// comes with the line of its entry (same order), for warnings about it.
+pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Redactor, Vec<Option<usize>>) {
     let Some(entries) = r.tables(root, "redact") else {
-        return Redactor::default();
+        return (Redactor::default(), Vec::new());
     };
     let mut rules: Vec<RedactRule> = Vec::new();
+    let mut lines: Vec<Option<usize>> = Vec::new();
     let mut seen: Vec<(String, String, Option<usize>)> = Vec::new();
     for (t, path) in &entries {
         let t = Tbl { path, ..*t };
@@ -125,8 +127,9 @@ pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> Redactor {
         }
         seen.push((table.value.clone(), column.value.clone(), line));
         rules.push(RedactRule::new(&table.value, column.value, act));
+        lines.push(line);
     }
-    Redactor::new(rules)
+    (Redactor::new(rules), lines)
 }
 
 /// The key of a `hash` entry, read from the environment variable `key_env` names.

@@ -504,3 +504,101 @@ async fn connection_failures_name_their_cause_and_hide_the_password() {
     assert_eq!(code, Some(1), "{text}");
     assert!(!text.contains("Wr0ngSecret"), "{text}");
 }
+
+/// A `[[redact]]` rule that matches nothing — a table nothing captures, a column its
+/// table does not have — would let the column it meant leave in clear: `check` warns
+/// about each, naming the rule's line (`--deny-warnings` fails on them), and `run` logs
+/// the table warning once at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redact_rules_that_match_nothing_are_warnings_with_their_lines() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let text = format!(
+        "{}\n[[redact]]\ntable = \"public.readings\"\ncolumn = \"device\"\naction = \"mask\"\n\n\
+         [[redact]]\ntable = \"public.reading\"\ncolumn = \"device\"\naction = \"mask\"\n\n\
+         [[redact]]\ntable = \"sites\"\ncolumn = \"regoin\"\naction = \"drop\"\n",
+        config(&pg.url(), &format!("127.0.0.1:{port}"))
+    );
+    let lines: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| *l == "[[redact]]")
+        .map(|(i, _)| i + 1)
+        .collect();
+    let cfg = write_config(dir.path(), &text);
+    let at = |line: usize| format!("{}:{line}", cfg.display());
+
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let f = findings(&out);
+    let redact: Vec<(String, String)> = f
+        .iter()
+        .filter(|x| x["check"] == "redact")
+        .map(|x| {
+            assert_eq!(x["level"], "warning", "{x}");
+            (
+                x["subject"].as_str().unwrap().to_owned(),
+                x["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        redact.len(),
+        2,
+        "the rule that matches is no warning: {f:#?}"
+    );
+    assert_eq!(redact[0].0, at(lines[1]), "{redact:?}");
+    assert!(
+        redact[0]
+            .1
+            .contains("`public.reading` column `device` matches nothing"),
+        "{redact:?}"
+    );
+    assert_eq!(redact[1].0, at(lines[2]), "{redact:?}");
+    assert!(
+        redact[1].1.contains("public.sites has no column `regoin`"),
+        "{redact:?}"
+    );
+    assert_eq!(out.status.code(), Some(0), "warnings alone pass");
+    let strict = freshen()
+        .args(["check", "--deny-warnings", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_ne!(
+        strict.status.code(),
+        Some(0),
+        "--deny-warnings fails on them"
+    );
+
+    // Offline, the table is known to be captured by nothing; the column is not asked.
+    let offline = freshen()
+        .args(["check", "--offline", "--json", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let f = findings(&offline);
+    assert!(
+        has(&f, "warning", "redact", "`public.reading` column"),
+        "{f:#?}"
+    );
+    assert!(!has(&f, "warning", "redact", "regoin"), "{f:#?}");
+
+    let _run = spawn_run(dir.path(), &cfg, 1);
+    wait_healthy(
+        &format!("http://127.0.0.1:{port}"),
+        dir.path(),
+        1,
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    let log = log_of(dir.path(), 1);
+    let warned = format!("{}: `[[redact]]` for `public.reading`", at(lines[1]));
+    assert_eq!(log.matches(&warned).count(), 1, "{log}");
+}

@@ -34,6 +34,12 @@ impl Readout for Down {
             ..SourceStatus::default()
         }
     }
+    fn sinks(&self) -> Vec<freshen_cli::metrics::SinkStatus> {
+        Vec::new()
+    }
+    fn redactions(&self) -> Vec<freshen_cli::metrics::Redacted> {
+        Vec::new()
+    }
 }
 
 async fn exchange(addr: std::net::SocketAddr, request: &str) -> String {

@@ -15,10 +15,10 @@ use rdkafka::producer::FutureProducer;
 
 use crate::Error;
 use crate::sink::{InFlight, deliver, send_record, with_reads};
-use crate::stats::{SinkCounters, add};
+use crate::stats::{CountingContext, SinkCounters, add};
 
 pub use config::{KafkaOutboxConfig, PayloadEncoding, ROUTED_BY};
-use route::{Record, Routed, Router};
+use route::{REASONS, Record, Routed, Router};
 
 /// Relays the rows an application inserts into its outbox table — in the same
 /// transaction as its data — to Kafka, as Debezium's outbox event router does:
@@ -40,7 +40,7 @@ use route::{Record, Routed, Router};
 /// crash they are read and published again (at least once; the `id` header tells the
 /// repeats).
 pub struct KafkaOutbox {
-    producer: FutureProducer,
+    producer: FutureProducer<CountingContext>,
     router: Router,
     dead_letter_topic: String,
     counters: Arc<SinkCounters>,
@@ -76,13 +76,49 @@ pub struct OutboxStats {
     pub delivered: u64,
     /// Records that could not be delivered.
     pub failed: u64,
+    /// Malformed rows by reason (each one of a fixed set of words, e.g.
+    /// `missing_aggregate_id`), in the set's order.
+    pub dead_lettered_by_reason: Vec<(&'static str, u64)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct OutboxCounters {
     events: AtomicU64,
-    dead_lettered: AtomicU64,
     ignored: AtomicU64,
+    /// Per reason, in the order of [`REASONS`].
+    dead: Vec<AtomicU64>,
+}
+
+impl Default for OutboxCounters {
+    fn default() -> OutboxCounters {
+        OutboxCounters {
+            events: AtomicU64::new(0),
+            ignored: AtomicU64::new(0),
+            dead: REASONS.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl OutboxCounters {
+    fn dead_lettered(&self) -> Vec<(&'static str, u64)> {
+        REASONS
+            .iter()
+            .zip(&self.dead)
+            .map(|(r, n)| (*r, n.load(Relaxed)))
+            .collect()
+    }
+}
+
+/// The relay's deliveries and dead letters, as the binary reads them.
+struct OutboxProbe {
+    counters: Arc<SinkCounters>,
+    outbox: Arc<OutboxCounters>,
+}
+
+impl freshen::plug::SinkProbe for OutboxProbe {
+    fn report(&self) -> freshen::plug::SinkReport {
+        self.counters.report(self.outbox.dead_lettered())
+    }
 }
 
 impl KafkaOutbox {
@@ -104,11 +140,14 @@ impl KafkaOutbox {
         for (k, v) in &config.properties {
             cc.set(k, v);
         }
+        let counters = Arc::new(SinkCounters::default());
         Ok(KafkaOutbox {
-            producer: cc.create()?,
+            producer: cc.create_with_context(CountingContext {
+                counters: counters.clone(),
+            })?,
             router: Router::new(config),
             dead_letter_topic: config.dead_letter_topic.clone(),
-            counters: Arc::new(SinkCounters::default()),
+            counters,
             outbox: Arc::new(OutboxCounters::default()),
             redact: None,
         })
@@ -127,14 +166,25 @@ impl KafkaOutbox {
     pub fn stats(&self) -> OutboxStats {
         let s = self.counters.snapshot();
         let g = |a: &AtomicU64| a.load(Relaxed);
+        let by_reason = self.outbox.dead_lettered();
         OutboxStats {
             events: g(&self.outbox.events),
-            dead_lettered: g(&self.outbox.dead_lettered),
+            dead_lettered: by_reason.iter().map(|(_, n)| n).sum(),
             ignored: g(&self.outbox.ignored),
             batches: s.batches,
             delivered: s.delivered,
             failed: s.failed,
+            dead_lettered_by_reason: by_reason,
         }
+    }
+
+    /// Reads this relay's deliveries and dead letters while it runs (for the binary's
+    /// `/metrics`).
+    pub fn probe(&self) -> Arc<dyn freshen::plug::SinkProbe> {
+        Arc::new(OutboxProbe {
+            counters: self.counters.clone(),
+            outbox: self.outbox.clone(),
+        })
     }
 
     /// Relays every batch of `source` and acknowledges it once delivered, until the
@@ -220,8 +270,10 @@ impl KafkaOutbox {
                 add(&self.outbox.events, 1);
                 r
             }
-            Routed::Dead(r) => {
-                add(&self.outbox.dead_lettered, 1);
+            Routed::Dead(r, why) => {
+                if let Some(i) = REASONS.iter().position(|r| *r == why) {
+                    add(&self.outbox.dead[i], 1);
+                }
                 r
             }
         };

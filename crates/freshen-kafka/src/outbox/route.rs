@@ -29,13 +29,31 @@ pub(crate) struct Record {
     pub(crate) headers: Vec<(&'static str, Vec<u8>)>,
 }
 
+/// Why rows become dead letters, as the metrics label them: a fixed set, never the
+/// error's text (which names values and would make a label per row).
+pub(crate) const REASONS: &[&str] = &[
+    MISSING_ID,
+    MISSING_AGGREGATE_TYPE,
+    MISSING_AGGREGATE_ID,
+    MISSING_PAYLOAD,
+    INVALID_PAYLOAD,
+];
+const MISSING_ID: &str = "missing_id";
+const MISSING_AGGREGATE_TYPE: &str = "missing_aggregate_type";
+const MISSING_AGGREGATE_ID: &str = "missing_aggregate_id";
+/// The payload column is absent, or the source did not send it (unchanged TOAST).
+const MISSING_PAYLOAD: &str = "missing_payload";
+/// The payload does not fit the encoding (not UTF-8, not JSON).
+const INVALID_PAYLOAD: &str = "invalid_payload";
+
 /// What a change becomes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Routed {
     /// An outbox event for its aggregate's topic.
     Event(Record),
-    /// A malformed outbox row, for the dead-letter topic (header `freshen.error`).
-    Dead(Record),
+    /// A malformed outbox row, for the dead-letter topic (header `freshen.error`), and
+    /// its reason as one of [`REASONS`] (the metrics' label).
+    Dead(Record, &'static str),
     /// Not an outbox event: another table, or an update, delete or truncate (the
     /// router relays inserts only, as Debezium's does; an application that deletes its
     /// rows right after inserting them is the usual pattern).
@@ -85,30 +103,39 @@ impl Router {
         let key = aggregate_id.as_ref().map(|k| k.as_bytes().to_vec());
         let payload = self.payload(row);
         let problem = if id.is_none() {
-            Some(format!("{} is missing or NULL", self.id))
+            Some((MISSING_ID, format!("{} is missing or NULL", self.id)))
         } else if aggregate_type.as_deref().is_none_or(str::is_empty) {
-            Some(format!("{} is missing, NULL or empty", self.aggregate_type))
+            Some((
+                MISSING_AGGREGATE_TYPE,
+                format!("{} is missing, NULL or empty", self.aggregate_type),
+            ))
         } else if aggregate_id.is_none() {
-            Some(format!("{} is missing or NULL", self.aggregate_id))
+            Some((
+                MISSING_AGGREGATE_ID,
+                format!("{} is missing or NULL", self.aggregate_id),
+            ))
         } else {
             payload.as_ref().err().cloned()
         };
-        if let Some(reason) = problem {
+        if let Some((why, reason)) = problem {
             headers.push(("freshen.error", reason.into_bytes()));
             headers.push((
                 "freshen.table",
                 format!("{}.{}", self.schema, self.table).into_bytes(),
             ));
-            return Routed::Dead(Record {
-                topic: dead_letter.to_owned(),
-                key,
-                // The column as it is, so the row can be inspected and replayed.
-                value: row
-                    .get(&self.payload)
-                    .and_then(raw)
-                    .or_else(|| payload.ok().flatten()),
-                headers,
-            });
+            return Routed::Dead(
+                Record {
+                    topic: dead_letter.to_owned(),
+                    key,
+                    // The column as it is, so the row can be inspected and replayed.
+                    value: row
+                        .get(&self.payload)
+                        .and_then(raw)
+                        .or_else(|| payload.ok().flatten()),
+                    headers,
+                },
+                why,
+            );
         }
         let routed_by = aggregate_type.unwrap_or_default();
         let topic = self.topic.replace(
@@ -127,14 +154,17 @@ impl Router {
     }
 
     /// The payload as the record's value (`None`: NULL, a tombstone), or why the
-    /// encoding refuses it.
-    fn payload(&self, row: &Row) -> Result<Option<Vec<u8>>, String> {
+    /// encoding refuses it (its reason and sentence).
+    fn payload(&self, row: &Row) -> Result<Option<Vec<u8>>, (&'static str, String)> {
         let name = &self.payload;
         let value = match row.get(name) {
-            None => return Err(format!("{name} is missing")),
+            None => return Err((MISSING_PAYLOAD, format!("{name} is missing"))),
             Some(Value::Null) => return Ok(None),
             Some(Value::Unchanged) => {
-                return Err(format!("{name} was not sent by the source (unchanged)"));
+                return Err((
+                    MISSING_PAYLOAD,
+                    format!("{name} was not sent by the source (unchanged)"),
+                ));
             }
             Some(v) => v,
         };
@@ -142,7 +172,7 @@ impl Router {
             (PayloadEncoding::Bytes, Value::Bytes(b)) => Ok(Some(b.to_vec())),
             (_, Value::Bytes(b)) => match std::str::from_utf8(b) {
                 Ok(s) => self.text(name, s),
-                Err(_) => Err(format!("{name} is not valid UTF-8")),
+                Err(_) => Err((INVALID_PAYLOAD, format!("{name} is not valid UTF-8"))),
             },
             (_, v) => {
                 let s = v.to_text().unwrap_or_default();
@@ -152,11 +182,11 @@ impl Router {
     }
 
     /// Text checked against the encoding.
-    fn text(&self, name: &str, s: &str) -> Result<Option<Vec<u8>>, String> {
+    fn text(&self, name: &str, s: &str) -> Result<Option<Vec<u8>>, (&'static str, String)> {
         if self.encoding == PayloadEncoding::Json
             && let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(s)
         {
-            return Err(format!("{name} is not valid JSON: {e}"));
+            return Err((INVALID_PAYLOAD, format!("{name} is not valid JSON: {e}")));
         }
         Ok(Some(s.as_bytes().to_vec()))
     }
@@ -240,9 +270,10 @@ mod tests {
             ("type", Value::text("t")),
             ("payload", Value::text("{}")),
         ]);
-        let Routed::Dead(d) = r.route(&no_key, false, "dlq") else {
+        let Routed::Dead(d, why) = r.route(&no_key, false, "dlq") else {
             panic!("a dead letter")
         };
+        assert_eq!(why, "missing_aggregate_id");
         assert_eq!(d.topic, "dlq");
         assert_eq!(
             header(&d, "freshen.error"),
@@ -250,9 +281,10 @@ mod tests {
         );
         assert_eq!(header(&d, "id"), Some("e-2"));
         assert_eq!(header(&d, "freshen.table"), Some("public.outbox"));
-        let Routed::Dead(d) = r.route(&good(Value::text("{not json")), false, "dlq") else {
+        let Routed::Dead(d, why) = r.route(&good(Value::text("{not json")), false, "dlq") else {
             panic!("a dead letter")
         };
+        assert_eq!(why, "invalid_payload");
         assert!(
             header(&d, "freshen.error")
                 .unwrap()
@@ -272,9 +304,9 @@ mod tests {
         ]);
         assert!(matches!(
             r.route(&empty_type, false, "dlq"),
-            Routed::Dead(_)
+            Routed::Dead(_, "missing_aggregate_type")
         ));
-        let Routed::Dead(d) = router(PayloadEncoding::Text).route(
+        let Routed::Dead(d, why) = router(PayloadEncoding::Text).route(
             &good(Value::Bytes(vec![0xff, 0xfe].into())),
             false,
             "dlq",
@@ -285,6 +317,20 @@ mod tests {
             header(&d, "freshen.error"),
             Some("payload is not valid UTF-8")
         );
+        assert_eq!(why, "invalid_payload");
+        let no_id = insert(vec![("aggregatetype", Value::text("order"))]);
+        let no_payload = insert(vec![
+            ("id", Value::text("e-4")),
+            ("aggregatetype", Value::text("order")),
+            ("aggregateid", Value::Int(1)),
+        ]);
+        for (event, want) in [(no_id, "missing_id"), (no_payload, "missing_payload")] {
+            let Routed::Dead(_, why) = r.route(&event, false, "dlq") else {
+                panic!("a dead letter: {event:?}")
+            };
+            assert_eq!(why, want);
+            assert!(REASONS.contains(&why), "one of the fixed set");
+        }
     }
 
     #[test]
@@ -307,7 +353,7 @@ mod tests {
         let json = router(PayloadEncoding::Json);
         assert!(matches!(
             json.route(&good(Value::text("plain")), false, "d"),
-            Routed::Dead(_)
+            Routed::Dead(_, "invalid_payload")
         ));
     }
 }

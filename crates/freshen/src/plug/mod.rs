@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use naming::Naming;
-pub use sink::{Redact, RunSink, SinkPlug, Splice};
+pub use sink::{Redact, RunSink, SinkPlug, SinkProbe, SinkReport, Splice};
 pub use target::{
     Inferred, QuerySpec, Starter, Target, TargetError, TargetPlug, ViewSpec, ViewTarget,
 };

@@ -20,6 +20,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use crate::fanout::Branch;
 use crate::source::{BoxError, BoxFuture};
@@ -49,6 +50,36 @@ pub type RunSink = Box<
 pub trait Redact: fmt::Debug + Send + Sync + 'static {
     /// `event` redacted, or `None` when no rule concerns it.
     fn apply(&self, event: &RowEvent) -> Option<RowEvent>;
+}
+
+/// What a running sink says about its deliveries, for `/metrics`: counters only grow
+/// (from the sink's start), gauges are now. Read through a [`SinkProbe`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SinkReport {
+    /// Records the destination acknowledged (events, snapshot rows and dead letters).
+    pub delivered: u64,
+    /// Records whose delivery failed for good (after the client's own retries): the
+    /// batch stays unacknowledged and is replayed.
+    pub failed: u64,
+    /// Errors the client reported and retried by itself (a broker down, a connection
+    /// refused): a sink waiting out an outage counts up here before anything fails.
+    pub client_errors: u64,
+    /// Rows sent to the dead-letter path, by reason: each reason a short fixed word of
+    /// the sink's (`missing_id`), never an error's text, so the label set stays small.
+    pub dead_lettered: Vec<(&'static str, u64)>,
+    /// Batches handed to the destination and not yet acknowledged by it.
+    pub batches_waiting: u64,
+    /// When the oldest of those batches was handed over (`None`: none waits).
+    pub oldest_waiting: Option<SystemTime>,
+    /// When the destination last acknowledged a record (`None`: never yet).
+    pub last_delivery: Option<SystemTime>,
+}
+
+/// Reads a running sink's [`SinkReport`]; from [`SinkPlug::open_probed`].
+pub trait SinkProbe: Send + Sync + 'static {
+    /// The report now.
+    fn report(&self) -> SinkReport;
 }
 
 /// A sink kind's configuration, as a program that reads configuration files uses it.
@@ -90,5 +121,19 @@ pub trait SinkPlug: fmt::Debug + Send + Sync + 'static {
     fn open_redacted(&self, redact: Arc<dyn Redact>) -> Result<RunSink, BoxError> {
         let _ = redact;
         Err(format!("the {} sink cannot redact columns", self.name()).into())
+    }
+
+    /// [`open`](Self::open) (or [`open_redacted`](Self::open_redacted) with `redact`),
+    /// with a [`SinkProbe`] reading the running sink's deliveries. The default has no
+    /// probe: the sink exports nothing.
+    fn open_probed(
+        &self,
+        redact: Option<Arc<dyn Redact>>,
+    ) -> Result<(RunSink, Option<Arc<dyn SinkProbe>>), BoxError> {
+        let run = match redact {
+            Some(r) => self.open_redacted(r)?,
+            None => self.open()?,
+        };
+        Ok((run, None))
     }
 }

@@ -46,7 +46,7 @@ use crate::freshness::{
 use crate::report::Table;
 use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, connect, converge, load_average, machine_cpu,
-    median, ms, query_config_of, runtime, server, tree_cpu,
+    median, ms, process_cpu, query_config_of, runtime, server, tree_cpu,
 };
 use crate::write_tax::{PG_IVM, TRIGGERS, pg_ivm_installed};
 
@@ -129,6 +129,10 @@ struct Run {
     /// The derived table equalled truth once the writes stopped.
     truth: bool,
     cores: Cores,
+    /// CPU of every process of the run per committed transaction, from the start of the
+    /// load until the derived table had caught up (freshen's catch-up included, the
+    /// checks' own backend not): barely moved by other work sharing the machine.
+    cpu_per_tx: Duration,
 }
 
 fn run_one(keeper: Keeper, load: &Load) -> anyhow::Result<Run> {
@@ -157,6 +161,14 @@ fn run_one(keeper: Keeper, load: &Load) -> anyhow::Result<Run> {
             None => None,
         };
         let reader = freshen.is_some().then(std::process::id);
+        // The catch-up checks run in the admin connection's backend: measurement, not
+        // the keeper's cost, so its CPU is taken out.
+        let checker: i32 = admin
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let checker = checker as u32;
+        let check0 = process_cpu(checker);
         let roles0 = Sample::take(&admin, reader).await?;
         let (tree0, machine0, t0) = (tree_cpu(), machine_cpu(), Instant::now());
         let (b, l) = (bench.clone(), load.clone());
@@ -189,6 +201,10 @@ fn run_one(keeper: Keeper, load: &Load) -> anyhow::Result<Run> {
             }
             _ => None,
         };
+        let cpu = tree_cpu()
+            .saturating_sub(tree0)
+            .saturating_sub(process_cpu(checker).saturating_sub(check0));
+        let cpu_per_tx = cpu / u32::try_from(result.transactions.max(1)).unwrap_or(u32::MAX);
         let truth = converge(&admin, Instant::now(), Duration::from_secs(30))
             .await?
             .is_some();
@@ -197,6 +213,7 @@ fn run_one(keeper: Keeper, load: &Load) -> anyhow::Result<Run> {
             fresh,
             truth,
             cores,
+            cpu_per_tx,
         })
     })?;
     drop(rt);
@@ -320,6 +337,8 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         "freshen's histogram p99",
         "keys per rebuild call",
         "equals truth",
+        "CPU per tx (median)",
+        "CPU bound: the cores / CPU per tx",
         "cores: run (walsender / freshen's backends / freshen) · machine",
         "load avg at start",
         "verdict",
@@ -383,6 +402,8 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
          commit (zero for the keepers inside the transaction). Floor: the same runs' commits through \
          the debounce alone. Writer latency: pgbench's per-transaction log, from the scheduled start \
          (schedule lag included) to commit. Cores: CPU time during the load over its wall time. \
+         CPU per tx: every process of the run, from the start of the load until caught up, per committed \
+         transaction; the CPU bound is the rate at which that alone would fill every core. \
          Holds: achieved ≥ {:.0} % of the target, writer p99 ≤ {}, freshness p99 ≤ {SLACK:.2} × floor \
          (freshen), derived = truth; a keeper that falls over is not run at higher rates. \
          Load average (1 min): {load_start:.2} at the start, {:.2} at the end ({:.0} s).\n",
@@ -404,6 +425,11 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     }
     s.print();
     Ok(())
+}
+
+/// The machine's cores, for the rate a keeper's CPU per transaction allows.
+fn machine_cores() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
 fn row(
@@ -430,6 +456,11 @@ fn row(
         String::new()
     };
     let cores = |g: fn(&Cores) -> f64| median(done.iter().map(|r| g(&r.cores)).collect());
+    let cpu_us = median(
+        done.iter()
+            .map(|r| r.cpu_per_tx.as_secs_f64() * 1e6)
+            .collect(),
+    );
     let in_tx = keeper.max_wait().is_none();
     let dash = || "–".to_string();
     vec![
@@ -465,6 +496,8 @@ fn row(
             )
         },
         if f.truth { "yes" } else { "NO" }.into(),
+        format!("{:.0} µs", cpu_us),
+        format!("{:.0} tx/s", machine_cores() / (cpu_us / 1e6).max(1e-12)),
         if in_tx {
             format!("{:.2} · {:.2}", cores(|c| c.run), cores(|c| c.machine))
         } else {

@@ -87,7 +87,7 @@ const BATCH: usize = 64;
 
 /// Query mode's rollup, the snapshot carried as text (`pg_snapshot` has no equality, and
 /// query mode writes a row only when a value `IS DISTINCT FROM` the stored one).
-const QUERY_TABLE: &str = "CREATE TABLE device_totals (
+pub(crate) const QUERY_TABLE: &str = "CREATE TABLE device_totals (
     device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL, snap text NOT NULL
 );
 CREATE FUNCTION log_applied() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -100,7 +100,7 @@ CREATE TRIGGER log_applied AFTER INSERT OR UPDATE ON device_totals
 
 /// What query mode rebuilds a batch of devices from: a new snapshot is a new value, so
 /// every rebuilt row is written and logged (by `log_applied`, in the rebuild's transaction).
-const QUERY: &str = "SELECT device, sum(value)::bigint AS total, count(*) AS n, pg_current_snapshot()::text AS snap FROM readings WHERE device = ANY($1) GROUP BY device";
+pub(crate) const QUERY: &str = "SELECT device, sum(value)::bigint AS total, count(*) AS n, pg_current_snapshot()::text AS snap FROM readings WHERE device = ANY($1) GROUP BY device";
 
 /// Who keeps the derived table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +170,7 @@ fn floor(changes: &[(i32, f64)], coalesce: f64, max_wait: f64) -> Vec<f64> {
 }
 
 /// The floor of a run, from the readings' own commit times.
-async fn measure_floor(c: &Client, max_wait: Duration) -> anyhow::Result<Latency> {
+pub(crate) async fn measure_floor(c: &Client, max_wait: Duration) -> anyhow::Result<Latency> {
     let rows = c
         .query(
             "SELECT device, extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 AS t \
@@ -280,7 +280,7 @@ struct Run {
     own: Option<Duration>,
 }
 
-fn script() -> Script {
+pub(crate) fn script() -> Script {
     Script {
         name: "insert",
         weight: 1,

@@ -14,6 +14,7 @@ mod codec;
 mod cpu_split;
 mod fanout;
 mod freshness;
+mod freshness_max;
 mod huge_tx;
 mod incremental;
 mod kafka;
@@ -108,6 +109,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "freshness",
         about: "commit → rebuilt latency p50/p99/max at 1k and 5k tx/s, from the derived table itself: freshen vs a matview refreshed every second",
         run: freshness::run,
+    },
+    Scenario {
+        name: "freshness-max",
+        about: "rising target rates (1k to 50k tx/s) until each keeper falls over: the highest rate with freshen's query-mode freshness p99 within 10 % of the debounce floor, beside where row triggers and pg_ivm stop reaching the rate; cores by role",
+        run: freshness_max::run,
     },
     Scenario {
         name: "amplification",

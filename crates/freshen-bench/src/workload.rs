@@ -544,3 +544,33 @@ pub(crate) fn tree_cpu() -> Duration {
     }
     ticks(total)
 }
+
+/// CPU time (user + system, every core) the whole machine has spent so far, whoever spent
+/// it — this run or other work sharing the machine — from `/proc/stat`'s first line
+/// (`cpu user nice system idle iowait irq softirq steal …`, in USER_HZ): what is neither
+/// idle nor waiting for I/O.
+pub(crate) fn machine_cpu() -> Duration {
+    let busy = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            let f: Vec<u64> = s
+                .lines()
+                .next()?
+                .split_whitespace()
+                .skip(1)
+                .map_while(|v| v.parse().ok())
+                .collect();
+            let at = |i: usize| f.get(i).copied().unwrap_or(0);
+            Some(at(0) + at(1) + at(2) + at(5) + at(6) + at(7))
+        })
+        .unwrap_or(0);
+    ticks(busy)
+}
+
+/// The machine's load average over the last minute (`/proc/loadavg`).
+pub(crate) fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}

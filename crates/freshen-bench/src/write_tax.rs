@@ -134,7 +134,7 @@ impl Variant {
     }
 }
 
-const TRIGGERS: &str = "
+pub(crate) const TRIGGERS: &str = "
 CREATE TABLE device_totals (device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
 CREATE FUNCTION readings_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -172,7 +172,7 @@ CREATE UNIQUE INDEX ON device_totals (device);
 /// pg_ivm's incrementally maintained view of the same rollup: its triggers apply each
 /// statement's delta to `device_totals` inside the writing transaction, under an
 /// exclusive lock on the view.
-const PG_IVM: &str = "
+pub(crate) const PG_IVM: &str = "
 CREATE EXTENSION pg_ivm;
 SELECT pgivm.create_immv('device_totals',
     'SELECT device, sum(value) AS total, count(*) AS n FROM readings GROUP BY device');
@@ -180,7 +180,7 @@ SELECT pgivm.create_immv('device_totals',
 
 /// Whether pg_ivm is installed for the server binaries in `bin_dir` (it is not packaged
 /// for Debian 12; it builds from its public source against `postgresql-server-dev-15`).
-fn pg_ivm_installed(bin_dir: &std::path::Path) -> bool {
+pub(crate) fn pg_ivm_installed(bin_dir: &std::path::Path) -> bool {
     bin_dir.join("../lib/pg_ivm.so").exists()
 }
 

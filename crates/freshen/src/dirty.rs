@@ -25,22 +25,38 @@
 //! | `revive` (a sweep)      | – (never delays it)    | –       | → running+redirty  | → dirty, count 0    |
 //!
 //! A dirty key fires once it has been quiet for `coalesce` or dirty for `max_wait`,
-//! whichever is first. Queued keys sit in one min-heap ordered by deadline. A mark that
-//! pushes a deadline later does not touch the heap: the key's entry surfaces at the old
+//! whichever is first. Queued keys sit in one deadline queue (`deadlines.rs`): a FIFO
+//! ring takes every entry pushed at or after the latest one — a first mark, on a clock
+//! that never runs backwards, always is — and a 4-ary min-heap the rest (retries,
+//! deadlines cut by `max_wait`); a pop takes the smaller front. A mark that pushes a
+//! deadline later does not touch the queue: the key's entry surfaces at the old
 //! deadline and is pushed again with the new one (lazy invalidation). Each queued key
-//! has exactly one heap entry, so the heap never outgrows the dirty set, and mark, pop,
-//! complete and the next wake-up are all O(log n).
+//! has exactly one entry, so the queue never outgrows the dirty set; mark, pop,
+//! complete and the next wake-up are O(1) in order and O(log n) out of order.
+//!
+//! ```text
+//!   key ──hash (hash.rs: keyed fold hash)──► index (8-byte buckets) ──► slot (56 bytes)
+//!                                                                        ▲
+//!   deadline queue: ring (in order) + heap (out of order), 16-byte entries ┘ by slot
+//! ```
 //!
 //! A popped key carries a [`Ticket`] naming its slot, so the caller completes it
 //! ([`DirtySet::complete_ticket`]) without hashing the key and searching the index a
 //! second time. A ticket holds the slot's generation, which moves on with every pop: a
 //! stale ticket (of a run already completed) is refused (`NotRunning`), never applied
 //! to a later run of the key or to whichever key holds the slot now.
+//!
+//! A clean completion by ticket forgets the key at once (the slot drops it, so the
+//! index bucket matches nothing) but removes the bucket later, in a batch sorted by
+//! bucket (a quarter of the index, at least 1024, or whenever the set goes idle): one
+//! walk through the index in order instead of a cache miss per key. Until its batch
+//! the slot is not reused. Invariants: a slot with a key is in the index exactly once;
+//! a slot without one is in the free list or in the forgotten batch, never both.
 
 use std::time::{Duration, Instant};
 
 use crate::backoff::{Backoff, Jitter};
-use crate::heap::QuadHeap;
+use crate::deadlines::Deadlines;
 use crate::index::{Hash32, Index, Probe};
 use crate::{Key, Retry};
 
@@ -171,8 +187,8 @@ enum State {
 /// (they only lengthen the backoff); both reset on success. `changed` says whether a
 /// change (not only a sweep) dirtied the pending work, `job_changed` the same of the
 /// running job (kept by its retries); both fit in the slot's padding. `hash` is the
-/// key's index hash, kept so that completing by ticket finds the index bucket without
-/// hashing the key; `generation` moves on with each pop (and survives the slot's reuse
+/// key's index hash, kept so that completing by ticket queues the index bucket for its
+/// sorted removal without hashing the key; `generation` moves on with each pop (and survives the slot's reuse
 /// by another key), which is what makes a stale [`Ticket`] harmless.
 #[derive(Debug)]
 struct Slot {
@@ -227,8 +243,11 @@ pub struct DirtySet {
     epoch: Instant,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// Slots whose key was forgotten, their buckets still in the index:
+    /// `(hash << 32) | slot`.
+    forgotten: Vec<u64>,
     index: Index,
-    heap: QuadHeap<Entry>,
+    deadlines: Deadlines<Entry>,
     seq: u32,
     rng: Jitter,
     queued: usize,
@@ -236,6 +255,10 @@ pub struct DirtySet {
     poisoned: usize,
     poison_after: u16,
 }
+
+/// Forgotten slots that wait for a batched removal from the index, at least: below a
+/// quarter of the index (when that is larger) a batch gains no locality.
+const FORGET_BATCH: usize = 1024;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -252,8 +275,9 @@ impl DirtySet {
             epoch,
             slots: Vec::new(),
             free: Vec::new(),
+            forgotten: Vec::new(),
             index: Index::new(),
-            heap: QuadHeap::new(),
+            deadlines: Deadlines::new(),
             seq: 0,
             queued: 0,
             running: 0,
@@ -278,12 +302,9 @@ impl DirtySet {
     fn find(&self, key: &Key) -> (Hash32, Probe) {
         let hash = self.index.hash(key);
         let slots = &self.slots;
-        let probe = self.index.find(key, hash, |s| {
-            slots[s as usize]
-                .key
-                .as_ref()
-                .expect("the index only points at live slots")
-        });
+        let probe = self
+            .index
+            .find(key, hash, |s| slots[s as usize].key.as_ref());
         (hash, probe)
     }
 
@@ -295,7 +316,7 @@ impl DirtySet {
 
     fn push(&mut self, slot: u32, deadline: u64) {
         self.seq = self.seq.wrapping_add(1);
-        self.heap.push(Entry {
+        self.deadlines.push(Entry {
             deadline,
             seq: self.seq,
             slot,
@@ -338,6 +359,31 @@ impl DirtySet {
         self.free.push(i);
     }
 
+    /// Forgets slot `i`'s key now and removes its index bucket later, in a batch
+    /// ([`flush_forgotten`](Self::flush_forgotten)): one random access into the index
+    /// per completion was a third of a 1M-key drain. Until then the bucket matches no
+    /// key (its slot has none) and the slot is not reused, so its generation — what
+    /// refuses a stale ticket — stays put.
+    fn forget(&mut self, i: u32) {
+        let s = &mut self.slots[i as usize];
+        s.key = None;
+        self.forgotten
+            .push((u64::from(s.hash.bits()) << 32) | u64::from(i));
+        // A batch a quarter of the index walks it in order; an idle set owes nothing.
+        let batch = (self.index.len() / 4).max(FORGET_BATCH);
+        if self.forgotten.len() >= batch || self.is_idle() {
+            self.flush_forgotten();
+        }
+    }
+
+    /// Removes the buckets of every forgotten slot, walking the index in order, and
+    /// frees the slots.
+    fn flush_forgotten(&mut self) {
+        self.index.remove_sorted(&mut self.forgotten);
+        self.free
+            .extend(self.forgotten.drain(..).map(|w| (w & 0xffff_ffff) as u32));
+    }
+
     /// Records that `key` changed at `now`.
     pub fn mark(&mut self, key: &Key, now: Instant) -> Mark {
         self.mark_inner(key, now, false)
@@ -352,6 +398,10 @@ impl DirtySet {
 
     fn mark_inner(&mut self, key: &Key, now: Instant, revive: bool) -> Mark {
         let now = self.ns(now);
+        if self.index.full() && !self.forgotten.is_empty() {
+            // Room from forgotten buckets before the table doubles for them.
+            self.flush_forgotten();
+        }
         let i = match self.find(key) {
             (_, Probe::Found { slot, .. }) => slot,
             (hash, Probe::Vacant(vacant)) => {
@@ -423,21 +473,21 @@ impl DirtySet {
     /// key's deadline moved.
     fn settle_top(&mut self) -> Option<Entry> {
         loop {
-            let top = *self.heap.peek()?;
+            let top = *self.deadlines.peek()?;
             let s = &self.slots[top.slot as usize];
             let real = match s.state {
                 State::Dirty => self.dirty_deadline(s),
                 State::Backoff => s.last,
                 _ => {
                     debug_assert!(false, "heap entry for an unqueued key");
-                    self.heap.pop();
+                    self.deadlines.pop();
                     continue;
                 }
             };
             if real <= top.deadline {
                 return Some(top);
             }
-            self.heap.pop();
+            self.deadlines.pop();
             self.push(top.slot, real);
         }
     }
@@ -449,7 +499,7 @@ impl DirtySet {
         if top.deadline > now {
             return None;
         }
-        self.heap.pop();
+        self.deadlines.pop();
         let s = &mut self.slots[top.slot as usize];
         s.job_first = s.first;
         // A retry keeps the flag of the job it retries, unless a change came since.
@@ -529,11 +579,10 @@ impl DirtySet {
             s.failures = 0;
             s.stalls = 0;
             if !redirty {
-                let hash = s.hash;
-                let bucket = bucket
-                    .or_else(|| self.index.locate(hash, i))
-                    .expect("a live slot is in the index");
-                self.release(i, bucket);
+                match bucket {
+                    Some(bucket) => self.release(i, bucket),
+                    None => self.forget(i),
+                }
                 return Completion::Clean;
             }
             s.state = State::Dirty;
@@ -597,7 +646,7 @@ impl DirtySet {
         if moved == 0 {
             return 0;
         }
-        self.heap = QuadHeap::new();
+        self.deadlines = Deadlines::new();
         for i in 0..self.slots.len() {
             let s = &self.slots[i];
             let deadline = match s.state {
@@ -671,7 +720,8 @@ impl DirtySet {
     pub fn heap_bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.free.capacity() * std::mem::size_of::<u32>()
-            + self.heap.capacity() * std::mem::size_of::<Entry>()
+            + self.forgotten.capacity() * std::mem::size_of::<u64>()
+            + self.deadlines.capacity() * std::mem::size_of::<Entry>()
             + self.index.heap_bytes()
     }
 }
@@ -931,6 +981,128 @@ mod tests {
                 "the index forgot {key}"
             );
         }
+    }
+
+    #[test]
+    fn forgotten_slots_wait_for_their_batch_and_stale_tickets_stay_refused() {
+        let (mut s, t0) = set(10, 1000);
+        // "keep" stays queued, so completions never leave the set idle: the forgotten
+        // slots wait for a batch instead of being freed at once.
+        s.mark(&k("keep"), t0 + 500 * MS);
+        let n = FORGET_BATCH as u32 + 10;
+        let keys: Vec<Key> = (0..n).map(|i| k(&format!("k{i}"))).collect();
+        for key in &keys {
+            s.mark(key, t0);
+        }
+        let first = s.pop_ready(t0 + 10 * MS).unwrap();
+        assert_eq!(
+            s.complete_ticket(first.ticket, Outcome::Rebuilt, t0 + 10 * MS),
+            Completion::Clean
+        );
+        assert_eq!(s.forgotten.len(), 1, "its bucket waits for the batch");
+        assert!(matches!(s.find(&first.key).1, Probe::Vacant(_)));
+        // A change to the forgotten key takes a new slot, never the forgotten one.
+        assert_eq!(s.mark(&first.key, t0 + 11 * MS), Mark::Queued);
+        let Probe::Found { slot, .. } = s.find(&first.key).1 else {
+            panic!("marked again")
+        };
+        assert_ne!(slot, first.ticket.slot);
+        assert_eq!(
+            s.complete_ticket(first.ticket, Outcome::Rebuilt, t0 + 11 * MS),
+            Completion::NotRunning
+        );
+        // Complete the rest: the batch flushes and the freed slots are reused.
+        let mut tickets = vec![first.ticket];
+        while let Some(r) = s.pop_ready(t0 + 30 * MS) {
+            tickets.push(r.ticket);
+            s.complete_ticket(r.ticket, Outcome::Rebuilt, t0 + 30 * MS);
+        }
+        assert_eq!(s.queued(), 1, "only keep");
+        assert!(s.forgotten.len() < FORGET_BATCH, "a batch was flushed");
+        for key in &keys {
+            assert!(matches!(s.find(key).1, Probe::Vacant(_)), "{key} forgotten");
+        }
+        let fresh: Vec<Key> = (0..n).map(|i| k(&format!("new{i}"))).collect();
+        for key in &fresh {
+            s.mark(key, t0 + 40 * MS);
+        }
+        let mut reused = 0;
+        while let Some(r) = s.pop_ready(t0 + 50 * MS) {
+            if tickets.iter().any(|t| t.slot == r.ticket.slot) {
+                reused += 1;
+            }
+            // Every old ticket of this slot is stale against the new run.
+            for t in tickets.iter().filter(|t| t.slot == r.ticket.slot) {
+                assert_eq!(
+                    s.complete_ticket(*t, Outcome::Rebuilt, t0 + 50 * MS),
+                    Completion::NotRunning
+                );
+            }
+            assert_eq!(
+                s.complete_ticket(r.ticket, Outcome::Rebuilt, t0 + 50 * MS),
+                Completion::Clean
+            );
+        }
+        assert!(reused > 0, "freed slots were reused");
+        assert_eq!(s.queued(), 1);
+        assert_eq!(s.pop_ready(t0 + 510 * MS).map(|r| r.key), Some(k("keep")));
+    }
+
+    #[test]
+    fn in_order_and_out_of_order_deadlines_interleave_in_deadline_order() {
+        // In-order marks go to the ring; retries after a backoff and deadlines capped
+        // by max_wait arrive out of order and go to the heap. Pops follow deadlines.
+        let (mut s, t0) = set(100, 150);
+        let mut rng = Jitter::new(3);
+        let mut now = t0;
+        let mut expect: Vec<(Instant, Key)> = Vec::new();
+        for i in 0..300u32 {
+            now += Duration::from_micros(rng.below(2000));
+            let key = k(&format!("k{i}"));
+            s.mark(&key, now);
+            if i % 7 == 0 {
+                // Marked again 80 ms later: max_wait (150 ms) caps it at first + 150,
+                // earlier than last + coalesce (180 ms), and behind later keys' marks.
+                s.mark(&key, now + 80 * MS);
+            }
+            expect.push((s.deadline_of(&key).unwrap(), key));
+        }
+        // A failed key retries after a backoff: out of order too.
+        expect.sort_by_key(|(d, _)| *d);
+        let r = s.pop_ready(expect[0].0).unwrap();
+        assert_eq!(s.deadline_of(&r.key), None, "running");
+        let Completion::Retry { at, .. } =
+            s.complete_ticket(r.ticket, Outcome::Failed(Retry::Key), expect[0].0)
+        else {
+            panic!("retry expected")
+        };
+        let failed = expect.iter_mut().find(|(_, e)| *e == r.key).unwrap();
+        failed.0 = at;
+        assert!(
+            s.deadlines.in_heap() > 0,
+            "some entries took the heap: {}",
+            s.deadlines.in_heap()
+        );
+        expect.sort_by_key(|(d, _)| *d);
+        let end = expect.last().unwrap().0;
+        let mut got = Vec::new();
+        while let Some(r) = s.pop_ready(end) {
+            got.push((r.first_dirty, r.key.clone()));
+            assert!(got.len() <= expect.len());
+        }
+        let got_keys: Vec<&Key> = got.iter().map(|(_, k)| k).collect();
+        let want: Vec<&Key> = expect.iter().map(|(_, k)| k).collect();
+        let mut sorted_got = got_keys.clone();
+        sorted_got.sort();
+        let mut sorted_want = want.clone();
+        sorted_want.sort();
+        assert_eq!(sorted_got, sorted_want, "every key popped once");
+        // Deadlines of the popped sequence never go backwards.
+        let ds: Vec<Instant> = got_keys
+            .iter()
+            .map(|k| expect.iter().find(|(_, e)| e == *k).unwrap().0)
+            .collect();
+        assert!(ds.windows(2).all(|w| w[0] <= w[1]), "popped out of order");
     }
 
     #[test]
@@ -1233,6 +1405,6 @@ mod tests {
         for i in 0..10_000u64 {
             s.mark(&k("hot"), t0 + Duration::from_micros(i));
         }
-        assert_eq!(s.heap.len(), 1);
+        assert_eq!(s.deadlines.len(), 1);
     }
 }

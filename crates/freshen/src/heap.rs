@@ -1,6 +1,7 @@
 //! A 4-ary min-heap.
 //!
-//! The scheduler's deadline heap holds one 16-byte entry per queued key. With four
+//! The scheduler's deadline queue (`deadlines.rs`) keeps here the 16-byte entries that
+//! arrive out of deadline order; the rest sit in its FIFO ring. With four
 //! children per node the four siblings share one 64-byte cache line and the tree is half
 //! as deep as a binary heap, so a pop from a million-entry heap touches about ten cache
 //! lines instead of twenty. (std's `BinaryHeap` is binary; this was 19% of a 1M-key drain.)

@@ -145,6 +145,12 @@ impl Key {
     pub fn heap_size(&self) -> usize {
         2 * std::mem::size_of::<usize>() + self.0.len()
     }
+
+    /// The key's encoded text, byte for byte what equality compares: what the
+    /// scheduler's index hashes.
+    pub(crate) fn encoded_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
 }
 
 /// Iterator over a key's parts, from [`Key::parts`].

@@ -132,7 +132,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "scale-out",
-        about: "rebuilds/s of one view over key stream workers: 1, 2 and 4 on a CPU-bound rebuild (where the database becomes the limit), 1 to 8 on a latency-bound one (a remote round trip per rebuild); PostgreSQL's and freshen's CPU",
+        about: "rebuilds/s of one view over key stream workers: 1, 2 and 4 on a CPU-bound rebuild (where the database becomes the limit), 1 to 8 on a latency-bound one (a remote round trip per rebuild); PostgreSQL's, freshen's and the broker's CPU; an idle worker's fetch cost on each test broker",
         run: scale_out_run,
     },
     Scenario {

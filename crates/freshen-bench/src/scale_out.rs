@@ -7,22 +7,27 @@
 //!   region): what workers on machines of their own buy, since a waiting rebuild costs
 //!   neither side's CPU.
 //!
+//! First, what one worker's consumer costs idle at the end of the stream on each test
+//! broker: noida-db answers an empty fetch at once (no long poll), so librdkafka fetches
+//! in a tight loop and both burn CPU; tansu holds it for `fetch.wait.max.ms` as Kafka
+//! does. The tables run on tansu unless `FRESHEN_BENCH_KAFKA=noida`.
+//!
 //! The key stream is filled once (one record per key, published by the capture end's
 //! `KeyPublisher`); each run is a fresh consumer group that reads it from the start with
 //! `workers` instances (`freshen run --role worker`'s pipeline, in this process), timed
-//! from the first rebuild to the last key's row in the derived table. PostgreSQL's CPU
-//! over the same span says where the database, not freshen, is the limit: on a 2-core
-//! machine it saturates both cores before freshen does.
+//! from starting the first worker to the last key's row in the derived table. PostgreSQL's
+//! and the broker's CPU over the same span say where the database, not freshen, is the
+//! limit: on a 2-core machine it saturates both cores before freshen does.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use freshen::{Ack, Batch, Key, Op, Row, RowEvent, Value, channel};
+use freshen::{Ack, Batch, Key, Op, Row, RowEvent, Source, Value, channel};
 use freshen_cli::pipeline::{Observer, Pipeline};
 use freshen_cli::role::Role;
-use freshen_kafka::{KeyPublisher, KeyStreamConfig};
-use freshen_testenv::KafkaServer;
+use freshen_kafka::{KeyPublisher, KeySource, KeyStreamConfig};
+use freshen_testenv::{KafkaFlavor, KafkaServer};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -34,11 +39,35 @@ use crate::workload::{connect, process_cpu, runtime, server, server_cpu};
 
 const PARTITIONS: i32 = 8;
 const TOPIC: &str = "bench-keys";
+/// The idle cost's topic: empty, so its one consumer sits at the end of the stream.
+const IDLE_TOPIC: &str = "bench-idle";
+
+/// The variable naming the broker the tables run on.
+const BROKER_VAR: &str = "FRESHEN_BENCH_KAFKA";
 
 /// The latency-bound runs' wait per rebuild (a remote target's round trip).
 const ROUND_TRIP_MS: u64 = 50;
 
-fn config(url: &str, bootstrap: &str, group: &str, wait_ms: u64) -> String {
+/// The group session timeout for `flavor`: tansu takes half of it to form a group (see
+/// `KafkaFlavor::Tansu`), so it gets the shortest the key stream tests use.
+fn session_ms(flavor: KafkaFlavor) -> u32 {
+    match flavor {
+        KafkaFlavor::Tansu => 2000,
+        _ => 6000,
+    }
+}
+
+/// The broker the tables run on: `FRESHEN_BENCH_KAFKA` = `tansu` (the default) or `noida`.
+fn flavor() -> anyhow::Result<KafkaFlavor> {
+    let name = std::env::var(BROKER_VAR).unwrap_or_default();
+    match name.as_str() {
+        "" | "tansu" => Ok(KafkaFlavor::Tansu),
+        "noida" => Ok(KafkaFlavor::Noida),
+        other => anyhow::bail!("{BROKER_VAR}={other:?}: name `tansu` or `noida`"),
+    }
+}
+
+fn config(url: &str, bootstrap: &str, group: &str, session_ms: u32, wait_ms: u64) -> String {
     // The wait is a statement of the rebuild's own transaction, like a round trip.
     let wait = if wait_ms == 0 {
         String::new()
@@ -58,7 +87,7 @@ url = "{url}"
 brokers = "{bootstrap}"
 topic = "{TOPIC}"
 group = "{group}"
-session_timeout_ms = 6000
+session_timeout_ms = {session_ms}
 
 [[views]]
 name = "device_totals"
@@ -72,11 +101,11 @@ rebuild = [
     )
 }
 
-async fn create_topic(bootstrap: &str) -> anyhow::Result<()> {
+async fn create_topic(bootstrap: &str, topic: &str) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()?;
-    let new = NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(1));
+    let new = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
     for r in admin.create_topics([&new], &AdminOptions::new()).await? {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
@@ -148,17 +177,33 @@ fn rebuilt(workers: &[Worker]) -> u64 {
         .sum()
 }
 
+/// The broker the runs read the key stream from.
+struct Broker {
+    bootstrap: String,
+    flavor: KafkaFlavor,
+    /// Its process, whose CPU each run reports.
+    pid: Option<u32>,
+}
+
+impl Broker {
+    fn cpu(&self) -> Duration {
+        self.pid.map_or(Duration::ZERO, process_cpu)
+    }
+}
+
 /// What one run measured.
 struct Run {
-    /// From the first rebuild to the last key's row.
+    /// From starting the first worker to the last key's row.
     span: Duration,
     /// The database's CPU over the span.
     db: Duration,
     /// This process's (the workers') CPU over the span.
     own: Duration,
+    /// The broker's CPU over the span.
+    broker: Duration,
     /// Each worker's rebuilds at the end, fewest first.
     each: Vec<u64>,
-    /// From the first rebuild to the first of the last worker to start.
+    /// From starting the first worker to the first rebuild of the last worker to rebuild.
     all_in: Duration,
 }
 
@@ -166,7 +211,7 @@ struct Run {
 /// each rebuild waiting `wait_ms` first.
 async fn drain(
     url: &str,
-    bootstrap: &str,
+    broker: &Broker,
     data_dir: &std::path::Path,
     n: usize,
     keys: usize,
@@ -174,21 +219,29 @@ async fn drain(
 ) -> anyhow::Result<Run> {
     let c = connect(url).await?;
     c.batch_execute("TRUNCATE device_totals").await?;
-    let toml = config(url, bootstrap, &format!("bench-{wait_ms}-{n}"), wait_ms);
+    let toml = config(
+        url,
+        &broker.bootstrap,
+        &format!("bench-{wait_ms}-{n}"),
+        session_ms(broker.flavor),
+        wait_ms,
+    );
+    // The clock starts before the first worker does: a rebuild call commits its keys
+    // (up to `keys_per_transaction`, 16, each waiting its round trip) only at its end, so
+    // a clock started at the first commit would miss that call's work and the same work
+    // of every other worker's first call — more of it the more workers there are. The
+    // group's forming (joins, rebalances) counts against the workers here.
+    let (t0, db0, own0, broker0) = (
+        Instant::now(),
+        server_cpu(data_dir),
+        process_cpu(std::process::id()),
+        broker.cpu(),
+    );
     let mut workers = Vec::new();
     for _ in 0..n {
         workers.push(start_worker(&toml).await?);
     }
     let deadline = Instant::now() + Duration::from_secs(600);
-    while rebuilt(&workers) == 0 {
-        anyhow::ensure!(Instant::now() < deadline, "no rebuild started");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let (t0, db0, own0) = (
-        Instant::now(),
-        server_cpu(data_dir),
-        process_cpu(std::process::id()),
-    );
     // When the last worker's first rebuild came: until then the group was still
     // forming (joins and the rebalances they cause), and fewer workers rebuilt.
     let mut all_in = None;
@@ -212,6 +265,7 @@ async fn drain(
     let span = t0.elapsed();
     let db = server_cpu(data_dir).saturating_sub(db0);
     let own = process_cpu(std::process::id()).saturating_sub(own0);
+    let broker_cpu = broker.cpu().saturating_sub(broker0);
     // How evenly the group spread the work: each worker's rebuilds so far.
     let mut each: Vec<u64> = workers
         .iter()
@@ -226,8 +280,49 @@ async fn drain(
         span,
         db,
         own,
+        broker: broker_cpu,
         each,
         all_in: all_in.unwrap_or(span),
+    })
+}
+
+/// What one worker's consumer costs at the end of an empty stream, on `flavor`: the
+/// broker's CPU and this process's (the consumer's) over `window`, in cores. A broker
+/// that holds an empty fetch for `fetch.wait.max.ms` (Kafka's long poll) costs next to
+/// nothing here; one that answers at once makes the consumer fetch in a tight loop.
+fn idle_cost(flavor: KafkaFlavor, window: Duration) -> anyhow::Result<(f64, f64)> {
+    let kafka = KafkaServer::start_flavor(flavor)
+        .with_context(|| format!("a {flavor} broker (scripts/test-deps-brokers)"))?;
+    let pid = kafka
+        .pid()
+        .with_context(|| format!("{flavor} has no process"))?;
+    let bootstrap = kafka.bootstrap();
+    runtime()?.block_on(async {
+        create_topic(&bootstrap, IDLE_TOPIC).await?;
+        let cfg = KeyStreamConfig::new(&bootstrap, IDLE_TOPIC, "bench-idle")
+            .session_timeout_ms(session_ms(flavor));
+        let source = KeySource::connect(&cfg).await?;
+        let probe = source.probe();
+        let mut views = source.split(vec!["device_totals".into()]);
+        // Measured once the consumer owns every partition: it is then fetching.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while probe.owned().len() < PARTITIONS as usize {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{flavor}: the idle consumer got no partitions"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (b0, own0) = (process_cpu(pid), process_cpu(std::process::id()));
+        // The window is what is measured, not a wait for a condition.
+        tokio::time::sleep(window).await;
+        let cores = |d: Duration| d.as_secs_f64() / window.as_secs_f64();
+        let broker = cores(process_cpu(pid).saturating_sub(b0));
+        let own = cores(process_cpu(std::process::id()).saturating_sub(own0));
+        for v in &mut views {
+            v.close().await;
+        }
+        Ok((broker, own))
     })
 }
 
@@ -237,10 +332,35 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     } else {
         (10_000, 200)
     };
+    let flavor = flavor()?;
+    // What an idle worker costs on each broker, before anything else runs.
+    let window = Duration::from_secs(if opts.quick { 1 } else { 10 });
+    let mut idle = Table::new(&[
+        "broker",
+        "broker CPU (cores)",
+        "consumer process CPU (cores)",
+    ]);
+    for f in KafkaFlavor::ALL {
+        let (broker, own) = idle_cost(f, window)?;
+        idle.row(vec![
+            f.to_string(),
+            format!("{broker:.3}"),
+            format!("{own:.3}"),
+        ]);
+    }
+    println!(
+        "One key stream worker's consumer at the end of an empty {PARTITIONS}-partition stream, {window:?} (fetch.wait.max.ms = 500, librdkafka's default):\n"
+    );
+    idle.print();
     let pg = server(&[])?;
     let url = pg.url();
-    let kafka = KafkaServer::start().context("a Kafka broker (scripts/test-deps-brokers)")?;
-    let bootstrap = kafka.bootstrap();
+    let kafka = KafkaServer::start_flavor(flavor)
+        .with_context(|| format!("a {flavor} broker (scripts/test-deps-brokers)"))?;
+    let broker = Broker {
+        bootstrap: kafka.bootstrap(),
+        flavor,
+        pid: kafka.pid(),
+    };
     let rt = runtime()?;
     rt.block_on(async {
         let c = connect(&url).await?;
@@ -255,18 +375,18 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         .await?;
         // On its own: VACUUM cannot run in the implicit transaction of a batch.
         c.batch_execute("VACUUM ANALYZE readings").await?;
-        create_topic(&bootstrap).await?;
-        publish(&bootstrap, keys).await?;
-        let cpu = table(&url, &bootstrap, &pg.data_dir(), &[1, 2, 4], keys, 0).await?;
+        create_topic(&broker.bootstrap, TOPIC).await?;
+        publish(&broker.bootstrap, keys).await?;
+        let cpu = table(&url, &broker, &pg.data_dir(), &[1, 2, 4], keys, 0).await?;
         println!(
-            "CPU-bound: {keys} keys, {rows_per_key} rows aggregated per rebuild, {PARTITIONS} partitions; each worker rebuilds 4 keys at once (the default):\n"
+            "\nCPU-bound, broker {flavor} ({BROKER_VAR}): {keys} keys, {rows_per_key} rows aggregated per rebuild, {PARTITIONS} partitions; each worker rebuilds 4 keys at once (the default):\n"
         );
         cpu.print();
         // Timed over fewer rebuilds: one worker takes rebuilds × round trip / 4.
         let waiting = keys / if opts.quick { 5 } else { 4 };
         let lat = table(
             &url,
-            &bootstrap,
+            &broker,
             &pg.data_dir(),
             &[1, 2, 4, 8],
             waiting,
@@ -274,7 +394,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         )
         .await?;
         println!(
-            "\nLatency-bound: the time to {waiting} rebuilds (from the same {keys}-key stream), each the same rebuild after a {ROUND_TRIP_MS} ms server-side wait (a remote target's round trip); \"of linear\" = rate ÷ (n × the 1-worker rate):\n"
+            "\nLatency-bound, broker {flavor}: the time to {waiting} rebuilds (from the same {keys}-key stream), each the same rebuild after a {ROUND_TRIP_MS} ms server-side wait (a remote target's round trip); \"of linear\" = rate ÷ (n × the 1-worker rate):\n"
         );
         lat.print();
         anyhow::Ok(())
@@ -285,7 +405,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
 /// `wait_ms` each, and tabulates the rates.
 async fn table(
     url: &str,
-    bootstrap: &str,
+    broker: &Broker,
     data_dir: &std::path::Path,
     workers: &[usize],
     keys: usize,
@@ -300,6 +420,7 @@ async fn table(
         "of linear",
         "PostgreSQL CPU (cores)",
         "freshen CPU (cores)",
+        "broker CPU (cores)",
         "rebuilds per worker",
         "every worker rebuilding after",
     ]);
@@ -309,11 +430,13 @@ async fn table(
             span,
             db,
             own,
+            broker: broker_cpu,
             each,
             all_in,
-        } = drain(url, bootstrap, data_dir, n, keys, wait_ms).await?;
+        } = drain(url, broker, data_dir, n, keys, wait_ms).await?;
         let per_s = keys as f64 / span.as_secs_f64();
         let b = *base.get_or_insert(per_s);
+        let cores = |d: Duration| format!("{:.2}", d.as_secs_f64() / span.as_secs_f64());
         t.row(vec![
             n.to_string(),
             keys.to_string(),
@@ -321,8 +444,9 @@ async fn table(
             rate(keys as f64, span),
             format!("{:.2}×", per_s / b),
             format!("{:.2}", per_s / b / n as f64),
-            format!("{:.2}", db.as_secs_f64() / span.as_secs_f64()),
-            format!("{:.2}", own.as_secs_f64() / span.as_secs_f64()),
+            cores(db),
+            cores(own),
+            cores(broker_cpu),
             each.iter()
                 .map(u64::to_string)
                 .collect::<Vec<_>>()

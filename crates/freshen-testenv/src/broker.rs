@@ -239,6 +239,11 @@ impl Process {
         self.port
     }
 
+    /// Its process id while it runs (for measuring its CPU).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Its temporary directory.
     pub(crate) fn dir(&self) -> &Path {
         self.dir.path()

@@ -126,6 +126,11 @@ impl KafkaServer {
         self.process.port()
     }
 
+    /// The broker's process id while it runs: benchmarks read its CPU from `/proc`.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     /// The broker's temporary directory (its data, for noida, and its log).
     pub fn dir(&self) -> &Path {
         self.process.dir()

@@ -604,7 +604,10 @@ impl Runner {
             let alone = first.failures > 0;
             let stage = first.key.stage_index();
             let max_batch = match stage {
-                None => self.jobs.max_batch(),
+                // The keys still waiting after this one, split over the workers.
+                None => self
+                    .jobs
+                    .batch_for(self.dirty.queued() + 1, self.capacity()),
                 Some(i) => self.fanout.max_batch(i),
             };
             let (mut meta, mut due) = (Vec::new(), Vec::new());

@@ -69,6 +69,8 @@ pub(super) struct Jobs {
     /// A batch that starts takes along keys due within this much of now (a tenth of
     /// `coalesce`): see the run loop's `dispatch`.
     batch_window: Duration,
+    /// The debounce's quiet period: how far ahead a grown call takes along keys.
+    coalesce: Duration,
     workers: usize,
     set: JoinSet<JobOutput>,
     running: HashMap<Id, Job>,
@@ -83,6 +85,7 @@ impl Jobs {
             max_batch: rebuild.max_batch().max(1),
             bulk_batch: rebuild.bulk_batch().max(rebuild.max_batch()).max(1),
             batch_window: coalesce / BATCH_WINDOW_DIVISOR,
+            coalesce,
             rebuild,
             workers,
             set: JoinSet::new(),
@@ -98,9 +101,18 @@ impl Jobs {
         batch_size(self.max_batch, self.bulk_batch, waiting, capacity)
     }
 
-    /// How far ahead of now a starting call takes along keys due by then.
-    pub(super) fn batch_window(&self) -> Duration {
-        self.batch_window
+    /// How far ahead of now a call of up to `batch` keys takes along keys due by then:
+    /// a tenth of `coalesce`, or for a call grown past `max_batch` (a backlog) the
+    /// whole quiet period. A fan-out marks its keys a page at a time, each due
+    /// `coalesce` later; with a tenth of it a free worker starts a call on the one page
+    /// just due, and a large fan-out runs in many small calls. A key is then rebuilt up
+    /// to `coalesce` early, never late.
+    pub(super) fn fill_window(&self, batch: usize) -> Duration {
+        if batch > self.max_batch {
+            self.coalesce
+        } else {
+            self.batch_window
+        }
     }
 
     /// How many rebuild calls may run now: one while the view is stalled (a probe, so
@@ -260,7 +272,14 @@ mod tests {
         let j = jobs(0, 4);
         assert_eq!(j.batch_for(0, 4), 1, "a batch of 0 still takes one key");
         assert_eq!(jobs(50, 4).batch_for(0, 4), 50);
-        assert_eq!(j.batch_window(), Duration::from_millis(100));
+        assert_eq!(j.fill_window(1), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_grown_call_takes_keys_due_within_the_whole_quiet_period() {
+        let j = jobs(50, 4);
+        assert_eq!(j.fill_window(50), Duration::from_millis(100));
+        assert_eq!(j.fill_window(51), Duration::from_secs(1));
     }
 
     #[test]

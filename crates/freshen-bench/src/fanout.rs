@@ -1,29 +1,38 @@
 //! Fan-out: one dimension row changes and N derived rows depend on it.
 //!
 //! A plan's price changes; N accounts subscribe to it, and `account_mrr` (seats × price
-//! per account) must follow. Two ways, each on a fresh server with the same data:
+//! per account) must follow. Three ways, on the same data:
 //!
-//! - a row trigger on `plans` recomputing every dependent account's row inside the
-//!   writer's transaction: the writer waits for all N (and holds their row locks), but
-//!   the table is fresh at commit;
+//! - a full set-based recompute, what a user writes instead of an incremental view:
+//!   `REFRESH MATERIALIZED VIEW` of a matview with the same query, and `BEGIN; TRUNCATE;
+//!   INSERT … SELECT; COMMIT` of the derived table (both recompute all 2N accounts);
 //! - freshen with a fan-out watch entry (`keys = "SELECT account_id FROM subscriptions
 //!   WHERE plan_id = $1"`), `rebuild_batch = 1000`: the writer commits at once; the plan
 //!   is debounced, mapped to its N accounts page by page off the receive path, and the
-//!   accounts are rebuilt in batches.
+//!   accounts are rebuilt in batches that grow to the rebuild's bulk batch (10 000 keys
+//!   a statement) while a backlog waits;
+//! - a row trigger on `plans` recomputing every dependent account's row inside the
+//!   writer's transaction (first round only): the writer waits for all N and holds their
+//!   row locks, but the table is fresh at commit.
+//!
+//! Each round is one fresh server; freshen and the recompute take turns going first
+//! (the machine is shared: side by side, alternating, the ratio is what to read).
 //!
 //! Reported: the writer's statement latency, time from commit until the derived table is
-//! settled (freshen: every fanned key rebuilt, then checked equal to a fresh computation),
-//! rebuilds per fanned key, and freshen's peak heap growth over idle while it fans out:
-//! the fan-out buffers a page per parent, and pauses while 65 536 keys wait for a
-//! rebuild, so 1M fanned keys should cost about what 100k do.
+//! settled (freshen: every fanned key rebuilt, then checked equal to a fresh computation;
+//! the recompute: its statement's end), fanned keys per second, and freshen's peak heap
+//! growth over idle while it fans out: the fan-out buffers a page per parent, and pauses
+//! while 65 536 keys wait for a rebuild, so 1M fanned keys should cost about what 100k
+//! do.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use crate::report::{Table, dur};
+use crate::report::{Table, dur, rate};
 use crate::workload::{Freshen, connect, runtime, server};
 use crate::{Opts, alloc};
+use freshen_testenv::PgServer;
 
 const SCHEMA: &str = "
 CREATE TABLE plans (id bigint PRIMARY KEY, price bigint NOT NULL);
@@ -82,6 +91,7 @@ fn data(n: u64) -> String {
         "INSERT INTO plans VALUES (1, 10), (2, 20);
          INSERT INTO subscriptions SELECT g, CASE WHEN g <= {n} THEN 1 ELSE 2 END, 1 + g % 5 FROM generate_series(1, {}) g;
          INSERT INTO account_mrr {TRUTH};
+         CREATE MATERIALIZED VIEW account_mrr_mv (account_id, mrr) AS {TRUTH};
          ANALYZE;",
         2 * n
     )
@@ -98,8 +108,9 @@ struct Row {
     equal: bool,
 }
 
-async fn differs(c: &tokio_postgres::Client) -> anyhow::Result<i64> {
-    let derived = "SELECT account_id, mrr FROM account_mrr";
+/// Rows of `derived` that differ from a fresh computation.
+async fn differs(c: &tokio_postgres::Client, derived: &str) -> anyhow::Result<i64> {
+    let derived = format!("SELECT account_id, mrr FROM {derived}");
     Ok(c.query_one(
         &format!("SELECT count(*) FROM (({derived} EXCEPT {TRUTH}) UNION ALL ({TRUTH} EXCEPT {derived})) d"),
         &[],
@@ -108,16 +119,56 @@ async fn differs(c: &tokio_postgres::Client) -> anyhow::Result<i64> {
     .get(0))
 }
 
-async fn trigger(n: u64) -> anyhow::Result<Row> {
+/// A fresh server with N accounts on plan 1 and N on plan 2, `account_mrr` and the
+/// matview computed.
+async fn setup(n: u64) -> anyhow::Result<(PgServer, tokio_postgres::Client)> {
     let pg = server(&[])?;
     let c = connect(&pg.url()).await?;
     c.batch_execute(SCHEMA).await?;
+    c.batch_execute("ALTER TABLE subscriptions REPLICA IDENTITY FULL")
+        .await?;
     c.batch_execute(&data(n)).await?;
+    Ok((pg, c))
+}
+
+/// The price changes, then a full recompute: `REFRESH MATERIALIZED VIEW`, then
+/// `TRUNCATE` + `INSERT … SELECT` of `account_mrr`, each timed on its own.
+async fn recompute(c: &tokio_postgres::Client, n: u64) -> anyhow::Result<[Row; 2]> {
+    let t0 = Instant::now();
+    c.batch_execute("UPDATE plans SET price = price + 1 WHERE id = 1")
+        .await?;
+    let writer = t0.elapsed();
+    let row = |settle: Duration, equal: bool| Row {
+        writer,
+        settle: writer + settle,
+        fanned: n,
+        rebuilds: 2 * n,
+        calls: 0,
+        rebuild_calls: 1,
+        heap: 0,
+        equal,
+    };
+    let t = Instant::now();
+    c.batch_execute("REFRESH MATERIALIZED VIEW account_mrr_mv")
+        .await?;
+    let refresh = row(t.elapsed(), differs(c, "account_mrr_mv").await? == 0);
+    let t = Instant::now();
+    c.batch_execute(&format!(
+        "BEGIN; TRUNCATE account_mrr; INSERT INTO account_mrr {TRUTH}; COMMIT"
+    ))
+    .await?;
+    let truncate = row(t.elapsed(), differs(c, "account_mrr").await? == 0);
+    Ok([refresh, truncate])
+}
+
+async fn trigger(c: &tokio_postgres::Client, n: u64) -> anyhow::Result<Row> {
     c.batch_execute(TRIGGER).await?;
     let t0 = Instant::now();
     c.batch_execute("UPDATE plans SET price = price + 1 WHERE id = 1")
         .await?;
     let writer = t0.elapsed();
+    let equal = differs(c, "account_mrr").await? == 0;
+    c.batch_execute("DROP TRIGGER plans_mrr ON plans").await?;
     Ok(Row {
         writer,
         settle: writer,
@@ -126,17 +177,11 @@ async fn trigger(n: u64) -> anyhow::Result<Row> {
         calls: 0,
         rebuild_calls: 1,
         heap: 0,
-        equal: differs(&c).await? == 0,
+        equal,
     })
 }
 
-async fn freshen(n: u64) -> anyhow::Result<Row> {
-    let pg = server(&[])?;
-    let c = connect(&pg.url()).await?;
-    c.batch_execute(SCHEMA).await?;
-    c.batch_execute("ALTER TABLE subscriptions REPLICA IDENTITY FULL")
-        .await?;
-    c.batch_execute(&data(n)).await?;
+async fn freshen(pg: &PgServer, c: &tokio_postgres::Client, n: u64) -> anyhow::Result<Row> {
     let f = Freshen::start(&config(&pg.url())).await?;
     let idle = alloc::live_bytes() as u64;
     let peak = Arc::new(AtomicU64::new(idle));
@@ -168,7 +213,7 @@ async fn freshen(n: u64) -> anyhow::Result<Row> {
     sampling.store(false, Relaxed);
     let _ = sampler.await;
     let s = f.stats();
-    let equal = differs(&c).await? == 0;
+    let equal = differs(c, "account_mrr").await? == 0;
     f.stop().await?;
     Ok(Row {
         writer,
@@ -182,47 +227,117 @@ async fn freshen(n: u64) -> anyhow::Result<Row> {
     })
 }
 
+const FRESHEN: &str = "freshen fan-out (rebuild_batch 1000, bulk 10 000)";
+const REFRESH: &str = "REFRESH MATERIALIZED VIEW";
+const TRUNCATE: &str = "TRUNCATE + INSERT … SELECT";
+const TRIGGER_LABEL: &str = "row trigger on plans";
+
+/// One round on one fresh server: freshen and the recompute in the given order, then
+/// (first round only) the trigger.
+async fn round(
+    n: u64,
+    freshen_first: bool,
+    with_trigger: bool,
+) -> anyhow::Result<Vec<(&'static str, Row)>> {
+    let (pg, c) = setup(n).await?;
+    let mut rows = Vec::new();
+    if freshen_first {
+        rows.push((FRESHEN, freshen(&pg, &c, n).await?));
+    }
+    let [refresh, truncate] = recompute(&c, n).await?;
+    rows.push((REFRESH, refresh));
+    rows.push((TRUNCATE, truncate));
+    if !freshen_first {
+        rows.push((FRESHEN, freshen(&pg, &c, n).await?));
+    }
+    if with_trigger {
+        rows.push((TRIGGER_LABEL, trigger(&c, n).await?));
+    }
+    Ok(rows)
+}
+
+/// The load average over the last minute, as `uptime` shows it.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
 pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     let sizes: &[u64] = if opts.quick {
         &[100, 1_000]
     } else {
         &[1_000, 100_000, 1_000_000]
     };
+    let rounds = 2;
     let rt = runtime()?;
     let mut t = Table::new(&[
         "fan-out",
+        "round",
         "variant",
         "writer latency",
         "settled after",
+        "fanned keys / s",
         "fanned keys",
-        "rebuilds / fanned key",
+        "rows written / fanned key",
         "fan-out calls",
         "rebuild calls",
         "peak heap growth",
         "equals truth",
     ]);
+    let mut ratios = Table::new(&[
+        "fan-out",
+        "round",
+        "load at start",
+        "freshen",
+        "REFRESH",
+        "TRUNCATE + INSERT",
+        "freshen / faster recompute",
+    ]);
     for &n in sizes {
-        for (label, row) in [
-            ("row trigger on plans", rt.block_on(trigger(n))?),
-            (
-                "freshen fan-out (rebuild_batch 1000)",
-                rt.block_on(freshen(n))?,
-            ),
-        ] {
-            t.row(vec![
+        for r in 0..rounds {
+            let started_at = load();
+            let rows = rt.block_on(round(n, r % 2 == 1, r == 0))?;
+            let settle = |label: &str| {
+                rows.iter()
+                    .find(|(l, _)| *l == label)
+                    .map_or(Duration::ZERO, |(_, row)| row.settle)
+            };
+            let (f, rf, tr) = (settle(FRESHEN), settle(REFRESH), settle(TRUNCATE));
+            ratios.row(vec![
                 n.to_string(),
-                label.to_string(),
-                dur(row.writer),
-                dur(row.settle),
-                row.fanned.to_string(),
-                format!("{:.2}", row.rebuilds as f64 / row.fanned.max(1) as f64),
-                row.calls.to_string(),
-                row.rebuild_calls.to_string(),
-                format!("{:.1} MiB", row.heap as f64 / (1024.0 * 1024.0)),
-                if row.equal { "yes" } else { "NO" }.to_string(),
+                (r + 1).to_string(),
+                started_at,
+                dur(f),
+                dur(rf),
+                dur(tr),
+                format!(
+                    "{:.2}",
+                    f.as_secs_f64() / rf.min(tr).as_secs_f64().max(1e-9)
+                ),
             ]);
+            for (label, row) in rows {
+                t.row(vec![
+                    n.to_string(),
+                    (r + 1).to_string(),
+                    label.to_string(),
+                    dur(row.writer),
+                    dur(row.settle),
+                    rate(n as f64, row.settle),
+                    row.fanned.to_string(),
+                    format!("{:.2}", row.rebuilds as f64 / row.fanned.max(1) as f64),
+                    row.calls.to_string(),
+                    row.rebuild_calls.to_string(),
+                    format!("{:.1} MiB", row.heap as f64 / (1024.0 * 1024.0)),
+                    if row.equal { "yes" } else { "NO" }.to_string(),
+                ]);
+            }
         }
     }
     t.print();
+    println!();
+    ratios.print();
+    println!("load average at the end: {}", load());
     Ok(())
 }

@@ -163,4 +163,6 @@ pub use target::enumerate::SqlEnumerate;
 pub use target::fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use target::plug::{PgTarget, is_postgres_url};
 pub use target::query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
-pub use target::rebuild::{SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled};
+pub use target::rebuild::{
+    DEFAULT_BULK_BATCH, SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled,
+};

@@ -42,6 +42,16 @@ pub trait Rebuild: Send + Sync + 'static {
         1
     }
 
+    /// How many keys one call may take while a backlog waits (a large fan-out, a
+    /// sweep): the refresher then splits the waiting keys over its workers, each call
+    /// taking from [`max_batch`](Self::max_batch) up to this many. A set-based rebuild
+    /// spreads its fixed cost per statement over more keys this way; small batches stay
+    /// small, so freshness under a steady trickle does not change. The default,
+    /// `max_batch`, never grows a call.
+    fn bulk_batch(&self) -> usize {
+        self.max_batch()
+    }
+
     /// Whose fault a failure returned by [`rebuild`](Self::rebuild) was: the key's
     /// (counts toward quarantine) or the path's (an outage: retried, never quarantined).
     /// The default blames the key; adapters classify their own errors from codes.
@@ -103,6 +113,10 @@ impl Rebuild for Box<dyn Rebuild> {
 
     fn max_batch(&self) -> usize {
         (**self).max_batch()
+    }
+
+    fn bulk_batch(&self) -> usize {
+        (**self).bulk_batch()
     }
 
     fn classify(&self, error: &BoxError) -> Retry {

@@ -603,9 +603,15 @@ impl Runner {
             };
             let alone = first.failures > 0;
             let stage = first.key.stage_index();
-            let max_batch = match stage {
-                None => self.jobs.max_batch(),
-                Some(i) => self.fanout.max_batch(i),
+            let (max_batch, window) = match stage {
+                // The keys still waiting after this one, split over the workers.
+                None => {
+                    let n = self
+                        .jobs
+                        .batch_for(self.dirty.queued() + 1, self.capacity());
+                    (n, self.jobs.fill_window(n))
+                }
+                Some(i) => (self.fanout.max_batch(i), self.jobs.fill_window(0)),
             };
             let (mut meta, mut due) = (Vec::new(), Vec::new());
             let (m, d) = self.start_key(first);
@@ -616,7 +622,7 @@ impl Runner {
             // them. A key due within the window is rebuilt a little early instead: it
             // has been quiet for nine tenths of `coalesce` already, and a rebuild never
             // comes later than the debounce promised.
-            let fill_until = now + self.jobs.batch_window();
+            let fill_until = now + window;
             while !alone && due.len() < max_batch {
                 match self.dirty.pop_ready(fill_until) {
                     // A retrying key runs alone; a key of another kind (a view key among

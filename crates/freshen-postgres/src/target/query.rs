@@ -215,6 +215,15 @@ impl Rebuild for QueryRebuild {
             Inner::Across(a) => a.batch,
         }
     }
+
+    /// In the target database the merge grows like any batch-mode rebuild; across
+    /// databases the rows travel through freshen, so a call keeps its batch.
+    fn bulk_batch(&self) -> usize {
+        match &self.inner {
+            Inner::Same(r) => r.bulk_batch(),
+            Inner::Across(a) => a.batch,
+        }
+    }
 }
 
 /// What [`plan_across`] writes.

@@ -35,6 +35,13 @@ use crate::error::ErrorKind;
 use crate::pool::client;
 use crate::target::params::{TextParam, array_literal, check_scalar, element};
 
+/// Keys one batch-mode call may take while a backlog waits (see
+/// [`freshen::Rebuild::bulk_batch`]) when nothing else is said. Chosen by measurement
+/// (BENCHMARKS.md, "fanout"): one statement over 10 000 keys did the work of ten over
+/// 1000 in about two thirds of the time; at 50 000 the planner's work on the array and
+/// the plans it picks gave that back.
+pub const DEFAULT_BULK_BATCH: usize = 10_000;
+
 pub(crate) const NOT_VISIBLE: &str = "SELECT x FROM unnest($1::text[]) AS x \
                            WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())";
 
@@ -55,6 +62,8 @@ pub struct SqlRebuild {
     /// Parameter types of each statement, read when it was prepared.
     param_types: Arc<[Vec<Type>]>,
     batch: usize,
+    /// Keys per call while a backlog waits (batch mode only).
+    bulk: usize,
     /// Whether parameters are arrays of key parts (batch mode, even for a batch of one).
     arrays: bool,
     keys_per_transaction: usize,
@@ -92,6 +101,7 @@ impl fmt::Debug for SqlRebuild {
         f.debug_struct("SqlRebuild")
             .field("statements", &self.statements)
             .field("batch", &self.batch)
+            .field("bulk", &self.bulk)
             .field("keys_per_transaction", &self.keys_per_transaction)
             .field("visibility", &self.visibility)
             .field("visibility_wait", &self.visibility_wait)
@@ -105,6 +115,7 @@ pub struct SqlRebuildBuilder {
     pool: Pool,
     statements: Vec<String>,
     batch: usize,
+    bulk: usize,
     arrays: bool,
     keys_per_transaction: usize,
     visibility: Visibility,
@@ -132,6 +143,14 @@ impl SqlRebuildBuilder {
     /// (`1`, the default, is per key with scalar parameters).
     pub fn batch(mut self, max_keys: usize) -> Self {
         self.batch = max_keys;
+        self
+    }
+
+    /// In batch mode, how many keys one call may take while a backlog waits (a large
+    /// fan-out): default [`DEFAULT_BULK_BATCH`]; never less than `batch` (a value
+    /// below it turns growing off). See [`freshen::Rebuild::bulk_batch`].
+    pub fn bulk_batch(mut self, max_keys: usize) -> Self {
+        self.bulk = max_keys;
         self
     }
 
@@ -221,6 +240,7 @@ impl SqlRebuildBuilder {
             statements: self.statements.into(),
             param_types: param_types.into(),
             batch: self.batch,
+            bulk: self.bulk.max(self.batch),
             arrays,
             keys_per_transaction: self.keys_per_transaction,
             visibility: self.visibility,
@@ -236,6 +256,7 @@ impl SqlRebuild {
             pool,
             statements: Vec::new(),
             batch: 1,
+            bulk: DEFAULT_BULK_BATCH,
             arrays: false,
             keys_per_transaction: 16,
             visibility: Visibility::InSnapshot,
@@ -596,6 +617,17 @@ impl Rebuild for SqlRebuild {
     fn max_batch(&self) -> usize {
         if self.arrays {
             self.batch
+        } else {
+            self.keys_per_transaction
+        }
+    }
+
+    /// Batch mode grows to `bulk` keys a call under a backlog: its statements are
+    /// written over arrays, so one statement serves any number of keys. Per-key mode
+    /// runs the statements once per key and gains nothing from growing.
+    fn bulk_batch(&self) -> usize {
+        if self.arrays {
+            self.bulk
         } else {
             self.keys_per_transaction
         }

@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod fanout_bulk;
 mod fanout_depends;
 mod incremental;
 mod query_rebuild;

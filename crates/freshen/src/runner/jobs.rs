@@ -48,13 +48,29 @@ pub(super) struct Job {
 /// then spreads over many keys), narrow enough that the debounce still collapses bursts.
 const BATCH_WINDOW_DIVISOR: u32 = 10;
 
+/// How many keys the next rebuild call takes at most, with `waiting` keys in the dirty
+/// set: `max_batch` normally; with a backlog larger than every worker's `max_batch`
+/// together (a large fan-out), the backlog's share of one worker, up to `bulk`. A
+/// statement's fixed cost (planning, the round trip, the visibility check, the index
+/// descents it shares) then spreads over many more keys, while the workers still split
+/// the backlog between them; a trickle of changes keeps its small batches.
+pub(super) fn batch_size(max_batch: usize, bulk: usize, waiting: usize, workers: usize) -> usize {
+    let max_batch = max_batch.max(1);
+    let share = waiting.div_ceil(workers.max(1));
+    share.clamp(max_batch, bulk.max(max_batch))
+}
+
 /// The running calls, and what they run.
 pub(super) struct Jobs {
     rebuild: Arc<dyn Rebuild>,
     max_batch: usize,
+    /// How many keys one call may take while a backlog waits: see [`batch_size`].
+    bulk_batch: usize,
     /// A batch that starts takes along keys due within this much of now (a tenth of
     /// `coalesce`): see the run loop's `dispatch`.
     batch_window: Duration,
+    /// The debounce's quiet period: how far ahead a grown call takes along keys.
+    coalesce: Duration,
     workers: usize,
     set: JoinSet<JobOutput>,
     running: HashMap<Id, Job>,
@@ -67,7 +83,9 @@ impl Jobs {
     pub(super) fn new(rebuild: Arc<dyn Rebuild>, coalesce: Duration, workers: usize) -> Jobs {
         Jobs {
             max_batch: rebuild.max_batch().max(1),
+            bulk_batch: rebuild.bulk_batch().max(rebuild.max_batch()).max(1),
             batch_window: coalesce / BATCH_WINDOW_DIVISOR,
+            coalesce,
             rebuild,
             workers,
             set: JoinSet::new(),
@@ -77,14 +95,24 @@ impl Jobs {
         }
     }
 
-    /// How many keys one rebuild call takes at most.
-    pub(super) fn max_batch(&self) -> usize {
-        self.max_batch
+    /// How many keys the next rebuild call takes at most with `waiting` keys in the
+    /// dirty set and `capacity` calls allowed: see [`batch_size`].
+    pub(super) fn batch_for(&self, waiting: usize, capacity: usize) -> usize {
+        batch_size(self.max_batch, self.bulk_batch, waiting, capacity)
     }
 
-    /// How far ahead of now a starting call takes along keys due by then.
-    pub(super) fn batch_window(&self) -> Duration {
-        self.batch_window
+    /// How far ahead of now a call of up to `batch` keys takes along keys due by then:
+    /// a tenth of `coalesce`, or for a call grown past `max_batch` (a backlog) the
+    /// whole quiet period. A fan-out marks its keys a page at a time, each due
+    /// `coalesce` later; with a tenth of it a free worker starts a call on the one page
+    /// just due, and a large fan-out runs in many small calls. A key is then rebuilt up
+    /// to `coalesce` early, never late.
+    pub(super) fn fill_window(&self, batch: usize) -> Duration {
+        if batch > self.max_batch {
+            self.coalesce
+        } else {
+            self.batch_window
+        }
     }
 
     /// How many rebuild calls may run now: one while the view is stalled (a probe, so
@@ -207,6 +235,10 @@ mod tests {
             self.0
         }
 
+        fn bulk_batch(&self) -> usize {
+            self.0 * 10
+        }
+
         fn classify(&self, _: &BoxError) -> Retry {
             Retry::Path
         }
@@ -238,9 +270,43 @@ mod tests {
     #[test]
     fn a_call_is_filled_by_the_rebuilds_batch_and_a_tenth_of_coalesce() {
         let j = jobs(0, 4);
-        assert_eq!(j.max_batch(), 1, "a batch of 0 still takes one key");
-        assert_eq!(jobs(50, 4).max_batch(), 50);
-        assert_eq!(j.batch_window(), Duration::from_millis(100));
+        assert_eq!(j.batch_for(0, 4), 1, "a batch of 0 still takes one key");
+        assert_eq!(jobs(50, 4).batch_for(0, 4), 50);
+        assert_eq!(j.fill_window(1), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_grown_call_takes_keys_due_within_the_whole_quiet_period() {
+        let j = jobs(50, 4);
+        assert_eq!(j.fill_window(50), Duration::from_millis(100));
+        assert_eq!(j.fill_window(51), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_backlog_is_split_over_the_workers_up_to_the_bulk_batch() {
+        // A trickle: the configured batch, never less than one key.
+        assert_eq!(batch_size(64, 10_000, 0, 4), 64);
+        assert_eq!(batch_size(64, 10_000, 256, 4), 64);
+        assert_eq!(batch_size(0, 0, 0, 4), 1);
+        // A backlog: each worker's share, once it exceeds the configured batch.
+        assert_eq!(batch_size(64, 10_000, 257, 4), 65);
+        assert_eq!(batch_size(1000, 10_000, 20_000, 4), 5000);
+        // Never past the bulk batch, whatever waits.
+        assert_eq!(batch_size(1000, 10_000, 65_536, 4), 10_000);
+        assert_eq!(batch_size(1000, 10_000, 1_000_000, 1), 10_000);
+        // A rebuild that does not grow (bulk below max_batch) keeps max_batch.
+        assert_eq!(batch_size(1000, 1, 1_000_000, 4), 1000);
+        // No capacity (paused) is taken as one worker, not a division by zero.
+        assert_eq!(batch_size(10, 100, 50, 0), 50);
+    }
+
+    #[test]
+    fn a_call_grows_with_the_backlog_only_as_far_as_the_rebuild_allows() {
+        let j = jobs(50, 4);
+        assert_eq!(j.batch_for(0, 4), 50);
+        assert_eq!(j.batch_for(1000, 4), 250);
+        assert_eq!(j.batch_for(1_000_000, 4), 500, "the rebuild's bulk_batch");
+        assert_eq!(j.batch_for(1_000_000, 1), 500);
     }
 
     #[test]

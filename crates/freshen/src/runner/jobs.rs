@@ -49,15 +49,21 @@ pub(super) struct Job {
 const BATCH_WINDOW_DIVISOR: u32 = 10;
 
 /// How many keys the next rebuild call takes at most, with `waiting` keys in the dirty
-/// set: `max_batch` normally; with a backlog larger than every worker's `max_batch`
-/// together (a large fan-out), the backlog's share of one worker, up to `bulk`. A
-/// statement's fixed cost (planning, the round trip, the visibility check, the index
-/// descents it shares) then spreads over many more keys, while the workers still split
-/// the backlog between them; a trickle of changes keeps its small batches.
+/// set: `max_batch` normally; with a backlog of at least one bulk call (`bulk` keys: a
+/// large fan-out, a capture far behind), the backlog's share of one worker, up to
+/// `bulk`. A statement's fixed cost (planning, the round trip, the visibility check, the
+/// index descents it shares) then spreads over many more keys, while the workers still
+/// split the backlog between them. The threshold is the bulk size, not the workers'
+/// batches together: a steady workload over a thousand hot keys keeps that many dirty
+/// all the time, and growing there would rebuild keys early (see
+/// [`Jobs::fill_window`]) while they still change — more rebuilds for nothing.
 pub(super) fn batch_size(max_batch: usize, bulk: usize, waiting: usize, workers: usize) -> usize {
     let max_batch = max_batch.max(1);
-    let share = waiting.div_ceil(workers.max(1));
-    share.clamp(max_batch, bulk.max(max_batch))
+    let bulk = bulk.max(max_batch);
+    if waiting < bulk {
+        return max_batch;
+    }
+    waiting.div_ceil(workers.max(1)).clamp(max_batch, bulk)
 }
 
 /// The running calls, and what they run.
@@ -288,8 +294,13 @@ mod tests {
         assert_eq!(batch_size(64, 10_000, 0, 4), 64);
         assert_eq!(batch_size(64, 10_000, 256, 4), 64);
         assert_eq!(batch_size(0, 0, 0, 4), 1);
-        // A backlog: each worker's share, once it exceeds the configured batch.
-        assert_eq!(batch_size(64, 10_000, 257, 4), 65);
+        // A thousand hot keys dirty all the time is no backlog: no growing, so no key
+        // is rebuilt early while it still changes.
+        assert_eq!(batch_size(64, 10_000, 1000, 4), 64);
+        assert_eq!(batch_size(64, 10_000, 9_999, 4), 64);
+        // A backlog of one bulk call or more: each worker's share, at least the batch.
+        assert_eq!(batch_size(64, 10_000, 10_000, 4), 2500);
+        assert_eq!(batch_size(64, 10_000, 10_000, 400), 64);
         assert_eq!(batch_size(1000, 10_000, 20_000, 4), 5000);
         // Never past the bulk batch, whatever waits.
         assert_eq!(batch_size(1000, 10_000, 65_536, 4), 10_000);
@@ -297,7 +308,7 @@ mod tests {
         // A rebuild that does not grow (bulk below max_batch) keeps max_batch.
         assert_eq!(batch_size(1000, 1, 1_000_000, 4), 1000);
         // No capacity (paused) is taken as one worker, not a division by zero.
-        assert_eq!(batch_size(10, 100, 50, 0), 50);
+        assert_eq!(batch_size(10, 100, 500, 0), 100);
     }
 
     #[test]

@@ -151,3 +151,62 @@ fn fixed_key_must_be_a_boolean() {
         "{text}"
     );
 }
+
+/// The `column_list` finding for `table`, if any: (level, message).
+fn column_list_of(cfg: &std::path::Path, table: &str) -> Option<(String, String)> {
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(cfg)
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
+    let f = doc["findings"].as_array().expect("findings");
+    f.iter()
+        .find(|x| x["check"] == "column_list" && x["subject"] == table)
+        .map(|hit| {
+            (
+                hit["level"].as_str().unwrap().to_owned(),
+                hit["message"].as_str().unwrap().to_owned(),
+            )
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_the_publications_column_lists() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    c.batch_execute(
+        "CREATE UNIQUE INDEX readings_identity ON readings (device, site, id);
+         ALTER TABLE readings REPLICA IDENTITY USING INDEX readings_identity;
+         ALTER TABLE sites REPLICA IDENTITY DEFAULT;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &config(&pg.url(), "off"));
+
+    // No list: nothing to say.
+    c.batch_execute("CREATE PUBLICATION freshen_test FOR TABLE readings, sites")
+        .await
+        .unwrap();
+    assert_eq!(column_list_of(&cfg, "public.readings"), None);
+
+    // The keys and the identity listed: fine.
+    c.batch_execute("ALTER PUBLICATION freshen_test SET TABLE readings (id, device, site), sites")
+        .await
+        .unwrap();
+    let (level, msg) = column_list_of(&cfg, "public.readings").expect("a finding");
+    assert_eq!(level, "ok", "{msg}");
+
+    // site left out: a key of site_totals and part of the identity.
+    c.batch_execute("ALTER PUBLICATION freshen_test SET TABLE readings (id, device), sites")
+        .await
+        .unwrap();
+    let (level, msg) = column_list_of(&cfg, "public.readings").expect("a finding");
+    assert_eq!(level, "error", "{msg}");
+    assert!(
+        msg.contains("without site of the replica identity"),
+        "{msg}"
+    );
+}

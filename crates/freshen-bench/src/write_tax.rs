@@ -25,10 +25,19 @@
 //! - (e) query mode: `into` + `query`, the view's default batches of 64, written by one
 //!   set-based statement that updates only rows whose values differ — against (d′), what
 //!   writing only the difference changes;
+//! - (g1)–(g3) decoding alone (`pg_recvlogical`) under the replica identity `check`
+//!   recommends — `USING INDEX` on a unique index over (device, id), which also serves the
+//!   rebuild's lookups by device — then with a publication column list (id, device), then
+//!   with pgoutput's `binary` option: what each cuts from decoding;
+//! - (e1) query mode under that identity (no FULL, no separate `readings(device)` index)
+//!   and (e2) with the column-listed publication as well;
 //! - (f) pg_ivm 1.15's incrementally maintained view (IMMV) of the same rollup — run when
 //!   pg_ivm is installed for the server binaries (it is not packaged for Debian 12 and
 //!   builds from its public source against `postgresql-server-dev-15`; otherwise the run
 //!   says it was left out).
+//!
+//! `FRESHEN_BENCH_WRITE_TAX=a,a2,e,e1` runs only the variants named by code (a, a1, a2,
+//! g1, g2, g3, b, c, d, d1, e, e1, e2, f), to iterate; "vs (a)" is then against the first.
 //!
 //! What each variant needs is charged to it: only (a′) and (d) get the replica identity,
 //! the index, the publication and the slot; `wal_level = logical` is the same for all.
@@ -87,31 +96,87 @@ enum Variant {
     Bare,
     Decode,
     DecodeOnly,
+    /// Decoding alone under the identity `check` recommends (USING INDEX (device, id)).
+    DecodeIdentity,
+    /// The same with a publication column list (id, device).
+    DecodeColumns,
+    /// The same with pgoutput's `binary` option.
+    DecodeBinary,
     Triggers,
     MatView,
     Freshen,
     FreshenArrays,
     FreshenQuery,
+    /// Query mode under the recommended identity, whose index is the rebuild's too.
+    QueryIdentity,
+    /// The same with a publication column list (id, device).
+    QueryColumns,
     PgIvm,
 }
 
 impl Variant {
-    const ALL: [Variant; 9] = [
+    const ALL: [Variant; 14] = [
         Variant::Bare,
         Variant::Decode,
         Variant::DecodeOnly,
+        Variant::DecodeIdentity,
+        Variant::DecodeColumns,
+        Variant::DecodeBinary,
         Variant::Triggers,
         Variant::MatView,
         Variant::Freshen,
         Variant::FreshenArrays,
         Variant::FreshenQuery,
+        Variant::QueryIdentity,
+        Variant::QueryColumns,
         Variant::PgIvm,
     ];
+
+    /// The short name [`VARIANTS_ENV`] picks the variant by.
+    fn code(self) -> &'static str {
+        match self {
+            Variant::Bare => "a",
+            Variant::Decode => "a1",
+            Variant::DecodeOnly => "a2",
+            Variant::DecodeIdentity => "g1",
+            Variant::DecodeColumns => "g2",
+            Variant::DecodeBinary => "g3",
+            Variant::Triggers => "b",
+            Variant::MatView => "c",
+            Variant::Freshen => "d",
+            Variant::FreshenArrays => "d1",
+            Variant::FreshenQuery => "e",
+            Variant::QueryIdentity => "e1",
+            Variant::QueryColumns => "e2",
+            Variant::PgIvm => "f",
+        }
+    }
+
+    /// Whether pg_recvlogical reads a slot (the decoding-alone references).
+    fn is_decode(self) -> bool {
+        matches!(
+            self,
+            Variant::Decode
+                | Variant::DecodeOnly
+                | Variant::DecodeIdentity
+                | Variant::DecodeColumns
+                | Variant::DecodeBinary
+        )
+    }
+
+    /// Whether the variant keeps no derived table (nothing to converge or compare).
+    fn no_derived(self) -> bool {
+        self == Variant::Bare || self.is_decode()
+    }
 
     fn is_freshen(self) -> bool {
         matches!(
             self,
-            Variant::Freshen | Variant::FreshenArrays | Variant::FreshenQuery
+            Variant::Freshen
+                | Variant::FreshenArrays
+                | Variant::FreshenQuery
+                | Variant::QueryIdentity
+                | Variant::QueryColumns
         )
     }
 
@@ -122,6 +187,13 @@ impl Variant {
             Variant::DecodeOnly => {
                 "(a″) reference: decoding alone (FULL, slot read by pg_recvlogical), without the rebuild's index"
             }
+            Variant::DecodeIdentity => {
+                "(g1) decoding alone, the identity check recommends: USING INDEX on unique (device, id)"
+            }
+            Variant::DecodeColumns => {
+                "(g2) decoding alone, (g1) + publication column list (id, device)"
+            }
+            Variant::DecodeBinary => "(g3) decoding alone, (g2) + pgoutput binary = true",
             Variant::Triggers => "(b) row triggers (upsert deltas)",
             Variant::MatView => "(c) matview, REFRESH CONCURRENTLY every 1 s",
             Variant::Freshen => "(d) freshen (coalesce 100 ms)",
@@ -129,6 +201,10 @@ impl Variant {
                 "(d′) freshen, the same DELETE + INSERT over arrays (rebuild_batch = 64)"
             }
             Variant::FreshenQuery => "(e) freshen query mode (into + query, batches of 64)",
+            Variant::QueryIdentity => {
+                "(e1) query mode, identity USING INDEX on unique (device, id), no (device) index"
+            }
+            Variant::QueryColumns => "(e2) query mode, (e1) + publication column list (id, device)",
             Variant::PgIvm => "(f) pg_ivm 1.15 IMMV (maintained inside every writing transaction)",
         }
     }
@@ -190,6 +266,55 @@ CREATE INDEX ON readings (device);
 CREATE TABLE device_totals (device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
 INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings GROUP BY device;
 ";
+
+/// The replica identity `check` recommends for `readings` → `device_totals`: the old
+/// device is needed (moves, deletes) and is not in the primary key, so a unique index over
+/// (device, id) — leading with the view's key, so it is also the index the rebuild finds a
+/// device's rows through, and the writers maintain one extra index, not two.
+const IDENTITY: &str = "
+CREATE UNIQUE INDEX readings_device_id_identity ON readings (device, id);
+ALTER TABLE readings REPLICA IDENTITY USING INDEX readings_device_id_identity;
+";
+
+/// [`FRESHEN`]'s derived table under [`IDENTITY`] instead of FULL + `readings(device)`.
+const FRESHEN_IDENTITY: &str = "
+CREATE TABLE device_totals (device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
+INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings GROUP BY device;
+";
+
+/// A publication of only the columns the view's keys need (PostgreSQL 15; the list must
+/// cover the replica identity's columns): pgoutput converts and sends only these.
+fn column_list_publication(name: &str) -> String {
+    format!("CREATE PUBLICATION {name} FOR TABLE readings (id, device)")
+}
+
+/// The environment variable naming the variants to run, by code (`a,a2,b,e,e1`): to
+/// iterate on a few rows; the published run sets none and runs them all.
+const VARIANTS_ENV: &str = "FRESHEN_BENCH_WRITE_TAX";
+
+/// `variants` narrowed to those [`VARIANTS_ENV`] names, in their own order.
+fn chosen(variants: &[Variant]) -> anyhow::Result<Vec<Variant>> {
+    let Some(list) = std::env::var_os(VARIANTS_ENV) else {
+        return Ok(variants.to_vec());
+    };
+    let list = list.to_string_lossy();
+    let codes: Vec<&str> = list.split(',').map(str::trim).collect();
+    let unknown: Vec<&str> = codes
+        .iter()
+        .copied()
+        .filter(|c| !Variant::ALL.iter().any(|v| v.code() == *c))
+        .collect();
+    anyhow::ensure!(
+        unknown.is_empty(),
+        "{VARIANTS_ENV}={list}: unknown variant(s) {unknown:?}; the codes are {}",
+        Variant::ALL.map(Variant::code).join(", ")
+    );
+    Ok(variants
+        .iter()
+        .copied()
+        .filter(|v| codes.contains(&v.code()))
+        .collect())
+}
 
 /// How the writes pick devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,6 +579,16 @@ fn run_variant(
         Variant::Freshen | Variant::FreshenArrays | Variant::FreshenQuery => {
             pg.psql(FRESHEN)?;
         }
+        Variant::QueryIdentity => {
+            pg.psql(IDENTITY)?;
+            pg.psql(FRESHEN_IDENTITY)?;
+        }
+        Variant::QueryColumns => {
+            pg.psql(IDENTITY)?;
+            pg.psql(FRESHEN_IDENTITY)?;
+            // freshen's default publication name: it reuses the one it finds.
+            pg.psql(&column_list_publication("freshen"))?;
+        }
         Variant::Decode => {
             pg.psql(FRESHEN)?;
             pg.psql("CREATE PUBLICATION decode FOR TABLE readings")?;
@@ -464,10 +599,26 @@ fn run_variant(
             pg.psql("CREATE PUBLICATION decode FOR TABLE readings")?;
             pg.psql("SELECT pg_create_logical_replication_slot('decode', 'pgoutput')")?;
         }
+        Variant::DecodeIdentity => {
+            pg.psql(IDENTITY)?;
+            pg.psql("CREATE PUBLICATION decode FOR TABLE readings")?;
+            pg.psql("SELECT pg_create_logical_replication_slot('decode', 'pgoutput')")?;
+        }
+        Variant::DecodeColumns | Variant::DecodeBinary => {
+            pg.psql(IDENTITY)?;
+            pg.psql(&column_list_publication("decode"))?;
+            pg.psql("SELECT pg_create_logical_replication_slot('decode', 'pgoutput')")?;
+        }
     }
     pg.psql("VACUUM ANALYZE")?;
+    // pgoutput's `binary` option (PostgreSQL 14+): values in their types' send format.
+    let binary: &[&str] = if v == Variant::DecodeBinary {
+        &["-o", "binary=true"]
+    } else {
+        &[]
+    };
     let _drain = match v {
-        Variant::Decode | Variant::DecodeOnly => Some(Drain(
+        v if v.is_decode() => Some(Drain(
             Command::new(pg.bin_dir().join("pg_recvlogical"))
                 .args([
                     "-d",
@@ -479,6 +630,7 @@ fn run_variant(
                     "/dev/null",
                 ])
                 .args(["-o", "proto_version=1", "-o", "publication_names=decode"])
+                .args(binary)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -508,7 +660,9 @@ fn run_variant(
             Variant::FreshenArrays => {
                 Some(config(&url, &REBUILD_ARRAYS, Some(64), "100ms", "5s", true))
             }
-            Variant::FreshenQuery => Some(query_config(&url, None, "100ms", "5s", true)),
+            Variant::FreshenQuery | Variant::QueryIdentity | Variant::QueryColumns => {
+                Some(query_config(&url, None, "100ms", "5s", true))
+            }
             _ => None,
         };
         // Before freshen starts, so that every variant's counts include its start-up
@@ -543,9 +697,10 @@ fn run_variant(
             seen: waits,
             own_cpu,
         } = sampler.finish().await?;
-        let stale = match v {
-            Variant::Bare | Variant::Decode | Variant::DecodeOnly => None,
-            _ => converge(&admin, result.ended, Duration::from_secs(60)).await?,
+        let stale = if v.no_derived() {
+            None
+        } else {
+            converge(&admin, result.ended, Duration::from_secs(60)).await?
         };
         let wal = wal_since(&admin, &lsn0).await?;
         let mut split = Sample::take(&admin, reader).await?.since(&roles0);
@@ -642,7 +797,7 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
         rate: None,
         vars: vec![("rows".into(), rows.to_string())],
     };
-    let mut variants = variants.to_vec();
+    let mut variants = chosen(variants)?;
     if variants.contains(&Variant::PgIvm) && !pg_ivm_installed(&PgServer::find_bin_dir()?) {
         variants.retain(|v| *v != Variant::PgIvm);
         println!(
@@ -729,7 +884,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
         let tps = median(outs.iter().map(|o| o.load.tps).collect());
         let retries: u64 = outs.iter().map(|o| o.load.retries).sum();
         let failed: u64 = outs.iter().map(|o| o.load.failed).sum();
-        let (stale, equal) = if matches!(v, Variant::Bare | Variant::Decode | Variant::DecodeOnly) {
+        let (stale, equal) = if v.no_derived() {
             ("–".to_string(), "–".to_string())
         } else {
             let worst = outs

@@ -48,7 +48,7 @@ async fn check_finds_weak_replica_identity_and_wrong_parameter_counts() {
             &f,
             "warning",
             "replica_identity",
-            "Cheapest that does: USING INDEX on (id, device, site)"
+            "Cheapest that does: USING INDEX on (device, site, id)"
         ),
         "{f:#?}"
     );

@@ -54,7 +54,7 @@ async fn check_recommends_the_cheapest_identity_that_carries_the_old_key() {
         msg.contains("is more than view(s) device_totals, site_totals need"),
         "{msg}"
     );
-    assert!(msg.contains("USING INDEX on (id, device, site)"), "{msg}");
+    assert!(msg.contains("USING INDEX on (device, site, id)"), "{msg}");
 
     // The printed statements work as printed, one by one (CONCURRENTLY cannot run in a
     // transaction block).
@@ -78,7 +78,7 @@ async fn check_recommends_the_cheapest_identity_that_carries_the_old_key() {
     assert_eq!(level, "ok", "{msg}");
     assert!(
         msg.contains(
-            "REPLICA IDENTITY USING INDEX (id, device, site) is the cheapest that carries"
+            "REPLICA IDENTITY USING INDEX (device, site, id) is the cheapest that carries"
         ),
         "{msg}"
     );
@@ -95,7 +95,7 @@ async fn check_recommends_the_cheapest_identity_that_carries_the_old_key() {
         "{msg}"
     );
     assert!(
-        msg.contains("REPLICA IDENTITY USING INDEX \"readings_id_device_site_identity\";"),
+        msg.contains("REPLICA IDENTITY USING INDEX \"readings_device_site_id_identity\";"),
         "{msg}"
     );
     assert!(!msg.contains("CREATE UNIQUE INDEX"), "{msg}");
@@ -149,5 +149,64 @@ fn fixed_key_must_be_a_boolean() {
     assert!(
         text.contains("`views[0].watch[0].fixed_key` must be true or false, not a string"),
         "{text}"
+    );
+}
+
+/// The `column_list` finding for `table`, if any: (level, message).
+fn column_list_of(cfg: &std::path::Path, table: &str) -> Option<(String, String)> {
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(cfg)
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
+    let f = doc["findings"].as_array().expect("findings");
+    f.iter()
+        .find(|x| x["check"] == "column_list" && x["subject"] == table)
+        .map(|hit| {
+            (
+                hit["level"].as_str().unwrap().to_owned(),
+                hit["message"].as_str().unwrap().to_owned(),
+            )
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reads_the_publications_column_lists() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    c.batch_execute(
+        "CREATE UNIQUE INDEX readings_identity ON readings (device, site, id);
+         ALTER TABLE readings REPLICA IDENTITY USING INDEX readings_identity;
+         ALTER TABLE sites REPLICA IDENTITY DEFAULT;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &config(&pg.url(), "off"));
+
+    // No list: nothing to say.
+    c.batch_execute("CREATE PUBLICATION freshen_test FOR TABLE readings, sites")
+        .await
+        .unwrap();
+    assert_eq!(column_list_of(&cfg, "public.readings"), None);
+
+    // The keys and the identity listed: fine.
+    c.batch_execute("ALTER PUBLICATION freshen_test SET TABLE readings (id, device, site), sites")
+        .await
+        .unwrap();
+    let (level, msg) = column_list_of(&cfg, "public.readings").expect("a finding");
+    assert_eq!(level, "ok", "{msg}");
+
+    // site left out: a key of site_totals and part of the identity.
+    c.batch_execute("ALTER PUBLICATION freshen_test SET TABLE readings (id, device), sites")
+        .await
+        .unwrap();
+    let (level, msg) = column_list_of(&cfg, "public.readings").expect("a finding");
+    assert_eq!(level, "error", "{msg}");
+    assert!(
+        msg.contains("without site of the replica identity"),
+        "{msg}"
     );
 }

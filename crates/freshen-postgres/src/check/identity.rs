@@ -145,6 +145,11 @@ fn covers(have: &[String], want: &[String]) -> bool {
     want.iter().all(|w| have.contains(w))
 }
 
+/// Whether `columns` begin with every one of `key` (in any order).
+fn leads_with(columns: &[String], key: &[String]) -> bool {
+    columns.len() >= key.len() && covers(&columns[..key.len()], key)
+}
+
 /// A name for an index on `table` over `columns` within PostgreSQL's 63 bytes (the
 /// table's part shortened first).
 fn index_name(table: &str, columns: &[String]) -> String {
@@ -224,10 +229,12 @@ pub fn recommend(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) ->
                 .map(|i| i.name.clone())
         })
         .flatten();
+        // Among the indexes that carry the old key, the narrowest one leading with it: it
+        // is also the index a rebuild finds a key's rows through.
         let existing = current_index.or_else(|| {
             usable()
                 .filter(|i| covers(&i.columns, &needed))
-                .min_by_key(|i| i.columns.len())
+                .min_by_key(|i| (!leads_with(&i.columns, &needed), i.columns.len()))
                 .map(|i| i.name.clone())
         });
         let keys = needed.join(", ");
@@ -245,8 +252,11 @@ pub fn recommend(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) ->
                 format!("the unique index carries the old {keys} only when it changes"),
             )
         } else if !pk.is_empty() && covers(&facts.not_null, &needed) {
-            let mut columns = pk.clone();
-            columns.extend(needed.iter().filter(|c| !pk.contains(c)).cloned());
+            // The key first, then the primary key: unique because of the primary key, and
+            // leading with the key, so the one index is both the identity and the index a
+            // rebuild looks a key's rows up by (FULL needs that lookup index besides).
+            let mut columns = needed.clone();
+            columns.extend(pk.iter().filter(|c| !needed.contains(c)).cloned());
             let index = index_name(&cur.table.name, &columns);
             let create = format!(
                 "CREATE UNIQUE INDEX CONCURRENTLY {} ON {} ({});",
@@ -265,8 +275,9 @@ pub fn recommend(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) ->
                     create: Some(create),
                 },
                 format!(
-                    "a unique index over the primary key and {keys} carries the old {keys} \
-                     only when it changes"
+                    "a unique index over {keys} and the primary key carries the old {keys} \
+                     only when it changes, and leading with {keys} it is also the index \
+                     rebuilds find a key's rows through (no second index on {keys})"
                 ),
             )
         } else if pk.is_empty() {
@@ -637,11 +648,29 @@ mod tests {
                 "fits",
             ),
             (
-                "key that changes, no index yet: create one",
+                "key that changes, no index yet: create one leading with the key",
                 facts(D, &["id"], &["id"], pk_only, all),
                 vec![need("v", &["device"], false)],
                 false,
-                "USING INDEX on (id, device)",
+                "USING INDEX on (device, id)",
+                "missing",
+            ),
+            (
+                "two indexes carry the key: the one leading with it, the rebuild's too",
+                facts(
+                    D,
+                    &["id"],
+                    &["id"],
+                    &[
+                        ("readings_pkey", &["id"], true),
+                        ("readings_id_device", &["id", "device"], true),
+                        ("readings_device_id", &["device", "id"], true),
+                    ],
+                    all,
+                ),
+                vec![need("v", &["device"], false)],
+                false,
+                "USING INDEX on (device, id)",
                 "missing",
             ),
             (
@@ -673,7 +702,7 @@ mod tests {
                 facts(F, &[], &["id"], pk_only, all),
                 vec![need("v", &["device"], false)],
                 false,
-                "USING INDEX on (id, device)",
+                "USING INDEX on (device, id)",
                 "more",
             ),
             (
@@ -737,7 +766,7 @@ mod tests {
                 facts(D, &["id"], &["id"], pk_only, &["id", "device", "site"]),
                 vec![need("v", &["device"], false), need("w", &["site"], false)],
                 false,
-                "USING INDEX on (id, device, site)",
+                "USING INDEX on (device, site, id)",
                 "missing",
             ),
             (
@@ -751,7 +780,7 @@ mod tests {
                 ),
                 vec![need("v", &["device"], false), need("w", &["site"], false)],
                 false,
-                "USING INDEX on (id, device, site)",
+                "USING INDEX on (device, site, id)",
                 "missing",
             ),
         ];
@@ -776,8 +805,8 @@ mod tests {
         assert_eq!(
             r.statements,
             vec![
-                "CREATE UNIQUE INDEX CONCURRENTLY \"readings_id_device_identity\" ON \"public\".\"readings\" (\"id\", \"device\");".to_owned(),
-                "ALTER TABLE \"public\".\"readings\" REPLICA IDENTITY USING INDEX \"readings_id_device_identity\";".to_owned(),
+                "CREATE UNIQUE INDEX CONCURRENTLY \"readings_device_id_identity\" ON \"public\".\"readings\" (\"device\", \"id\");".to_owned(),
+                "ALTER TABLE \"public\".\"readings\" REPLICA IDENTITY USING INDEX \"readings_device_id_identity\";".to_owned(),
             ]
         );
         assert_eq!(

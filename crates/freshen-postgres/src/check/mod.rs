@@ -8,6 +8,7 @@
 //! ([`recommend`](crate::recommend)). The catalog helpers they share live in the
 //! crate's `catalog`, `publication` and `spelling` modules and are re-exported here.
 
+mod columns;
 pub mod depends;
 pub(crate) mod identity;
 mod query_view;

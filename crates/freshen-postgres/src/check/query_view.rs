@@ -132,7 +132,7 @@ async fn index_findings(client: &Client, spec: &CheckedQuery<'_>) -> Vec<Finding
                     "index",
                     subject,
                     format!(
-                        "no index leads with ({k}): every rebuild reads the whole of {table}. CREATE INDEX ON {} ({k}) — or a covering one, ({k}) INCLUDE (the columns the query reads), which answers from the index alone once vacuumed (see BENCHMARKS.md, rebuild-index)",
+                        "no index leads with ({k}): every rebuild reads the whole of {table}. CREATE INDEX ON {} ({k}) — or a covering one, ({k}) INCLUDE (the columns the query reads), which answers from the index alone once vacuumed (see BENCHMARKS.md, rebuild-index). Where the replica_identity check proposes a unique identity index, it leads with ({k}) and serves the rebuilds too: create that one instead of both",
                         table.quoted(),
                         k = key.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
                     ),

@@ -1,5 +1,5 @@
 //! The source's findings: logical replication set up (wal_level, privilege, slot,
-//! publication, its safety, replica identities).
+//! publication, its safety and column lists, replica identities).
 
 use freshen::plug::{Finding, Plan};
 
@@ -63,6 +63,7 @@ pub(crate) async fn source(s: &PgSourceSettings, plan: &Plan) -> Vec<Finding> {
     if let Some(f) = publication(&admin, s, &tables).await {
         out.push(f);
     }
+    out.extend(crate::check::columns::findings(&admin, &s.publication, plan).await);
     let patterns = s.patterns();
     out.extend(selection(&admin, s, &patterns).await);
     let mut published = tables.clone();

@@ -196,3 +196,69 @@ async fn unwatched_tables_in_the_publication_are_not_delivered() {
     assert_eq!(evs.len(), 1);
     assert_eq!(&*evs[0].table, "a");
 }
+
+/// `readings` → a view keyed by `device` under what `check` recommends: the identity a
+/// unique index over (device, id), the publication listing only (id, device). Events
+/// carry just those columns, and every change still names the scopes it touched — the
+/// new device, and the old one on a move and a delete.
+#[tokio::test]
+async fn column_listed_publication_under_an_identity_index_keeps_scope_keys() {
+    let pg = server();
+    let c = sql(&pg).await;
+    c.batch_execute(
+        "CREATE TABLE readings (id int8 PRIMARY KEY, device int NOT NULL, value int8 NOT NULL,
+             note text);
+         CREATE UNIQUE INDEX readings_device_id_identity ON readings (device, id);
+         ALTER TABLE readings REPLICA IDENTITY USING INDEX readings_device_id_identity;
+         CREATE PUBLICATION narrow FOR TABLE readings (id, device);",
+    )
+    .await
+    .unwrap();
+    let mut cfg = config(&pg, "narrow", &["readings"]);
+    cfg.publication = "narrow".into();
+    let mut src = source(cfg).await;
+    c.batch_execute(
+        "INSERT INTO readings VALUES (1, 7, 10, 'x');
+         UPDATE readings SET value = 11, note = 'y' WHERE id = 1;
+         UPDATE readings SET device = 8 WHERE id = 1;
+         DELETE FROM readings WHERE id = 1;",
+    )
+    .await
+    .unwrap();
+    let batches = take_events(&mut src, 4, 20).await;
+    let evs = events(&batches);
+    let ops: Vec<Op> = evs.iter().map(|e| e.op).collect();
+    assert_eq!(ops, [Op::Insert, Op::Update, Op::Update, Op::Delete]);
+    for e in &evs {
+        for row in e.new.iter().chain(e.old.iter()) {
+            let names: Vec<&str> = row.iter().map(|(n, _)| n).collect();
+            assert!(
+                names.iter().all(|n| ["id", "device"].contains(n)),
+                "{:?}: only the listed columns, got {names:?}",
+                e.op
+            );
+            assert_eq!(row.get("value"), None, "value is not published");
+        }
+    }
+    let keys: Vec<Vec<Key>> = evs
+        .iter()
+        .map(|e| e.scope_keys(&["device"]).collect())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            vec![Key::from("7")],
+            vec![Key::from("7")],
+            vec![Key::from("8"), Key::from("7")],
+            vec![Key::from("8")],
+        ],
+        "insert, value update, move (new then old), delete"
+    );
+    assert_eq!(
+        evs[1].old, None,
+        "a value update logs no old image: the identity's columns did not change"
+    );
+    for b in batches {
+        b.into_parts().2.ack();
+    }
+}

@@ -109,6 +109,27 @@ impl Reader {
     }
 }
 
+/// Captures `orders`, `items` and `users` (which no cursor names) into `cf`, three
+/// events a batch, until the sender is used.
+pub(crate) async fn capture_three(
+    pg: &PgServer,
+    cf: &Changefeed,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    capture_until_stopped(
+        cf,
+        pg_source(
+            pg,
+            "feed",
+            &["public.orders", "public.items", "public.users"],
+            |c| c.batch_size = 3,
+        )
+        .await,
+    )
+}
+
 /// One transaction per order: the order, two items, a user (a table not read).
 pub(crate) async fn write_orders(c: &Client, ids: std::ops::RangeInclusive<i32>) {
     for i in ids {
@@ -140,16 +161,7 @@ async fn two_tables_at_two_paces_resume_exactly_from_their_cursors() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path());
     let server = Server::start(&config).await;
-    let (stop, task) = capture_until_stopped(
-        &server.cf,
-        pg_source(
-            &pg,
-            "feed",
-            &["public.orders", "public.items", "public.users"],
-            |c| c.batch_size = 3,
-        )
-        .await,
-    );
+    let (stop, task) = capture_three(&pg, &server.cf).await;
 
     write_orders(&c, 1..=12).await;
     // Single-table transactions: each row changed once more, never again.
@@ -182,16 +194,7 @@ async fn two_tables_at_two_paces_resume_exactly_from_their_cursors() {
     let _ = stop.send(());
     within(20, "capture stops", task).await.unwrap();
     let server = server.restart(&config).await;
-    let (stop, task) = capture_until_stopped(
-        &server.cf,
-        pg_source(
-            &pg,
-            "feed",
-            &["public.orders", "public.items", "public.users"],
-            |c| c.batch_size = 3,
-        )
-        .await,
-    );
+    let (stop, task) = capture_three(&pg, &server.cf).await;
 
     // A new reader process, from the kept cursors only, reading while the new rows come.
     let writes = {

@@ -29,6 +29,30 @@ pub(crate) async fn transaction(c: &Client, statements: &[&str]) -> u64 {
     xid.parse().expect("an xid8")
 }
 
+/// Three transactions over `orders` and `items` (three, one and three events); their xids.
+/// The last one's marker must come without another transaction after it.
+pub(crate) async fn three_transactions(c: &Client) -> [u64; 3] {
+    let t1 = transaction(
+        c,
+        &[
+            "INSERT INTO orders VALUES (1, 'a')",
+            "INSERT INTO items VALUES (10, 1)",
+            "UPDATE orders SET note = 'b' WHERE id = 1",
+        ],
+    )
+    .await;
+    let t2 = transaction(c, &["INSERT INTO orders VALUES (2, 'c')"]).await;
+    let t3 = transaction(
+        c,
+        &[
+            "INSERT INTO items VALUES (11, 2), (12, 2)",
+            "DELETE FROM orders WHERE id = 2",
+        ],
+    )
+    .await;
+    [t1, t2, t3]
+}
+
 pub(crate) fn is_marker(e: &Value) -> bool {
     e["type"] == "TRANSACTION_COMMIT"
 }
@@ -119,25 +143,7 @@ async fn each_transaction_ends_with_one_marker_after_its_last_event() {
         .await,
     );
 
-    let t1 = transaction(
-        &c,
-        &[
-            "INSERT INTO orders VALUES (1, 'a')",
-            "INSERT INTO items VALUES (10, 1)",
-            "UPDATE orders SET note = 'b' WHERE id = 1",
-        ],
-    )
-    .await;
-    let t2 = transaction(&c, &["INSERT INTO orders VALUES (2, 'c')"]).await;
-    // The last transaction: its marker must come without another one after it.
-    let t3 = transaction(
-        &c,
-        &[
-            "INSERT INTO items VALUES (11, 2), (12, 2)",
-            "DELETE FROM orders WHERE id = 2",
-        ],
-    )
-    .await;
+    let [t1, t2, t3] = three_transactions(&c).await;
 
     let entries = read_markers(&server, "tx=1", 3).await;
     assert_eq!(check_markers(&entries, false), [(t1, 3), (t2, 1), (t3, 3)]);

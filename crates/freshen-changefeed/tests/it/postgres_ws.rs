@@ -9,8 +9,8 @@
 //! retention gets its table's gap.
 
 use crate::http_ws::{Ws, connect_at, drain_until_probe, recv, send};
-use crate::postgres_cursors::{seq, stored, truth, write_orders};
-use crate::postgres_tx::{check_markers, is_marker, transaction};
+use crate::postgres_cursors::{capture_three, seq, stored, truth, write_orders};
+use crate::postgres_tx::{check_markers, is_marker, three_transactions};
 use crate::support;
 
 use std::collections::BTreeSet;
@@ -97,25 +97,7 @@ async fn websocket_subscriptions_get_a_marker_after_each_transaction() {
     let mut ws = connect_at(&server, "/v2/cdc/stream").await;
     subscribe(&mut ws, json!({"id": "tx", "from_seq": 0, "tx": true})).await;
 
-    let t1 = transaction(
-        &c,
-        &[
-            "INSERT INTO orders VALUES (1, 'a')",
-            "INSERT INTO items VALUES (10, 1)",
-            "UPDATE orders SET note = 'b' WHERE id = 1",
-        ],
-    )
-    .await;
-    let t2 = transaction(&c, &["INSERT INTO orders VALUES (2, 'c')"]).await;
-    // The last transaction: its marker must come without another one after it.
-    let t3 = transaction(
-        &c,
-        &[
-            "INSERT INTO items VALUES (11, 2), (12, 2)",
-            "DELETE FROM orders WHERE id = 2",
-        ],
-    )
-    .await;
+    let [t1, t2, t3] = three_transactions(&c).await;
 
     let frames = read_acking(&mut ws, "tx", |f| markers_in(f) == 3).await;
     assert_eq!(check_markers(&frames, false), [(t1, 3), (t2, 1), (t3, 3)]);
@@ -207,16 +189,7 @@ async fn websocket_per_table_cursors_resume_exactly_after_a_disconnect() {
     let mut cfg = config(dir.path());
     cfg.http.ws_pending_window = 4;
     let server = Server::start(&cfg).await;
-    let (stop, task) = capture_until_stopped(
-        &server.cf,
-        pg_source(
-            &pg,
-            "feed",
-            &["public.orders", "public.items", "public.users"],
-            |c| c.batch_size = 3,
-        )
-        .await,
-    );
+    let (stop, task) = capture_three(&pg, &server.cf).await;
     // Witness rows: each written once here, never again (one transaction per order: the
     // order, two items, a user the subscription does not name).
     write_orders(&c, 1..=10).await;

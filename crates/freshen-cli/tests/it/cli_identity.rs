@@ -7,8 +7,8 @@ use crate::support;
 use serde_json::Value;
 use support::*;
 
-/// The `replica_identity` finding for `table`: (level, message).
-fn identity_of(cfg: &std::path::Path, table: &str) -> (String, String) {
+/// `check --json`'s finding of kind `check` for `table`, if any: (level, message).
+fn finding(cfg: &std::path::Path, check: &str, table: &str) -> Option<(String, String)> {
     let out = freshen()
         .args(["check", "--json", "-c"])
         .arg(cfg)
@@ -16,14 +16,20 @@ fn identity_of(cfg: &std::path::Path, table: &str) -> (String, String) {
         .unwrap();
     let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
     let f = doc["findings"].as_array().expect("findings");
-    let hit = f
-        .iter()
-        .find(|x| x["check"] == "replica_identity" && x["subject"] == table)
-        .unwrap_or_else(|| panic!("no replica_identity finding for {table}: {f:#?}"));
-    (
-        hit["level"].as_str().unwrap().to_owned(),
-        hit["message"].as_str().unwrap().to_owned(),
-    )
+    f.iter()
+        .find(|x| x["check"] == check && x["subject"] == table)
+        .map(|hit| {
+            (
+                hit["level"].as_str().unwrap().to_owned(),
+                hit["message"].as_str().unwrap().to_owned(),
+            )
+        })
+}
+
+/// The `replica_identity` finding for `table`: (level, message).
+fn identity_of(cfg: &std::path::Path, table: &str) -> (String, String) {
+    finding(cfg, "replica_identity", table)
+        .unwrap_or_else(|| panic!("no replica_identity finding for {table}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,21 +160,7 @@ fn fixed_key_must_be_a_boolean() {
 
 /// The `column_list` finding for `table`, if any: (level, message).
 fn column_list_of(cfg: &std::path::Path, table: &str) -> Option<(String, String)> {
-    let out = freshen()
-        .args(["check", "--json", "-c"])
-        .arg(cfg)
-        .output()
-        .unwrap();
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
-    let f = doc["findings"].as_array().expect("findings");
-    f.iter()
-        .find(|x| x["check"] == "column_list" && x["subject"] == table)
-        .map(|hit| {
-            (
-                hit["level"].as_str().unwrap().to_owned(),
-                hit["message"].as_str().unwrap().to_owned(),
-            )
-        })
+    finding(cfg, "column_list", table)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -476,7 +476,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
 
 /// Times `keys(n)` rebuilds from the stream with each of `workers` worker counts `n`,
 /// rebuilds waiting `wait_ms` each, and tabulates the rates: over the whole run and
-/// once every worker was rebuilding.
+/// once the group had formed.
 async fn table(
     url: &str,
     broker: &Broker,
@@ -546,4 +546,44 @@ async fn table(
         ]);
     }
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(span_ms: u64, owning_ms: u64, rows_at_steady: usize) -> Run {
+        Run {
+            span: Duration::from_millis(span_ms),
+            db: Duration::ZERO,
+            own: Duration::ZERO,
+            broker: Duration::ZERO,
+            each: Vec::new(),
+            startup: Startup {
+                started: Duration::from_millis(50),
+                owning: Duration::from_millis(owning_ms),
+                rebuilding: Duration::from_millis(owning_ms + 800),
+            },
+            rows_at_steady,
+            rebalances: 1,
+        }
+    }
+
+    #[test]
+    fn the_steady_rate_counts_only_what_came_after_the_group_formed() {
+        // 1600 rows in 22 s, of which 2 s before the group formed with no row yet.
+        let r = run(22_000, 2_000, 0);
+        assert!((r.whole_rate(1600) - 1600.0 / 22.0).abs() < 1e-9);
+        assert_eq!(r.steady_rate(1600), Some(80.0));
+        // Rows already written when the group formed are left out with their time.
+        assert_eq!(run(22_000, 2_000, 400).steady_rate(1600), Some(60.0));
+    }
+
+    #[test]
+    fn no_steady_rate_without_time_or_rows_after_the_group_formed() {
+        assert_eq!(run(2_000, 1_800, 0).steady_rate(100), None);
+        assert_eq!(run(22_000, 2_000, 1600).steady_rate(1600), None);
+        // The group never formed: the span stands in, nothing is left.
+        assert_eq!(run(22_000, 22_000, 1600).steady_rate(1600), None);
+    }
 }

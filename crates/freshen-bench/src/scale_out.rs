@@ -5,7 +5,8 @@
 //! - *Latency-bound*: 1, 2, 4 and 8 workers whose rebuilds mostly wait (a server-side
 //!   `pg_sleep` stands for a remote target's round trip, e.g. a database in another
 //!   region): what workers on machines of their own buy, since a waiting rebuild costs
-//!   neither side's CPU.
+//!   neither side's CPU. The work grows with the workers (the same keys per worker), so
+//!   every run lasts about as long and the start-up weighs the same on each.
 //!
 //! First, what one worker's consumer costs idle at the end of the stream on each test
 //! broker: noida-db answers an empty fetch at once (no long poll), so librdkafka fetches
@@ -14,8 +15,10 @@
 //!
 //! The key stream is filled once (one record per key, published by the capture end's
 //! `KeyPublisher`); each run is a fresh consumer group that reads it from the start with
-//! `workers` instances (`freshen run --role worker`'s pipeline, in this process), timed
-//! from starting the first worker to the last key's row in the derived table. PostgreSQL's
+//! `workers` instances (`freshen run --role worker`'s pipeline, in this process, started
+//! together as on machines of their own), timed from starting them to the last counted
+//! key's row in the derived table, and again from the moment the group has formed (the
+//! steady state). PostgreSQL's
 //! and the broker's CPU over the same span say where the database, not freshen, is the
 //! limit: on a 2-core machine it saturates both cores before freshen does.
 
@@ -177,6 +180,17 @@ fn rebuilt(workers: &[Worker]) -> u64 {
         .sum()
 }
 
+/// Whether `w` owns a partition of the key stream now (the group has formed for it).
+fn owning(w: &Worker) -> bool {
+    let source = freshen_cli::http::Readout::source(&*w.observer);
+    source.partitions.is_some_and(|p| !p.is_empty())
+}
+
+/// The group's rebalances as `w` saw them.
+fn rebalances(w: &Worker) -> u64 {
+    freshen_cli::http::Readout::source(&*w.observer).reconnects
+}
+
 /// The broker the runs read the key stream from.
 struct Broker {
     bootstrap: String,
@@ -191,6 +205,17 @@ impl Broker {
     }
 }
 
+/// When a run's start-up phases ended for its slowest worker, from the clock's start.
+struct Startup {
+    /// Every worker's pipeline started: target connected, statements prepared, the
+    /// consumer created and subscribed.
+    started: Duration,
+    /// Every worker owned a partition: the group had formed, the steady state's start.
+    owning: Duration,
+    /// Every worker had finished a rebuild call.
+    rebuilding: Duration,
+}
+
 /// What one run measured.
 struct Run {
     /// From starting the first worker to the last key's row.
@@ -203,8 +228,30 @@ struct Run {
     broker: Duration,
     /// Each worker's rebuilds at the end, fewest first.
     each: Vec<u64>,
-    /// From starting the first worker to the first rebuild of the last worker to rebuild.
-    all_in: Duration,
+    /// The start-up's phases.
+    startup: Startup,
+    /// Rows in the derived table when every worker owned a partition: the steady
+    /// state's rate counts the rest.
+    rows_at_steady: usize,
+    /// The most rebalances any worker saw.
+    rebalances: u64,
+}
+
+impl Run {
+    /// Rebuilds/s over the whole span, start-up included.
+    fn whole_rate(&self, keys: usize) -> f64 {
+        keys as f64 / self.span.as_secs_f64()
+    }
+
+    /// Rebuilds/s from the moment every worker owned a partition (`None`: too little
+    /// time was left). Not from every worker's first commit: a worker runs 4 calls at
+    /// once, started together, so at its first commit the other three have done most of
+    /// their work, which that clock would count without its time.
+    fn steady_rate(&self, keys: usize) -> Option<f64> {
+        let left = self.span.checked_sub(self.startup.owning)?;
+        let rows = keys.checked_sub(self.rows_at_steady)?;
+        (left >= Duration::from_millis(500) && rows > 0).then(|| rows as f64 / left.as_secs_f64())
+    }
 }
 
 /// One run: `n` workers read the stream from its start until `keys` keys are rebuilt,
@@ -237,22 +284,28 @@ async fn drain(
         process_cpu(std::process::id()),
         broker.cpu(),
     );
-    let mut workers = Vec::new();
-    for _ in 0..n {
-        workers.push(start_worker(&toml).await?);
-    }
+    // All at once, as workers on machines of their own start.
+    let workers = futures_util::future::try_join_all((0..n).map(|_| start_worker(&toml))).await?;
+    let started = t0.elapsed();
     let deadline = Instant::now() + Duration::from_secs(600);
-    // When the last worker's first rebuild came: until then the group was still
-    // forming (joins and the rebalances they cause), and fewer workers rebuilt.
+    // When the last worker came to own a partition and to finish its first rebuild
+    // call: until the first the group was still forming (joins and the rebalances they
+    // cause), and fewer workers rebuilt.
+    let mut owned: Option<(Duration, usize)> = None;
     let mut all_in = None;
     loop {
+        let owning_now = owned.is_none() && workers.iter().all(owning);
         if all_in.is_none() && workers.iter().all(|w| rebuilt(std::slice::from_ref(w)) > 0) {
             all_in = Some(t0.elapsed());
         }
+        let at = t0.elapsed();
         let rows: i64 = c
             .query_one("SELECT count(*) FROM device_totals", &[])
             .await?
             .get(0);
+        if owning_now {
+            owned = Some((at, rows as usize));
+        }
         if rows as usize >= keys {
             break;
         }
@@ -272,17 +325,25 @@ async fn drain(
         .map(|w| rebuilt(std::slice::from_ref(w)))
         .collect();
     each.sort_unstable();
+    let rebalances = workers.iter().map(rebalances).max().unwrap_or(0);
     for w in workers {
         let _ = w.stop.send(());
         w.task.await.context("a worker panicked")??;
     }
+    let (owning, rows_at_steady) = owned.unwrap_or((span, keys));
     Ok(Run {
         span,
         db,
         own,
         broker: broker_cpu,
         each,
-        all_in: all_in.unwrap_or(span),
+        startup: Startup {
+            started,
+            owning,
+            rebuilding: all_in.unwrap_or(span),
+        },
+        rows_at_steady,
+        rebalances,
     })
 }
 
@@ -326,12 +387,25 @@ fn idle_cost(flavor: KafkaFlavor, window: Duration) -> anyhow::Result<(f64, f64)
     })
 }
 
+/// The latency-bound runs' rebuilds per worker: every run then lasts about as long
+/// (≥ 20 s at 80 rebuilds/s per worker), so the start-up (the group's forming, the first
+/// call) weighs the same on 1 worker as on 8.
+fn per_worker(quick: bool) -> usize {
+    if quick { 100 } else { 1600 }
+}
+
+/// The most workers of the latency-bound runs.
+const MOST_WORKERS: usize = 8;
+
 pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
-    let (keys, rows_per_key) = if opts.quick {
+    let (cpu_keys, rows_per_key) = if opts.quick {
         (2_000, 50)
     } else {
         (10_000, 200)
     };
+    // The stream holds more keys than any run counts, so no run waits on the last
+    // records of one partition (each run counts the first `keys` rows to appear).
+    let keys = cpu_keys.max(per_worker(opts.quick) * MOST_WORKERS * 5 / 4);
     let flavor = flavor()?;
     // What an idle worker costs on each broker, before anything else runs.
     let window = Duration::from_secs(if opts.quick { 1 } else { 10 });
@@ -377,38 +451,38 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         c.batch_execute("VACUUM ANALYZE readings").await?;
         create_topic(&broker.bootstrap, TOPIC).await?;
         publish(&broker.bootstrap, keys).await?;
-        let cpu = table(&url, &broker, &pg.data_dir(), &[1, 2, 4], keys, 0).await?;
+        let cpu = table(&url, &broker, &pg.data_dir(), &[1, 2, 4], |_| cpu_keys, 0).await?;
         println!(
-            "\nCPU-bound, broker {flavor} ({BROKER_VAR}): {keys} keys, {rows_per_key} rows aggregated per rebuild, {PARTITIONS} partitions; each worker rebuilds 4 keys at once (the default):\n"
+            "\nCPU-bound, broker {flavor} ({BROKER_VAR}): the time to {cpu_keys} rebuilds (from a {keys}-key stream), {rows_per_key} rows aggregated per rebuild, {PARTITIONS} partitions; each worker rebuilds 4 keys at once (the default):\n"
         );
         cpu.print();
-        // Timed over fewer rebuilds: one worker takes rebuilds × round trip / 4.
-        let waiting = keys / if opts.quick { 5 } else { 4 };
+        let each = per_worker(opts.quick);
         let lat = table(
             &url,
             &broker,
             &pg.data_dir(),
-            &[1, 2, 4, 8],
-            waiting,
+            &[1, 2, 4, MOST_WORKERS],
+            |n| n * each,
             ROUND_TRIP_MS,
         )
         .await?;
         println!(
-            "\nLatency-bound, broker {flavor}: the time to {waiting} rebuilds (from the same {keys}-key stream), each the same rebuild after a {ROUND_TRIP_MS} ms server-side wait (a remote target's round trip); \"of linear\" = rate ÷ (n × the 1-worker rate):\n"
+            "\nLatency-bound, broker {flavor}: the time to {each} rebuilds per worker (from the same {keys}-key stream), each the same rebuild after a {ROUND_TRIP_MS} ms server-side wait (a remote target's round trip); \"of linear\" = rate ÷ (n × the 1-worker rate); \"steady\" counts from the moment every worker owned a partition (the group formed); start-up = every worker's pipeline started / owning a partition / done with a rebuild call:\n"
         );
         lat.print();
         anyhow::Ok(())
     })
 }
 
-/// Times `keys` rebuilds from the stream with each of `workers` worker counts, rebuilds waiting
-/// `wait_ms` each, and tabulates the rates.
+/// Times `keys(n)` rebuilds from the stream with each of `workers` worker counts `n`,
+/// rebuilds waiting `wait_ms` each, and tabulates the rates: over the whole run and
+/// once the group had formed.
 async fn table(
     url: &str,
     broker: &Broker,
     data_dir: &std::path::Path,
     workers: &[usize],
-    keys: usize,
+    keys: impl Fn(usize) -> usize,
     wait_ms: u64,
 ) -> anyhow::Result<Table> {
     let mut t = Table::new(&[
@@ -418,41 +492,98 @@ async fn table(
         "rebuilds/s",
         "vs 1 worker",
         "of linear",
+        "steady rebuilds/s",
+        "steady of linear",
         "PostgreSQL CPU (cores)",
         "freshen CPU (cores)",
         "broker CPU (cores)",
         "rebuilds per worker",
-        "every worker rebuilding after",
+        "start-up",
+        "rebalances",
     ]);
     let mut base = None;
+    let mut steady_base = None;
     for &n in workers {
-        let Run {
-            span,
-            db,
-            own,
-            broker: broker_cpu,
-            each,
-            all_in,
-        } = drain(url, broker, data_dir, n, keys, wait_ms).await?;
-        let per_s = keys as f64 / span.as_secs_f64();
+        let keys = keys(n);
+        let run = drain(url, broker, data_dir, n, keys, wait_ms).await?;
+        let per_s = run.whole_rate(keys);
         let b = *base.get_or_insert(per_s);
-        let cores = |d: Duration| format!("{:.2}", d.as_secs_f64() / span.as_secs_f64());
+        let steady = run.steady_rate(keys);
+        let sb = *steady_base.get_or_insert(steady);
+        let (steady_rate, steady_linear) = match (steady, sb) {
+            (Some(s), Some(sb)) => (
+                rate(s, Duration::from_secs(1)),
+                format!("{:.2}", s / sb / n as f64),
+            ),
+            _ => ("–".into(), "–".into()),
+        };
+        let cores = |d: Duration| format!("{:.2}", d.as_secs_f64() / run.span.as_secs_f64());
+        let s = &run.startup;
         t.row(vec![
             n.to_string(),
             keys.to_string(),
-            dur(span),
-            rate(keys as f64, span),
+            dur(run.span),
+            rate(keys as f64, run.span),
             format!("{:.2}×", per_s / b),
             format!("{:.2}", per_s / b / n as f64),
-            cores(db),
-            cores(own),
-            cores(broker_cpu),
-            each.iter()
+            steady_rate,
+            steady_linear,
+            cores(run.db),
+            cores(run.own),
+            cores(run.broker),
+            run.each
+                .iter()
                 .map(u64::to_string)
                 .collect::<Vec<_>>()
                 .join(" "),
-            dur(all_in),
+            format!(
+                "{} / {} / {}",
+                dur(s.started),
+                dur(s.owning),
+                dur(s.rebuilding)
+            ),
+            run.rebalances.to_string(),
         ]);
     }
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(span_ms: u64, owning_ms: u64, rows_at_steady: usize) -> Run {
+        Run {
+            span: Duration::from_millis(span_ms),
+            db: Duration::ZERO,
+            own: Duration::ZERO,
+            broker: Duration::ZERO,
+            each: Vec::new(),
+            startup: Startup {
+                started: Duration::from_millis(50),
+                owning: Duration::from_millis(owning_ms),
+                rebuilding: Duration::from_millis(owning_ms + 800),
+            },
+            rows_at_steady,
+            rebalances: 1,
+        }
+    }
+
+    #[test]
+    fn the_steady_rate_counts_only_what_came_after_the_group_formed() {
+        // 1600 rows in 22 s, of which 2 s before the group formed with no row yet.
+        let r = run(22_000, 2_000, 0);
+        assert!((r.whole_rate(1600) - 1600.0 / 22.0).abs() < 1e-9);
+        assert_eq!(r.steady_rate(1600), Some(80.0));
+        // Rows already written when the group formed are left out with their time.
+        assert_eq!(run(22_000, 2_000, 400).steady_rate(1600), Some(60.0));
+    }
+
+    #[test]
+    fn no_steady_rate_without_time_or_rows_after_the_group_formed() {
+        assert_eq!(run(2_000, 1_800, 0).steady_rate(100), None);
+        assert_eq!(run(22_000, 2_000, 1600).steady_rate(1600), None);
+        // The group never formed: the span stands in, nothing is left.
+        assert_eq!(run(22_000, 22_000, 1600).steady_rate(1600), None);
+    }
 }

@@ -40,6 +40,12 @@
 //!   deadline queue: ring (in order) + heap (out of order), 16-byte entries ┘ by slot
 //! ```
 //!
+//! A batch of keys is marked at once with [`DirtySet::mark_many`] (the run loop marks
+//! every key a batch of changes dirties this way): the same as [`DirtySet::mark`] on
+//! each in turn — same states, deadlines and tie order — but the keys are hashed
+//! `MARK_AHEAD` ahead of their probes and their index buckets prefetched, so the cache
+//! misses of new keys (the largest cost of a big mark) overlap instead of queueing.
+//!
 //! A popped key carries a [`Ticket`] naming its slot, so the caller completes it
 //! ([`DirtySet::complete_ticket`]) without hashing the key and searching the index a
 //! second time. A ticket holds the slot's generation, which moves on with every pop: a
@@ -404,8 +410,8 @@ impl DirtySet {
     /// Records that every key of `keys` changed at `now`: exactly [`mark`](Self::mark)
     /// on each in turn (the same states, the same deadlines, ties in the same order),
     /// faster for a batch. Each new key's index probe is a cache miss once the set
-    /// outgrows the cache; here the keys are hashed [`MARK_AHEAD`] ahead of their probes
-    /// and their buckets prefetched, so the misses overlap instead of queueing.
+    /// outgrows the cache; here the keys are hashed 16 ahead of their probes and their
+    /// buckets prefetched, so the misses overlap instead of queueing.
     pub fn mark_many(&mut self, keys: &[Key], now: Instant) {
         self.mark_batch(keys, now, false, |_, _| {});
     }

@@ -48,17 +48,44 @@ fn complete(set: &mut DirtySet, r: &freshen::Ready, by: Completing, now: Instant
     };
 }
 
+/// How the keys are marked.
+#[derive(Clone, Copy)]
+enum Marking {
+    /// `mark_many` over batches of [`MARK_BATCH`], as the run loop marks a batch of
+    /// changes (or of fanned keys).
+    Batched,
+    /// `mark` on each key in turn.
+    OneByOne,
+}
+
+/// Keys per `mark_many`: a batch of the PostgreSQL source at its default `batch_size`
+/// (one key per change), and what one fan-out receive hands the run loop.
+const MARK_BATCH: usize = 1024;
+
+fn mark(set: &mut DirtySet, keys: &[Key], now: Instant, how: Marking) {
+    match how {
+        Marking::Batched => {
+            for batch in keys.chunks(MARK_BATCH) {
+                set.mark_many(batch, now);
+            }
+        }
+        Marking::OneByOne => {
+            for k in keys {
+                set.mark(k, now);
+            }
+        }
+    }
+}
+
 /// A timed drain of the set over the given keys.
-type Drain = fn(&[Key], Completing) -> Duration;
+type Drain = fn(&[Key], Completing, Marking) -> Duration;
 
 /// Marks every key once, then pops and completes them all.
-fn drain_heap(keys: &[Key], by: Completing) -> Duration {
+fn drain_heap(keys: &[Key], by: Completing, how: Marking) -> Duration {
     let t0 = Instant::now();
     let start = Instant::now();
     let mut set = DirtySet::new(config(), t0);
-    for k in keys {
-        set.mark(k, t0);
-    }
+    mark(&mut set, keys, t0, how);
     let due = t0 + CO;
     while let Some(r) = set.pop_ready(due) {
         complete(&mut set, &r, by, due);
@@ -86,23 +113,20 @@ fn drain_scan(keys: &[Key]) -> Duration {
 
 /// Half the keys are queued first but not ready (re-marked), half behind them are ready:
 /// drain the ready half. A FIFO scan walks the not-ready half on every pop.
-fn staggered_heap(keys: &[Key], by: Completing) -> Duration {
-    let (late, ready) = keys.split_at(keys.len() / 2);
+fn staggered_heap(keys: &[Key], by: Completing, how: Marking) -> Duration {
+    let (late, _) = keys.split_at(keys.len() / 2);
+    let ready = keys.len() - late.len();
     let t0 = Instant::now();
     let mut set = DirtySet::new(config(), t0);
     let start = Instant::now();
-    for k in late.iter().chain(ready) {
-        set.mark(k, t0);
-    }
-    for k in late {
-        set.mark(k, t0 + CO / 2);
-    }
+    mark(&mut set, keys, t0, how);
+    mark(&mut set, late, t0 + CO / 2, how);
     let mut n = 0;
     while let Some(r) = set.pop_ready(t0 + CO) {
         complete(&mut set, &r, by, t0 + CO);
         n += 1;
     }
-    assert_eq!(n, ready.len());
+    assert_eq!(n, ready);
     start.elapsed()
 }
 
@@ -195,10 +219,32 @@ fn bytes_per_key(keys: &[Key]) -> (f64, f64) {
     (measured, reported)
 }
 
+/// `FRESHEN_BENCH_SCHEDULER=drain` runs only the 1M mark + drain, freshen's side, for a
+/// profiler (`perf record` / `perf stat` on the bench binary): nothing else in the
+/// profile. `drain-one` marks one key at a time instead of in batches.
+const ONLY_ENV: &str = "FRESHEN_BENCH_SCHEDULER";
+
+/// The mark + drain alone, `runs` times (see [`ONLY_ENV`]).
+fn drain_only(all: &[Key], runs: usize, how: Marking) {
+    for _ in 0..runs {
+        let t = drain_heap(all, Completing::Ticket, how);
+        println!("mark + drain {}: {}", all.len(), dur(t));
+    }
+}
+
 pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     let runs = if opts.quick { 1 } else { 3 };
     let big = if opts.quick { 20_000 } else { 1_000_000 };
     let all = keys(big);
+    if let Ok(only) = std::env::var(ONLY_ENV) {
+        let how = match only.as_str() {
+            "drain" => Marking::Batched,
+            "drain-one" => Marking::OneByOne,
+            _ => anyhow::bail!("{ONLY_ENV}={only}: the cases it names are `drain`, `drain-one`"),
+        };
+        drain_only(&all, runs, how);
+        return Ok(());
+    }
 
     let go_bin = rival::binary(GO_ENV, "Go original column", GO_DRIVER)?;
     let go = go_bin.as_deref();
@@ -222,7 +268,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     // scan's best case, run at full size.
     let (heap, g) = best_of_pair(
         runs,
-        || drain_heap(&all, Completing::Ticket),
+        || drain_heap(&all, Completing::Ticket, Marking::Batched),
         go.map(|bin| move || go_run(bin, "drain", big)),
     )?;
     let scan = best_of(runs, || drain_scan(&all));
@@ -245,7 +291,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         let quadratic_ok = ks.len() <= SCAN_LIMIT / 2;
         let (heap, g) = best_of_pair(
             runs,
-            || staggered_heap(ks, Completing::Ticket),
+            || staggered_heap(ks, Completing::Ticket, Marking::Batched),
             go.filter(|_| quadratic_ok)
                 .map(|bin| move || go_run(bin, "staggered", ks.len())),
         )?;
@@ -267,22 +313,26 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     }
     t.print();
 
-    // Completing by ticket against completing by key, alternated so that both see the
-    // same machine; best of the runs for each.
+    // Completing by ticket against completing by key, and marking in batches against
+    // marking one key at a time, alternated so that all see the same machine; best of
+    // the runs for each.
     let mut c = Table::new(&[
         "case",
         "keys",
-        "complete by ticket",
+        "mark_many, complete by ticket",
         "complete by key",
         "key / ticket",
+        "mark one by one",
+        "one by one / mark_many",
     ]);
     let pairs = if opts.quick { 1 } else { 5 };
     let cases: [(&str, Drain); 2] = [("mark + drain", drain_heap), ("staggered", staggered_heap)];
     for (name, f) in cases {
-        let (mut ticket, mut key) = (Duration::MAX, Duration::MAX);
+        let (mut ticket, mut key, mut one) = (Duration::MAX, Duration::MAX, Duration::MAX);
         for _ in 0..pairs {
-            ticket = ticket.min(f(&all, Completing::Ticket));
-            key = key.min(f(&all, Completing::Key));
+            ticket = ticket.min(f(&all, Completing::Ticket, Marking::Batched));
+            key = key.min(f(&all, Completing::Key, Marking::Batched));
+            one = one.min(f(&all, Completing::Ticket, Marking::OneByOne));
         }
         c.row(vec![
             name.into(),
@@ -290,6 +340,8 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
             dur(ticket),
             dur(key),
             ratio(key, ticket),
+            dur(one),
+            ratio(one, ticket),
         ]);
     }
     println!();

@@ -37,6 +37,7 @@
 mod fanout;
 mod gauges;
 mod jobs;
+mod marking;
 mod pause;
 mod progress;
 mod quarantine;
@@ -52,6 +53,7 @@ use tokio::time::Instant;
 use self::fanout::{FanOutStage, takes_fanned};
 use self::gauges::{Gauges, Readings};
 use self::jobs::{AbortOnDrop, JobKey, JobOutput, Jobs};
+use self::marking::Marking;
 use self::pause::Pauses;
 use self::progress::SweepProgress;
 use self::quarantine::Quarantine;
@@ -149,6 +151,8 @@ pub(crate) struct Runner {
     quarantine: Quarantine,
     source_done: bool,
     scratch: Vec<Key>,
+    /// The keys one batch (of changes, or of fanned keys) dirties, marked at once.
+    marking: Marking,
     pauses: Pauses,
 }
 
@@ -176,6 +180,7 @@ impl Runner {
             quarantine: Quarantine::new(p.release_quarantined_after),
             source_done: false,
             scratch: Vec::new(),
+            marking: Marking::default(),
             pauses: Pauses::new(p.watched),
         };
         (runner, p.source)
@@ -392,49 +397,52 @@ impl Runner {
             t.hold_batch(id);
             self.pauses.hold(id);
         }
+        // Every key the batch dirties is marked in one `mark_many`, which overlaps the
+        // index probes of the batch's new keys instead of waiting for each in turn.
         let mut keys = std::mem::take(&mut self.scratch);
+        let mut marking = std::mem::take(&mut self.marking);
         for event in events.iter() {
             if event.op == Op::Truncate {
                 self.on_truncate(event, id);
                 continue;
             }
+            let txid = event.tx.map(|t| t.id);
             keys.clear();
             (self.scope)(event, &mut keys);
             for key in keys.drain(..) {
-                self.mark(key, now, id, event.tx.map(|t| t.id));
+                marking.push(key, id, txid);
             }
             for stage in 0..self.fanout.stages() {
                 self.fanout.scope(stage, event, &mut keys);
                 for parent in keys.drain(..) {
-                    let key = Key::staged(stage, &parent);
-                    self.mark(key, now, id, event.tx.map(|t| t.id));
+                    marking.push(Key::staged(stage, &parent), id, txid);
                 }
             }
         }
         self.scratch = keys;
         for k in scoped {
-            self.mark(k.key, now, id, k.txid);
+            marking.push(k.key, id, k.txid);
         }
+        self.mark_all(&mut marking, now);
+        self.marking = marking;
         if let Some(ack) = ack {
             ack.ack();
             Recorder::add(&self.shared.stats.batches_acked, 1);
         }
     }
 
-    fn mark(
-        &mut self,
-        key: Key,
-        now: std::time::Instant,
-        batch: Option<BatchId>,
-        txid: Option<u64>,
-    ) {
-        Recorder::add(&self.shared.stats.keys_marked, 1);
-        self.dirty.mark(&key, now);
-        if let (Some(t), Some(id)) = (&mut self.tracker, batch) {
-            t.hold(&key, id);
-        }
-        if let Some(txid) = txid {
-            self.txids.add(key, txid);
+    /// Marks every key of `marking` at once (`DirtySet::mark_many`), then holds each
+    /// one's batch and records its transaction id; empties `marking`.
+    fn mark_all(&mut self, marking: &mut Marking, now: std::time::Instant) {
+        Recorder::add(&self.shared.stats.keys_marked, marking.len() as u64);
+        self.dirty.mark_many(marking.keys(), now);
+        for (key, hold, txid) in marking.drain() {
+            if let (Some(t), Some(id)) = (&mut self.tracker, hold) {
+                t.hold(&key, id);
+            }
+            if let Some(txid) = txid {
+                self.txids.add(key, txid);
+            }
         }
     }
 
@@ -444,10 +452,12 @@ impl Runner {
     fn mark_fanned(&mut self, keys: &mut Vec<(u64, Key)>) {
         let now = Instant::now().into_std();
         Recorder::add(&self.shared.stats.fanout_keys, keys.len() as u64);
+        let mut marking = std::mem::take(&mut self.marking);
         for (call, key) in keys.drain(..) {
-            let hold = self.fanout.hold(call);
-            self.mark(key, now, hold, None);
+            marking.push(key, self.fanout.hold(call), None);
         }
+        self.mark_all(&mut marking, now);
+        self.marking = marking;
     }
 
     fn on_truncate(&mut self, event: &RowEvent, batch: Option<BatchId>) {
@@ -536,14 +546,20 @@ impl Runner {
         if let Some((keys, took)) = self.progress.listed_more(keys.len() as u64) {
             self.report(Report::SweepProgress { keys, took });
         }
-        for key in keys.drain(..) {
-            let mark = self.dirty.revive(&key, now);
+        let (mut revived, mut marked) = (Vec::new(), 0);
+        self.dirty.revive_many(keys, now, |key, mark| {
             if mark == Mark::Revived {
-                self.unquarantine(&key);
+                revived.push(key.clone());
             }
             if mark != Mark::Unchanged {
-                Recorder::add(&self.shared.stats.keys_marked, 1);
+                marked += 1;
             }
+        });
+        Recorder::add(&self.shared.stats.keys_marked, marked);
+        for key in &revived {
+            self.unquarantine(key);
+        }
+        for key in keys.drain(..) {
             if let (Some(t), Some(id)) = (&mut self.tracker, pin) {
                 t.hold(&key, id);
             }

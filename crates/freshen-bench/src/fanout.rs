@@ -10,7 +10,10 @@
 //!   WHERE plan_id = $1"`), `rebuild_batch = 1000`: the writer commits at once; the plan
 //!   is debounced, mapped to its N accounts page by page off the receive path, and the
 //!   accounts are rebuilt in batches that grow to the rebuild's bulk batch (10 000 keys
-//!   a statement) while a backlog waits;
+//!   a statement) while a backlog waits; twice, once in SQL mode (hand-written DELETE +
+//!   INSERT over `= ANY($1)`) and once in query mode (`into` + `query`: one merge
+//!   statement per batch that updates the rows that differ — here every fanned row —
+//!   inserts the missing and deletes the vanished);
 //! - a row trigger on `plans` recomputing every dependent account's row inside the
 //!   writer's transaction (first round only): the writer waits for all N and holds their
 //!   row locks, but the table is fresh at commit.
@@ -57,7 +60,26 @@ END $$;
 CREATE TRIGGER plans_mrr AFTER UPDATE OF price ON plans FOR EACH ROW EXECUTE FUNCTION plans_mrr();
 ";
 
-fn config(url: &str) -> String {
+/// How freshen rebuilds an account in the fan-out bench: hand-written statements (SQL
+/// mode) or a query whose rows are merged into `account_mrr` (query mode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Sql,
+    Query,
+}
+
+/// The query-mode query: an account's row for a batch of accounts.
+const QUERY: &str = "SELECT s.account_id, sum(s.seats * p.price)::bigint AS mrr FROM subscriptions s JOIN plans p ON p.id = s.plan_id WHERE s.account_id = ANY($1) GROUP BY s.account_id";
+
+fn config(url: &str, mode: Mode) -> String {
+    let how = match mode {
+        Mode::Sql => r#"rebuild = [
+  "DELETE FROM account_mrr WHERE account_id = ANY($1)",
+  "INSERT INTO account_mrr SELECT s.account_id, sum(s.seats * p.price) FROM subscriptions s JOIN plans p ON p.id = s.plan_id WHERE s.account_id = ANY($1) GROUP BY s.account_id",
+]"#
+        .to_string(),
+        Mode::Query => format!("into = \"account_mrr\"\nquery = {QUERY:?}"),
+    };
     format!(
         r#"
 [source]
@@ -77,10 +99,7 @@ watch = [
   {{ table = "public.plans", key = ["id"], keys = "SELECT account_id FROM subscriptions WHERE plan_id = $1" }},
 ]
 rebuild_batch = 1000
-rebuild = [
-  "DELETE FROM account_mrr WHERE account_id = ANY($1)",
-  "INSERT INTO account_mrr SELECT s.account_id, sum(s.seats * p.price) FROM subscriptions s JOIN plans p ON p.id = s.plan_id WHERE s.account_id = ANY($1) GROUP BY s.account_id",
-]
+{how}
 "#
     )
 }
@@ -181,8 +200,13 @@ async fn trigger(c: &tokio_postgres::Client, n: u64) -> anyhow::Result<Row> {
     })
 }
 
-async fn freshen(pg: &PgServer, c: &tokio_postgres::Client, n: u64) -> anyhow::Result<Row> {
-    let f = Freshen::start(&config(&pg.url())).await?;
+async fn freshen(
+    pg: &PgServer,
+    c: &tokio_postgres::Client,
+    n: u64,
+    mode: Mode,
+) -> anyhow::Result<Row> {
+    let f = Freshen::start(&config(&pg.url(), mode)).await?;
     let idle = alloc::live_bytes() as u64;
     let peak = Arc::new(AtomicU64::new(idle));
     let sampling = Arc::new(AtomicBool::new(true));
@@ -227,13 +251,15 @@ async fn freshen(pg: &PgServer, c: &tokio_postgres::Client, n: u64) -> anyhow::R
     })
 }
 
-const FRESHEN: &str = "freshen fan-out (rebuild_batch 1000, bulk 10 000)";
+const FRESHEN: &str = "freshen fan-out, SQL mode (rebuild_batch 1000, bulk 10 000)";
+const FRESHEN_QUERY: &str = "freshen fan-out, query mode (rebuild_batch 1000, bulk 10 000)";
 const REFRESH: &str = "REFRESH MATERIALIZED VIEW";
 const TRUNCATE: &str = "TRUNCATE + INSERT … SELECT";
 const TRIGGER_LABEL: &str = "row trigger on plans";
 
-/// One round on one fresh server: freshen and the recompute in the given order, then
-/// (first round only) the trigger.
+/// One round on one fresh server: freshen (SQL mode, then query mode) and the recompute
+/// in the given order (freshen second: query mode, then SQL mode), then (first round
+/// only) the trigger.
 async fn round(
     n: u64,
     freshen_first: bool,
@@ -242,13 +268,15 @@ async fn round(
     let (pg, c) = setup(n).await?;
     let mut rows = Vec::new();
     if freshen_first {
-        rows.push((FRESHEN, freshen(&pg, &c, n).await?));
+        rows.push((FRESHEN, freshen(&pg, &c, n, Mode::Sql).await?));
+        rows.push((FRESHEN_QUERY, freshen(&pg, &c, n, Mode::Query).await?));
     }
     let [refresh, truncate] = recompute(&c, n).await?;
     rows.push((REFRESH, refresh));
     rows.push((TRUNCATE, truncate));
     if !freshen_first {
-        rows.push((FRESHEN, freshen(&pg, &c, n).await?));
+        rows.push((FRESHEN_QUERY, freshen(&pg, &c, n, Mode::Query).await?));
+        rows.push((FRESHEN, freshen(&pg, &c, n, Mode::Sql).await?));
     }
     if with_trigger {
         rows.push((TRIGGER_LABEL, trigger(&c, n).await?));
@@ -290,10 +318,12 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         "fan-out",
         "round",
         "load at start",
-        "freshen",
+        "freshen SQL mode",
+        "freshen query mode",
         "REFRESH",
         "TRUNCATE + INSERT",
-        "freshen / faster recompute",
+        "SQL mode / faster recompute",
+        "query mode / faster recompute",
     ]);
     for &n in sizes {
         for r in 0..rounds {
@@ -304,18 +334,24 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
                     .find(|(l, _)| *l == label)
                     .map_or(Duration::ZERO, |(_, row)| row.settle)
             };
-            let (f, rf, tr) = (settle(FRESHEN), settle(REFRESH), settle(TRUNCATE));
+            let (f, q) = (settle(FRESHEN), settle(FRESHEN_QUERY));
+            let (rf, tr) = (settle(REFRESH), settle(TRUNCATE));
+            let ratio = |d: Duration| {
+                format!(
+                    "{:.2}",
+                    d.as_secs_f64() / rf.min(tr).as_secs_f64().max(1e-9)
+                )
+            };
             ratios.row(vec![
                 n.to_string(),
                 (r + 1).to_string(),
                 started_at,
                 dur(f),
+                dur(q),
                 dur(rf),
                 dur(tr),
-                format!(
-                    "{:.2}",
-                    f.as_secs_f64() / rf.min(tr).as_secs_f64().max(1e-9)
-                ),
+                ratio(f),
+                ratio(q),
             ]);
             for (label, row) in rows {
                 t.row(vec![

@@ -98,7 +98,7 @@ impl MySqlRebuildBuilder {
     }
 
     /// Rebuild up to `n` keys in one transaction (default 16). A failure fails them all;
-    /// the refresher then retries each key on its own.
+    /// the refresher then retries the keys in halves until the failing one is alone.
     pub fn keys_per_transaction(mut self, n: usize) -> Self {
         self.keys_per_transaction = n;
         self

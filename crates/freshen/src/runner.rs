@@ -34,6 +34,7 @@
 //!
 //! [`Handle`]: crate::Handle
 
+mod bisect;
 mod fanout;
 mod gauges;
 mod jobs;
@@ -50,6 +51,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use self::bisect::Halves;
 use self::fanout::{FanOutStage, takes_fanned};
 use self::gauges::{Gauges, Readings};
 use self::jobs::{AbortOnDrop, JobKey, JobOutput, Jobs};
@@ -146,6 +148,8 @@ pub(crate) struct Runner {
     jobs: Jobs,
     /// A retrying key popped while gathering a batch; it runs alone next.
     solo: Option<Ready>,
+    /// Failed calls' keys waiting to be retried in halves; they run before new keys.
+    halves: Halves<(JobKey, Due)>,
     sweeper: Sweeper,
     stall: Option<Stall>,
     quarantine: Quarantine,
@@ -176,6 +180,7 @@ impl Runner {
             },
             txids: Txids::default(),
             solo: None,
+            halves: Halves::default(),
             stall: None,
             quarantine: Quarantine::new(p.release_quarantined_after),
             source_done: false,
@@ -288,7 +293,7 @@ impl Runner {
         }
         self.release_acks();
         // Dropping a rebuild future cancels it (SqlRebuild cancels on the server).
-        let abandoned = self.jobs.abandoned();
+        let abandoned = self.jobs.abandoned() + self.halves.keys();
         Recorder::add(&self.shared.stats.abandoned, abandoned as u64);
         self.jobs.abort_all().await;
         let _ = stop_tx.send(());
@@ -309,6 +314,7 @@ impl Runner {
         self.dirty.is_idle()
             && self.jobs.is_empty()
             && self.solo.is_none()
+            && self.halves.is_empty()
             && self.sweeper.is_idle()
     }
 
@@ -610,6 +616,14 @@ impl Runner {
     fn dispatch(&mut self, now: Instant) {
         let now = now.into_std();
         while self.jobs.len() < self.capacity() {
+            if let Some(half) = self.halves.next() {
+                let (meta, due): (Vec<JobKey>, Vec<Due>) = half.into_iter().unzip();
+                Recorder::add(&self.shared.stats.rebuild_calls, 1);
+                let call = self.jobs.next_call();
+                let rebuild = self.jobs.rebuild_call(due);
+                self.jobs.spawn(meta, None, call, rebuild);
+                continue;
+            }
             let first = match self.solo.take() {
                 Some(r) => r,
                 None => match self.dirty.pop_ready(now) {
@@ -713,7 +727,14 @@ impl Runner {
                     Some(retry) => retry,
                     None => self.jobs.classify(&error),
                 };
-                self.failed(meta, dues, retry, &error, now);
+                // A rebuild call of several keys that failed by data runs again in
+                // halves (see `bisect`); a fan-out call's or a lone key's failure, or
+                // one not the data's, goes the usual way.
+                if job.stage.is_none() && retry.blames_key() && dues.len() == meta.len() {
+                    self.halve(meta, dues, retry, &error, now);
+                } else {
+                    self.failed(meta, dues, retry, &error, now);
+                }
             }
         }
     }
@@ -754,6 +775,28 @@ impl Runner {
         st.touch_rebuild();
     }
 
+    /// A rebuild call failed by data: with several keys they wait as two halves (each
+    /// key's failed attempt counted, none toward quarantine); one key fails as usual.
+    fn halve(
+        &mut self,
+        meta: Vec<JobKey>,
+        dues: Vec<Due>,
+        retry: Retry,
+        error: &BoxError,
+        now: std::time::Instant,
+    ) {
+        let keys = meta.len();
+        let Some(one) = self.halves.split(meta.into_iter().zip(dues).collect()) else {
+            let st = &self.shared.stats;
+            Recorder::add(&st.rebuilds_failed, keys as u64);
+            let text = error.to_string();
+            st.trouble(|t| t.last_error = Some(text));
+            return;
+        };
+        let (meta, dues) = one.into_iter().unzip();
+        self.failed(meta, dues, retry, error, now);
+    }
+
     fn failed(
         &mut self,
         meta: Vec<JobKey>,
@@ -776,7 +819,8 @@ impl Runner {
         }
         st.trouble(|t| t.last_error = Some(text.clone()));
         // A call of several keys that failed by data is no evidence against any one of
-        // them: none is counted toward quarantine, and each is retried alone.
+        // them: none is counted toward quarantine, and each is retried alone (a rebuild
+        // call's keys are halved instead, in `halve`; this is a fan-out call's).
         let counted = if retry.blames_key() && meta.len() > 1 {
             Retry::Path
         } else {

@@ -163,7 +163,8 @@ impl SqlRebuildBuilder {
 
     /// Per-key mode: rebuild up to `n` keys in one transaction (default 16), each key
     /// running the statements with its own scalar parameters, all pipelined in one round
-    /// trip. A failure fails them all; the refresher then retries each key on its own.
+    /// trip. A failure fails them all; the refresher then retries the keys in halves
+    /// until the failing one is alone.
     pub fn keys_per_transaction(mut self, n: usize) -> Self {
         self.keys_per_transaction = n;
         self

@@ -1,8 +1,9 @@
 //! A big fan-out through a `Refresher` over a `PgSource`, with bulk batches on: a plan's
 //! price change maps to 50 000 accounts, rebuilt in calls that may grow past
 //! `rebuild_batch` while a backlog waits, ending equal to a fresh computation; and when
-//! one account's rebuild fails by data, its batch is retried key by key, that account
-//! alone is quarantined and every other account settles.
+//! one account's rebuild fails by data, its batch is retried in halves until that
+//! account is alone (a few dozen calls, not one per key of the batch), it alone is
+//! quarantined and every other account settles.
 
 use crate::support;
 
@@ -166,8 +167,8 @@ async fn a_big_fan_out_settles_in_bulk_batches_and_isolates_a_failing_key() {
     settled(&c, &handle, &[], "the witness's own change is rebuilt").await;
     assert_eq!(mrr(&c, BAD).await, 1_000_000_000);
 
-    // Price 11: the witness's mrr no longer fits; its bulk batch fails, is retried key
-    // by key, and only the witness ends in quarantine.
+    // Price 11: the witness's mrr no longer fits; its bulk batch fails, is retried in
+    // halves, and only the witness ends in quarantine.
     let before = handle.stats();
     c.batch_execute("UPDATE plans SET price = 11 WHERE id = 1")
         .await
@@ -196,5 +197,12 @@ async fn a_big_fan_out_settles_in_bulk_batches_and_isolates_a_failing_key() {
         "a multi-key batch failed, then the witness alone: {s:?}"
     );
     assert!(s.rebuilds_ok - before.rebuilds_ok >= (ACCOUNTS - 1) as u64);
+    // Halving isolates the witness in at most 2·11 calls of a batch of up to 2000 keys,
+    // plus its retries alone; key by key, its batch alone would take one call per key.
+    let failing = s.rebuild_calls - before.rebuild_calls;
+    assert!(
+        failing <= calls + 2 * 11 + 3 + 20,
+        "{failing} calls with a failing key against {calls} without: {s:?}"
+    );
     running.stop().await;
 }

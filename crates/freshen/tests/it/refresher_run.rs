@@ -480,7 +480,7 @@ async fn a_failed_sweep_is_retried_with_backoff() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures() {
+async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures_by_halving() {
     let (feed, source) = channel(8);
     let calls: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
     let c = calls.clone();
@@ -518,9 +518,24 @@ async fn batched_rebuild_takes_many_keys_per_call_and_isolates_failures() {
         4,
         "one call for all four ready keys: {calls:?}"
     );
-    // After the batch failed, each key is retried alone: the good ones succeed.
-    let alone: Vec<_> = calls[1..].iter().filter(|c| c.len() == 1).collect();
-    assert_eq!(alone.len(), calls.len() - 1, "{calls:?}");
+    // After the batch failed it runs again in halves, the failing half in halves
+    // again, until "bad" fails alone (twice: quarantined); the good keys succeed.
+    assert_eq!(
+        (calls[1].len(), calls[2].len()),
+        (2, 2),
+        "the failed call's two halves: {calls:?}"
+    );
+    let with_bad: Vec<usize> = calls
+        .iter()
+        .filter(|c| c.iter().any(|k| k == "bad"))
+        .map(Vec::len)
+        .collect();
+    assert_eq!(with_bad, [4, 2, 1, 1], "{calls:?}");
+    assert_eq!(
+        calls.len(),
+        6,
+        "4 keys, 2 halves, 2 quarters, bad again: {calls:?}"
+    );
     let s = h.stats();
     assert_eq!(s.rebuilds_ok, 3);
     assert_eq!(s.keys_poisoned, 1);

@@ -15,8 +15,9 @@
 //! ever raises the window clamp (since 21b29e74ffe5; before it the clamp could fall to
 //! `bytes`, and only where the buffer had to grow). The window keeps autotuning: 2–5 MB
 //! receive buffers while one huge transaction streams. An explicit `SO_RCVBUF` would stop
-//! that autotuning; it measured inconclusively (BENCHMARKS.md, capture) and is not set. Over a network the
-//! threshold is not used: there the walsender does not pay for the reader's wake-ups.
+//! that autotuning; it measured inconclusively (BENCHMARKS.md, capture) and is not set.
+//! Over a network the threshold is not used: there the walsender does not pay for the
+//! reader's wake-ups.
 //!
 //! ```text
 //!            data came, threshold low                      raise: wake at `bytes`

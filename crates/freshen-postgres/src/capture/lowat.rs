@@ -10,8 +10,14 @@
 //! sends only append to its send queue, which is cheap. Lowering it to one byte makes the
 //! kernel signal whatever is queued at once, so a stream that slows down is read within
 //! the reader's own deadline (`read_gap`), never left waiting for bytes that do not come.
-//! Raising it also clamps the receive window to `bytes`, which a long round trip cannot
-//! afford: over a network the threshold is never used.
+//! Raising it does not shrink the receive window, so the walsender keeps sending while
+//! the reader pauses: Linux grows the receive buffer to hold `bytes` if it must and only
+//! ever raises the window clamp (since 21b29e74ffe5; before it the clamp could fall to
+//! `bytes`, and only where the buffer had to grow). The window keeps autotuning: 2–5 MB
+//! receive buffers while one huge transaction streams. An explicit `SO_RCVBUF` would stop
+//! that autotuning; it measured inconclusively (BENCHMARKS.md, capture) and is not set.
+//! Over a network the threshold is not used: there the walsender does not pay for the
+//! reader's wake-ups.
 //!
 //! ```text
 //!            data came, threshold low                      raise: wake at `bytes`
@@ -129,6 +135,47 @@ mod sys {
             Err(std::io::Error::last_os_error())
         }
     }
+
+    /// `getsockopt(level, opt)` of an `int` option, for the tests.
+    #[cfg(test)]
+    pub(super) fn get(sock: &TcpStream, level: i32, opt: i32) -> i32 {
+        let mut v: i32 = -1;
+        let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+        // SAFETY: a valid descriptor owned by `sock`, and a pointer to an `int` with its
+        // length, as getsockopt(2) requires for these options.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                level,
+                opt,
+                (&mut v as *mut i32).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "getsockopt: {}", std::io::Error::last_os_error());
+        v
+    }
+
+    /// `setsockopt(IPPROTO_TCP, TCP_WINDOW_CLAMP)`, for the tests.
+    #[cfg(test)]
+    pub(super) fn set_window_clamp(sock: &TcpStream, bytes: i32) {
+        // SAFETY: as in `set_rcvlowat`.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_WINDOW_CLAMP,
+                (&bytes as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "TCP_WINDOW_CLAMP: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -206,5 +253,36 @@ mod tests {
         let mut buf = [0u8; 16];
         assert_eq!(client.try_read(&mut buf).unwrap(), 5);
         assert_eq!(&buf[..5], b"small");
+    }
+
+    /// What the reader relies on while it pauses: raising the threshold never shrinks
+    /// the receive window, so the walsender keeps sending while nobody reads. Linux
+    /// grows the buffer to hold the threshold and, since 21b29e74ffe5 ("tcp: take care
+    /// of zero tp->window_clamp in tcp_set_rcvlowat()"), only ever raises the window
+    /// clamp; before it the clamp fell to the threshold. That happens only when the
+    /// buffer must grow for the threshold, so this test raises one four times the
+    /// buffer's default window over a clamp set above it, as autotuning leaves a busy
+    /// stream's.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn raising_the_threshold_never_shrinks_the_receive_window() {
+        let (client, _server) = pair();
+        let (local, peer) = ports(&client);
+        sys::set_window_clamp(&client, 1 << 20);
+        let clamp = || sys::get(&client, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP);
+        let rcvbuf = || sys::get(&client, libc::SOL_SOCKET, libc::SO_RCVBUF);
+        let (clamp0, rcvbuf0) = (clamp(), rcvbuf());
+        assert!(clamp0 >= 1 << 20, "the clamp was not set: {clamp0}");
+        let mut lowat = Lowat::find(local, peer, 256 * 1024).unwrap();
+        lowat.raise();
+        assert!(lowat.is_raised());
+        assert!(
+            clamp() >= clamp0,
+            "raising the threshold lowered the window clamp from {clamp0} to {}",
+            clamp()
+        );
+        assert!(rcvbuf() >= rcvbuf0, "the receive buffer shrank");
+        lowat.lower();
+        assert!(clamp() >= clamp0, "lowering it lowered the window clamp");
     }
 }

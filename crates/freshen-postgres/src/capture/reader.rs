@@ -420,7 +420,7 @@ impl Reader {
         client.start().await.map_err(classify)?;
         client.wait_started().await.map_err(classify)?;
         // The wake-up threshold serves a reader on the server's own host only: there the
-        // walsender pays for waking it, and the window it clamps costs nothing.
+        // walsender pays for waking it.
         let port = |i: usize| text(i).and_then(|p| p.parse::<u16>().ok());
         let lowat = match (&transport, port(3), port(4)) {
             (Transport::Direct, Some(local), Some(peer))

@@ -5,7 +5,7 @@
 //!
 //! - a full set-based recompute, what a user writes instead of an incremental view:
 //!   `REFRESH MATERIALIZED VIEW` of a matview with the same query, and `BEGIN; TRUNCATE;
-//!   INSERT … SELECT; COMMIT` of the derived table (both recompute all 2N accounts);
+//!   INSERT … SELECT; COMMIT` of the derived table (both recompute every account);
 //! - freshen with a fan-out watch entry (`keys = "SELECT account_id FROM subscriptions
 //!   WHERE plan_id = $1"`), `rebuild_batch = 1000`: the writer commits at once; the plan
 //!   is debounced, mapped to its N accounts page by page off the receive path, and the
@@ -19,7 +19,10 @@
 //!   row locks, but the table is fresh at commit.
 //!
 //! Each round is one fresh server; freshen and the recompute take turns going first
-//! (the machine is shared: side by side, alternating, the ratio is what to read).
+//! (the machine is shared: side by side, alternating, the ratio is what to read). The
+//! other accounts are on plan 2, which the fan-out must not reach: as many as on plan 1
+//! (the fanned keys are half the derived table, the recompute's best case), and for 1M
+//! fanned keys also 9M more (a tenth of it: a plan among many).
 //!
 //! Reported: the writer's statement latency, time from commit until the derived table is
 //! settled (freshen: every fanned key rebuilt, then checked equal to a fresh computation;
@@ -104,15 +107,15 @@ rebuild_batch = 1000
     )
 }
 
-/// N accounts on plan 1, as many again on plan 2 (untouched: fan-out must not reach them).
-fn data(n: u64) -> String {
+/// N accounts on plan 1, `others` on plan 2 (untouched: fan-out must not reach them).
+fn data(n: u64, others: u64) -> String {
     format!(
         "INSERT INTO plans VALUES (1, 10), (2, 20);
          INSERT INTO subscriptions SELECT g, CASE WHEN g <= {n} THEN 1 ELSE 2 END, 1 + g % 5 FROM generate_series(1, {}) g;
          INSERT INTO account_mrr {TRUTH};
          CREATE MATERIALIZED VIEW account_mrr_mv (account_id, mrr) AS {TRUTH};
          ANALYZE;",
-        2 * n
+        n + others
     )
 }
 
@@ -138,21 +141,22 @@ async fn differs(c: &tokio_postgres::Client, derived: &str) -> anyhow::Result<i6
     .get(0))
 }
 
-/// A fresh server with N accounts on plan 1 and N on plan 2, `account_mrr` and the
-/// matview computed.
-async fn setup(n: u64) -> anyhow::Result<(PgServer, tokio_postgres::Client)> {
+/// A fresh server with N accounts on plan 1 and `others` on plan 2, `account_mrr` and
+/// the matview computed.
+async fn setup(n: u64, others: u64) -> anyhow::Result<(PgServer, tokio_postgres::Client)> {
     let pg = server(&[])?;
     let c = connect(&pg.url()).await?;
     c.batch_execute(SCHEMA).await?;
     c.batch_execute("ALTER TABLE subscriptions REPLICA IDENTITY FULL")
         .await?;
-    c.batch_execute(&data(n)).await?;
+    c.batch_execute(&data(n, others)).await?;
     Ok((pg, c))
 }
 
 /// The price changes, then a full recompute: `REFRESH MATERIALIZED VIEW`, then
-/// `TRUNCATE` + `INSERT … SELECT` of `account_mrr`, each timed on its own.
-async fn recompute(c: &tokio_postgres::Client, n: u64) -> anyhow::Result<[Row; 2]> {
+/// `TRUNCATE` + `INSERT … SELECT` of `account_mrr`, each timed on its own; both write
+/// every account's row (`total`).
+async fn recompute(c: &tokio_postgres::Client, n: u64, total: u64) -> anyhow::Result<[Row; 2]> {
     let t0 = Instant::now();
     c.batch_execute("UPDATE plans SET price = price + 1 WHERE id = 1")
         .await?;
@@ -161,7 +165,7 @@ async fn recompute(c: &tokio_postgres::Client, n: u64) -> anyhow::Result<[Row; 2
         writer,
         settle: writer + settle,
         fanned: n,
-        rebuilds: 2 * n,
+        rebuilds: total,
         calls: 0,
         rebuild_calls: 1,
         heap: 0,
@@ -261,17 +265,17 @@ const TRIGGER_LABEL: &str = "row trigger on plans";
 /// in the given order (freshen second: query mode, then SQL mode), then (first round
 /// only) the trigger.
 async fn round(
-    n: u64,
+    (n, others): (u64, u64),
     freshen_first: bool,
     with_trigger: bool,
 ) -> anyhow::Result<Vec<(&'static str, Row)>> {
-    let (pg, c) = setup(n).await?;
+    let (pg, c) = setup(n, others).await?;
     let mut rows = Vec::new();
     if freshen_first {
         rows.push((FRESHEN, freshen(&pg, &c, n, Mode::Sql).await?));
         rows.push((FRESHEN_QUERY, freshen(&pg, &c, n, Mode::Query).await?));
     }
-    let [refresh, truncate] = recompute(&c, n).await?;
+    let [refresh, truncate] = recompute(&c, n, n + others).await?;
     rows.push((REFRESH, refresh));
     rows.push((TRUNCATE, truncate));
     if !freshen_first {
@@ -293,15 +297,22 @@ fn load() -> String {
 }
 
 pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
-    let sizes: &[u64] = if opts.quick {
-        &[100, 1_000]
+    // (fanned accounts, accounts on the other plan)
+    let sizes: &[(u64, u64)] = if opts.quick {
+        &[(100, 100), (1_000, 1_000), (100, 900)]
     } else {
-        &[1_000, 100_000, 1_000_000]
+        &[
+            (1_000, 1_000),
+            (100_000, 100_000),
+            (1_000_000, 1_000_000),
+            (1_000_000, 9_000_000),
+        ]
     };
     let rounds = 2;
     let rt = runtime()?;
     let mut t = Table::new(&[
         "fan-out",
+        "accounts",
         "round",
         "variant",
         "writer latency",
@@ -316,6 +327,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     ]);
     let mut ratios = Table::new(&[
         "fan-out",
+        "accounts",
         "round",
         "load at start",
         "freshen SQL mode",
@@ -325,10 +337,10 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         "SQL mode / faster recompute",
         "query mode / faster recompute",
     ]);
-    for &n in sizes {
+    for &(n, others) in sizes {
         for r in 0..rounds {
             let started_at = load();
-            let rows = rt.block_on(round(n, r % 2 == 1, r == 0))?;
+            let rows = rt.block_on(round((n, others), r % 2 == 1, r == 0))?;
             let settle = |label: &str| {
                 rows.iter()
                     .find(|(l, _)| *l == label)
@@ -344,6 +356,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
             };
             ratios.row(vec![
                 n.to_string(),
+                (n + others).to_string(),
                 (r + 1).to_string(),
                 started_at,
                 dur(f),
@@ -356,6 +369,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
             for (label, row) in rows {
                 t.row(vec![
                     n.to_string(),
+                    (n + others).to_string(),
                     (r + 1).to_string(),
                     label.to_string(),
                     dur(row.writer),

@@ -14,7 +14,5 @@ pub(crate) mod rows;
 pub(crate) mod settings;
 pub(crate) mod source;
 pub(crate) mod stall;
-// Wired into the reader in the next commit.
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod streamed;
 pub(crate) mod xid;

@@ -42,9 +42,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::capture::pgoutput::DecodeError;
 
-/// The default bytes of streamed transactions held in memory per source.
-pub(crate) const DEFAULT_STREAM_MEMORY: usize = 16 * 1024 * 1024;
-
 /// Each held message: subtransaction xid, length, then the message without its xid.
 const RECORD_HEAD: usize = 8;
 
@@ -185,16 +182,19 @@ impl Streams {
     }
 
     /// Transactions held (streamed, neither committed nor aborted yet).
+    #[cfg(test)]
     pub(crate) fn open(&self) -> usize {
         self.held.len()
     }
 
     /// Bytes held in memory now.
+    #[cfg(test)]
     pub(crate) fn in_memory(&self) -> usize {
         self.in_memory
     }
 
     /// Transactions moved to a spill file so far.
+    #[cfg(test)]
     pub(crate) fn spills(&self) -> u64 {
         self.spills
     }
@@ -357,6 +357,11 @@ impl Streams {
         }
         h.store = Store::File { file };
         self.spills += 1;
+        tracing::debug!(
+            xid,
+            spills = self.spills,
+            "freshen-postgres: a streamed transaction outgrew stream_memory: held in a temporary file until its commit"
+        );
         Ok(())
     }
 }
@@ -485,6 +490,7 @@ mod tests {
     use super::fixtures::*;
     use super::*;
     use crate::capture::pgoutput::fixtures as p1;
+    use crate::config::DEFAULT_STREAM_MEMORY;
 
     fn streams(budget: usize) -> Streams {
         Streams::new(budget, std::env::temp_dir())

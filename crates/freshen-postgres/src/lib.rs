@@ -131,8 +131,9 @@ pub use check::identity::{
 };
 pub use check::toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
 pub use config::{
-    ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, MAX_CONNECT_TIMEOUT, MAX_READ_GAP,
-    MAX_STATUS_INTERVAL, PgSourceConfig, PublicationMode, SlotMode, SslMode, StartPosition,
+    ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, DEFAULT_STREAM_MEMORY,
+    MAX_CONNECT_TIMEOUT, MAX_READ_GAP, MAX_STATUS_INTERVAL, MAX_STREAM_MEMORY, PgSourceConfig,
+    PublicationMode, SlotMode, SslMode, StartPosition,
 };
 pub use deadpool_postgres::Pool;
 pub use error::{ErrorKind, PgError, retry_of};

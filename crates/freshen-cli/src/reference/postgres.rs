@@ -67,6 +67,20 @@ pub(super) const SOURCE: Table = Table {
             "How long a streaming reader may read nothing while the server's WAL moves on before `/healthz` says it stalled; `\"0s\"`: no watch.",
         ),
         key(
+            "stream_in_progress",
+            "boolean",
+            Is("true"),
+            Any,
+            "Ask PostgreSQL 14+ to send large transactions while they run (pgoutput protocol 2) instead of spilling them to its disk and decoding them again at commit; freshen holds them and hands them over at their commit.",
+        ),
+        key(
+            "stream_memory_mb",
+            "integer",
+            Is("16"),
+            Int(0, 65_536),
+            "MiB of streamed transactions held in memory; past it the largest goes to an unlinked temporary file (`TMPDIR`), written once and read back once at its commit.",
+        ),
+        key(
             "tables",
             "string or array of strings",
             Is("[]"),

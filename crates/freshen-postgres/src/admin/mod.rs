@@ -439,6 +439,20 @@ impl PgAdmin {
         Ok(row.map(|r| r.get::<_, String>(0)).unwrap_or_default())
     }
 
+    /// The server's version as `server_version_num` (`150004` for 15.4).
+    pub async fn server_version_num(&self) -> Result<u32, PgError> {
+        let row = self
+            .one_row(
+                "server_version_num",
+                "SELECT current_setting('server_version_num')",
+                &[],
+            )
+            .await?;
+        Ok(row
+            .and_then(|r| r.get::<_, String>(0).parse().ok())
+            .unwrap_or(0))
+    }
+
     /// Fails unless `wal_level` is `logical`, saying how to fix it.
     pub async fn require_logical_wal(&self) -> Result<(), PgError> {
         let level = self.wal_level().await?;

@@ -346,12 +346,19 @@ impl Assembler {
                     self.emit(ev, &mut out);
                 }
             }
+            // The replication client hands logical messages over parsed, outside stream
+            // blocks; one held in a streamed transaction comes back here at its replay.
+            Message::Logical {
+                prefix,
+                content,
+                lsn,
+                ..
+            } => self.mark(prefix, content, lsn),
             // Handled by the replication client, or carry nothing a scope can use.
             Message::Begin { .. }
             | Message::Commit { .. }
             | Message::Origin { .. }
-            | Message::Type { .. }
-            | Message::Logical { .. } => {}
+            | Message::Type { .. } => {}
         }
         out
     }

@@ -14,4 +14,5 @@ pub(crate) mod rows;
 pub(crate) mod settings;
 pub(crate) mod source;
 pub(crate) mod stall;
+pub(crate) mod streamed;
 pub(crate) mod xid;

@@ -1,4 +1,6 @@
-//! The pgoutput wire format (protocol version 1), decoded without allocation where
+//! The pgoutput wire format (protocol version 1; protocol 2's stream messages and the
+//! xid they put in front of a streamed change are taken apart by `streamed.rs` first),
+//! decoded without allocation where
 //! possible and without a panic on any input: every read is bounds-checked and a
 //! malformed message is an error, never a crash.
 //!
@@ -371,9 +373,9 @@ pub(crate) fn decode(data: &[u8]) -> Result<Message<'_>, DecodeError> {
             }
         }
         b'S' | b'E' | b'c' | b'A' => {
-            return Err(r.err(
-                "streamed in-progress transactions (protocol 2) are not requested and not supported",
-            ));
+            return Err(
+                r.err("a stream message (protocol 2) in a session that did not ask for streaming")
+            );
         }
         _ => return Err(r.err("unknown message type")),
     };

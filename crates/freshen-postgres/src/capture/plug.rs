@@ -9,7 +9,7 @@ use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
 use freshen::{BoxError, BoxFuture};
 
 use crate::TableName;
-use crate::capture::settings::{PgSourceSettings, valid_identifier};
+use crate::capture::settings::{MAX_STREAM_MEMORY_MB, PgSourceSettings, valid_identifier};
 use crate::config::{MAX_READ_GAP, MAX_STATUS_INTERVAL};
 use crate::{PgAdmin, PgSource, PublicationDrop, TablePattern, check, url_problems};
 
@@ -37,6 +37,9 @@ impl SourcePlug for PgSourceSettings {
         }
         if self.read_gap > MAX_READ_GAP {
             p.push("read_gap: must be at most 10ms".into());
+        }
+        if self.stream_memory_mb > MAX_STREAM_MEMORY_MB {
+            p.push("stream_memory_mb: must be at most 65536 (64 GiB)".into());
         }
         if self.stall_after > Duration::from_secs(3600) {
             p.push("stall_after: must be at most 1h (0s turns the watch off)".into());
@@ -161,7 +164,9 @@ impl SourcePlug for PgSourceSettings {
                 .publication(self.publication.clone(), self.publication_mode.into())
                 .status_interval(self.status_interval)
                 .read_gap(self.read_gap)
-                .stall_after(self.stall_after);
+                .stall_after(self.stall_after)
+                .stream_in_progress(self.stream_in_progress)
+                .stream_memory((self.stream_memory_mb as usize).saturating_mul(1024 * 1024));
             for (schema, table) in &plan.tables {
                 builder = builder.table_name(TableName::new(schema, table));
             }

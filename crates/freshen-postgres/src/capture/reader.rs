@@ -10,6 +10,13 @@
 //! What the loop decides from (the age of the batch under construction) lives with the
 //! batch in the assembler, so it cannot outlive a batch a reconnect dropped.
 //!
+//! Large transactions (PostgreSQL 14+, `stream_in_progress`) come in blocks while they
+//! run; `streamed.rs` holds them and, at their Stream Commit, the reader replays them
+//! through the assembler between a Begin and a Commit of their own. Feedback needs no
+//! change: a position past a held transaction's start may be confirmed, since the server
+//! streams an unfinished transaction again from its start in the next session
+//! (`tests/it/source_streaming.rs` terminates the walsender to show it).
+//!
 //! Reading in bursts. A thread waiting on the socket is woken by the server for every
 //! message, and on loopback that wake-up is paid by the sending walsender: most of its
 //! CPU per row on a busy OLTP stream went to waking this thread. So once a wait ended
@@ -42,6 +49,7 @@ use crate::capture::assemble::{Assembler, Committed, Output};
 use crate::capture::feedback::{Acked, Feedback};
 use crate::capture::lowat::Lowat;
 use crate::capture::rows::Relations;
+use crate::capture::streamed::{Fed, Replay, StreamError, Streams};
 use crate::capture::xid::XidClock;
 use crate::error::ErrorKind;
 use crate::quote::quote_literal;
@@ -147,6 +155,8 @@ pub(crate) struct ReaderSetup {
     pub(crate) shared: Arc<Shared>,
     pub(crate) tx: mpsc::Sender<Result<Batch, SourceError>>,
     pub(crate) stop: watch::Receiver<bool>,
+    /// Ask for streamed in-progress transactions: configured, and the server is 14+.
+    pub(crate) stream_in_progress: bool,
 }
 
 /// Starts the reader thread. `ready` gets the outcome of the first successful start of
@@ -198,6 +208,10 @@ struct Reader {
     asm: Assembler,
     /// What may be confirmed to the server (`feedback.rs`).
     feedback: Feedback,
+    /// Streamed in-progress transactions held until their commit (`streamed.rs`).
+    streams: Streams,
+    /// Whether sessions ask for streaming (protocol 2).
+    stream_in_progress: bool,
 }
 
 /// What woke the stream loop.
@@ -228,6 +242,8 @@ impl Reader {
         }
         Reader {
             asm,
+            streams: Streams::new(s.config.stream_memory, std::env::temp_dir()),
+            stream_in_progress: s.stream_in_progress,
             cfg: s.config,
             tls: s.tls,
             shared: s.shared,
@@ -333,6 +349,7 @@ impl Reader {
         .with_wakeup_interval(self.cfg.status_interval)
         .with_buffer_size(self.cfg.wire_buffer)
         .with_application_name(c.application_name.clone())
+        .with_streaming(self.stream_in_progress)
     }
 
     /// Connects, prepares the slot, streams until stopped or broken. The error carries
@@ -359,6 +376,8 @@ impl Reader {
         // What the last session gathered and did not hand over is gone, and with it
         // what that session's idle positions promised: the server resends both.
         self.asm.reset(xids);
+        // The server streams every unfinished transaction again from its start.
+        self.streams.reset();
         self.feedback.session_started();
         self.shared.streaming.store(true, Ordering::SeqCst);
         self.shared
@@ -558,40 +577,17 @@ impl Reader {
                 self.shared
                     .received_lsn
                     .fetch_max(wal_start.0, Ordering::Relaxed);
-                let outs = self.asm.change(&data);
-                let found = self.asm.take_discovered();
-                if !found.is_empty() {
-                    let mut d = self
-                        .shared
-                        .discovered
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    for t in found {
-                        // A table is discovered again after a reconnect: listed once.
-                        if !d.contains(&t) {
-                            d.push(t);
-                        }
+                if self.stream_in_progress {
+                    match self.streams.feed(&data).map_err(stream_error)? {
+                        Fed::Pass => {}
+                        Fed::Taken => return Ok(None),
+                        Fed::Commit(replay) => return self.replay(replay, client).await,
                     }
                 }
-                for out in outs {
-                    if let Some(end) = self.send(out, client).await? {
-                        return Ok(Some(end));
-                    }
-                }
+                return self.change(&data, client).await;
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
-                self.shared
-                    .received_lsn
-                    .fetch_max(end_lsn.0, Ordering::Relaxed);
-                if let Committed::Empty(end) = self.asm.commit(end_lsn.0) {
-                    self.feedback.idle_at(end);
-                    self.advance(client);
-                    if let Some(out) = self.asm.tx_end()
-                        && let Some(end) = self.send(out, client).await?
-                    {
-                        return Ok(Some(end));
-                    }
-                }
+                return self.committed(end_lsn.0, client).await;
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
                 self.shared
@@ -614,6 +610,74 @@ impl Reader {
             }
         }
         Ok(None)
+    }
+
+    /// One change message through the assembler, handing over any batch it fills.
+    async fn change(
+        &mut self,
+        data: &[u8],
+        client: &mut ReplicationClient,
+    ) -> Result<Option<Ended>, PgError> {
+        let outs = self.asm.change(data);
+        let found = self.asm.take_discovered();
+        if !found.is_empty() {
+            let mut d = self
+                .shared
+                .discovered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for t in found {
+                // A table is discovered again after a reconnect: listed once.
+                if !d.contains(&t) {
+                    d.push(t);
+                }
+            }
+        }
+        for out in outs {
+            if let Some(end) = self.send(out, client).await? {
+                return Ok(Some(end));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A transaction's commit (read, or replayed for a streamed one).
+    async fn committed(
+        &mut self,
+        end_lsn: u64,
+        client: &mut ReplicationClient,
+    ) -> Result<Option<Ended>, PgError> {
+        self.shared
+            .received_lsn
+            .fetch_max(end_lsn, Ordering::Relaxed);
+        if let Committed::Empty(end) = self.asm.commit(end_lsn) {
+            self.feedback.idle_at(end);
+            self.advance(client);
+            if let Some(out) = self.asm.tx_end()
+                && let Some(end) = self.send(out, client).await?
+            {
+                return Ok(Some(end));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A streamed transaction committed: its held messages go through the assembler as
+    /// protocol 1 would have sent them, between a Begin and a Commit of its own.
+    async fn replay(
+        &mut self,
+        mut replay: Replay,
+        client: &mut ReplicationClient,
+    ) -> Result<Option<Ended>, PgError> {
+        self.asm
+            .begin(replay.commit_lsn, replay.xid, replay.commit_ts);
+        let mut buf = Vec::new();
+        while replay.next_into(&mut buf).map_err(stream_error)? {
+            if let Some(end) = self.change(&buf, client).await? {
+                return Ok(Some(end));
+            }
+        }
+        self.committed(replay.end_lsn, client).await
     }
 
     /// Hands a batch over, waiting (and still processing acks) while the queue is full.
@@ -760,6 +824,17 @@ async fn sentinel(cfg: &PgSourceConfig) -> BoxFuture<'static, PgError> {
             _ => std::future::pending().await,
         }
     })
+}
+
+/// A stream message the reader cannot follow ends the session: the server streams the
+/// unfinished transactions again on the next. A spill file that cannot be written (a
+/// full disk) may heal; a malformed message is logged with the session's error.
+fn stream_error(e: StreamError) -> PgError {
+    let kind = match e {
+        StreamError::Spill(_) => ErrorKind::Connection,
+        StreamError::Malformed(_) => ErrorKind::Protocol,
+    };
+    PgError::new(kind, e.to_string())
 }
 
 /// Resolves once a stop is requested (or the source is gone).

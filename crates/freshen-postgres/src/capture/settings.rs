@@ -14,7 +14,8 @@ use serde::{Deserialize, Deserializer};
 use crate::TableName;
 use crate::TablePattern;
 use crate::config::{
-    ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, PublicationMode, SlotMode,
+    ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, DEFAULT_STREAM_MEMORY,
+    PublicationMode, SlotMode,
 };
 
 /// The PostgreSQL logical-replication source, as configured in a file.
@@ -30,6 +31,8 @@ use crate::config::{
 /// status_interval = "1s"
 /// read_gap = "250us"               # pause before reading a busy stream again
 /// stall_after = "30s"              # a reader that reads nothing while WAL moves on: 503
+/// stream_in_progress = true        # large transactions sent while they run (PG 14+)
+/// stream_memory_mb = 16            # held in memory, past it in a temporary file
 /// tables = ["public.orders"]       # captured besides the views' tables
 /// # tables = "public.*"            # or every table of a schema, new ones included
 /// # tables = ["app.order_*"]       # or a name pattern; or "all"
@@ -84,7 +87,28 @@ pub struct PgSourceSettings {
     /// snapshot; default 10s).
     #[serde(default = "default_discover_every", deserialize_with = "duration")]
     pub discover_every: Duration,
+    /// Ask for large in-progress transactions while they run (pgoutput protocol 2,
+    /// PostgreSQL 14+; default `true`); see
+    /// [`PgSourceConfig::stream_in_progress`](crate::PgSourceConfig).
+    #[serde(default = "default_true")]
+    pub stream_in_progress: bool,
+    /// MiB of streamed transactions held in memory before the largest goes to a
+    /// temporary file (default 16, at most 65536); see
+    /// [`PgSourceConfig::stream_memory`](crate::PgSourceConfig).
+    #[serde(default = "default_stream_memory_mb")]
+    pub stream_memory_mb: u64,
 }
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_stream_memory_mb() -> u64 {
+    (DEFAULT_STREAM_MEMORY / (1024 * 1024)) as u64
+}
+
+/// The largest `stream_memory_mb`.
+pub(crate) const MAX_STREAM_MEMORY_MB: u64 = 65_536;
 
 fn default_discover_every() -> Duration {
     Duration::from_secs(10)
@@ -245,6 +269,8 @@ mod tests {
             stall_after: default_stall_after(),
             tables: vec![],
             discover_every: default_discover_every(),
+            stream_in_progress: true,
+            stream_memory_mb: default_stream_memory_mb(),
         }
     }
 
@@ -290,13 +316,15 @@ mod tests {
         s.tables = vec!["a.b.c".into(), "\"Mixed\".t".into()];
         s.status_interval = Duration::ZERO;
         s.read_gap = Duration::from_millis(11);
+        s.stream_memory_mb = MAX_STREAM_MEMORY_MB + 1;
         let p = s.problems();
-        assert_eq!(p.len(), 5, "{p:?}");
+        assert_eq!(p.len(), 6, "{p:?}");
         assert!(p[0].starts_with("url: ") && p[0].contains("connect_timeout"));
         assert!(p[1].starts_with("slot: ") && p[1].contains("Bad-Slot"));
         assert!(p[2].starts_with("status_interval: "));
         assert!(p[3].starts_with("read_gap: "));
-        assert!(p[4].starts_with("tables: ") && p[4].contains("a.b.c"));
+        assert!(p[4].starts_with("stream_memory_mb: "));
+        assert!(p[5].starts_with("tables: ") && p[5].contains("a.b.c"));
         assert!(p.iter().all(|l| !l.contains("hunter2")));
         assert_eq!(
             s.tables(),

@@ -501,8 +501,12 @@ impl PgSource {
                     .map(|t| publication_gap(t, &config.publication, "was added at start to")),
             );
         }
+        // Streaming in-progress transactions needs pgoutput protocol 2 (PostgreSQL 14).
+        let stream_in_progress =
+            config.stream_in_progress && admin.server_version_num().await? >= 140_000;
         reader::spawn(
             ReaderSetup {
+                stream_in_progress,
                 config: Arc::new(config),
                 tls,
                 watched,
@@ -742,6 +746,20 @@ impl PgSourceBuilder {
     /// before it is reported stalled ([`PgSourceConfig::stall_after`]).
     pub fn stall_after(mut self, d: Duration) -> Self {
         self.config.stall_after = d;
+        self
+    }
+
+    /// Whether to ask for large in-progress transactions as they run
+    /// ([`PgSourceConfig::stream_in_progress`]).
+    pub fn stream_in_progress(mut self, on: bool) -> Self {
+        self.config.stream_in_progress = on;
+        self
+    }
+
+    /// Bytes of streamed transactions held in memory before the largest goes to a
+    /// temporary file ([`PgSourceConfig::stream_memory`]).
+    pub fn stream_memory(mut self, bytes: usize) -> Self {
+        self.config.stream_memory = bytes;
         self
     }
 

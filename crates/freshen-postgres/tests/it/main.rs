@@ -16,4 +16,5 @@ mod source_feedback;
 mod source_reading;
 mod source_schema;
 mod source_setup;
+mod source_streaming;
 mod sql_helpers;

@@ -426,6 +426,11 @@ pub struct PgSourceConfig {
     /// past it the largest goes to an unlinked file in the temporary directory
     /// (`TMPDIR`), written once and read back once at its commit.
     pub stream_memory: usize,
+    /// The directory of those files (default `None`: the temporary directory, `TMPDIR`
+    /// or `/tmp`). Should a file there fail to be written, later sessions ask for whole
+    /// transactions (protocol 1) instead, with a warning: the server then spills them to
+    /// its own disk, as before streaming.
+    pub stream_spill_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for PgSourceConfig {
@@ -450,6 +455,7 @@ impl Default for PgSourceConfig {
             stall_after: DEFAULT_STALL_AFTER,
             stream_in_progress: true,
             stream_memory: DEFAULT_STREAM_MEMORY,
+            stream_spill_dir: None,
         }
     }
 }

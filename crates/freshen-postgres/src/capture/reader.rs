@@ -242,7 +242,10 @@ impl Reader {
         }
         Reader {
             asm,
-            streams: Streams::new(s.config.stream_memory, std::env::temp_dir()),
+            streams: Streams::new(
+                s.config.stream_memory,
+                (s.config.stream_spill_dir.clone()).unwrap_or_else(std::env::temp_dir),
+            ),
             stream_in_progress: s.stream_in_progress,
             cfg: s.config,
             tls: s.tls,
@@ -578,7 +581,11 @@ impl Reader {
                     .received_lsn
                     .fetch_max(wal_start.0, Ordering::Relaxed);
                 if self.stream_in_progress {
-                    match self.streams.feed(&data).map_err(stream_error)? {
+                    match self
+                        .streams
+                        .feed(&data)
+                        .map_err(|e| self.stream_failed(e))?
+                    {
                         Fed::Pass => {}
                         Fed::Taken => return Ok(None),
                         Fed::Commit(replay) => return self.replay(replay, client).await,
@@ -672,12 +679,34 @@ impl Reader {
         self.asm
             .begin(replay.commit_lsn, replay.xid, replay.commit_ts);
         let mut buf = Vec::new();
-        while replay.next_into(&mut buf).map_err(stream_error)? {
+        while replay
+            .next_into(&mut buf)
+            .map_err(|e| self.stream_failed(e))?
+        {
             if let Some(end) = self.change(&buf, client).await? {
                 return Ok(Some(end));
             }
         }
         self.committed(replay.end_lsn, client).await
+    }
+
+    /// A streamed transaction the reader could not hold or read back. A spill file that
+    /// cannot be written (no writable temporary directory, a full disk) would fail the
+    /// same way on every session, and no transaction that large would ever be read: so
+    /// later sessions ask for whole transactions (protocol 1) and the server spills them
+    /// to its own disk instead, as it did before streaming.
+    fn stream_failed(&mut self, e: StreamError) -> PgError {
+        if let StreamError::Spill(io) = &e {
+            self.stream_in_progress = false;
+            tracing::warn!(
+                dir = %self.streams.dir().display(),
+                error = %io,
+                "freshen-postgres: cannot hold a streamed transaction in a temporary file; \
+                 reading whole transactions (protocol 1) from now on (point TMPDIR at a \
+                 writable directory and restart to stream again)"
+            );
+        }
+        stream_error(e)
     }
 
     /// Hands a batch over, waiting (and still processing acks) while the queue is full.
@@ -827,8 +856,9 @@ async fn sentinel(cfg: &PgSourceConfig) -> BoxFuture<'static, PgError> {
 }
 
 /// A stream message the reader cannot follow ends the session: the server streams the
-/// unfinished transactions again on the next. A spill file that cannot be written (a
-/// full disk) may heal; a malformed message is logged with the session's error.
+/// unfinished transactions again on the next (or, after a spill failure, sends them
+/// whole: [`Reader::stream_failed`]); a malformed message is logged with the session's
+/// error.
 fn stream_error(e: StreamError) -> PgError {
     let kind = match e {
         StreamError::Spill(_) => ErrorKind::Connection,

@@ -763,6 +763,13 @@ impl PgSourceBuilder {
         self
     }
 
+    /// Where a streamed transaction past `stream_memory` is held
+    /// ([`PgSourceConfig::stream_spill_dir`]).
+    pub fn stream_spill_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.config.stream_spill_dir = Some(dir.into());
+        self
+    }
+
     /// Reconnect backoff and how long reconnecting may go on.
     pub fn reconnect(mut self, backoff: Backoff, deadline: Duration) -> Self {
         self.config.reconnect = backoff;

@@ -37,6 +37,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -152,10 +153,13 @@ fn spill_file(dir: &std::path::Path) -> io::Result<File> {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
+    // Owner-only: between its creation and its unlinking, the name of a file of row
+    // data must not be open to another local user.
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(&path)?;
     std::fs::remove_file(&path)?;
     Ok(file)
@@ -172,6 +176,11 @@ impl Streams {
             dir,
             spills: 0,
         }
+    }
+
+    /// Where spill files are made.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// A new session: the server re-streams every unfinished transaction from its start.

@@ -173,6 +173,13 @@ async fn rows(c: &Client, sql: &str) -> Vec<(String, i64, i64)> {
 }
 
 async fn refresher(pg: &PgServer, slot: &str) -> Running {
+    let mut cfg = config(pg, slot, &["readings"]);
+    // Everything streamed goes through the spill file.
+    cfg.stream_memory = 0;
+    refresher_with(pg, cfg).await
+}
+
+async fn refresher_with(pg: &PgServer, cfg: freshen_postgres::PgSourceConfig) -> Running {
     let pool = connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 2).unwrap();
     let rebuild = SqlRebuild::builder(pool)
         .statement("DELETE FROM rollup WHERE device = $1")
@@ -183,9 +190,6 @@ async fn refresher(pg: &PgServer, slot: &str) -> Running {
         .build()
         .await
         .unwrap();
-    let mut cfg = config(pg, slot, &["readings"]);
-    // Everything streamed goes through the spill file.
-    cfg.stream_memory = 0;
     let r = Refresher::builder()
         .source(source(cfg).await)
         .scope(|e: &RowEvent| e.scope_keys(&["device"]))
@@ -299,6 +303,78 @@ async fn a_walsender_terminated_mid_streamed_transaction_still_ends_fresh() {
     assert!(
         streamed_txns(&c, "strm_fault").await >= 2,
         "streamed before the fault and after it"
+    );
+    assert_eq!(handle.stats().reconciles, 0, "healed by replay alone");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spill_directory_that_cannot_be_written_falls_back_to_whole_transactions() {
+    let pg = streaming_server();
+    let c = sql(&pg).await;
+    let big = sql(&pg).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let mut cfg = config(&pg, "strm_nodir", &["readings"]);
+    // Every streamed message must spill, and the directory does not exist.
+    cfg.stream_memory = 0;
+    cfg.stream_spill_dir = Some("/nonexistent/freshen-spill".into());
+    let running = refresher_with(&pg, cfg).await;
+    let handle = running.handle.clone();
+    let first = eventually(30, "a session on the slot", || async {
+        active_pid(&c, "strm_nodir").await
+    })
+    .await;
+
+    // Witnesses: written once, in a transaction large enough to stream, never again.
+    big.batch_execute(
+        "BEGIN;
+         INSERT INTO readings (device, value) SELECT 'w' || i, 10 + i FROM generate_series(0, 4) i;
+         INSERT INTO readings (device, value) SELECT 'd' || (g % 8), g FROM generate_series(1, 4000) g;",
+    )
+    .await
+    .unwrap();
+    // The first streamed message cannot be held: that session ends, the next one asks
+    // for whole transactions.
+    eventually(
+        30,
+        "the open transaction to stream and a new session",
+        || async {
+            let pid = active_pid(&c, "strm_nodir").await;
+            (streamed_txns(&c, "strm_nodir").await >= 1 && pid.is_some_and(|p| p != first))
+                .then_some(())
+        },
+    )
+    .await;
+    let streamed = streamed_txns(&c, "strm_nodir").await;
+    big.batch_execute("COMMIT").await.unwrap();
+    // Another large transaction after the fallback: sent whole, not streamed.
+    c.batch_execute(
+        "INSERT INTO readings (device, value) SELECT 'e' || (g % 4), g FROM generate_series(1, 4000) g",
+    )
+    .await
+    .unwrap();
+
+    eventually(90, "the rollup to equal a fresh GROUP BY", || async {
+        let s = handle.stats();
+        let (truth, derived) = (rows(&c, TRUTH).await, rows(&c, DERIVED).await);
+        (s.dirty == 0 && s.in_flight == 0 && truth == derived).then_some(())
+    })
+    .await;
+    assert_eq!(
+        rows(
+            &c,
+            "SELECT device, n, total FROM rollup WHERE device LIKE 'w%' ORDER BY device"
+        )
+        .await,
+        (0..5)
+            .map(|i| (format!("w{i}"), 1, 10 + i))
+            .collect::<Vec<_>>(),
+        "the witnesses of the transaction that could not be held"
+    );
+    assert_eq!(
+        streamed_txns(&c, "strm_nodir").await,
+        streamed,
+        "after the spill failed, the server sends whole transactions"
     );
     assert_eq!(handle.stats().reconciles, 0, "healed by replay alone");
     running.stop().await;

@@ -444,7 +444,7 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     println!(
         "\nmemory is flat when the 10× larger transaction grows RSS and heap about as much as the small one; \
          a streamed transaction (the 1M rows, past the server's 64 MB) is held up to \
-         stream_memory_mb (16 MiB) in memory, the rest in a temporary file"
+         stream_memory_mb (4 MiB) in memory, the rest in a temporary file"
     );
     Ok(())
 }

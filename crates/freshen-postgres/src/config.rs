@@ -58,9 +58,9 @@ pub const DEFAULT_READ_GAP: Duration = Duration::from_micros(250);
 /// The longest [`PgSourceConfig::read_gap`]: past it the pause is latency, not batching.
 pub const MAX_READ_GAP: Duration = Duration::from_millis(10);
 
-/// The default [`PgSourceConfig::stream_memory`]: 16 MiB of streamed in-progress
+/// The default [`PgSourceConfig::stream_memory`]: 4 MiB of streamed in-progress
 /// transactions held in memory before the largest goes to a temporary file.
-pub const DEFAULT_STREAM_MEMORY: usize = 16 * 1024 * 1024;
+pub const DEFAULT_STREAM_MEMORY: usize = 4 * 1024 * 1024;
 
 /// The largest [`PgSourceConfig::stream_memory`] (64 GiB).
 pub const MAX_STREAM_MEMORY: usize = 64 * 1024 * 1024 * 1024;
@@ -422,7 +422,7 @@ pub struct PgSourceConfig {
     /// temporary file) and hands it over at its commit, exactly as if it had been sent
     /// whole; an aborted one (or an aborted savepoint in it) never reaches a view.
     pub stream_in_progress: bool,
-    /// Bytes of streamed transactions held in memory (default 16 MiB, at most 64 GiB);
+    /// Bytes of streamed transactions held in memory (default 4 MiB, at most 64 GiB);
     /// past it the largest goes to an unlinked file in the temporary directory
     /// (`TMPDIR`), written once and read back once at its commit.
     pub stream_memory: usize,

@@ -76,9 +76,9 @@ pub(super) const SOURCE: Table = Table {
         key(
             "stream_memory_mb",
             "integer",
-            Is("16"),
+            Is("4"),
             Int(0, 65_536),
-            "MiB of streamed transactions held in memory; past it the largest goes to an unlinked temporary file (`TMPDIR`), written once and read back once at its commit.",
+            "MiB of streamed transactions held in memory; past it the largest goes to an unlinked temporary file (`TMPDIR`), written once and read back once at its commit. Should that file fail to be written, freshen warns and asks for whole transactions from then on.",
         ),
         key(
             "tables",

@@ -32,7 +32,7 @@ use crate::config::{
 /// read_gap = "250us"               # pause before reading a busy stream again
 /// stall_after = "30s"              # a reader that reads nothing while WAL moves on: 503
 /// stream_in_progress = true        # large transactions sent while they run (PG 14+)
-/// stream_memory_mb = 16            # held in memory, past it in a temporary file
+/// stream_memory_mb = 4             # held in memory, past it in a temporary file
 /// tables = ["public.orders"]       # captured besides the views' tables
 /// # tables = "public.*"            # or every table of a schema, new ones included
 /// # tables = ["app.order_*"]       # or a name pattern; or "all"
@@ -93,7 +93,7 @@ pub struct PgSourceSettings {
     #[serde(default = "default_true")]
     pub stream_in_progress: bool,
     /// MiB of streamed transactions held in memory before the largest goes to a
-    /// temporary file (default 16, at most 65536); see
+    /// temporary file (default 4, at most 65536); see
     /// [`PgSourceConfig::stream_memory`](crate::PgSourceConfig).
     #[serde(default = "default_stream_memory_mb")]
     pub stream_memory_mb: u64,

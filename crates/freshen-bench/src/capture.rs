@@ -389,7 +389,7 @@ fn compare(
          read_gap (default {gap:?}) before reading a busy stream again, the read_gap = 0 row \
          reads each message as it arrives; freshen asks PostgreSQL 14+ to stream a \
          transaction past logical_decoding_work_mem (64 MB here) while it runs and holds it \
-         until its commit (16 MiB in memory, the rest in a temporary file), the protocol 1 \
+         until its commit (4 MiB in memory, the rest in a temporary file), the protocol 1 \
          row as pg_recvlogical and etl do (the server spills it and decodes it again at \
          commit); pg_recvlogical and \
          etl are timed from process start to exit, freshen from start to its last batch\n",

@@ -172,6 +172,31 @@ async fn rows(c: &Client, sql: &str) -> Vec<(String, i64, i64)> {
         .collect()
 }
 
+/// Waits until nothing is dirty or running and the rollup equals a fresh GROUP BY.
+async fn settled(c: &Client, handle: &freshen::Handle) {
+    eventually(90, "the rollup to equal a fresh GROUP BY", || async {
+        let s = handle.stats();
+        let (truth, derived) = (rows(c, TRUTH).await, rows(c, DERIVED).await);
+        (s.dirty == 0 && s.in_flight == 0 && truth == derived).then_some(())
+    })
+    .await;
+}
+
+/// The witness devices `w0`..`w4`, written once (value 10 + i) and never again.
+async fn witnesses_fresh(c: &Client, what: &str) {
+    assert_eq!(
+        rows(
+            c,
+            "SELECT device, n, total FROM rollup WHERE device LIKE 'w%' ORDER BY device"
+        )
+        .await,
+        (0..5)
+            .map(|i| (format!("w{i}"), 1, 10 + i))
+            .collect::<Vec<_>>(),
+        "{what}"
+    );
+}
+
 async fn refresher(pg: &PgServer, slot: &str) -> Running {
     let mut cfg = config(pg, slot, &["readings"]);
     // Everything streamed goes through the spill file.
@@ -280,25 +305,10 @@ async fn a_walsender_terminated_mid_streamed_transaction_still_ends_fresh() {
     .await
     .unwrap();
 
-    eventually(90, "the rollup to equal a fresh GROUP BY", || async {
-        let s = handle.stats();
-        let (truth, derived) = (rows(&c, TRUTH).await, rows(&c, DERIVED).await);
-        (s.dirty == 0 && s.in_flight == 0 && truth == derived).then_some(())
-    })
-    .await;
+    settled(&c, &handle).await;
     let devices: BTreeSet<String> = rows(&c, DERIVED).await.into_iter().map(|r| r.0).collect();
     assert!(!devices.contains("rb") && !devices.contains("ab"));
-    assert_eq!(
-        rows(
-            &c,
-            "SELECT device, n, total FROM rollup WHERE device LIKE 'w%' ORDER BY device"
-        )
-        .await,
-        (0..5)
-            .map(|i| (format!("w{i}"), 1, 10 + i))
-            .collect::<Vec<_>>(),
-        "the witnesses of the streamed transaction"
-    );
+    witnesses_fresh(&c, "the witnesses of the streamed transaction").await;
     assert_eq!(rows(&c, DERIVED).await.len(), 8 + 5 + 1);
     assert!(
         streamed_txns(&c, "strm_fault").await >= 2,
@@ -354,23 +364,12 @@ async fn a_spill_directory_that_cannot_be_written_falls_back_to_whole_transactio
     .await
     .unwrap();
 
-    eventually(90, "the rollup to equal a fresh GROUP BY", || async {
-        let s = handle.stats();
-        let (truth, derived) = (rows(&c, TRUTH).await, rows(&c, DERIVED).await);
-        (s.dirty == 0 && s.in_flight == 0 && truth == derived).then_some(())
-    })
+    settled(&c, &handle).await;
+    witnesses_fresh(
+        &c,
+        "the witnesses of the transaction that could not be held",
+    )
     .await;
-    assert_eq!(
-        rows(
-            &c,
-            "SELECT device, n, total FROM rollup WHERE device LIKE 'w%' ORDER BY device"
-        )
-        .await,
-        (0..5)
-            .map(|i| (format!("w{i}"), 1, 10 + i))
-            .collect::<Vec<_>>(),
-        "the witnesses of the transaction that could not be held"
-    );
     assert_eq!(
         streamed_txns(&c, "strm_nodir").await,
         streamed,

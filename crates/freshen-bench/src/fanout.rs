@@ -324,7 +324,11 @@ fn sizes_from(list: &str) -> anyhow::Result<Vec<(u64, u64)>> {
         .map(|pair| {
             let parsed = pair.trim().split_once(':').and_then(|(n, all)| {
                 let (n, all) = (n.parse::<u64>().ok()?, all.parse::<u64>().ok()?);
-                (n > 0 && all >= n).then_some((n, all - n))
+                if n > 0 && all >= n {
+                    Some((n, all - n))
+                } else {
+                    None
+                }
             });
             parsed.with_context(|| {
                 format!("{SIZES_ENV}={list}: {pair:?} is not `fanned:accounts` with 0 < fanned <= accounts")

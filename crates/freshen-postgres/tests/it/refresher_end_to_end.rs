@@ -13,25 +13,13 @@ use freshen_postgres::{
 };
 use freshen_testenv::PgServer;
 use support::*;
+use support::{ROLLUP_DERIVED as DERIVED, ROLLUP_TRUTH as TRUTH, rollup_rows as rows};
 use tokio_postgres::Client;
 
 const SCHEMA: &str = "
     CREATE TABLE readings (id serial PRIMARY KEY, device text NOT NULL, value int NOT NULL);
     ALTER TABLE readings REPLICA IDENTITY FULL;
     CREATE TABLE rollup (device text PRIMARY KEY, n int8 NOT NULL, total int8 NOT NULL);";
-
-const TRUTH: &str =
-    "SELECT device, count(*)::int8, sum(value)::int8 FROM readings GROUP BY device ORDER BY device";
-const DERIVED: &str = "SELECT device, n, total FROM rollup ORDER BY device";
-
-async fn rows(c: &Client, sql: &str) -> Vec<(String, i64, i64)> {
-    c.query(sql, &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect()
-}
 
 async fn rebuild(pg: &PgServer) -> SqlRebuild {
     let pool = connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 4).unwrap();

@@ -103,3 +103,21 @@ pub async fn current_lsn(c: &Client) -> Lsn {
         .unwrap();
     row.get::<_, String>(0).parse().unwrap()
 }
+
+/// A count and sum per device of `readings`, computed fresh: what the `rollup` view of
+/// the refresher tests must equal.
+pub const ROLLUP_TRUTH: &str =
+    "SELECT device, count(*)::int8, sum(value)::int8 FROM readings GROUP BY device ORDER BY device";
+
+/// The `rollup` view's rows, in the order of [`ROLLUP_TRUTH`].
+pub const ROLLUP_DERIVED: &str = "SELECT device, n, total FROM rollup ORDER BY device";
+
+/// The (device, n, total) rows `sql` returns.
+pub async fn rollup_rows(c: &Client, sql: &str) -> Vec<(String, i64, i64)> {
+    c.query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}

@@ -22,16 +22,7 @@ const SCHEMA: &str = "
     CREATE TABLE rollup (device text PRIMARY KEY, n int8 NOT NULL, total int8 NOT NULL);";
 
 async fn rebuild(pg: &PgServer) -> SqlRebuild {
-    let pool = connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 4).unwrap();
-    SqlRebuild::builder(pool)
-        .statement("DELETE FROM rollup WHERE device = $1")
-        .statement(
-            "INSERT INTO rollup SELECT device, count(*), sum(value) FROM readings \
-             WHERE device = $1 GROUP BY device",
-        )
-        .build()
-        .await
-        .unwrap()
+    rollup_rebuild(pg, 4).await
 }
 
 use freshen::Jitter as Rng;

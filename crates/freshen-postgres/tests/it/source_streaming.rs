@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use freshen::{AckPolicy, Batch, Refresher, RowEvent, Value};
-use freshen_postgres::{ConnectionConfig, Lsn, SqlRebuild, connect_pool};
+use freshen_postgres::Lsn;
 use freshen_testenv::PgServer;
 use freshen_testenv::refresher::{Running, within};
 use support::*;
@@ -194,16 +194,7 @@ async fn refresher(pg: &PgServer, slot: &str) -> Running {
 }
 
 async fn refresher_with(pg: &PgServer, cfg: freshen_postgres::PgSourceConfig) -> Running {
-    let pool = connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 2).unwrap();
-    let rebuild = SqlRebuild::builder(pool)
-        .statement("DELETE FROM rollup WHERE device = $1")
-        .statement(
-            "INSERT INTO rollup SELECT device, count(*), sum(value) FROM readings \
-             WHERE device = $1 GROUP BY device",
-        )
-        .build()
-        .await
-        .unwrap();
+    let rebuild = rollup_rebuild(pg, 2).await;
     let r = Refresher::builder()
         .source(source(cfg).await)
         .scope(|e: &RowEvent| e.scope_keys(&["device"]))

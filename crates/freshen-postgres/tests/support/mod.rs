@@ -121,3 +121,19 @@ pub async fn rollup_rows(c: &Client, sql: &str) -> Vec<(String, i64, i64)> {
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect()
 }
+
+/// The `rollup` view's rebuild: a device's row deleted and computed again from
+/// `readings`, on a pool of `connections`.
+pub async fn rollup_rebuild(pg: &PgServer, connections: usize) -> freshen_postgres::SqlRebuild {
+    let connection = ConnectionConfig::from_url(&pg.url()).unwrap();
+    let pool = freshen_postgres::connect_pool(&connection, connections).unwrap();
+    freshen_postgres::SqlRebuild::builder(pool)
+        .statement("DELETE FROM rollup WHERE device = $1")
+        .statement(
+            "INSERT INTO rollup SELECT device, count(*), sum(value) FROM readings \
+             WHERE device = $1 GROUP BY device",
+        )
+        .build()
+        .await
+        .unwrap()
+}

@@ -7,10 +7,8 @@ use crate::support;
 
 use std::time::Duration;
 
-use freshen::{AckPolicy, Handle, Refresher, RowEvent};
-use freshen_postgres::{
-    ConnectionConfig, PgSource, SlotMode, SqlEnumerate, SqlRebuild, connect_pool,
-};
+use freshen::{Handle, Refresher, RowEvent};
+use freshen_postgres::{ConnectionConfig, SlotMode, SqlEnumerate, SqlRebuild, connect_pool};
 use freshen_testenv::PgServer;
 use support::*;
 use support::{ROLLUP_DERIVED as DERIVED, ROLLUP_TRUTH as TRUTH, rollup_rows as rows};
@@ -129,17 +127,7 @@ async fn a_killed_refresher_resumes_from_the_slot_and_loses_nothing() {
     let pg = server();
     let c = sql(&pg).await;
     c.batch_execute(SCHEMA).await.unwrap();
-    let build = |src: PgSource, rebuild: SqlRebuild| {
-        Refresher::builder()
-            .source(src)
-            .scope(|e: &RowEvent| e.scope_keys(&["device"]))
-            .rebuild_with(rebuild)
-            .ack(AckPolicy::AfterRebuild)
-            .coalesce(Duration::from_millis(20))
-            .max_wait(Duration::from_millis(200))
-            .build()
-            .unwrap()
-    };
+    let build = rollup_refresher;
     let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
 
     // First refresher: killed (its run future aborted) in the middle of the workload.

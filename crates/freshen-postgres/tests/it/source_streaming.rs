@@ -10,7 +10,7 @@ use crate::support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use freshen::{AckPolicy, Batch, Refresher, RowEvent, Value};
+use freshen::{Batch, RowEvent, Value};
 use freshen_postgres::Lsn;
 use freshen_testenv::PgServer;
 use freshen_testenv::refresher::{Running, within};
@@ -194,17 +194,10 @@ async fn refresher(pg: &PgServer, slot: &str) -> Running {
 }
 
 async fn refresher_with(pg: &PgServer, cfg: freshen_postgres::PgSourceConfig) -> Running {
-    let rebuild = rollup_rebuild(pg, 2).await;
-    let r = Refresher::builder()
-        .source(source(cfg).await)
-        .scope(|e: &RowEvent| e.scope_keys(&["device"]))
-        .rebuild_with(rebuild)
-        .ack(AckPolicy::AfterRebuild)
-        .coalesce(Duration::from_millis(20))
-        .max_wait(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    Running::spawn(r)
+    Running::spawn(rollup_refresher(
+        source(cfg).await,
+        rollup_rebuild(pg, 2).await,
+    ))
 }
 
 async fn active_pid(c: &Client, slot: &str) -> Option<i32> {

@@ -137,3 +137,20 @@ pub async fn rollup_rebuild(pg: &PgServer, connections: usize) -> freshen_postgr
         .await
         .unwrap()
 }
+
+/// The `rollup` view's refresher: keyed by `device`, acknowledging after rebuilds, with
+/// a short debounce.
+pub fn rollup_refresher(
+    src: PgSource,
+    rebuild: freshen_postgres::SqlRebuild,
+) -> freshen::Refresher {
+    freshen::Refresher::builder()
+        .source(src)
+        .scope(|e: &RowEvent| e.scope_keys(&["device"]))
+        .rebuild_with(rebuild)
+        .ack(freshen::AckPolicy::AfterRebuild)
+        .coalesce(Duration::from_millis(20))
+        .max_wait(Duration::from_millis(200))
+        .build()
+        .unwrap()
+}

@@ -135,12 +135,13 @@ pub struct Reconcile {
 }
 
 /// A view rebuilt by query: the rows `query` returns for a batch of keys are written
-/// into `into` (inserted, updated where they differ, deleted where gone).
+/// into `into` (inserted, updated where they differ, deleted where gone). A plain query
+/// (no parameters) gets its batch filter from freshen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueryMode {
     /// The target table: `(schema, table)`.
     pub into: (String, String),
-    /// The query, selecting its batch with `$1..$n` (one array per key part).
+    /// The query: plain, or selecting its batch with `$1..$n` (one array per key part).
     pub query: String,
     /// Line of `query` in the file.
     pub line: Option<usize>,
@@ -175,8 +176,10 @@ pub struct View {
     /// Tables the view reads but does not watch, on purpose (`static = [...]`): they
     /// never change, or their changes are deliberately ignored. `schema.table`.
     pub static_tables: Vec<(String, String)>,
-    /// The view's key as the target names it when no entry of the file carries it:
-    /// set where the watch entries were inferred ([`crate::infer`]); empty otherwise.
+    /// The view's key as the target names it: the file's `key`, or where the watch
+    /// entries were inferred ([`crate::infer`]) the inferred key (a plain query's: the
+    /// target's primary key); empty otherwise (the first watch entry that carries the
+    /// key names it).
     pub key_names: Vec<String>,
 }
 
@@ -386,6 +389,7 @@ pub(crate) const VIEW: &[&str] = &[
     "rebuild",
     "into",
     "query",
+    "key",
     "rebuild_batch",
     "keys_per_transaction",
     "reconcile",
@@ -947,6 +951,19 @@ fn read_views(
         let watch = read_watch(r, t, &vname, &names.source, inferred);
         let rebuild = r.strings(t, "rebuild");
         let query = read_query(r, t, &vname, &watch, &names.target);
+        let key_names = r.strings(t, "key").map_or_else(Vec::new, |k| {
+            if t.t.get("query").is_none() {
+                r.p.at_line(
+                    k.line,
+                    format!(
+                        "view `{vname}`: `key` names the key columns of `into` for a `query`; a view rebuilt by statements takes its key from its watch entries"
+                    ),
+                );
+            } else if k.value.is_empty() || k.value.iter().any(|c| c.trim().is_empty()) {
+                r.p.at_line(k.line, format!("view `{vname}`: `key` must name at least one column"));
+            }
+            k.value
+        });
         match &rebuild {
             None if t.t.get("rebuild").is_none() && t.t.get("query").is_none() && t.t.get("into").is_none() => r.missing(
                 t,
@@ -1061,7 +1078,7 @@ fn read_views(
                 line,
                 rebuild_line,
                 static_tables,
-                key_names: Vec::new(),
+                key_names,
             });
         }
     }
@@ -1116,9 +1133,12 @@ fn read_query(
         .find(|w| w.keys.is_none())
         .map(|w| w.key.iter().map(String::as_str).collect())
         .unwrap_or_default();
-    // Without a watch entry that carries the key, the query takes at least $1.
+    // A plain query (the SELECT of a materialized view) takes no parameter: freshen
+    // writes its batch filter. Otherwise it selects its batch itself: without a watch
+    // entry that carries the key, it takes at least $1.
+    let plain = freshen_postgres::is_plain_query(&query.value);
     let missing = freshen_postgres::check::missing_params(&query.value, key.len().max(1));
-    if !missing.is_empty() {
+    if !plain && !missing.is_empty() {
         let example: Vec<String> = if key.is_empty() {
             vec!["key = ANY($1)".to_string()]
         } else {

@@ -903,11 +903,33 @@ fn a_query_view_may_leave_watch_to_inference_but_a_rebuild_view_may_not() {
     let c = parse(&inferred, "f.toml", &env).unwrap();
     assert!(c.views[0].watch.is_empty());
     assert!(c.views[0].key_names.is_empty(), "named once inferred");
-    // Without an entry naming the key, the query still takes its batch as $1.
-    let p = problems(&inferred.replace("ANY($1)", "ANY(ARRAY['a'])"));
+    // A plain query (no parameter: the SELECT of a materialized view) gets its batch
+    // filter from freshen, on the `key` the file gives or the target's primary key.
+    let plain = inferred.replace("WHERE device = ANY($1) ", "");
+    let c = parse(&plain, "f.toml", &env).unwrap();
+    assert!(!c.views[0].query.as_ref().unwrap().query.contains('$'));
+    assert!(
+        c.views[0].key_names.is_empty(),
+        "the target's key, once inferred"
+    );
+    let keyed = plain.replace("into = ", "key = [\"device\"]\ninto = ");
+    let c = parse(&keyed, "f.toml", &env).unwrap();
+    assert_eq!(c.views[0].key_names, ["device"]);
+    // A query that uses parameters selects its batch itself: from $1 on.
+    let p = problems(&inferred.replace("ANY($1)", "ANY($2)"));
     assert!(
         p.iter()
             .any(|l| l.contains("(key = ANY($1)), but never uses $1")),
+        "{p:#?}"
+    );
+    // `key` is for a query's target: statements take theirs from the watch entries.
+    let p = problems(&GOOD.replace(
+        "name = \"site_totals\"",
+        "name = \"site_totals\"\nkey = [\"site\"]",
+    ));
+    assert!(
+        p.iter()
+            .any(|l| l.contains("`key` names the key columns of `into` for a `query`")),
         "{p:#?}"
     );
     // Hand-written statements name their tables: inference reads a query's plan.

@@ -292,7 +292,7 @@ pub(super) const BACKOFF: Table = Table {
 };
 
 /// A view's own keys, then the timing keys it may set.
-const VIEW_KEYS: [Key; 18] = {
+const VIEW_KEYS: [Key; 19] = {
     let own = [
         key(
             "name",
@@ -332,7 +332,17 @@ const VIEW_KEYS: [Key; 18] = {
                 "\"SELECT customer_id, sum(amount) AS total FROM orders WHERE customer_id = ANY($1) GROUP BY customer_id\"",
             ),
             Any,
-            "With `into`: the rows of `into` for a batch of keys, one array parameter per key part.",
+            "With `into`: the rows of `into` — a plain SELECT, as for `CREATE MATERIALIZED VIEW` (freshen writes the batch filter around it), or one that selects a batch of keys itself with one array parameter per key part (`WHERE customer_id = ANY($1)`).",
+        ),
+        key(
+            "key",
+            "array of strings",
+            Derived(
+                "the primary key (or only unique index) of `into`",
+                "[\"region\", \"day\"]",
+            ),
+            Any,
+            "With `query`: the key columns of `into` the query's rows are matched on, `$1..$n` in this order.",
         ),
         key(
             "rebuild_batch",
@@ -363,12 +373,16 @@ const VIEW_KEYS: [Key; 18] = {
             "Tables the rebuild reads whose changes need not dirty the view (lookup tables); `check` stops warning about them.",
         ),
     ];
-    let mut all = [own[0]; 18];
+    let mut all = [own[0]; 19];
     let mut i = 0;
-    while i < 9 {
+    while i < own.len() {
         all[i] = own[i];
-        all[9 + i] = TIMING[i];
         i += 1;
+    }
+    let mut j = 0;
+    while j < TIMING.len() {
+        all[own.len() + j] = TIMING[j];
+        j += 1;
     }
     all
 };

@@ -339,6 +339,14 @@ fn companions(
     &'static [(&'static str, &'static str)],
 ) {
     match (key, value) {
+        // A view's `key` is for a query's target.
+        ("key", "[\"region\", \"day\"]") => (
+            &["rebuild"],
+            &[
+                ("into", "\"app.totals\""),
+                ("query", "\"SELECT region, day FROM app.t\""),
+            ],
+        ),
         // `[[redact]]`: each action's parameters (the probe file's action is `mask`).
         ("action", "\"truncate\"") => (&[], &[("length", "4")]),
         ("action", "\"hash\"") => (&[], &[("key_env", "\"FRESHEN_REDACT_KEY\"")]),
@@ -360,6 +368,7 @@ fn companions_of(
             &[("query", "\"SELECT id FROM app.t WHERE id = ANY($1)\"")],
         ),
         "query" => (&["rebuild"], &[("into", "\"app.totals\"")]),
+        // A view's `key` (a watch entry's `key` is probed as `["id"]`).
         "token_env" => (&["token"], &[]),
         _ => (&[], &[]),
     }

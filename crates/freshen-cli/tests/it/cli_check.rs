@@ -6,19 +6,6 @@ use serde_json::Value;
 use support::saas;
 use support::*;
 
-fn findings(out: &std::process::Output) -> Vec<Value> {
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
-    doc["findings"].as_array().expect("findings").clone()
-}
-
-fn has(f: &[Value], level: &str, check: &str, needle: &str) -> bool {
-    f.iter().any(|x| {
-        x["level"] == level
-            && x["check"] == check
-            && x["message"].as_str().is_some_and(|m| m.contains(needle))
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_finds_weak_replica_identity_and_wrong_parameter_counts() {
     let pg = start_pg();
@@ -264,17 +251,6 @@ reconcile = {{ every = "10m", keys = "SELECT a FROM t" }}
         ),
         "{f:?}"
     );
-}
-
-/// `check --json` on `text` (a config): the exit code and the findings.
-fn check_json(dir: &std::path::Path, text: &str) -> (Option<i32>, Vec<Value>) {
-    let cfg = write_config(dir, text);
-    let out = freshen()
-        .args(["check", "--json", "-c"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    (out.status.code(), findings(&out))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,28 +80,6 @@ query = "{MRR_QUERY}"
     out
 }
 
-fn findings(out: &std::process::Output) -> Vec<Value> {
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
-    doc["findings"].as_array().expect("findings").clone()
-}
-
-fn check_json(dir: &std::path::Path, text: &str) -> (Option<i32>, Vec<Value>) {
-    let cfg = write_config(dir, text);
-    let out = freshen()
-        .args(["check", "--json", "-c"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    (out.status.code(), findings(&out))
-}
-
-fn messages<'a>(f: &'a [Value], level: &str, check: &str) -> Vec<&'a str> {
-    f.iter()
-        .filter(|x| x["level"] == level && x["check"] == check)
-        .filter_map(|x| x["message"].as_str())
-        .collect()
-}
-
 /// The `{ table, key, keys }` entries of a `watch = [...]` list in TOML, each as
 /// (table, key, keys without a `public.` qualifier): the spelling of a hand-written
 /// entry and an inferred one may differ only there.

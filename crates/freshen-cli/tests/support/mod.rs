@@ -135,6 +135,48 @@ pub fn freshen() -> Command {
     Command::new(env!("CARGO_BIN_EXE_freshen"))
 }
 
+/// The findings `freshen check --json` printed.
+pub fn findings(out: &std::process::Output) -> Vec<serde_json::Value> {
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
+    doc["findings"].as_array().expect("findings").clone()
+}
+
+/// `freshen check --json` (with `--offline` if asked) on `text` written into `dir`: its
+/// exit code and findings.
+pub fn check_findings(
+    dir: &Path,
+    text: &str,
+    offline: bool,
+) -> (Option<i32>, Vec<serde_json::Value>) {
+    let cfg = write_config(dir, text);
+    let mut cmd = freshen();
+    cmd.args(["check", "--json"]);
+    if offline {
+        cmd.arg("--offline");
+    }
+    let out = cmd.arg("-c").arg(&cfg).output().expect("freshen check");
+    (out.status.code(), findings(&out))
+}
+
+/// [`check_findings`] against the databases the file names.
+pub fn check_json(dir: &Path, text: &str) -> (Option<i32>, Vec<serde_json::Value>) {
+    check_findings(dir, text, false)
+}
+
+/// Whether a finding of `level` by `check` says `needle`.
+pub fn has(f: &[serde_json::Value], level: &str, check: &str, needle: &str) -> bool {
+    messages(f, level, check).iter().any(|m| m.contains(needle))
+}
+
+/// The messages of the findings of `level` by `check`.
+pub fn messages<'a>(f: &'a [serde_json::Value], level: &str, check: &str) -> Vec<&'a str> {
+    f.iter()
+        .filter(|x| x["level"] == level && x["check"] == check)
+        .filter_map(|x| x["message"].as_str())
+        .collect()
+}
+
 /// A `freshen run` process that is killed when dropped, so a failing test never leaves
 /// one behind.
 pub struct Running(Child);

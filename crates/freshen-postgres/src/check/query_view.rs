@@ -15,7 +15,7 @@ struct CheckedQuery<'a> {
     /// The view's key columns (in the target, and `$1..$n`).
     pub key: &'a [String],
     /// The query.
-    pub query: &'a str,
+    pub query: String,
     /// Keys per statement.
     pub batch: usize,
     /// The watched tables that carry the view's key, with their key columns: where the
@@ -31,7 +31,7 @@ impl<'a> CheckedQuery<'a> {
             view: &view.name,
             into: TableName::new(&q.into.0, &q.into.1),
             key: view.key(),
-            query: &q.query,
+            query: crate::target::keyed::batch_query(&q.query, view.key()),
             batch: view.rebuild_batch.unwrap_or(crate::DEFAULT_QUERY_BATCH),
             sources: view
                 .direct()
@@ -52,7 +52,7 @@ pub async fn query_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
     };
     let subject = format!("view {} query", spec.view);
     let mut out = Vec::new();
-    match crate::target::query::plan(client, &spec.into, spec.key, spec.query).await {
+    match crate::target::query::plan(client, &spec.into, spec.key, &spec.query).await {
         Err(e) => out.push(Finding::error("query", subject.clone(), e.to_string())),
         Ok(Err(problems)) => {
             for p in problems {
@@ -83,7 +83,7 @@ pub async fn query_view_across(source: &Client, target: &Client, view: &ViewSpec
     };
     let subject = format!("view {} query", spec.view);
     let mut out = Vec::new();
-    match crate::target::query::plan_across(source, target, &spec.into, spec.key, spec.query).await {
+    match crate::target::query::plan_across(source, target, &spec.into, spec.key, &spec.query).await {
         Err(e) => out.push(Finding::error("query", subject.clone(), e.to_string())),
         Ok(Err(problems)) => {
             for p in problems {

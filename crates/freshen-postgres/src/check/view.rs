@@ -16,7 +16,7 @@ struct Checked<'a> {
     /// Its watched tables.
     pub watch: Vec<CheckedWatch<'a>>,
     /// The rebuild statements.
-    pub rebuild: Vec<&'a str>,
+    pub rebuild: Vec<std::borrow::Cow<'a, str>>,
     /// Whether the rebuild statements take arrays of keys (`rebuild_batch`).
     pub batch: bool,
     /// Tables the view reads without watching them, on purpose.
@@ -50,8 +50,8 @@ impl<'a> Checked<'a> {
                 })
                 .collect(),
             rebuild: match &view.query {
-                Some(q) => vec![q.query.as_str()],
-                None => view.rebuild.iter().map(String::as_str).collect(),
+                Some(q) => vec![crate::target::keyed::batch_query(&q.query, view.key()).into()],
+                None => view.rebuild.iter().map(|s| s.as_str().into()).collect(),
             },
             batch: view.rebuild_batch.is_some(),
             static_tables: view
@@ -89,7 +89,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
     let mut rebuild_params: Vec<Vec<TypeInfo>> = Vec::new();
     for sql in &view.rebuild {
         let mut types = Vec::new();
-        if let Ok(stmt) = client.prepare(sql).await {
+        if let Ok(stmt) = client.prepare(sql.as_ref()).await {
             for ty in stmt.params() {
                 let ty = match ty.kind() {
                     tokio_postgres::types::Kind::Array(e) if view.batch => e.clone(),
@@ -177,7 +177,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
         .rebuild
         .iter()
         .enumerate()
-        .map(|(i, s)| (format!("rebuild[{i}]"), *s))
+        .map(|(i, s)| (format!("rebuild[{i}]"), s.as_ref()))
         .collect();
     for w in &view.watch {
         if let Some(k) = w.keys {

@@ -58,6 +58,10 @@ pub struct Question<'a> {
     pub arity: usize,
     /// The query's output column names, in order.
     pub columns: &'a [String],
+    /// The view's key as the query returns it, when it is known already (a plain
+    /// query's batch filter is written on the target's key columns); empty: found from
+    /// the plan's output.
+    pub key: &'a [String],
     /// The tables to find entries for (read, neither watched nor static).
     pub uncovered: &'a [TableName],
     /// Foreign keys between the tables the query reads.
@@ -161,8 +165,8 @@ pub fn infer(q: &Question<'_>) -> Result<Answer, Vec<String>> {
     };
 
     // The view's key as the query returns it.
-    let mut key = Vec::new();
-    for (k, class) in key_classes.iter().enumerate() {
+    let mut key = q.key.to_vec();
+    for (k, class) in key_classes.iter().enumerate().filter(|_| q.key.is_empty()) {
         let found = q.shape.output.iter().enumerate().find(|(_, o)| {
             o.as_ref()
                 .is_some_and(|c| classes.class_of(c) == Some(*class))
@@ -206,6 +210,13 @@ pub fn infer(q: &Question<'_>) -> Result<Answer, Vec<String>> {
         if cols.len() == q.arity {
             carried.insert(alias.clone(), cols);
         }
+    }
+
+    if carried.is_empty() {
+        problems.push(format!(
+            "view `{view}`: no table the query reads carries every part of the key ({describe_key}): freshen maps a change to the view's keys through a table that holds the whole key (directly, or by a `keys` statement from a table joined to it). Write the view's `watch` entries by hand: each table with a `keys` statement returning the whole key for a changed row (e.g. {{ table = \"…\", key = [\"…\"], keys = \"SELECT … FROM … WHERE … = $1\" }}, reading a part the row carries itself from its own parameter, so that the row's old and new values are both mapped)"
+        ));
+        return Err(problems);
     }
 
     // Edges between aliases: columns in one class, one pair per column of the first.
@@ -586,6 +597,7 @@ mod tests {
             scans: &scans,
             arity: 1,
             columns: &columns,
+            key: &[],
             uncovered: &uncovered,
             foreign_keys: fks,
         })

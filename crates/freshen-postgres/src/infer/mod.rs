@@ -11,11 +11,18 @@ use freshen::plug::{Finding, Inferred, Starter, ViewSpec, Watched};
 use tokio_postgres::Client;
 
 use crate::check::depends;
+use crate::target::keyed;
 use crate::{PgError, TableName, quote_ident};
 use entries::{ForeignKey, Question};
 
 /// The watch entries `view`'s query needs beyond those the file gives, with advice for
 /// each (an index for a fan-out statement's lookup); or every reason it cannot.
+///
+/// A plain query (no `$n`: the SELECT of a materialized view) is keyed first: its key
+/// is the view's `key` or the target's primary key, its batch filter is written around
+/// it ([`keyed`](crate::target::keyed)), and the plan must show the filter reaching
+/// the tables (else every batch would compute the whole query): that is checked even
+/// when the file gives every watch entry.
 pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<String>> {
     let name = &view.name;
     let Some(q) = &view.query else {
@@ -24,7 +31,26 @@ pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<Str
         )]);
     };
     let fail = |what: &str, e: PgError| vec![format!("view `{name}`: {what}: {e}")];
-    let relations = depends::relations(client, &q.query)
+    let plain = keyed::is_plain(&q.query);
+    let mut advice = Vec::new();
+    let (key, query) = if plain {
+        let into = TableName::new(&q.into.0, &q.into.1);
+        let key = plain_key(client, view, &into).await?;
+        advice.push(Finding::ok(
+            "key",
+            format!("view {name}"),
+            format!(
+                "({}), {}; freshen writes the batch filter around the query",
+                key.names.join(", "),
+                key.from
+            ),
+        ));
+        let query = keyed::keyed(&q.query, &key.names);
+        (key.names, query)
+    } else {
+        (Vec::new(), q.query.clone())
+    };
+    let relations = depends::relations(client, &query)
         .await
         .map_err(|e| fail("cannot tell which tables the query reads", e))?;
     let covered = |t: &TableName| {
@@ -42,10 +68,11 @@ pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<Str
         .filter(|t| !covered(t))
         .cloned()
         .collect();
-    if uncovered.is_empty() && view.direct().next().is_some() {
+    let complete = uncovered.is_empty() && view.direct().next().is_some();
+    if complete && !plain {
         return Ok(Inferred::default());
     }
-    if !relations.opaque_functions.is_empty() {
+    if !relations.opaque_functions.is_empty() && !complete {
         return Err(relations
             .opaque_functions
             .iter()
@@ -56,10 +83,24 @@ pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<Str
             })
             .collect());
     }
-    let (plan, columns, params) = depends::generic_plan(client, &q.query)
+    let (plan, columns, params) = depends::generic_plan(client, &query)
         .await
         .map_err(|e| fail("cannot explain the query", e))?;
     let shape = plan::shape(&plan);
+    if let Some(site) = shape.filtered_above() {
+        let message = filtered_above(name, site, plain);
+        if plain {
+            return Err(vec![message]);
+        }
+        advice.push(Finding::warning("query", format!("view {name}"), message));
+    }
+    if complete {
+        return Ok(Inferred {
+            key,
+            watch: Vec::new(),
+            advice,
+        });
+    }
     let mut scans = Vec::new();
     for (alias, schema, relation) in &shape.scans {
         let root = depends::root(client, schema, relation)
@@ -72,30 +113,51 @@ pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<Str
     let foreign_keys = foreign_keys(client, &relations.reads)
         .await
         .map_err(|e| fail("cannot read the foreign keys", e))?;
-    // The file's key where it gives one, else every parameter is a key part.
-    let arity = if view.arity() > 0 {
+    // A plain query's key, else the file's key where it gives one, else every parameter
+    // is a key part.
+    let arity = if !key.is_empty() {
+        key.len()
+    } else if view.arity() > 0 {
         view.arity()
     } else {
         params.max(1)
     };
+    if plain {
+        let computed: Vec<String> = key
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !shape.params.iter().any(|(_, k)| *k == i + 1))
+            .map(|(_, k)| {
+                format!(
+                    "view `{name}`: the key column `{k}` is computed by an expression, not read from a table column, so freshen cannot trace which rows' changes move a key. Write the view's `watch` entries by hand (a `keys` statement may compute the key from the changed row's columns, e.g. {{ table = \"…\", key = [\"<column>\"], keys = \"SELECT <the expression over $1>\" }}, so that its old and new values are both mapped), or keep the key in a column of its table and group by that column"
+                )
+            })
+            .collect();
+        if !computed.is_empty() {
+            return Err(computed);
+        }
+    }
     let answer = entries::infer(&Question {
         view: name,
         shape: &shape,
         scans: &scans,
         arity,
         columns: &columns,
+        key: &key,
         uncovered: &uncovered,
         foreign_keys: &foreign_keys,
     })?;
-    let mut advice = Vec::new();
     for e in &answer.entries {
         if let Some((table, cols)) = &e.lookup {
             advice.push(index_advice(client, name, &e.table, table, cols).await);
         }
     }
     Ok(Inferred {
-        // The file's first entry that carries the key names it, where there is one.
-        key: if view.direct().next().is_some() {
+        // A plain query's key is always the target's; otherwise the file's first entry
+        // that carries the key names it, where there is one.
+        key: if plain {
+            key
+        } else if view.direct().next().is_some() {
             Vec::new()
         } else {
             answer.key
@@ -114,6 +176,143 @@ pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<Str
             .collect(),
         advice,
     })
+}
+
+/// A plain query's key, and where it came from.
+struct PlainKey {
+    names: Vec<String>,
+    from: String,
+}
+
+/// The key of a view rebuilt by a plain query: the file's `key`, else the target's
+/// primary key (or its one unique index), checked against the query's columns.
+async fn plain_key(
+    client: &Client,
+    view: &ViewSpec,
+    into: &TableName,
+) -> Result<PlainKey, Vec<String>> {
+    let name = &view.name;
+    let q = view.query.as_ref().map_or("", |q| q.query.as_str());
+    let stmt = client.prepare(keyed::trim(q)).await.map_err(|e| {
+        vec![format!(
+            "view `{name}`: the query does not prepare: {}",
+            crate::error::describe(&e)
+        )]
+    })?;
+    let returned: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
+    let key = if !view.key_names.is_empty() {
+        PlainKey {
+            names: view.key_names.clone(),
+            from: "the view's `key`".to_owned(),
+        }
+    } else {
+        match target_key(client, into).await {
+            Ok(Some((names, index))) => PlainKey {
+                names,
+                from: format!("{into}'s {index}"),
+            },
+            Ok(None) => {
+                let guess = query_key(client, q).await.unwrap_or_default();
+                let hint = if guess.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (the query groups by ({}): `key = [{}]`)",
+                        guess.join(", "),
+                        guess
+                            .iter()
+                            .map(|k| format!("\"{k}\""))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                return Err(vec![format!(
+                    "view `{name}`: {into} has no primary key (or unique index) to take the view's key from: add one (ALTER TABLE {} ADD PRIMARY KEY (…)), or give the view's `key`{hint}",
+                    into.quoted()
+                )]);
+            }
+            Err(e) => {
+                return Err(vec![format!(
+                    "view `{name}`: cannot read the key of {into}: {e}"
+                )]);
+            }
+        }
+    };
+    let missing: Vec<&String> = key.names.iter().filter(|k| !returned.contains(k)).collect();
+    if !missing.is_empty() {
+        return Err(missing
+            .iter()
+            .map(|k| {
+                format!(
+                    "view `{name}`: the query does not return the key column `{k}` ({}): return it, named `{k}` (… AS {})",
+                    key.from,
+                    quote_ident(k)
+                )
+            })
+            .collect());
+    }
+    Ok(key)
+}
+
+/// `into`'s primary key, or its only unique index (not partial, no expressions), with
+/// what it is; `None` when it has neither (or does not exist).
+async fn target_key(
+    client: &Client,
+    into: &TableName,
+) -> Result<Option<(Vec<String>, String)>, PgError> {
+    let indexes = crate::target::query::indexes(client, into).await?;
+    if let Some(pk) = indexes.iter().find(|i| i.primary) {
+        return Ok(Some((pk.key.clone(), "primary key".to_owned())));
+    }
+    let unique: Vec<_> = indexes
+        .iter()
+        .filter(|i| i.plain_unique && i.key_count == i.key.len())
+        .collect();
+    Ok(match unique.as_slice() {
+        [one] => Some((one.key.clone(), format!("unique index {}", one.name))),
+        _ => None,
+    })
+}
+
+/// The key a plain query's rows have by construction, from its plan: its `GROUP BY`
+/// columns (those it returns), or every column of a `SELECT DISTINCT`. Empty when the
+/// plan shows neither.
+pub async fn query_key(client: &Client, query: &str) -> Result<Vec<String>, PgError> {
+    let (plan, columns, _) = depends::generic_plan(client, keyed::trim(query)).await?;
+    Ok(plan::grouped_by(&plan)
+        .and_then(|groups| {
+            groups
+                .iter()
+                .map(|g| columns.get(*g).cloned())
+                .collect::<Option<Vec<String>>>()
+        })
+        .unwrap_or_default())
+}
+
+/// Why a key filter left above the tables is refused (a plain query) or warned of.
+fn filtered_above(view: &str, site: &plan::ParamSite, plain: bool) -> String {
+    let why = match site.node.as_str() {
+        "Subquery Scan" => {
+            "a subquery it cannot enter: one that picks rows across keys (DISTINCT ON or a window whose PARTITION BY leaves out the key), limits its rows (LIMIT, OFFSET), or calls a set-returning or volatile function in its SELECT list"
+        }
+        "Aggregate" | "Group" | "WindowAgg" => {
+            "an aggregate or window result: the key is computed from rows, not read from a table"
+        }
+        "ProjectSet" => "a set-returning function: the key comes from it, not from a table",
+        _ => "a node that computes it rather than reading it from a table",
+    };
+    let cost = "every batch of keys would compute the whole query and keep its keys' rows";
+    if plain {
+        format!(
+            "view `{view}`: the key filter freshen writes around the query (`… WHERE key = ANY($1)`) cannot reach the tables: PostgreSQL applies it above {why} ({} node); {cost}. Make the key a column the query reads from a table and groups by, or write the batch filter yourself where it can be used (`WHERE <table>.<column> = ANY($1)`)",
+            site.node
+        )
+    } else {
+        format!(
+            "view `{view}`: the query applies ${} above {why} ({} node): {cost}. Move the condition to where the table is read",
+            site.part, site.node
+        )
+    }
 }
 
 /// Foreign keys from or to any of `tables`.

@@ -29,6 +29,31 @@ pub struct Shape {
     pub other: Vec<(Vec<String>, String)>,
     /// The top node's output, one per returned column: the column it is, if it is one.
     pub output: Vec<Option<ColRef>>,
+    /// Where the plan applies each condition on a key parameter (`$k`), in plan order:
+    /// on a scan of a table (the filter reached the table) or above one (a subquery's
+    /// aggregate, window or `DISTINCT ON` kept it out).
+    pub sites: Vec<ParamSite>,
+}
+
+/// A plan node applying a condition on key parameter `$part`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamSite {
+    /// The key part (1-based).
+    pub part: usize,
+    /// The node's type as the plan names it (`Seq Scan`, `Subquery Scan`, …).
+    pub node: String,
+    /// Whether the node reads a table or an index: the condition is applied where the
+    /// rows are read, so a batch reads only its keys' rows (given an index).
+    pub on_scan: bool,
+}
+
+impl Shape {
+    /// The first node that applies a condition on a key parameter above the tables,
+    /// if any: a batch then computes more than its keys' rows (the whole query, for a
+    /// filter above a whole-table aggregate) and filters afterwards.
+    pub fn filtered_above(&self) -> Option<&ParamSite> {
+        self.sites.iter().find(|s| !s.on_scan)
+    }
 }
 
 /// Reads `plan` (the JSON `EXPLAIN (VERBOSE, FORMAT JSON)` prints).
@@ -51,13 +76,82 @@ pub fn shape(plan: &Value) -> Shape {
             .unwrap_or_default();
     }
     walk(plan, &mut out);
+    // With one relation in the query PostgreSQL prints its columns bare (`cid`, not
+    // `items.cid`) in some nodes' output: they are that relation's.
+    if let [(alias, _, _)] = out.scans.as_slice() {
+        let alias = alias.clone();
+        let items = top
+            .and_then(|t| t.get("Output"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for (o, item) in out.output.iter_mut().zip(&items) {
+            if o.is_none()
+                && let Some((column, rest)) = item.as_str().and_then(|s| ident(strip(s)))
+                && rest.is_empty()
+            {
+                *o = Some(ColRef {
+                    alias: alias.clone(),
+                    column,
+                });
+            }
+        }
+    }
     out
+}
+
+/// The output positions of the columns a plan's top aggregate groups by, when every
+/// `GROUP BY` item is one of its output columns (a `SELECT DISTINCT` hashes all of
+/// them): the key its rows have by construction. `None` for anything else (no
+/// grouping, grouping sets, a grouped expression the query does not return).
+pub fn grouped_by(plan: &Value) -> Option<Vec<usize>> {
+    let mut node = plan.as_array()?.first()?.get("Plan")?;
+    // Wrappers that keep the grouping's rows as they are.
+    while matches!(
+        node.get("Node Type").and_then(Value::as_str),
+        Some("Sort" | "Incremental Sort" | "Result" | "Gather" | "Gather Merge")
+    ) {
+        node = node.get("Plans")?.as_array()?.first()?;
+    }
+    if node.get("Node Type").and_then(Value::as_str) != Some("Aggregate") {
+        return None;
+    }
+    let groups = node.get("Group Key")?.as_array()?;
+    let output: Vec<&str> = node
+        .get("Output")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let scans = shape(plan).scans;
+    // With one relation, some nodes print its columns bare and others qualified.
+    let bare = |s: &str| -> String {
+        match scans.as_slice() {
+            [(alias, _, _)] => s
+                .strip_prefix(alias.as_str())
+                .and_then(|r| r.strip_prefix('.'))
+                .unwrap_or(s)
+                .to_owned(),
+            _ => s.to_owned(),
+        }
+    };
+    let mut out = Vec::new();
+    for g in groups {
+        let g = bare(g.as_str()?);
+        let at = output.iter().position(|o| bare(o) == g)?;
+        if !out.contains(&at) {
+            out.push(at);
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 fn walk(v: &Value, out: &mut Shape) {
     match v {
         Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
         Value::Object(o) => {
+            let node = o.get("Node Type").and_then(Value::as_str).unwrap_or("");
+            let on_scan = o.contains_key("Relation Name") || o.contains_key("Index Name");
             if let (Some(rel), Some(alias)) = (
                 o.get("Relation Name").and_then(Value::as_str),
                 o.get("Alias").and_then(Value::as_str),
@@ -72,7 +166,16 @@ fn walk(v: &Value, out: &mut Shape) {
                 if let Some(text) = value.as_str()
                     && (name.ends_with("Cond") || name.ends_with("Filter"))
                 {
-                    conditions(text, out);
+                    for part in conditions(text, out) {
+                        let site = ParamSite {
+                            part,
+                            node: node.to_owned(),
+                            on_scan,
+                        };
+                        if !out.sites.contains(&site) {
+                            out.sites.push(site);
+                        }
+                    }
                 }
             }
             for child in o.values() {
@@ -85,8 +188,10 @@ fn walk(v: &Value, out: &mut Shape) {
     }
 }
 
-/// Splits a condition into its top-level AND terms and files each.
-fn conditions(text: &str, out: &mut Shape) {
+/// Splits a condition into its top-level AND terms and files each; returns the key
+/// parts (`$k`) the condition mentions anywhere.
+fn conditions(text: &str, out: &mut Shape) -> Vec<usize> {
+    let parts = mentioned_params(text);
     for term in split_and(parens(text)) {
         let term = parens(term);
         if let Some((l, r)) = split_top(term, " = ") {
@@ -113,6 +218,34 @@ fn conditions(text: &str, out: &mut Shape) {
             out.other.push((aliases, term.to_owned()));
         }
     }
+    parts
+}
+
+/// The parameters (`$k`, k > 0) a condition's text mentions outside quotes.
+fn mentioned_params(text: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut quoted: Option<char> = None;
+    for (i, c) in text.char_indices() {
+        match (quoted, c) {
+            (Some(q), c) if c == q => quoted = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quoted = Some(c),
+            (None, '$') => {
+                let digits: String = text[i + 1..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                if let Ok(k) = digits.parse::<usize>()
+                    && k > 0
+                    && !out.contains(&k)
+                {
+                    out.push(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// `s` without enclosing parentheses.
@@ -348,9 +481,71 @@ mod tests {
     }
 
     #[test]
+    fn a_single_table_plan_qualifies_its_bare_output() {
+        let plan: Value = serde_json::from_str(
+            r#"[{"Plan": {"Node Type": "Aggregate", "Output": ["cid", "count(*)"],
+                "Group Key": ["items.cid"],
+                "Plans": [{"Node Type": "Seq Scan", "Relation Name": "items", "Schema": "public",
+                  "Alias": "items", "Output": ["id", "cid", "v"], "Filter": "(items.cid = ANY ($1))"}]}}]"#,
+        )
+        .unwrap();
+        let s = shape(&plan);
+        assert_eq!(s.output, [Some(c("items", "cid")), None]);
+        assert_eq!(s.params, [(c("items", "cid"), 1)]);
+        assert_eq!(
+            s.sites,
+            [ParamSite {
+                part: 1,
+                node: "Seq Scan".into(),
+                on_scan: true
+            }]
+        );
+        assert!(s.filtered_above().is_none());
+        assert_eq!(grouped_by(&plan), Some(vec![0]));
+    }
+
+    #[test]
+    fn a_filter_left_above_a_subquery_is_found() {
+        let plan: Value = serde_json::from_str(
+            r#"[{"Plan": {"Node Type": "Subquery Scan", "Alias": "freshen_q",
+                "Output": ["freshen_q.cid", "freshen_q.v"], "Filter": "(freshen_q.cid = ANY ($1))",
+                "Plans": [{"Node Type": "Unique", "Output": ["items.cid", "items.v"],
+                  "Plans": [{"Node Type": "Seq Scan", "Relation Name": "items", "Schema": "public",
+                    "Alias": "items", "Output": ["items.cid", "items.v"]}]}]}}]"#,
+        )
+        .unwrap();
+        let s = shape(&plan);
+        let above = s.filtered_above().expect("above the scan");
+        assert_eq!((above.part, above.node.as_str()), (1, "Subquery Scan"));
+        assert_eq!(grouped_by(&plan), None);
+    }
+
+    #[test]
+    fn grouping_keys_map_to_output_positions() {
+        let plan: Value = serde_json::from_str(
+            r#"[{"Plan": {"Node Type": "Sort", "Plans": [{"Node Type": "Aggregate",
+                "Output": ["count(*)", "a.region", "a.id"], "Group Key": ["a.id", "a.region"],
+                "Plans": [{"Node Type": "Hash Join", "Plans": [
+                  {"Node Type": "Seq Scan", "Relation Name": "accounts", "Schema": "public", "Alias": "a"},
+                  {"Node Type": "Seq Scan", "Relation Name": "subs", "Schema": "public", "Alias": "s"}]}]}]}}]"#,
+        )
+        .unwrap();
+        assert_eq!(grouped_by(&plan), Some(vec![2, 1]));
+        let by_expression: Value = serde_json::from_str(
+            r#"[{"Plan": {"Node Type": "Aggregate", "Output": ["(a.id + 1)", "count(*)"],
+                "Group Key": ["a.id"], "Plans": []}}]"#,
+        )
+        .unwrap();
+        assert_eq!(grouped_by(&by_expression), None);
+    }
+
+    #[test]
     fn odd_text_is_never_a_panic() {
         let mut s = Shape::default();
         for t in [
+            "$",
+            "$$1",
+            "'$1'",
             "",
             "(",
             ")",

@@ -253,7 +253,7 @@ impl PgView {
         let view = &self.view;
         let pool = &self.pool;
         let statements = match &view.query {
-            Some(q) => vec![q.query.clone()],
+            Some(q) => vec![crate::target::keyed::batch_query(&q.query, view.key())],
             None => view.rebuild.clone(),
         };
         let shape = crate::check::StatementShape {

@@ -96,7 +96,8 @@ impl QueryRebuildBuilder {
 
     /// Checks the query against the target table (every mismatch at once), writes the
     /// statement and prepares it.
-    pub async fn build(self) -> Result<QueryRebuild, PgError> {
+    pub async fn build(mut self) -> Result<QueryRebuild, PgError> {
+        self.query = crate::target::keyed::batch_query(&self.query, &self.key);
         if self.batch == 0 {
             return Err(problems(
                 &self.into,
@@ -503,6 +504,8 @@ pub(crate) struct IndexInfo {
     pub(crate) clustered: bool,
     /// Its INCLUDE columns.
     pub(crate) include: Vec<String>,
+    /// Whether it is the table's primary key.
+    pub(crate) primary: bool,
 }
 
 impl IndexInfo {
@@ -524,7 +527,8 @@ pub(crate) async fn indexes(c: &Client, table: &TableName) -> Result<Vec<IndexIn
                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[s] ORDER BY s), \
                     i.indnkeyatts::int4, i.indisclustered, \
                     ARRAY(SELECT a.attname::text FROM generate_series(i.indnkeyatts, i.indnatts - 1) s \
-                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[s] ORDER BY s) \
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[s] ORDER BY s), \
+                    i.indisprimary \
              FROM pg_index i JOIN pg_class r ON r.oid = i.indrelid \
              JOIN pg_namespace n ON n.oid = r.relnamespace \
              WHERE n.nspname = $1 AND r.relname = $2 AND i.indisvalid",
@@ -541,6 +545,7 @@ pub(crate) async fn indexes(c: &Client, table: &TableName) -> Result<Vec<IndexIn
             key_count: usize::try_from(r.get::<_, i32>(3)).unwrap_or(0),
             clustered: r.get(4),
             include: r.get(5),
+            primary: r.get(6),
         })
         .collect())
 }

@@ -67,7 +67,9 @@ pub struct ViewSpec {
 pub struct QuerySpec {
     /// The table the query's rows go into: `(schema, table)`.
     pub into: (String, String),
-    /// The query, selecting its batch with `$1..$n` (one array per key part).
+    /// The query: plain (its owner's SELECT; the target writes the batch filter around
+    /// it on [`ViewSpec::key`]), or selecting its batch with `$1..$n` (one array per key
+    /// part).
     pub query: String,
 }
 

@@ -175,6 +175,82 @@ pub struct ViewStatus {
     /// Changes that arrived without their rows (each answered by a sweep).
     #[serde(default)]
     pub gaps: u64,
+    /// Which ways keys were rebuilt: per-key batches, set calls, whole-table runs; and
+    /// the threshold between sets and the whole table.
+    #[serde(default)]
+    pub paths: PathStatus,
+}
+
+/// How a view's keys were rebuilt, in `/status`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PathStatus {
+    /// Calls of the rebuild's batch (a trickle).
+    pub per_key_calls: u64,
+    /// Calls grown to work through a backlog as sets.
+    pub set_calls: u64,
+    /// Keys rebuilt by set calls.
+    pub set_keys: u64,
+    /// Whole-table runs that finished (first builds included).
+    pub whole_runs: u64,
+    /// Whole-table runs that failed.
+    pub whole_failures: u64,
+    /// Keys whole-table runs covered.
+    pub whole_keys: u64,
+    /// Rows whole-table runs inserted, updated or deleted.
+    pub whole_written: u64,
+    /// Waiting keys at or above which the backlog goes to the whole table (`None`:
+    /// never — a query with `$1`, a hand-written rebuild, `rebuild_by = "per-key"` — or
+    /// not known yet).
+    pub whole_threshold: Option<u64>,
+    /// Rows the derived table holds, last known.
+    pub table_rows: Option<u64>,
+    /// Keys per second of set work, and rows per second of whole-table runs, as the
+    /// choice now assumes (measured, or the priors until measured).
+    pub rates: (f64, f64),
+    /// The whole-table run running now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<WholeRunStatus>,
+    /// Why the first build of the (empty) table failed: it holds only the keys rebuilt
+    /// since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_failed: Option<String>,
+}
+
+/// A whole-table run in progress, in `/status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WholeRunStatus {
+    /// Why: `build`, `backlog`, `fan-out`.
+    pub reason: String,
+    /// How: `build`, `replace`, `diff`.
+    pub way: String,
+    /// Seconds it has run.
+    pub for_s: f64,
+    /// Keys it covers.
+    pub keys: u64,
+}
+
+impl From<&freshen::Stats> for PathStatus {
+    fn from(s: &freshen::Stats) -> PathStatus {
+        PathStatus {
+            per_key_calls: s.rebuild_calls.saturating_sub(s.set_calls),
+            set_calls: s.set_calls,
+            set_keys: s.set_keys,
+            whole_runs: s.whole_runs,
+            whole_failures: s.whole_failures,
+            whole_keys: s.whole_keys,
+            whole_written: s.whole_written,
+            whole_threshold: s.whole_threshold,
+            table_rows: s.table_rows,
+            rates: s.rates,
+            running: s.whole_running.as_ref().map(|r| WholeRunStatus {
+                reason: r.reason.to_owned(),
+                way: r.way.to_owned(),
+                for_s: age(Some(r.since)).unwrap_or(0.0),
+                keys: r.keys,
+            }),
+            build_failed: s.build_failed.as_deref().map(freshen::redact_text),
+        }
+    }
 }
 
 /// A quarantined key in `/status`.
@@ -246,6 +322,7 @@ impl From<&ViewStats> for ViewStatus {
             unhealed_gaps: s.unhealed_gaps.clone(),
             schema_changes: s.schema_changes,
             gaps: s.gaps,
+            paths: PathStatus::from(s),
         }
     }
 }

@@ -58,6 +58,7 @@ pub async fn starting_file(request: &Request) -> Result<String, Vec<String>> {
         static_tables: Vec::new(),
         connections: 1,
         statement_timeout: None,
+        whole_timeout: None,
         key_names: Vec::new(),
     };
     let inferred = target.infer(&spec).await?;

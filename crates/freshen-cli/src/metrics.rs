@@ -58,6 +58,24 @@ pub mod names {
     pub const REBUILDS: &str = "freshen_rebuilds_total";
     /// Rebuild round trips, per view.
     pub const REBUILD_CALLS: &str = "freshen_rebuild_calls_total";
+    /// Rebuild calls and whole-table runs by `path` (`per-key`: calls of the
+    /// rebuild's batch; `set`: calls grown to work through a backlog; `whole`: the
+    /// whole table at once), per view.
+    pub const CALLS_BY_PATH: &str = "freshen_rebuild_path_calls_total";
+    /// Keys rebuilt by `path` (as [`CALLS_BY_PATH`]), per view.
+    pub const KEYS_BY_PATH: &str = "freshen_rebuild_path_keys_total";
+    /// Whole-table runs by outcome (`ok`, `failed`), per view.
+    pub const WHOLE_RUNS: &str = "freshen_whole_runs_total";
+    /// Rows whole-table runs inserted, updated or deleted, per view.
+    pub const WHOLE_WRITTEN: &str = "freshen_whole_rows_written_total";
+    /// 1 while a whole-table run (a first build, a backlog past the threshold) runs,
+    /// per view.
+    pub const WHOLE_RUNNING: &str = "freshen_whole_running";
+    /// Waiting keys at or above which a view's backlog is recomputed as the whole table
+    /// (0: never, or not known yet), per view.
+    pub const WHOLE_THRESHOLD: &str = "freshen_whole_threshold_keys";
+    /// Rows the derived table holds, last known (0: not known), per view.
+    pub const TABLE_ROWS: &str = "freshen_view_table_rows";
     /// Fan-out calls finished (parent rows mapped to view keys), per view.
     pub const FANOUT_CALLS: &str = "freshen_fanout_calls_total";
     /// View keys sent by fan-outs, per view.
@@ -241,6 +259,12 @@ impl ViewStats {
                 self.name
             ));
         }
+        if let Some(error) = &self.stats.build_failed {
+            out.push(format!(
+                "view {}: the first build of its empty derived table failed by its data, so the table holds only the keys rebuilt since: {error}. Fix the data and restart freshen (the build runs again while the table is empty), or add a reconcile sweep",
+                self.name
+            ));
+        }
         for q in self.quarantined.iter().filter(|q| q.holding) {
             out.push(format!(
                 "view {}: key {} is quarantined and holds its transactions unconfirmed (WAL is retained until it rebuilds): {}",
@@ -388,6 +412,30 @@ const PER_VIEW: &[(&str, &str, &str, Get)] = &[
         |v| v.stats.fanout_calls as f64,
     ),
     (
+        names::WHOLE_WRITTEN,
+        "counter",
+        "Rows whole-table runs inserted, updated or deleted.",
+        |v| v.stats.whole_written as f64,
+    ),
+    (
+        names::WHOLE_RUNNING,
+        "gauge",
+        "1 while a whole-table run (a first build, a backlog past the threshold) runs.",
+        |v| f64::from(u8::from(v.stats.whole_running.is_some())),
+    ),
+    (
+        names::WHOLE_THRESHOLD,
+        "gauge",
+        "Waiting keys at or above which the backlog is recomputed as the whole table (0: never, or not known yet).",
+        |v| v.stats.whole_threshold.unwrap_or(0) as f64,
+    ),
+    (
+        names::TABLE_ROWS,
+        "gauge",
+        "Rows the derived table holds, last known (0: not known).",
+        |v| v.stats.table_rows.unwrap_or(0) as f64,
+    ),
+    (
         names::FANOUT_KEYS,
         "counter",
         "View keys sent by fan-outs.",
@@ -485,6 +533,46 @@ const BY_OUTCOME: &[(&str, &str, Outcomes)] = &[
             ("failed", |v| v.stats.reconcile_failures as f64),
         ],
     ),
+    (
+        names::WHOLE_RUNS,
+        "Whole-table runs by outcome.",
+        [
+            ("ok", |v| v.stats.whole_runs as f64),
+            ("failed", |v| v.stats.whole_failures as f64),
+        ],
+    ),
+];
+
+/// A `path` label value and how to read its sample.
+type Paths = [(&'static str, Get); 3];
+
+/// Which way keys were rebuilt: per-key batches, set calls, the whole table.
+const BY_PATH: &[(&str, &str, Paths)] = &[
+    (
+        names::CALLS_BY_PATH,
+        "Rebuild calls (per-key batches, set calls) and whole-table runs.",
+        [
+            ("per-key", |v| {
+                v.stats.rebuild_calls.saturating_sub(v.stats.set_calls) as f64
+            }),
+            ("set", |v| v.stats.set_calls as f64),
+            ("whole", |v| v.stats.whole_runs as f64),
+        ],
+    ),
+    (
+        names::KEYS_BY_PATH,
+        "Keys rebuilt by per-key batches, set calls, and whole-table runs.",
+        [
+            ("per-key", |v| {
+                v.stats
+                    .rebuilds_ok
+                    .saturating_sub(v.stats.set_keys)
+                    .saturating_sub(v.stats.whole_keys) as f64
+            }),
+            ("set", |v| v.stats.set_keys as f64),
+            ("whole", |v| v.stats.whole_keys as f64),
+        ],
+    ),
 ];
 
 /// The Prometheus text exposition of every view and the source.
@@ -502,6 +590,14 @@ pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
         for v in views {
             for (outcome, get) in outcomes {
                 o.sample(name, &format!("{},outcome=\"{outcome}\"", label(v)), get(v));
+            }
+        }
+    }
+    for (name, help, paths) in BY_PATH {
+        o.header(name, "counter", help);
+        for v in views {
+            for (path, get) in paths {
+                o.sample(name, &format!("{},path=\"{path}\"", label(v)), get(v));
             }
         }
     }

@@ -486,6 +486,7 @@ fn refresher(
         .poison_after(t.poison_after)
         .backoff(t.backoff_base, t.backoff_max)
         .shutdown_grace(t.shutdown_grace)
+        .rebuild_by(t.rebuild_by)
         .sweep_at_start(sweep_at_start)
         .ack(ack)
         .on_error(move |r: &Report<'_>| match r {
@@ -498,6 +499,8 @@ fn refresher(
             }
             Report::Recovered { .. }
             | Report::Revived { .. }
+            | Report::WholeStarted { .. }
+            | Report::WholeDone { .. }
             | Report::SweepStarted
             | Report::SweepProgress { .. }
             | Report::Swept { .. }

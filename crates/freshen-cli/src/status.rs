@@ -179,6 +179,18 @@ pub fn render(s: &Status) -> String {
                 v.name
             ));
         }
+        if let Some(r) = &v.paths.running {
+            notes.push(format!(
+                "{}: recomputing the whole table ({}, {}) for {:.1} s, covering {} keys",
+                v.name, r.reason, r.way, r.for_s, r.keys
+            ));
+        }
+        if let Some(e) = &v.paths.build_failed {
+            notes.push(format!(
+                "{}: FIRST BUILD FAILED (the table holds only the keys rebuilt since): {e}",
+                v.name
+            ));
+        }
         if v.gaps > 0 {
             notes.push(format!(
                 "{}: {} changes arrived without their rows (each answered by a sweep)",

@@ -121,6 +121,7 @@ pub fn spec(view: &View, cap: Option<usize>) -> ViewSpec {
         static_tables: view.static_tables.clone(),
         connections: connections(view, cap),
         statement_timeout: view.timing.statement_timeout,
+        whole_timeout: view.timing.whole_timeout,
         key_names: view.key_names.clone(),
     }
 }

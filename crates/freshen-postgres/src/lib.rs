@@ -164,7 +164,9 @@ pub use target::enumerate::SqlEnumerate;
 pub use target::fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use target::keyed::{batch_query, is_plain as is_plain_query};
 pub use target::plug::{PgTarget, is_postgres_url};
-pub use target::query::{DEFAULT_QUERY_BATCH, QueryRebuild, QueryRebuildBuilder};
+pub use target::query::{
+    DEFAULT_QUERY_BATCH, DEFAULT_WHOLE_TIMEOUT, QueryRebuild, QueryRebuildBuilder,
+};
 pub use target::rebuild::{
     DEFAULT_BULK_BATCH, SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled,
 };

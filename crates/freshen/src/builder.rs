@@ -9,7 +9,7 @@ use crate::ack::AckPolicy;
 use crate::backoff::Backoff;
 use crate::dirty::DirtyConfig;
 use crate::parts::{FanOut, Parts, Reconcile, ReportFn, ScopeFn};
-use crate::rebuild::{Batched, Enumerate, Expand, ListAll, PerKey, Rebuild};
+use crate::rebuild::{Batched, Enumerate, Expand, ListAll, PerKey, Rebuild, RebuildBy};
 use crate::schema::Watched;
 use crate::shared::Shared;
 use crate::{BoxError, BuildError, Key, Refresher, Report, RowEvent, Source};
@@ -41,6 +41,7 @@ pub struct Builder {
     shutdown_grace: Duration,
     release_quarantined_after: Option<Duration>,
     watched: Vec<Watched>,
+    rebuild_by: RebuildBy,
     problems: Vec<String>,
 }
 
@@ -82,6 +83,7 @@ impl Default for Builder {
             shutdown_grace: Duration::from_secs(10),
             release_quarantined_after: None,
             watched: Vec::new(),
+            rebuild_by: RebuildBy::default(),
             problems: Vec::new(),
         }
     }
@@ -275,6 +277,15 @@ impl Builder {
         self
     }
 
+    /// Which ways keys are rebuilt (default [`RebuildBy::Auto`]: per-key batches for a
+    /// trickle, set calls for a backlog, and — where the rebuild can
+    /// ([`Rebuild::whole`](crate::Rebuild::whole)) — the whole table past a measured
+    /// share of it, and a first build of an empty table).
+    pub fn rebuild_by(mut self, by: RebuildBy) -> Builder {
+        self.rebuild_by = by;
+        self
+    }
+
     /// Checks the configuration and builds the refresher, listing every problem at once.
     pub fn build(self) -> Result<Refresher, BuildError> {
         let mut problems = self.problems;
@@ -365,6 +376,7 @@ impl Builder {
                 grace: self.shutdown_grace,
                 release_quarantined_after: self.release_quarantined_after,
                 watched: self.watched,
+                rebuild_by: self.rebuild_by,
             },
             shared,
         })

@@ -150,7 +150,9 @@ pub use event::{Columns, Op, Row, RowEvent, Tx, Value};
 pub use fanout::{Branch, fanout};
 pub use histogram::HistogramSnapshot;
 pub use key::{Key, Parts, Quoted};
-pub use rebuild::{Due, Enumerate, Expand, KeySink, Rebuild, SinkClosed};
+pub use rebuild::{
+    Due, Enumerate, Expand, KeySink, Rebuild, RebuildBy, SinkClosed, Whole, WholeDone, WholeWay,
+};
 pub use redact::{
     MASK, SAFE_PARAMETERS, SecretUrl, clip, is_safe_parameter, parameter_name, redact_text,
     redact_url,
@@ -164,7 +166,7 @@ pub use source::{
     Ack, Batch, BeforeImage, BoxError, BoxFuture, Capabilities, ScopedKey, Source, SourceError,
     SourceHealth, SourceProbe, SourceProblem, StreamMark,
 };
-pub use stats::Stats;
+pub use stats::{Stats, WholeRunning};
 
 /// The README's Rust examples compile and run as doctests.
 #[cfg(doctest)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::ack::AckPolicy;
 use crate::dirty::DirtyConfig;
-use crate::rebuild::{Enumerate, Expand, Rebuild};
+use crate::rebuild::{Enumerate, Expand, Rebuild, RebuildBy};
 use crate::schema::Watched;
 use crate::{Key, Report, RowEvent, Source};
 
@@ -46,4 +46,5 @@ pub(crate) struct Parts {
     pub(crate) grace: Duration,
     pub(crate) release_quarantined_after: Option<Duration>,
     pub(crate) watched: Vec<Watched>,
+    pub(crate) rebuild_by: RebuildBy,
 }

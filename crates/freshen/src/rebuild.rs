@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
@@ -59,6 +60,98 @@ pub trait Rebuild: Send + Sync + 'static {
         let _ = error;
         Retry::Key
     }
+
+    /// How this rebuild recomputes its whole derived table at once, if it can (a view
+    /// defined by a plain query): the refresher then builds an empty table in one
+    /// statement at start and, where a backlog reaches a large share of the table,
+    /// recomputes the table instead of its keys one set at a time. `None` (the default):
+    /// keys only.
+    fn whole(&self) -> Option<Arc<dyn Whole>> {
+        None
+    }
+}
+
+/// Which ways a refresher may rebuild a view's keys ([`Builder::rebuild_by`](crate::Builder::rebuild_by)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RebuildBy {
+    /// Chosen per call from what it measures: a trickle in calls of
+    /// [`Rebuild::max_batch`] keys, a backlog in set calls grown up to
+    /// [`Rebuild::bulk_batch`], and past a share of the table the whole table at once
+    /// (where [`Rebuild::whole`] can); an empty table is built whole at start. The
+    /// default.
+    #[default]
+    Auto,
+    /// Calls of at most [`Rebuild::max_batch`] keys, never grown, never the whole table;
+    /// an empty table is left to a reconcile sweep.
+    PerKey,
+    /// Every call as large a set as waits (up to [`Rebuild::bulk_batch`]), trickle or
+    /// not; the whole table past its share, as `Auto`.
+    Set,
+}
+
+impl RebuildBy {
+    /// The mode as a configuration file writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RebuildBy::Auto => "auto",
+            RebuildBy::PerKey => "per-key",
+            RebuildBy::Set => "set",
+        }
+    }
+}
+
+/// How [`Whole::rebuild_all`] writes the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WholeWay {
+    /// Only if the table is empty: fill it ([`WholeDone::built`] says whether it was).
+    Build,
+    /// Replace every row (most rows change): as a full refresh does, in one
+    /// transaction, so that readers never see the table empty or half written.
+    Replace,
+    /// Write only the rows that differ (few rows change): a table that did not change
+    /// is not written at all.
+    Diff,
+}
+
+impl WholeWay {
+    /// The way's name, for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            WholeWay::Build => "build",
+            WholeWay::Replace => "replace",
+            WholeWay::Diff => "diff",
+        }
+    }
+}
+
+/// What a [`Whole::rebuild_all`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WholeDone {
+    /// Rows the table holds afterwards (an estimate serves: it weighs the whole table
+    /// against a backlog of keys). A build that found rows says how many.
+    pub rows: u64,
+    /// Rows inserted, updated or deleted.
+    pub written: u64,
+    /// With [`WholeWay::Build`]: whether the table was empty and is now built (else
+    /// nothing was written).
+    pub built: bool,
+}
+
+/// A rebuild's way of recomputing its whole derived table; from [`Rebuild::whole`].
+pub trait Whole: Send + Sync + 'static {
+    /// Recomputes the whole table in one transaction whose snapshot sees every
+    /// transaction in `txids` (as [`Due::txids`]), writing it the `way` asked.
+    fn rebuild_all<'a>(
+        &'a self,
+        way: WholeWay,
+        txids: &'a [u64],
+    ) -> BoxFuture<'a, Result<WholeDone, BoxError>>;
+
+    /// Whose fault a failure was, as [`Rebuild::classify`].
+    fn classify(&self, error: &BoxError) -> Retry {
+        let _ = error;
+        Retry::Key
+    }
 }
 
 /// A key fan-out: maps changed *parent* rows (a plan, a product: a table that does not
@@ -95,6 +188,15 @@ pub trait Expand: Send + Sync + 'static {
         let _ = error;
         Retry::Key
     }
+
+    /// About how many view keys [`expand`](Self::expand) would send for `due`, if the
+    /// fan-out can tell cheaply (a plan's row estimate): a fan-out to a large share of
+    /// the view is then recomputed as a whole table instead of key by key. `None` (the
+    /// default): unknown.
+    fn estimate<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<Option<u64>, BoxError>> {
+        let _ = due;
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// Lists the live key universe for a reconcile sweep, streaming keys into a [`KeySink`].
@@ -122,6 +224,10 @@ impl Rebuild for Box<dyn Rebuild> {
     fn classify(&self, error: &BoxError) -> Retry {
         (**self).classify(error)
     }
+
+    fn whole(&self) -> Option<Arc<dyn Whole>> {
+        (**self).whole()
+    }
 }
 
 /// A fan-out chosen at run time.
@@ -140,6 +246,10 @@ impl Expand for Box<dyn Expand> {
 
     fn classify(&self, error: &BoxError) -> Retry {
         (**self).classify(error)
+    }
+
+    fn estimate<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<Option<u64>, BoxError>> {
+        (**self).estimate(due)
     }
 }
 

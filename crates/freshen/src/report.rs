@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BoxError, Gap, Key, Retry, SchemaChange, SourceError};
+use crate::{BoxError, Gap, Key, Retry, SchemaChange, SourceError, WholeDone, WholeWay};
 
 /// Something a refresher wants a person to know; passed to
 /// [`Builder::on_error`](crate::Builder::on_error). The run goes on after every report.
@@ -122,6 +122,39 @@ pub enum Report<'a> {
         /// The change.
         change: &'a SchemaChange,
     },
+    /// A recompute of the whole derived table started: its first build (the table was
+    /// empty at start), or a backlog or fan-out past the share of the table above which
+    /// the whole table is cheaper than its keys. A lifecycle line.
+    WholeStarted {
+        /// Why: `build`, `backlog` or `fan-out`.
+        reason: &'static str,
+        /// How it writes the table.
+        way: WholeWay,
+        /// Waiting keys it covers.
+        keys: usize,
+    },
+    /// A whole-table run committed. A lifecycle line.
+    WholeDone {
+        /// Why it ran.
+        reason: &'static str,
+        /// How it wrote the table.
+        way: WholeWay,
+        /// What it did.
+        done: WholeDone,
+        /// How long it took.
+        took: Duration,
+    },
+    /// A whole-table run failed: by the path it is tried again after a backoff; by a
+    /// key's data its keys are retried in halves (the failing key is found and
+    /// quarantined), and a failed first build leaves the table to the keys that change.
+    WholeFailed {
+        /// Why it ran.
+        reason: &'static str,
+        /// Whose fault it was.
+        retry: Retry,
+        /// What went wrong.
+        error: &'a BoxError,
+    },
     /// A reconcile sweep started listing keys (at start, on its interval, after a
     /// TRUNCATE, or on request). A lifecycle line.
     SweepStarted,
@@ -203,6 +236,57 @@ impl fmt::Display for Report<'_> {
                 key.quoted()
             ),
             Report::Skipped { error } => write!(f, "skipped an undecodable message: {error}"),
+            Report::WholeStarted { reason, way, keys } => match (*reason, way) {
+                ("build", _) => write!(
+                    f,
+                    "first build: the derived table was empty, it is built from its query in one statement"
+                ),
+                _ => write!(
+                    f,
+                    "recomputing the whole derived table ({}, for a {reason} covering {keys} waiting keys): cheaper than the keys one set at a time",
+                    way.name()
+                ),
+            },
+            Report::WholeDone {
+                reason,
+                way,
+                done,
+                took,
+            } => {
+                if *reason == "build" && !done.built {
+                    write!(
+                        f,
+                        "first build not needed: the derived table already holds about {} rows",
+                        done.rows
+                    )
+                } else if *reason == "build" {
+                    write!(f, "first build done in {took:?}: {} rows", done.rows)
+                } else {
+                    write!(
+                        f,
+                        "whole derived table recomputed ({reason}, {}) in {took:?}: {} rows, {} written",
+                        way.name(),
+                        done.rows,
+                        done.written
+                    )
+                }
+            }
+            Report::WholeFailed {
+                reason,
+                retry,
+                error,
+            } => {
+                let then = match (*reason, retry) {
+                    (_, Retry::Path | Retry::Fix) => "tried again after a backoff",
+                    ("build", Retry::Key) => {
+                        "the table holds only the keys rebuilt since; fix the data and restart to build it"
+                    }
+                    (_, Retry::Key) => {
+                        "its keys are rebuilt in halves instead, so that only the failing key is quarantined"
+                    }
+                };
+                write!(f, "whole-table run ({reason}) failed, {then}: {error}")
+            }
             Report::ReconcileFailed { error, retry_in } => {
                 write!(
                     f,

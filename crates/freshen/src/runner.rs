@@ -27,6 +27,8 @@
 //! | [`progress`] | the listing sweep's keys and start |
 //! | [`txids`] | the transaction ids behind each dirty key |
 //! | [`gauges`] | what the gauges last published |
+//! | [`choice`] | the view's rates, and whether a backlog goes to the whole table |
+//! | [`whole`] | whole-table runs (a first build, a backlog or fan-out past the threshold) and the keys they cover |
 //!
 //! The scheduler ([`DirtySet`]), the sweeps ([`Sweeper`]) and the acks ([`AckTracker`])
 //! are parts of their own outside this folder; what joins them — which batch a key
@@ -35,6 +37,7 @@
 //! [`Handle`]: crate::Handle
 
 mod bisect;
+mod choice;
 mod fanout;
 mod gauges;
 mod jobs;
@@ -43,6 +46,7 @@ mod pause;
 mod progress;
 mod quarantine;
 mod txids;
+mod whole;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -52,6 +56,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use self::bisect::Halves;
+use self::choice::Choice;
 use self::fanout::{FanOutStage, takes_fanned};
 use self::gauges::{Gauges, Readings};
 use self::jobs::{AbortOnDrop, JobKey, JobOutput, Jobs};
@@ -60,10 +65,11 @@ use self::pause::Pauses;
 use self::progress::SweepProgress;
 use self::quarantine::Quarantine;
 use self::txids::Txids;
+use self::whole::{LargeFanOut, Reason, WholeRun};
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
 use crate::parts::{Parts, ReportFn, ScopeFn};
-use crate::rebuild::Due;
+use crate::rebuild::{Due, Whole, WholeDone, WholeWay};
 use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper};
@@ -158,11 +164,25 @@ pub(crate) struct Runner {
     /// The keys one batch (of changes, or of fanned keys) dirties, marked at once.
     marking: Marking,
     pauses: Pauses,
+    /// Which way a backlog goes, from what was measured.
+    choice: Choice,
+    /// The rebuild's whole-table way, if it has one.
+    whole_way: Option<Arc<dyn Whole>>,
+    /// Whole-table runs and the keys they cover.
+    whole: WholeRun,
 }
 
 impl Runner {
     pub(crate) fn new(p: Parts, shared: Arc<Shared>) -> (Runner, Box<dyn Source>) {
         let now = Instant::now();
+        let whole_way = p.rebuild.whole();
+        let choice = Choice::new(p.rebuild_by, whole_way.is_some());
+        let mut whole = WholeRun::new();
+        if choice.whole_possible() {
+            // An empty (or new) derived table is built in one statement before any key
+            // is rebuilt; a table that holds rows only reports its size.
+            whole.want(Reason::Build);
+        }
         let runner = Runner {
             jobs: Jobs::new(p.rebuild, p.dirty.coalesce, p.workers),
             scope: p.scope,
@@ -187,6 +207,9 @@ impl Runner {
             scratch: Vec::new(),
             marking: Marking::default(),
             pauses: Pauses::new(p.watched),
+            choice,
+            whole_way,
+            whole,
         };
         (runner, p.source)
     }
@@ -249,6 +272,7 @@ impl Runner {
                 biased;
                 _ = &mut shutdown => break,
                 Some(done) = self.jobs.join_next() => self.finish_job(done),
+                done = self.whole.join(), if self.whole.is_running() => self.finish_whole(done),
                 n = self.fanout.recv(&mut fanbuf), if take_fanned => {
                     if n > 0 {
                         self.mark_fanned(&mut fanbuf);
@@ -278,9 +302,10 @@ impl Runner {
         drop(batch_rx);
         self.sweeper.stop();
         let deadline = Instant::now() + self.grace;
-        while !self.jobs.is_empty() {
+        while !self.jobs.is_empty() || self.whole.is_running() {
             tokio::select! {
                 Some(done) = self.jobs.join_next() => self.finish_job(done),
+                done = self.whole.join(), if self.whole.is_running() => self.finish_whole(done),
                 // A fan-out call finishing in the grace period must not block on a full
                 // buffer; its keys keep its holds (nothing is rebuilt any more).
                 n = self.fanout.recv(&mut fanbuf), if fanning => {
@@ -293,7 +318,7 @@ impl Runner {
         }
         self.release_acks();
         // Dropping a rebuild future cancels it (SqlRebuild cancels on the server).
-        let abandoned = self.jobs.abandoned() + self.halves.keys();
+        let abandoned = self.jobs.abandoned() + self.halves.keys() + self.whole.abandon();
         Recorder::add(&self.shared.stats.abandoned, abandoned as u64);
         self.jobs.abort_all().await;
         let _ = stop_tx.send(());
@@ -316,12 +341,17 @@ impl Runner {
             && self.solo.is_none()
             && self.halves.is_empty()
             && self.sweeper.is_idle()
+            && !self.whole.blocks()
     }
 
     /// How many rebuild calls may run now: none while paused, one while the view is
     /// stalled (a probe, so that an outage is not hammered by every worker), else
     /// `workers`.
     fn capacity(&self) -> usize {
+        // A whole-table run writes every row: nothing else of the view runs beside it.
+        if self.whole.blocks() {
+            return 0;
+        }
         self.jobs
             .capacity(self.pauses.is_paused(), self.stall.is_some())
     }
@@ -342,7 +372,15 @@ impl Runner {
         } else {
             None
         };
-        [due, sweep, release].into_iter().flatten().min()
+        [
+            due,
+            sweep,
+            release,
+            self.whole.next_wake().map(Instant::from_std),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn commands(&mut self, now: Instant) {
@@ -615,6 +653,11 @@ impl Runner {
 
     fn dispatch(&mut self, now: Instant) {
         let now = now.into_std();
+        self.consider_whole();
+        if self.whole.blocks() {
+            self.start_whole(now);
+            return;
+        }
         while self.jobs.len() < self.capacity() {
             if let Some(half) = self.halves.next() {
                 let (meta, due): (Vec<JobKey>, Vec<Due>) = half.into_iter().unzip();
@@ -636,9 +679,14 @@ impl Runner {
             let (max_batch, window) = match stage {
                 // The keys still waiting after this one, split over the workers.
                 None => {
-                    let n = self
-                        .jobs
-                        .batch_for(self.dirty.queued() + 1, self.capacity());
+                    let n = if self.choice.always_sets() {
+                        self.jobs.set_batch()
+                    } else if self.choice.grows() {
+                        self.jobs
+                            .batch_for(self.dirty.queued() + 1, self.capacity())
+                    } else {
+                        self.jobs.batch_for(0, self.capacity())
+                    };
                     (n, self.jobs.fill_window(n))
                 }
                 Some(i) => (self.fanout.max_batch(i), self.jobs.fill_window(0)),
@@ -678,11 +726,200 @@ impl Runner {
                 }
                 Some(i) => {
                     let hold = meta.iter().filter_map(|m| m.covered).min();
-                    let expand = self.fanout.call(call, i, hold, due);
+                    // A fan-out that would reach the threshold's keys is covered by a
+                    // whole-table run instead (unless such a run just failed for them).
+                    let limit = self
+                        .choice
+                        .threshold()
+                        .filter(|_| self.may_go_whole())
+                        .filter(|_| !due.iter().any(|d| self.whole.expands_anyway(&d.key)));
+                    let expand = self.fanout.call(call, i, hold, due, limit);
                     self.jobs.spawn(meta, stage, call, expand);
                 }
             }
         }
+    }
+
+    /// Whether a whole-table run may be wanted now: the view runs (not paused), and no
+    /// earlier run's data failure is still being settled key by key.
+    fn may_go_whole(&self) -> bool {
+        self.choice.whole_possible() && !self.pauses.is_paused() && self.whole.may_want()
+    }
+
+    /// Wants a whole-table run when the backlog has reached the threshold. Not while a
+    /// fan-out streams: its keys are still arriving (a fan-out estimated large never
+    /// starts streaming: see `FanOutStage::call`).
+    fn consider_whole(&mut self) {
+        let queued = self.dirty.queued() as u64;
+        self.whole.settled(
+            self.halves.is_empty(),
+            self.dirty.poisoned() == 0,
+            !self.choice.goes_whole(queued),
+        );
+        if self.whole.blocks() || self.jobs.fanning() > 0 || !self.may_go_whole() {
+            return;
+        }
+        if self.choice.goes_whole(queued) {
+            self.whole.want(Reason::Backlog);
+        }
+    }
+
+    /// Starts the wanted whole-table run once no call of the view runs: it takes every
+    /// waiting key (in flight until it ends), and the parent keys parked for it.
+    fn start_whole(&mut self, now: std::time::Instant) {
+        if !self.jobs.is_empty() {
+            return;
+        }
+        let Some(reason) = self.whole.startable(now) else {
+            return;
+        };
+        let Some(run) = self.whole_way.clone() else {
+            return;
+        };
+        let mut keys = Vec::new();
+        if reason != Reason::Build {
+            if let Some(r) = self.solo.take() {
+                keys.push(self.start_key(r));
+            }
+            // Every waiting key, due or not: the run covers its changes.
+            let all = now + Duration::from_secs(365 * 24 * 3600);
+            while let Some(r) = self.dirty.pop_ready(all) {
+                keys.push(self.start_key(r));
+            }
+        }
+        let way = match reason {
+            Reason::Build => WholeWay::Build,
+            Reason::FanOut => WholeWay::Replace,
+            Reason::Backlog => whole::backlog_way(&keys),
+        };
+        // The parent keys whose fan-out was too large: covered too, their changes seen.
+        keys.extend(self.whole.take_parked());
+        self.report(Report::WholeStarted {
+            reason: reason.name(),
+            way,
+            keys: keys.len(),
+        });
+        let txids = whole::txids(&keys);
+        let task = tokio::spawn(async move { run.rebuild_all(way, &txids).await });
+        self.whole.start(way, keys, task);
+        self.publish_whole();
+    }
+
+    /// A whole-table run ended.
+    fn finish_whole(&mut self, done: Result<Result<WholeDone, BoxError>, BoxError>) {
+        let Some(run) = self.whole.ended() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let took = now.saturating_duration_since(run.since);
+        let st = self.shared.clone();
+        let st = &st.stats;
+        let (mut view, mut parents) = (Vec::new(), Vec::new());
+        for (m, d) in run.keys {
+            if m.key.stage_index().is_some() {
+                parents.push((m, d));
+            } else {
+                view.push((m, d));
+            }
+        }
+        match done.and_then(|r| r) {
+            Ok(done) => {
+                self.whole.succeeded(run.reason);
+                if run.way == WholeWay::Build && !done.built {
+                    self.choice.set_rows(done.rows);
+                } else {
+                    Recorder::add(&st.whole_runs, 1);
+                    Recorder::add(&st.whole_keys, (view.len() + parents.len()) as u64);
+                    Recorder::add(&st.whole_written, done.written);
+                    self.choice.whole_run(done.rows, took);
+                }
+                self.report(Report::WholeDone {
+                    reason: run.reason.name(),
+                    way: run.way,
+                    done,
+                    took,
+                });
+                let (meta, _): (Vec<JobKey>, Vec<Due>) = parents.into_iter().unzip();
+                self.succeeded(meta, true, now);
+                let (meta, _): (Vec<JobKey>, Vec<Due>) = view.into_iter().unzip();
+                self.succeeded(meta, false, now);
+            }
+            Err(error) => {
+                Recorder::add(&st.whole_failures, 1);
+                let retry = self
+                    .whole_way
+                    .as_ref()
+                    .map_or(Retry::Path, |w| w.classify(&error));
+                self.report(Report::WholeFailed {
+                    reason: run.reason.name(),
+                    retry,
+                    error: &error,
+                });
+                if run.reason == Reason::Build {
+                    // No keys to fall back to: by the path, the build is tried again
+                    // (the view stalls meanwhile); by data, the table is left to the
+                    // keys that change, and says so.
+                    if retry.blames_key() {
+                        self.whole.build_failed_by_data(&error.to_string());
+                    } else {
+                        self.failed(Vec::new(), Vec::new(), retry, &error, now);
+                        let wait = self
+                            .dirty
+                            .config()
+                            .backoff
+                            .ceiling(self.whole.failures() + 1);
+                        self.whole.retry_after(Reason::Build, now, wait);
+                    }
+                } else {
+                    // Set work takes over: the parent keys expand key by key (no count
+                    // against them), the view keys are halved (by data: the failing key
+                    // is found) or back off as any call's (by the path).
+                    let keys: Vec<Key> = parents.iter().map(|(m, _)| m.key.clone()).collect();
+                    self.whole.fall_back(&keys);
+                    for (m, d) in parents {
+                        self.requeue(m, d, now);
+                    }
+                    let (meta, dues): (Vec<JobKey>, Vec<Due>) = view.into_iter().unzip();
+                    if retry.blames_key() && !meta.is_empty() {
+                        self.halve(meta, dues, retry, &error, now);
+                    } else {
+                        self.failed(meta, dues, retry, &error, now);
+                    }
+                }
+            }
+        }
+        self.publish_whole();
+    }
+
+    /// Puts a key a whole-table run covered back in the queue without blaming it.
+    fn requeue(&mut self, m: JobKey, due: Due, now: std::time::Instant) {
+        if let Completion::Retry { .. } =
+            self.dirty
+                .complete_ticket(m.ticket, Outcome::Failed(Retry::Path), now)
+        {
+            if let Some(t) = &mut self.tracker {
+                t.failed(&m.key, m.covered);
+            }
+            self.txids.restore(&m.key, due.txids);
+        }
+    }
+
+    /// Publishes the whole-table runs' state and the choice's for `/status`.
+    fn publish_whole(&self) {
+        let running = self.whole.running().map(|r| crate::stats::WholeRunning {
+            reason: r.reason.name(),
+            way: r.way.name(),
+            since: SystemTime::now() - r.since.elapsed(),
+            keys: r.keys.len() as u64,
+        });
+        let state = crate::stats::WholeState {
+            running,
+            threshold: self.choice.threshold(),
+            rows: self.choice.rows(),
+            rates: self.choice.rates(),
+            build_failed: self.whole.build_failed().map(str::to_owned),
+        };
+        self.shared.stats.trouble(|t| t.whole = state);
     }
 
     /// Marks every key fan-out calls have sent so far: a call's keys are all in the
@@ -719,8 +956,26 @@ impl Runner {
             Ok(()) => {
                 if job.stage.is_some() {
                     Recorder::add(&self.shared.stats.fanout_calls, 1);
+                    for m in &meta {
+                        self.whole.expanded(&m.key);
+                    }
+                } else if meta.len() > self.jobs.max_batch() {
+                    let st = &self.shared.stats;
+                    Recorder::add(&st.set_calls, 1);
+                    Recorder::add(&st.set_keys, meta.len() as u64);
+                    self.choice.set_call(
+                        meta.len(),
+                        now.saturating_duration_since(job.started),
+                        self.jobs.len() + 1,
+                    );
+                    self.publish_whole();
                 }
                 self.succeeded(meta, job.stage.is_some(), now)
+            }
+            Err(error) if job.stage.is_some() && error.is::<LargeFanOut>() => {
+                // Its parent keys stay in flight, their holds with them, until a
+                // whole-table run covers them.
+                self.whole.park(meta.into_iter().zip(dues));
             }
             Err(error) => {
                 let retry = match job.stage.and_then(|i| self.fanout.classify(i, &error)) {

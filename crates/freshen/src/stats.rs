@@ -64,6 +64,35 @@ pub struct Stats {
     pub fanout_calls: u64,
     /// View keys sent by fan-outs (before merging with keys already dirty).
     pub fanout_keys: u64,
+    /// Of `rebuild_calls`, set calls: calls grown past the rebuild's batch to work
+    /// through a backlog as sets (the rest are per-key batches).
+    pub set_calls: u64,
+    /// Keys rebuilt by set calls.
+    pub set_keys: u64,
+    /// Whole-table runs that finished: first builds, backlogs past the threshold,
+    /// fan-outs to a large share of the table.
+    pub whole_runs: u64,
+    /// Whole-table runs that failed.
+    pub whole_failures: u64,
+    /// Keys covered by whole-table runs that finished.
+    pub whole_keys: u64,
+    /// Rows whole-table runs inserted, updated or deleted.
+    pub whole_written: u64,
+    /// The whole-table run now running: why (`build`, `backlog`, `fan-out`), how
+    /// (`build`, `replace`, `diff`), since when and how many keys it covers.
+    pub whole_running: Option<WholeRunning>,
+    /// Waiting keys at or above which the view's backlog is recomputed as the whole
+    /// table (`None`: never, or not known yet).
+    pub whole_threshold: Option<u64>,
+    /// Rows the derived table holds, last known (from a whole-table run or the
+    /// target's estimate).
+    pub table_rows: Option<u64>,
+    /// Keys per second of set work and rows per second of whole-table runs, as the
+    /// choice between them now assumes (measured, or the priors before).
+    pub rates: (f64, f64),
+    /// Why the first build of the (empty) derived table failed by its data; it then
+    /// holds only the keys rebuilt since. `None` when it did not fail.
+    pub build_failed: Option<String>,
     /// Keys waiting for a rebuild (dirty or waiting to retry). Gauge.
     pub dirty: u64,
     /// When the longest-running rebuild call now running started (`None`: none runs).
@@ -112,6 +141,20 @@ pub struct Stats {
     pub freshness: HistogramSnapshot,
 }
 
+/// A whole-table run in progress, in [`Stats::whole_running`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WholeRunning {
+    /// Why: `build` (the table was empty at start), `backlog` or `fan-out`.
+    pub reason: &'static str,
+    /// How: `build`, `replace` or `diff`.
+    pub way: &'static str,
+    /// When it started.
+    pub since: SystemTime,
+    /// Keys it covers.
+    pub keys: u64,
+}
+
 /// The live counters behind [`Stats`], shared by the run loop and every handle.
 #[derive(Debug)]
 pub(crate) struct Recorder {
@@ -135,6 +178,12 @@ pub(crate) struct Recorder {
     pub(crate) reconcile_keys: AtomicU64,
     pub(crate) fanout_calls: AtomicU64,
     pub(crate) fanout_keys: AtomicU64,
+    pub(crate) set_calls: AtomicU64,
+    pub(crate) set_keys: AtomicU64,
+    pub(crate) whole_runs: AtomicU64,
+    pub(crate) whole_failures: AtomicU64,
+    pub(crate) whole_keys: AtomicU64,
+    pub(crate) whole_written: AtomicU64,
     pub(crate) dirty: AtomicU64,
     pub(crate) poisoned: AtomicU64,
     pub(crate) poisoned_holding: AtomicU64,
@@ -175,6 +224,17 @@ pub(crate) struct Trouble {
     pub(crate) last_error: Option<String>,
     pub(crate) paused: Vec<String>,
     pub(crate) unhealed_gaps: Vec<String>,
+    pub(crate) whole: WholeState,
+}
+
+/// What the run loop last published of its whole-table runs and their choice.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct WholeState {
+    pub(crate) running: Option<WholeRunning>,
+    pub(crate) threshold: Option<u64>,
+    pub(crate) rows: Option<u64>,
+    pub(crate) rates: (f64, f64),
+    pub(crate) build_failed: Option<String>,
 }
 
 fn now_ns() -> u64 {
@@ -211,6 +271,12 @@ impl Recorder {
             reconcile_keys: z(),
             fanout_calls: z(),
             fanout_keys: z(),
+            set_calls: z(),
+            set_keys: z(),
+            whole_runs: z(),
+            whole_failures: z(),
+            whole_keys: z(),
+            whole_written: z(),
             dirty: z(),
             poisoned: z(),
             poisoned_holding: z(),
@@ -275,6 +341,7 @@ impl Recorder {
             last_error: trouble.last_error.clone(),
             paused: trouble.paused.clone(),
             unhealed_gaps: trouble.unhealed_gaps.clone(),
+            whole: trouble.whole.clone(),
         };
         Stats {
             batches_received: g(&self.batches_received),
@@ -298,6 +365,17 @@ impl Recorder {
             reconcile_keys: g(&self.reconcile_keys),
             fanout_calls: g(&self.fanout_calls),
             fanout_keys: g(&self.fanout_keys),
+            set_calls: g(&self.set_calls),
+            set_keys: g(&self.set_keys),
+            whole_runs: g(&self.whole_runs),
+            whole_failures: g(&self.whole_failures),
+            whole_keys: g(&self.whole_keys),
+            whole_written: g(&self.whole_written),
+            whole_running: trouble.whole.running,
+            whole_threshold: trouble.whole.threshold,
+            table_rows: trouble.whole.rows,
+            rates: trouble.whole.rates,
+            build_failed: trouble.whole.build_failed,
             dirty: g(&self.dirty),
             oldest_in_flight: time_of(g(&self.oldest_in_flight_ns)),
             sweep_since: time_of(g(&self.sweep_since_ns)),

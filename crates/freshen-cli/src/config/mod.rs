@@ -66,6 +66,11 @@ pub struct Timing {
     /// A change waiting longer than this for its rebuild makes `/healthz` unhealthy
     /// naming the view; `None` when `"0s"`.
     pub stale_after: Option<Duration>,
+    /// Which ways keys are rebuilt: per key, as sets, the whole table (`"auto"`).
+    pub rebuild_by: freshen::RebuildBy,
+    /// The statement timeout of a whole-table run (a first build, a large backlog);
+    /// `None` when `"0s"`.
+    pub whole_timeout: Option<Duration>,
 }
 
 impl Default for Timing {
@@ -81,6 +86,8 @@ impl Default for Timing {
             release_quarantined_after: None,
             statement_timeout: Some(Duration::from_secs(30)),
             stale_after: Some(Duration::from_secs(600)),
+            rebuild_by: freshen::RebuildBy::Auto,
+            whole_timeout: Some(freshen_postgres::DEFAULT_WHOLE_TIMEOUT),
         }
     }
 }
@@ -381,6 +388,8 @@ pub(crate) const TIMING: &[&str] = &[
     "release_quarantined_after",
     "statement_timeout",
     "stale_after",
+    "rebuild_by",
+    "whole_timeout",
 ];
 /// The keys of a `[[views]]` entry.
 pub(crate) const VIEW: &[&str] = &[
@@ -403,6 +412,8 @@ pub(crate) const VIEW: &[&str] = &[
     "release_quarantined_after",
     "statement_timeout",
     "stale_after",
+    "rebuild_by",
+    "whole_timeout",
 ];
 
 /// Reads and validates `path`, expanding `${VAR}` from the process environment.
@@ -828,6 +839,16 @@ fn read_timing(r: &mut Reader<'_, '_>, t: Tbl<'_>, base: Timing) -> Timing {
     }
     if let Some(d) = r.duration(t, "stale_after") {
         out.stale_after = (!d.value.is_zero()).then_some(d.value);
+    }
+    if let Some(c) = r.choice(t, "rebuild_by", &["auto", "per-key", "set"]) {
+        out.rebuild_by = match c.value.as_str() {
+            "per-key" => freshen::RebuildBy::PerKey,
+            "set" => freshen::RebuildBy::Set,
+            _ => freshen::RebuildBy::Auto,
+        };
+    }
+    if let Some(d) = r.duration(t, "whole_timeout") {
+        out.whole_timeout = (!d.value.is_zero()).then_some(d.value);
     }
     let path = format!(
         "{}{}backoff",

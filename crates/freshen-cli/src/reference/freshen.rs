@@ -196,7 +196,7 @@ pub(super) const LOG: Table = Table {
 };
 
 /// The timing keys of `[defaults]`, which every `[[views]]` entry may set too.
-const TIMING: [Key; 9] = [
+const TIMING: [Key; 11] = [
     key(
         "coalesce",
         "duration",
@@ -260,6 +260,20 @@ const TIMING: [Key; 9] = [
         Millis(0, YEAR_MS),
         "A change waiting longer for its rebuild makes `/healthz` unhealthy naming the view; `\"0s\"`: never.",
     ),
+    key(
+        "rebuild_by",
+        "string",
+        Is("\"auto\""),
+        OneOf(&["auto", "per-key", "set"]),
+        "How keys are rebuilt: `\"auto\"` chooses per call from what it measures — a trickle in batches of `rebuild_batch` keys, a backlog in set calls, and for a plain `query` the whole table at once past the share of it where that is cheaper (shown as `whole_threshold` in `/status`), and an empty table built whole at start; `\"per-key\"` never grows a call nor recomputes the whole table; `\"set\"` makes every call as large a set as waits.",
+    ),
+    key(
+        "whole_timeout",
+        "duration",
+        Is("\"1h\""),
+        Millis(0, YEAR_MS),
+        "The statement timeout of a whole-table run (a first build, a backlog past the threshold): longer than `statement_timeout`, which still bounds how long it waits for a lock; `\"0s\"`: no limit.",
+    ),
 ];
 
 pub(super) const DEFAULTS: Table = Table {
@@ -292,7 +306,7 @@ pub(super) const BACKOFF: Table = Table {
 };
 
 /// A view's own keys, then the timing keys it may set.
-const VIEW_KEYS: [Key; 19] = {
+const VIEW_KEYS: [Key; 21] = {
     let own = [
         key(
             "name",
@@ -373,7 +387,7 @@ const VIEW_KEYS: [Key; 19] = {
             "Tables the rebuild reads whose changes need not dirty the view (lookup tables); `check` stops warning about them.",
         ),
     ];
-    let mut all = [own[0]; 19];
+    let mut all = [own[0]; 21];
     let mut i = 0;
     while i < own.len() {
         all[i] = own[i];

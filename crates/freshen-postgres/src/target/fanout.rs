@@ -40,6 +40,9 @@ use crate::target::rebuild::{
 pub struct SqlFanOut {
     pool: Pool,
     sql: Arc<str>,
+    /// `EXPLAIN (FORMAT JSON)` of the keys statement as written: its row estimate for
+    /// a parent key tells how far a fan-out reaches before it runs.
+    explain: Arc<str>,
     param_types: Arc<[Type]>,
     columns: usize,
     batch: usize,
@@ -178,9 +181,11 @@ impl SqlFanOutBuilder {
         c.prepare(&wrapped)
             .await
             .map_err(|e| PgError::sql("the keys statement does not prepare", e))?;
+        let explain = format!("EXPLAIN (FORMAT JSON) {sql}");
         Ok(SqlFanOut {
             pool: self.pool,
             sql: wrapped.into(),
+            explain: explain.into(),
             param_types,
             columns,
             batch: self.batch,
@@ -229,6 +234,39 @@ impl SqlFanOut {
             .await;
         guard.disarm();
         outcome
+    }
+
+    /// About how many view keys `due`'s parent keys map to: the planner's row estimate
+    /// of the keys statement for each (a custom plan: the parent's value is known, so a
+    /// common one is weighed by the column's statistics).
+    pub async fn estimate(&self, due: &[Due]) -> Result<u64, PgError> {
+        let params = self.params(due)?;
+        let c = client(&self.pool).await?;
+        let stmt = c
+            .prepare_cached(&self.explain)
+            .await
+            .map_err(|e| PgError::sql("the keys statement cannot be explained", e))?;
+        let mut total = 0u64;
+        for p in &params {
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                p.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+            let row = c
+                .query_one(&stmt, &refs)
+                .await
+                .map_err(|e| PgError::sql("the keys statement cannot be explained", e))?;
+            let text: String = row
+                .try_get(0)
+                .map_err(|e| PgError::sql("cannot read the keys statement's plan", e))?;
+            let plan: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            let rows = plan
+                .get(0)
+                .and_then(|p| p.get("Plan"))
+                .and_then(|p| p.get("Plan Rows"))
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or(0.0);
+            total = total.saturating_add(rows.max(0.0) as u64);
+        }
+        Ok(total)
     }
 
     fn params(&self, due: &[Due]) -> Result<Vec<Vec<TextParam>>, PgError> {
@@ -386,5 +424,9 @@ impl Expand for SqlFanOut {
         error
             .downcast_ref::<PgError>()
             .map_or(Retry::Key, PgError::retry)
+    }
+
+    fn estimate<'a>(&'a self, due: &'a [Due]) -> BoxFuture<'a, Result<Option<u64>, BoxError>> {
+        Box::pin(async move { Ok(Some(self.estimate(due).await?)) })
     }
 }

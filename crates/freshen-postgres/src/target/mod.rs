@@ -13,3 +13,4 @@ pub(crate) mod params;
 pub(crate) mod plug;
 pub(crate) mod query;
 pub(crate) mod rebuild;
+pub(crate) mod whole;

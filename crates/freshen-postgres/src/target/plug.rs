@@ -182,7 +182,8 @@ impl ViewTarget for PgView {
                     q.query.clone(),
                 )
                 .batch(view.rebuild_batch.unwrap_or(DEFAULT_QUERY_BATCH))
-                .visibility(self.visibility.clone());
+                .visibility(self.visibility.clone())
+                .whole_timeouts(view.whole_timeout, view.statement_timeout);
                 if let Some(source) = &self.source {
                     b = b.read_from(source.clone());
                 }

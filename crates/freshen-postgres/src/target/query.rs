@@ -7,10 +7,12 @@
 //! cancellation and the failure classification are exactly those of hand-written
 //! rebuilds.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use freshen::{BoxError, BoxFuture, Due, Rebuild, Retry};
+
+use freshen::{BoxError, BoxFuture, Due, Rebuild, Retry, Whole};
 use tokio_postgres::Client;
 use tokio_postgres::types::Kind;
 
@@ -20,12 +22,17 @@ use crate::pool::client;
 use crate::quote::quote_ident;
 use crate::target::across::Across;
 use crate::target::merge::{Merge, column_problems};
+use crate::target::whole::{PgWhole, Statements};
 use crate::{PgError, SqlRebuild, TableName, Visibility};
 
 /// Keys per statement when nothing else is said: large enough that the per-statement
 /// costs (planning, the round trip, the visibility check) are spread thin, small enough
 /// that one slow key delays few others (see BENCHMARKS.md, "rebuild-index").
 pub const DEFAULT_QUERY_BATCH: usize = 64;
+
+/// The statement timeout of a whole-table run when nothing else is said: a recompute of
+/// a large table takes far longer than a batch of keys.
+pub const DEFAULT_WHOLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A [`freshen::Rebuild`] that writes what a query returns into a table: for the
 /// batch's keys it inserts the rows the table lacks, updates the rows whose values
@@ -41,6 +48,8 @@ pub const DEFAULT_QUERY_BATCH: usize = 64;
 pub struct QueryRebuild {
     inner: Inner,
     statement: String,
+    /// For a plain query in the target database: the whole table at once.
+    whole: Option<Arc<PgWhole>>,
 }
 
 /// Where the query runs.
@@ -63,9 +72,20 @@ pub struct QueryRebuildBuilder {
     visibility: Visibility,
     visibility_wait: Duration,
     source: Option<Pool>,
+    whole_timeout: Option<Duration>,
+    lock_timeout: Option<Duration>,
 }
 
 impl QueryRebuildBuilder {
+    /// The statement timeout of a whole-table run (default one hour; `None`: none),
+    /// and how long it waits for a lock (`lock`: the view's statement timeout, so that a
+    /// locked table fails the run quickly rather than holding the view).
+    pub fn whole_timeouts(mut self, run: Option<Duration>, lock: Option<Duration>) -> Self {
+        self.whole_timeout = run;
+        self.lock_timeout = lock;
+        self
+    }
+
     /// Runs the query on `source` (the database the view reads) and writes its rows into
     /// the builder's pool, another database (see the `across` module). The visibility
     /// guard then runs in the query's own snapshot on the source, unless
@@ -97,6 +117,7 @@ impl QueryRebuildBuilder {
     /// Checks the query against the target table (every mismatch at once), writes the
     /// statement and prepares it.
     pub async fn build(mut self) -> Result<QueryRebuild, PgError> {
+        let plain = crate::target::keyed::is_plain(&self.query).then(|| self.query.clone());
         self.query = crate::target::keyed::batch_query(&self.query, &self.key);
         if self.batch == 0 {
             return Err(problems(
@@ -112,6 +133,10 @@ impl QueryRebuildBuilder {
             Ok(statement) => statement,
             Err(found) => return Err(problems(&self.into, &found)),
         };
+        let whole = match &plain {
+            Some(q) => Some(Arc::new(self.whole(&c, q).await?)),
+            None => None,
+        };
         drop(c);
         let inner = SqlRebuild::builder(self.pool)
             .statement(statement.clone())
@@ -124,6 +149,50 @@ impl QueryRebuildBuilder {
         Ok(QueryRebuild {
             inner: Inner::Same(inner),
             statement,
+            whole,
+        })
+    }
+
+    /// The whole-table way of a plain query (`query`), its statements checked.
+    async fn whole(&self, c: &Client, query: &str) -> Result<PgWhole, PgError> {
+        let stmt = c
+            .prepare(crate::target::keyed::trim(query))
+            .await
+            .map_err(|e| PgError::sql("the query does not prepare", e))?;
+        let values: Vec<String> = stmt
+            .columns()
+            .iter()
+            .map(|c| c.name().to_owned())
+            .filter(|c| !self.key.contains(c))
+            .collect();
+        // TRUNCATE where the role may and nothing references the table (a foreign
+        // key would refuse it); otherwise the rows are deleted.
+        let truncate: bool = c
+            .query_one(
+                "SELECT has_table_privilege($1::text::regclass, 'TRUNCATE') \
+                    AND NOT EXISTS (SELECT FROM pg_constraint \
+                                     WHERE confrelid = $1::text::regclass AND contype = 'f')",
+                &[&self.into.quoted()],
+            )
+            .await
+            .map_err(|e| PgError::sql(format!("cannot read the privileges on {}", self.into), e))?
+            .get(0);
+        let statements = Statements::new(&self.into, &self.key, &values, query, truncate);
+        for (what, sql) in [
+            ("the first build", &statements.fill),
+            ("the whole-table diff", &statements.diff),
+        ] {
+            c.prepare(sql).await.map_err(|e| {
+                PgError::sql(format!("{what} written from the query does not prepare"), e)
+            })?;
+        }
+        Ok(PgWhole {
+            pool: self.pool.clone(),
+            statements,
+            visibility: self.visibility.clone(),
+            visibility_wait: self.visibility_wait,
+            timeout: self.whole_timeout,
+            lock_timeout: self.lock_timeout,
         })
     }
 
@@ -148,6 +217,7 @@ impl QueryRebuildBuilder {
                 batch: self.batch,
             }),
             statement,
+            whole: None,
         })
     }
 }
@@ -179,6 +249,8 @@ impl QueryRebuild {
             visibility: Visibility::InSnapshot,
             visibility_wait: Duration::from_secs(2),
             source: None,
+            whole_timeout: Some(DEFAULT_WHOLE_TIMEOUT),
+            lock_timeout: None,
         }
     }
 
@@ -224,6 +296,13 @@ impl Rebuild for QueryRebuild {
             Inner::Same(r) => r.bulk_batch(),
             Inner::Across(a) => a.batch,
         }
+    }
+
+    /// A plain query in the target database recomputes the whole table at once
+    /// ([`PgWhole`]); across databases its rows would travel through freshen, so a
+    /// view there stays key by key.
+    fn whole(&self) -> Option<Arc<dyn Whole>> {
+        self.whole.clone().map(|w| w as Arc<dyn Whole>)
     }
 }
 

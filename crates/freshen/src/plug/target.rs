@@ -56,6 +56,9 @@ pub struct ViewSpec {
     pub connections: usize,
     /// The server cancels a statement running longer than this.
     pub statement_timeout: Option<Duration>,
+    /// The statement timeout of a whole-table run ([`Rebuild::whole`]), which may take
+    /// far longer than a batch of keys; `statement_timeout` still bounds its lock waits.
+    pub whole_timeout: Option<Duration>,
     /// The view's key as the target and the query name it (`$1..$n` order), when no
     /// watch entry of the file carries it (a view whose watches were inferred, see
     /// [`Target::infer`]); empty: the first watched table that carries it names it.
@@ -286,6 +289,7 @@ mod tests {
             static_tables: Vec::new(),
             connections: 1,
             statement_timeout: None,
+            whole_timeout: None,
             key_names: Vec::new(),
         };
         assert_eq!(spec.key(), ["account", "region"]);

@@ -15,6 +15,7 @@ use std::future::Future;
 use tokio::sync::mpsc;
 
 use super::jobs::JobOutput;
+use super::whole::LargeFanOut;
 use crate::ack::BatchId;
 use crate::parts::FanOut;
 use crate::rebuild::{Due, KeySink};
@@ -78,12 +79,15 @@ impl FanOutStage {
 
     /// Call `call` of fan-out `stage` on the staged parent keys `due`; the view keys it
     /// sends take over `hold` (the oldest batch its parent keys held) until it ends.
+    /// With a `limit`, a fan-out that estimates it would send that many keys or more
+    /// sends none and answers [`LargeFanOut`]: the whole table is recomputed instead.
     pub(super) fn call(
         &mut self,
         call: u64,
         stage: usize,
         hold: Option<BatchId>,
         due: Vec<Due>,
+        limit: Option<u64>,
     ) -> impl Future<Output = JobOutput> + Send + 'static {
         let i = stage;
         let expand = self.fanouts.get(i).map(|f| f.expand.clone());
@@ -97,6 +101,13 @@ impl FanOutStage {
                     txids: d.txids.clone(),
                 })
                 .collect();
+            if let (Some(limit), Some(e)) = (limit, &expand)
+                // An estimate that fails is no answer: the fan-out expands as usual.
+                && let Ok(Some(keys)) = e.estimate(&parents).await
+                && keys >= limit
+            {
+                return (due, Err(Box::new(LargeFanOut { keys }) as BoxError));
+            }
             let result = match expand {
                 Some(e) => e.expand(&parents, &sink).await,
                 None => Err(format!("no fan-out {i} in this refresher").into()),
@@ -218,7 +229,7 @@ mod tests {
         let (older, newer) = (tracker.receive(()), tracker.receive(()));
         let mut f = stage();
         let hold = [newer, older].into_iter().min();
-        let call = f.call(5, 0, hold, vec![due(0, "p", vec![9])]);
+        let call = f.call(5, 0, hold, vec![due(0, "p", vec![9])], None);
         assert_eq!(f.hold(5), Some(older));
         assert_eq!(f.hold(6), None, "not a running call");
         let (dues, result) = call.await;
@@ -247,7 +258,9 @@ mod tests {
     #[tokio::test]
     async fn a_call_of_a_missing_fan_out_fails() {
         let mut f = stage();
-        let (_, result) = f.call(0, 3, None, vec![due(3, "p", Vec::new())]).await;
+        let (_, result) = f
+            .call(0, 3, None, vec![due(3, "p", Vec::new())], None)
+            .await;
         assert_eq!(
             result.expect_err("no fan-out 3").to_string(),
             "no fan-out 3 in this refresher"

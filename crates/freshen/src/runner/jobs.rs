@@ -107,6 +107,16 @@ impl Jobs {
         batch_size(self.max_batch, self.bulk_batch, waiting, capacity)
     }
 
+    /// The most keys a call takes: the rebuild's batch for a trickle.
+    pub(super) fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// How many keys a set call takes, whatever waits (`rebuild_by = "set"`).
+    pub(super) fn set_batch(&self) -> usize {
+        self.bulk_batch
+    }
+
     /// How far ahead of now a call of up to `batch` keys takes along keys due by then:
     /// a tenth of `coalesce`, or for a call grown past `max_batch` (a backlog) the
     /// whole quiet period. A fan-out marks its keys a page at a time, each due

@@ -11,3 +11,4 @@ mod refresher_acks;
 mod refresher_fanout;
 mod refresher_run;
 mod refresher_schema;
+mod refresher_whole;

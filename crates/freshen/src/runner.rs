@@ -750,12 +750,13 @@ impl Runner {
     /// fan-out streams: its keys are still arriving (a fan-out estimated large never
     /// starts streaming: see `FanOutStage::call`).
     fn consider_whole(&mut self) {
-        let queued = self.dirty.queued() as u64;
+        // A failed run's backlog is worked off once nothing waits or runs (and no key
+        // is quarantined: its data would fail the next run too).
         self.whole.settled(
-            self.halves.is_empty(),
+            self.dirty.queued() == 0 && self.dirty.running() == 0 && self.halves.is_empty(),
             self.dirty.poisoned() == 0,
-            !self.choice.goes_whole(queued),
         );
+        let queued = self.dirty.queued() as u64;
         if self.whole.blocks() || self.jobs.fanning() > 0 || !self.may_go_whole() {
             return;
         }

@@ -36,6 +36,7 @@ mod cli_run;
 mod cli_scale;
 mod cli_schema;
 mod cli_secrets;
+mod cli_sets;
 mod cli_shapes;
 mod cli_standby;
 mod deploy;

@@ -254,7 +254,7 @@ impl SqlFanOut {
                 .query_one(&stmt, &refs)
                 .await
                 .map_err(|e| PgError::sql("the keys statement cannot be explained", e))?;
-            let text: String = row
+            let Json(text) = row
                 .try_get(0)
                 .map_err(|e| PgError::sql("cannot read the keys statement's plan", e))?;
             let plan: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
@@ -396,6 +396,19 @@ impl SqlFanOut {
                 .map_err(|e| PgError::sql("cannot end the fan-out transaction", e))?;
             return Ok(true);
         }
+    }
+}
+
+/// A `json` value's text (what `EXPLAIN (FORMAT JSON)` returns).
+struct Json(String);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for Json {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Json, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Json(String::from_utf8(raw.to_vec())?))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSON || *ty == Type::TEXT
     }
 }
 

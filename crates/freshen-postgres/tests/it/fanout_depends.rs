@@ -31,6 +31,34 @@ const SUBS: &str = "CREATE TABLE plans (id bigint PRIMARY KEY, price int NOT NUL
        SELECT g, CASE WHEN g <= 100 THEN 1 ELSE 2 END FROM generate_series(1, 103) g;";
 
 #[tokio::test]
+async fn a_fan_out_estimates_how_many_keys_a_parent_reaches() {
+    let pg = server();
+    let c = sql(&pg).await;
+    c.batch_execute(SUBS).await.unwrap();
+    c.batch_execute("ANALYZE subscriptions").await.unwrap();
+    let fanout = SqlFanOut::builder(
+        pool(&pg),
+        "SELECT account_id FROM subscriptions WHERE plan_id = $1",
+    )
+    .arity(1)
+    .parent_arity(1)
+    .build()
+    .await
+    .unwrap();
+    // The planner's estimates from the column's statistics: plan 1 holds 100 of the
+    // 103 rows, plan 2 three, plan 3 none (the planner says at least one row).
+    let one = fanout.estimate(&[due("1")]).await.unwrap();
+    let two = fanout.estimate(&[due("2")]).await.unwrap();
+    assert!((90..=110).contains(&one), "{one}");
+    assert!((1..=10).contains(&two), "{two}");
+    let both = fanout
+        .estimate(&[due("1"), due("2"), due("3")])
+        .await
+        .unwrap();
+    assert!(both >= one + two, "summed over the parents: {both}");
+}
+
+#[tokio::test]
 async fn parent_keys_map_to_view_keys_page_by_page() {
     let pg = server();
     let c = sql(&pg).await;

@@ -96,8 +96,21 @@ impl Choice {
             return None;
         }
         let rows = self.rows? as f64;
-        let keys = rows * self.per_row / self.per_key / MARGIN;
+        let (per_key, per_row) = self.costs();
+        let keys = rows * per_row / per_key / MARGIN;
         Some((keys.ceil() as u64).max(MIN_WHOLE_KEYS))
+    }
+
+    /// Seconds per key of set work and per row of a whole run. Where only one was
+    /// measured, the other follows it at the priors' ratio: a measurement says how fast
+    /// this server is, and a prior measured on another would skew the comparison.
+    fn costs(&self) -> (f64, f64) {
+        let ratio = PRIOR_PER_KEY / PRIOR_PER_ROW;
+        match self.measured {
+            (true, false) => (self.per_key, self.per_key / ratio),
+            (false, true) => (self.per_row * ratio, self.per_row),
+            _ => (self.per_key, self.per_row),
+        }
     }
 
     /// Whether a backlog of `keys` goes whole.
@@ -139,7 +152,8 @@ impl Choice {
 
     /// Keys per second of set work and rows per second of whole runs, as now assumed.
     pub(crate) fn rates(&self) -> (f64, f64) {
-        (1.0 / self.per_key, 1.0 / self.per_row)
+        let (per_key, per_row) = self.costs();
+        (1.0 / per_key, 1.0 / per_row)
     }
 }
 
@@ -209,6 +223,23 @@ mod tests {
         c.whole_run(1_000_000, Duration::from_secs(3));
         let t = c.threshold().unwrap();
         assert!(t > 250_000 && t < 750_000, "{t}");
+    }
+
+    #[test]
+    fn one_measurement_sets_the_other_at_the_priors_ratio() {
+        // A slow server: a whole run of 100 000 rows in 1 s (10 µs a row). Set work is
+        // assumed as slow, relative to it, as the priors say: the threshold stays a
+        // quarter of the table rather than past the table's size.
+        let mut c = Choice::new(RebuildBy::Auto, true);
+        c.whole_run(100_000, Duration::from_secs(1));
+        assert_eq!(c.threshold(), Some(25_000));
+        let (keys, rows) = c.rates();
+        assert!((rows - 100_000.0).abs() < 1.0 && (keys - 20_000.0).abs() < 1.0);
+        // Set work measured alone: the whole run follows it.
+        let mut c = Choice::new(RebuildBy::Auto, true);
+        c.set_rows(100_000);
+        c.set_call(10_000, Duration::from_secs(1), 1);
+        assert_eq!(c.threshold(), Some(25_000));
     }
 
     #[test]

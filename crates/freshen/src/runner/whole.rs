@@ -22,8 +22,8 @@
 //! retries (so the one failing key is found and quarantined), by the path (an outage,
 //! its timeout, a lock) they back off as any call's; its parent keys go back to their
 //! fan-out, which then expands them key by key. No run is tried again until that
-//! backlog is worked off (no halves, no quarantine, fewer keys waiting than the
-//! threshold). A first build has no keys to fall back to: by the path it is tried
+//! backlog is worked off (no key waits or runs) and no key is quarantined. A first
+//! build has no keys to fall back to: by the path it is tried
 //! again after a backoff; by data the table is left to the keys that change.
 
 use std::collections::HashSet;
@@ -100,7 +100,7 @@ pub(crate) struct WholeRun {
     /// Parent keys to expand key by key (a run that covered them failed by data).
     expand_anyway: HashSet<Key>,
     /// A run failed: none is tried again until its backlog has been worked off by
-    /// set work (no halves, no quarantine, fewer keys waiting than the threshold).
+    /// set work (no key waits or runs) and no key is quarantined.
     fell_back: bool,
     /// The first build failed by data: the table holds only the keys rebuilt since.
     build_failed: Option<String>,
@@ -172,10 +172,10 @@ impl WholeRun {
         !self.fell_back
     }
 
-    /// Clears a failed run's fallback once its backlog is worked off: no halves wait,
-    /// no key is quarantined, and the keys waiting are below the threshold.
-    pub(crate) fn settled(&mut self, halves_empty: bool, quarantine_empty: bool, below: bool) {
-        if self.fell_back && halves_empty && quarantine_empty && below {
+    /// Clears a failed run's fallback once its backlog is worked off (`drained`: no key
+    /// waits or runs, no halves wait) and no key is quarantined.
+    pub(crate) fn settled(&mut self, drained: bool, quarantine_empty: bool) {
+        if self.fell_back && drained && quarantine_empty {
             self.fell_back = false;
         }
     }
@@ -413,13 +413,11 @@ mod tests {
         w.fall_back(std::slice::from_ref(&parent));
         assert!(w.expands_anyway(&parent));
         assert!(!w.may_want());
-        w.settled(false, true, true);
-        assert!(!w.may_want(), "halves still wait");
-        w.settled(true, false, true);
+        w.settled(false, true);
+        assert!(!w.may_want(), "keys still wait or run");
+        w.settled(true, false);
         assert!(!w.may_want(), "a key is quarantined");
-        w.settled(true, true, false);
-        assert!(!w.may_want(), "the backlog is still past the threshold");
-        w.settled(true, true, true);
+        w.settled(true, true);
         assert!(w.may_want(), "worked off");
         w.expanded(&parent);
         assert!(!w.expands_anyway(&parent));

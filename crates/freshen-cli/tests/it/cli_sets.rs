@@ -90,7 +90,7 @@ async fn paths(base: &str, name: &str) -> Value {
     doc["views"]
         .as_array()
         .and_then(|v| v.iter().find(|v| v["name"] == name))
-        .map(|v| v.clone())
+        .cloned()
         .unwrap_or_default()
 }
 
@@ -342,7 +342,7 @@ async fn a_small_backlog_stays_per_key_and_a_large_one_goes_whole() {
     );
     assert_eq!(n(&before, &["paths", "table_rows"]), 4_000);
     let threshold = n(&before, &["paths", "whole_threshold"]);
-    assert!(threshold >= 1000 && threshold <= 4000, "{before}");
+    assert!((1000..=4000).contains(&threshold), "{before}");
     // Ten keys: per key.
     c.batch_execute("UPDATE items SET v = v + 1 WHERE cid < 10")
         .await

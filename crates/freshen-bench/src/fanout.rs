@@ -1,37 +1,38 @@
-//! Fan-out: one dimension row changes and N derived rows depend on it.
+//! Fan-out: one dimension row changes and a share of the derived table depends on it.
 //!
 //! A plan's price changes; N accounts subscribe to it, and `account_mrr` (seats × price
-//! per account) must follow. Three ways, on the same data:
+//! per account) must follow. On the same data:
 //!
 //! - a full set-based recompute, what a user writes instead of an incremental view:
 //!   `REFRESH MATERIALIZED VIEW` of a matview with the same query, and `BEGIN; TRUNCATE;
 //!   INSERT … SELECT; COMMIT` of the derived table (both recompute every account);
-//! - freshen with a fan-out watch entry (`keys = "SELECT account_id FROM subscriptions
-//!   WHERE plan_id = $1"`), `rebuild_batch = 1000`: the writer commits at once; the plan
-//!   is debounced, mapped to its N accounts page by page off the receive path, and the
-//!   accounts are rebuilt in batches that grow to the rebuild's bulk batch (10 000 keys
-//!   a statement) while a backlog waits; twice, once in SQL mode (hand-written DELETE +
-//!   INSERT over `= ANY($1)`) and once in query mode (`into` + `query`: one merge
-//!   statement per batch that updates the rows that differ — here every fanned row —
-//!   inserts the missing and deletes the vanished);
+//! - freshen with the view as its owner writes it — `into = "account_mrr"` and the
+//!   matview's plain SELECT, nothing else (`rebuild_by = "auto"`, the default): the
+//!   watch entries, the plan's fan-out and the key are inferred; freshen chooses between
+//!   expanding the fan-out into set calls and recomputing the whole table (when the
+//!   fan-out's plan estimate reaches the measured threshold, a share of the table);
+//! - for fan-outs of up to 1M keys, the two ways before set work: a fan-out watch entry
+//!   (`keys = "SELECT account_id FROM subscriptions WHERE plan_id = $1"`) in SQL mode
+//!   (hand-written DELETE + INSERT over `= ANY($1)`) and in query mode with `= ANY($1)`
+//!   (one merge statement per batch), `rebuild_batch = 1000`, calls growing to 10 000
+//!   keys while a backlog waits, expanded key by key whatever the share;
 //! - a row trigger on `plans` recomputing every dependent account's row inside the
-//!   writer's transaction (first round only): the writer waits for all N and holds their
-//!   row locks, but the table is fresh at commit.
+//!   writer's transaction (first round only, up to 1M keys): the writer waits for all N
+//!   and holds their row locks, but the table is fresh at commit.
 //!
 //! Each round is one fresh server; freshen and the recompute take turns going first
 //! (the machine is shared: side by side, alternating, the ratio is what to read). The
-//! other accounts are on plan 2, which the fan-out must not reach: as many as on plan 1
-//! (the fanned keys are half the derived table, the recompute's best case), and for 1M
-//! fanned keys also 9M more (a tenth of it: a plan among many). Plan 1's accounts are
-//! spread evenly through the ids (every second, every tenth), and the derived table is
-//! in key order at the start of every round.
+//! other accounts are on plan 2, which the fan-out must not reach. By default the
+//! derived table holds 10M accounts and plan 1 has a hundredth, a tenth, a seventh,
+//! half and all of them (`FRESHEN_BENCH_FANOUT` names other sizes). Plan 1's accounts
+//! are spread evenly through the ids, and the derived table is in key order at the start
+//! of every round.
 //!
 //! Reported: the writer's statement latency, time from commit until the derived table is
-//! settled (freshen: every fanned key rebuilt, then checked equal to a fresh computation;
-//! the recompute: its statement's end), fanned keys per second, and freshen's peak heap
-//! growth over idle while it fans out: the fan-out buffers a page per parent, and pauses
-//! while 65 536 keys wait for a rebuild, so 1M fanned keys should cost about what 100k
-//! do.
+//! settled (freshen: every fanned key rebuilt or the whole-table run committed, then
+//! checked equal to a fresh computation; the recompute: its statement's end), fanned
+//! keys per second, which way freshen went (set calls, whole-table runs), and freshen's
+//! peak heap growth over idle.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -68,17 +69,42 @@ CREATE TRIGGER plans_mrr AFTER UPDATE OF price ON plans FOR EACH ROW EXECUTE FUN
 ";
 
 /// How freshen rebuilds an account in the fan-out bench: hand-written statements (SQL
-/// mode) or a query whose rows are merged into `account_mrr` (query mode).
+/// mode), a query with `= ANY($1)` whose rows are merged into `account_mrr` (query
+/// mode), or the matview's plain SELECT with everything else inferred and chosen.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Sql,
     Query,
+    Plain,
 }
+
+/// The plain SELECT, as a matview's.
+const PLAIN: &str = "SELECT s.account_id, sum(s.seats * p.price)::bigint AS mrr FROM subscriptions s JOIN plans p ON p.id = s.plan_id GROUP BY s.account_id";
 
 /// The query-mode query: an account's row for a batch of accounts.
 const QUERY: &str = "SELECT s.account_id, sum(s.seats * p.price)::bigint AS mrr FROM subscriptions s JOIN plans p ON p.id = s.plan_id WHERE s.account_id = ANY($1) GROUP BY s.account_id";
 
 fn config(url: &str, mode: Mode) -> String {
+    if mode == Mode::Plain {
+        return format!(
+            r#"
+[source]
+kind = "postgres"
+url = "{url}"
+
+[http]
+listen = "off"
+
+[defaults]
+coalesce = "10ms"
+
+[[views]]
+name = "account_mrr"
+into = "account_mrr"
+query = {PLAIN:?}
+"#
+        );
+    }
     let how = match mode {
         Mode::Sql => r#"rebuild = [
   "DELETE FROM account_mrr WHERE account_id = ANY($1)",
@@ -86,6 +112,7 @@ fn config(url: &str, mode: Mode) -> String {
 ]"#
         .to_string(),
         Mode::Query => format!("into = \"account_mrr\"\nquery = {QUERY:?}"),
+        Mode::Plain => unreachable!("written above"),
     };
     format!(
         r#"
@@ -138,6 +165,9 @@ struct Row {
     rebuilds: u64,
     calls: u64,
     rebuild_calls: u64,
+    /// Of `rebuild_calls`, set calls; and whole-table runs.
+    set_calls: u64,
+    whole_runs: u64,
     heap: u64,
     equal: bool,
 }
@@ -185,6 +215,8 @@ async fn recompute(c: &tokio_postgres::Client, n: u64, total: u64) -> anyhow::Re
         rebuilds: total,
         calls: 0,
         rebuild_calls: 1,
+        set_calls: 0,
+        whole_runs: 0,
         heap: 0,
         equal,
     };
@@ -216,6 +248,8 @@ async fn trigger(c: &tokio_postgres::Client, n: u64) -> anyhow::Result<Row> {
         rebuilds: n,
         calls: 0,
         rebuild_calls: 1,
+        set_calls: 0,
+        whole_runs: 0,
         heap: 0,
         equal,
     })
@@ -248,10 +282,10 @@ async fn freshen(
     let settle = f
         .wait("the fan-out and its rebuilds", |f| {
             let s = f.stats();
-            s.fanout_calls > before.fanout_calls
-                && s.rebuilds_ok >= before.rebuilds_ok + n
-                && s.dirty == 0
-                && s.in_flight == 0
+            let expanded =
+                s.fanout_calls > before.fanout_calls && s.rebuilds_ok >= before.rebuilds_ok + n;
+            let whole = s.whole_runs > before.whole_runs;
+            (expanded || whole) && s.dirty == 0 && s.in_flight == 0
         })
         .await?
         + writer;
@@ -267,6 +301,8 @@ async fn freshen(
         rebuilds: s.rebuilds_ok - before.rebuilds_ok,
         calls: s.fanout_calls - before.fanout_calls,
         rebuild_calls: s.rebuild_calls - before.rebuild_calls,
+        set_calls: s.set_calls - before.set_calls,
+        whole_runs: s.whole_runs - before.whole_runs,
         heap: peak.load(Relaxed).saturating_sub(idle),
         equal,
     })
@@ -274,6 +310,9 @@ async fn freshen(
 
 const FRESHEN: &str = "freshen fan-out, SQL mode (rebuild_batch 1000, bulk 10 000)";
 const FRESHEN_QUERY: &str = "freshen fan-out, query mode (rebuild_batch 1000, bulk 10 000)";
+const FRESHEN_PLAIN: &str = "freshen, the matview's SELECT (auto: sets or the whole table)";
+/// Fan-outs up to this many keys also run the two ways before set work.
+const BEFORE_UP_TO: u64 = 1_000_000;
 const REFRESH: &str = "REFRESH MATERIALIZED VIEW";
 const TRUNCATE: &str = "TRUNCATE + INSERT … SELECT";
 const TRIGGER_LABEL: &str = "row trigger on plans";
@@ -288,18 +327,25 @@ async fn round(
 ) -> anyhow::Result<Vec<(&'static str, Row)>> {
     let (pg, c) = setup(n, others).await?;
     let mut rows = Vec::new();
+    let before = n <= BEFORE_UP_TO;
     if freshen_first {
-        rows.push((FRESHEN, freshen(&pg, &c, n, Mode::Sql).await?));
-        rows.push((FRESHEN_QUERY, freshen(&pg, &c, n, Mode::Query).await?));
+        rows.push((FRESHEN_PLAIN, freshen(&pg, &c, n, Mode::Plain).await?));
+        if before {
+            rows.push((FRESHEN, freshen(&pg, &c, n, Mode::Sql).await?));
+            rows.push((FRESHEN_QUERY, freshen(&pg, &c, n, Mode::Query).await?));
+        }
     }
     let [refresh, truncate] = recompute(&c, n, n + others).await?;
     rows.push((REFRESH, refresh));
     rows.push((TRUNCATE, truncate));
     if !freshen_first {
-        rows.push((FRESHEN_QUERY, freshen(&pg, &c, n, Mode::Query).await?));
-        rows.push((FRESHEN, freshen(&pg, &c, n, Mode::Sql).await?));
+        if before {
+            rows.push((FRESHEN_QUERY, freshen(&pg, &c, n, Mode::Query).await?));
+            rows.push((FRESHEN, freshen(&pg, &c, n, Mode::Sql).await?));
+        }
+        rows.push((FRESHEN_PLAIN, freshen(&pg, &c, n, Mode::Plain).await?));
     }
-    if with_trigger {
+    if with_trigger && before {
         rows.push((TRIGGER_LABEL, trigger(&c, n).await?));
     }
     Ok(rows)
@@ -342,14 +388,14 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
     let sizes: Vec<(u64, u64)> = if let Some(list) = std::env::var_os(SIZES_ENV) {
         sizes_from(&list.to_string_lossy())?
     } else if opts.quick {
-        vec![(100, 100), (1_000, 1_000), (100, 900)]
+        vec![(100, 100), (1_000, 1_000), (100, 900), (2_000, 0)]
     } else {
-        vec![
-            (1_000, 1_000),
-            (100_000, 100_000),
-            (1_000_000, 1_000_000),
-            (1_000_000, 9_000_000),
-        ]
+        // A hundredth, a tenth, a seventh, half and all of 10M accounts.
+        let total = 10_000_000;
+        [100, 10, 7, 2, 1]
+            .iter()
+            .map(|d| (total / d, total - total / d))
+            .collect()
     };
     let rounds = 2;
     let rt = runtime()?;
@@ -365,6 +411,8 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         "rows written / fanned key",
         "fan-out calls",
         "rebuild calls",
+        "set calls",
+        "whole-table runs",
         "peak heap growth",
         "equals truth",
     ]);
@@ -373,10 +421,12 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
         "accounts",
         "round",
         "load at start",
+        "freshen (matview's SELECT, auto)",
         "freshen SQL mode",
         "freshen query mode",
         "REFRESH",
         "TRUNCATE + INSERT",
+        "auto / faster recompute",
         "SQL mode / faster recompute",
         "query mode / faster recompute",
     ]);
@@ -389,23 +439,39 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
                     .find(|(l, _)| *l == label)
                     .map_or(Duration::ZERO, |(_, row)| row.settle)
             };
-            let (f, q) = (settle(FRESHEN), settle(FRESHEN_QUERY));
+            let (a, f, q) = (
+                settle(FRESHEN_PLAIN),
+                settle(FRESHEN),
+                settle(FRESHEN_QUERY),
+            );
             let (rf, tr) = (settle(REFRESH), settle(TRUNCATE));
             let ratio = |d: Duration| {
+                if d.is_zero() {
+                    return "—".to_string();
+                }
                 format!(
                     "{:.2}",
                     d.as_secs_f64() / rf.min(tr).as_secs_f64().max(1e-9)
                 )
+            };
+            let shown = |d: Duration| {
+                if d.is_zero() {
+                    "—".to_string()
+                } else {
+                    dur(d)
+                }
             };
             ratios.row(vec![
                 n.to_string(),
                 (n + others).to_string(),
                 (r + 1).to_string(),
                 started_at,
-                dur(f),
-                dur(q),
+                dur(a),
+                shown(f),
+                shown(q),
                 dur(rf),
                 dur(tr),
+                ratio(a),
                 ratio(f),
                 ratio(q),
             ]);
@@ -422,6 +488,8 @@ pub(crate) fn run(opts: &Opts) -> anyhow::Result<()> {
                     format!("{:.2}", row.rebuilds as f64 / row.fanned.max(1) as f64),
                     row.calls.to_string(),
                     row.rebuild_calls.to_string(),
+                    row.set_calls.to_string(),
+                    row.whole_runs.to_string(),
                     format!("{:.1} MiB", row.heap as f64 / (1024.0 * 1024.0)),
                     if row.equal { "yes" } else { "NO" }.to_string(),
                 ]);

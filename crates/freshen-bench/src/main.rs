@@ -13,6 +13,7 @@ mod changefeed;
 mod codec;
 mod cpu_split;
 mod fanout;
+mod first_build;
 mod freshness;
 mod freshness_max;
 mod huge_tx;
@@ -122,8 +123,13 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "fanout",
-        about: "a plan's price change fanning out to 1k / 100k / 1M accounts (half the derived table; 1M also as a tenth of 10M): freshen's fan-out (settle time, fanned keys/s, heap) vs a full recompute (REFRESH, TRUNCATE + INSERT; alternating rounds, ratio) and a row trigger (writer latency)",
+        about: "a plan's price change fanning out to a hundredth, a tenth, a seventh, half and all of 10M accounts: freshen given the matview's SELECT (auto: set calls or the whole table; up to 1M also the per-key ways before) vs a full recompute (REFRESH, TRUNCATE + INSERT; alternating rounds, ratio) and a row trigger (writer latency)",
         run: fanout::run,
+    },
+    Scenario {
+        name: "first-build",
+        about: "a plain query's empty derived table (1M keys from 10M rows) built by freshen at its first start vs CREATE TABLE AS + PRIMARY KEY; then a whole-table recompute that finds nothing changed: time and WAL vs REFRESH and REFRESH CONCURRENTLY",
+        run: first_build::run,
     },
     Scenario {
         name: "incremental",

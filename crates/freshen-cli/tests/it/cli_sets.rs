@@ -94,6 +94,22 @@ async fn paths(base: &str, name: &str) -> Value {
         .unwrap_or_default()
 }
 
+/// `paths` once view `name` has nothing waiting, running or recomputing.
+async fn settled(base: &str, name: &str) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..600 {
+        last = paths(base, name).await;
+        if n(&last, &["dirty"]) == 0
+            && n(&last, &["in_flight"]) == 0
+            && last["paths"]["running"].is_null()
+        {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("view {name} never settled: {last}");
+}
+
 fn n(v: &Value, path: &[&str]) -> u64 {
     let mut at = v;
     for p in path {
@@ -334,7 +350,7 @@ async fn a_small_backlog_stays_per_key_and_a_large_one_goes_whole() {
     );
     let _run = start(dir.path(), &text, 1, &base).await;
     wait_table_equal(&c, "totals", TOTALS, 60).await;
-    let before = paths(&base, "totals").await;
+    let before = settled(&base, "totals").await;
     assert_eq!(
         n(&before, &["paths", "whole_runs"]),
         1,
@@ -348,7 +364,7 @@ async fn a_small_backlog_stays_per_key_and_a_large_one_goes_whole() {
         .await
         .unwrap();
     wait_table_equal(&c, "totals", TOTALS, 60).await;
-    let small = paths(&base, "totals").await;
+    let small = settled(&base, "totals").await;
     assert_eq!(n(&small, &["paths", "whole_runs"]), 1, "{small}");
     assert!(
         n(&small, &["paths", "per_key_calls"]) > n(&before, &["paths", "per_key_calls"]),
@@ -357,7 +373,7 @@ async fn a_small_backlog_stays_per_key_and_a_large_one_goes_whole() {
     // Every key: the whole table.
     c.batch_execute("UPDATE items SET v = v + 1").await.unwrap();
     wait_table_equal(&c, "totals", TOTALS, 60).await;
-    let large = paths(&base, "totals").await;
+    let large = settled(&base, "totals").await;
     // The keys arrive batch by batch as the transaction is read: the first run starts
     // once the threshold's keys wait, and keys arriving during it may make another.
     let runs = n(&large, &["paths", "whole_runs"]);
@@ -405,7 +421,7 @@ async fn a_fan_out_to_most_of_the_table_is_one_whole_run_never_expanded() {
         .await
         .unwrap();
     wait_table_equal(&c, "mrr", query, 60).await;
-    let small = paths(&base, "mrr").await;
+    let small = settled(&base, "mrr").await;
     assert_eq!(
         n(&small, &["paths", "whole_runs"]),
         1,
@@ -429,7 +445,7 @@ async fn a_fan_out_to_most_of_the_table_is_one_whole_run_never_expanded() {
         .await
         .unwrap();
     wait_table_equal(&c, "mrr", query, 60).await;
-    let large = paths(&base, "mrr").await;
+    let large = settled(&base, "mrr").await;
     assert_eq!(n(&large, &["paths", "whole_runs"]), 2, "{large}");
     let (_, m) = freshen_cli::status::get(&base, "/metrics").await.unwrap();
     assert_eq!(fanned(&m), keys_before, "plan 1 was never expanded");

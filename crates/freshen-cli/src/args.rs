@@ -110,19 +110,35 @@ pub enum Command {
         #[arg(long)]
         deny_warnings: bool,
     },
-    /// Write a starting file for one query: the view with the watch entries inferred
-    /// from the database, the target table's CREATE TABLE and the publication to run
-    /// first (PostgreSQL; the URL is read from an environment variable, never written).
+    /// Write a starting file for one query — the SELECT you would write for `CREATE
+    /// MATERIALIZED VIEW`, or an existing materialized view imported — the view with what
+    /// it watches inferred from the database, and the target table's CREATE TABLE and the
+    /// publication to run first (PostgreSQL; the URL is read from an environment
+    /// variable, never written). The first `run` builds the table whole.
     Init {
-        /// The view's name.
+        /// The view's name (default: the materialized view's, or the target table's).
         #[arg(long)]
-        name: String,
-        /// The target table the query's rows go into (`schema.table` or `table`).
+        name: Option<String>,
+        /// The target table the query's rows go into (`schema.table` or `table`;
+        /// default with --from-matview: `<name>_fresh` beside it).
         #[arg(long)]
-        into: String,
-        /// The query: the rows of `into` for a batch of keys, `WHERE key = ANY($1)`.
+        into: Option<String>,
+        /// The query: a plain SELECT (`SELECT region, count(*) AS n FROM orders GROUP BY
+        /// region`).
+        #[arg(long, conflicts_with = "from_matview")]
+        query: Option<String>,
+        /// A materialized view to import (`schema.name`): its definition, keyed on its
+        /// unique index.
+        #[arg(long, value_name = "SCHEMA.NAME")]
+        from_matview: Option<String>,
+        /// The key columns, comma-separated (default: the target's primary key, the
+        /// materialized view's unique index, or the query's GROUP BY).
+        #[arg(long, value_delimiter = ',')]
+        key: Vec<String>,
+        /// Run the statements first — the target table, the publication — each only if
+        /// missing (printed as they run).
         #[arg(long)]
-        query: String,
+        create: bool,
         /// The environment variable holding the database URL (the file refers to it).
         #[arg(long, value_name = "VAR", default_value = "DATABASE_URL")]
         url_env: String,

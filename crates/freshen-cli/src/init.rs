@@ -1,7 +1,12 @@
-//! `freshen init`: a starting file for one query — the view with the watch entries
-//! inferred from the database, and as comments the statements to run first (the
+//! `freshen init`: a starting file for one query — the SELECT a person already has (or
+//! a materialized view's, imported with its unique index as the key) — the view with
+//! what it watches inferred from the database, and the statements to run first (the
 //! target table, the publication), which the target kind writes
-//! ([`freshen::plug::Target::starter`]).
+//! ([`freshen::plug::Target::starter`]) and, with `--create`, runs.
+//!
+//! The first `freshen run` of a file for a plain query builds the table whole while it
+//! is empty, then keeps it fresh: `init`, `check`, `run` go from a database to a fresh
+//! table.
 
 use std::io::Write;
 use std::path::Path;
@@ -9,20 +14,39 @@ use std::path::Path;
 use freshen::plug::{QuerySpec, ViewSpec};
 
 /// What `freshen init` was asked.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Request {
-    /// The view's name.
-    pub name: String,
-    /// The target table, as the file writes it.
-    pub into: String,
-    /// The query.
-    pub query: String,
+    /// The view's name (default: the materialized view's, or the target table's).
+    pub name: Option<String>,
+    /// The target table, as the file writes it (default with `from_matview`: the
+    /// materialized view's name with `_fresh`, beside it).
+    pub into: Option<String>,
+    /// The query (or `from_matview`).
+    pub query: Option<String>,
+    /// A materialized view to import: its query, and its unique index as the key.
+    pub from_matview: Option<String>,
+    /// The key columns, when neither the target, the materialized view nor the query's
+    /// `GROUP BY` says.
+    pub key: Vec<String>,
+    /// Run the statements first (the target table, the publication), each only if
+    /// missing.
+    pub create: bool,
     /// The environment variable holding the database URL.
     pub url_env: String,
 }
 
-/// The file for `request`, or every problem (a sentence each, never the URL).
-pub async fn starting_file(request: &Request) -> Result<String, Vec<String>> {
+/// What `init` wrote, and what it ran.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The file.
+    pub file: String,
+    /// With `--create`: each statement run (or left, because what it creates exists).
+    pub created: Vec<String>,
+}
+
+/// The file for `request` (and, with `create`, its statements run, each told to `say`
+/// before it runs), or every problem (a sentence each, never the URL).
+pub async fn starting_file(request: &Request, say: &dyn Fn(&str)) -> Result<Written, Vec<String>> {
     let var = &request.url_env;
     let url = std::env::var(var).map_err(|_| {
         vec![format!(
@@ -34,23 +58,53 @@ pub async fn starting_file(request: &Request) -> Result<String, Vec<String>> {
             .map(|p| format!("{var}: {p}"))
             .collect::<Vec<_>>()
     })?;
-    let into = plug.naming().parse(&request.into).map_err(|e| {
-        vec![format!(
-            "--into `{}` is not a table name: {e}",
-            request.into
-        )]
-    })?;
     let target = plug
         .connect(Some(&url))
         .await
         .map_err(|e| vec![freshen::redact_text(&format!("cannot connect: {e}"))])?;
+    let imported = match &request.from_matview {
+        Some(m) => Some(target.import_matview(m).await?),
+        None => None,
+    };
+    let (query, into_text) = match (&imported, &request.query, &request.into) {
+        (Some(m), _, into) => (
+            m.query.clone(),
+            into.clone()
+                .unwrap_or_else(|| format!("{}.{}_fresh", m.schema, m.name)),
+        ),
+        (None, Some(q), Some(into)) => (q.clone(), into.clone()),
+        (None, None, _) => {
+            return Err(vec![
+                "give the query (--query \"SELECT …\") or a materialized view to import (--from-matview schema.name)".to_string(),
+            ]);
+        }
+        (None, Some(_), None) => {
+            return Err(vec![
+                "--into: the table the query's rows go into (schema.table or table)".to_string(),
+            ]);
+        }
+    };
+    let into = plug
+        .naming()
+        .parse(&into_text)
+        .map_err(|e| vec![format!("--into `{into_text}` is not a table name: {e}")])?;
+    let name = request
+        .name
+        .clone()
+        .or_else(|| imported.as_ref().map(|m| m.name.clone()))
+        .unwrap_or_else(|| into.1.clone());
+    let key = if request.key.is_empty() {
+        imported.as_ref().map(|m| m.key.clone()).unwrap_or_default()
+    } else {
+        request.key.clone()
+    };
     let mut spec = ViewSpec {
-        name: request.name.clone(),
+        name: name.clone(),
         watch: Vec::new(),
         rebuild: Vec::new(),
         query: Some(QuerySpec {
             into,
-            query: request.query.clone(),
+            query: query.clone(),
         }),
         rebuild_batch: None,
         keys_per_transaction: 16,
@@ -59,28 +113,79 @@ pub async fn starting_file(request: &Request) -> Result<String, Vec<String>> {
         connections: 1,
         statement_timeout: None,
         whole_timeout: None,
-        key_names: Vec::new(),
+        key_names: key.clone(),
     };
     let inferred = target.infer(&spec).await?;
-    spec.key_names = inferred.key.clone();
+    if !inferred.key.is_empty() {
+        spec.key_names = inferred.key.clone();
+    }
     let starter = target.starter(&spec, &inferred, var).await?;
+    let created = if request.create {
+        for s in &starter.create {
+            say(&format!("running: {s}"));
+        }
+        target.create(&starter.create).await?
+    } else {
+        Vec::new()
+    };
+    let plain = freshen::plug::is_plain_query(&query);
     let mut out = String::from("# Written by `freshen init`.\n#\n");
+    if !request.create {
+        out.push_str("# Run first (or `freshen init … --create` does):\n");
+        for s in &starter.create {
+            out.push_str(&format!("#   {s};\n"));
+        }
+        out.push_str("#\n");
+    }
     for note in &starter.notes {
         for line in note.lines() {
             out.push_str(&format!("# {line}\n"));
         }
         out.push_str("#\n");
     }
+    if let Some(m) = &imported {
+        let into = spec
+            .query
+            .as_ref()
+            .map(|q| format!("{}.{}", q.into.0, q.into.1))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "# Imported from the materialized view {s}.{n}, keyed on its unique index ({k}).\n\
+             # Once `freshen run` has built {into}, readers move to it with no gap, in one\n\
+             # transaction (they wait for it, then read the fresh table through the same name):\n\
+             #   BEGIN; DROP MATERIALIZED VIEW {s}.{n}; CREATE VIEW {s}.{n} AS SELECT * FROM {into}; COMMIT;\n\
+             # and the cron job refreshing it goes.\n#\n",
+            s = m.schema,
+            n = m.name,
+            k = m.key.join(", ")
+        ));
+    }
     out.push('\n');
     out.push_str(&starter.source);
     out.push_str(&format!(
-        "\n[[views]]\nname = {}\ninto = {}\nquery = {}\n# Inferred from the query: delete to infer them again at each start.\n{}\n",
-        toml_string(&request.name),
-        toml_string(&request.into),
-        toml_string(&request.query),
-        crate::infer::toml(&inferred, &plug.naming())
+        "\n[[views]]\nname = {}\ninto = {}\nquery = {}\n",
+        toml_string(&name),
+        toml_string(&into_text),
+        toml_string(&query),
     ));
-    Ok(out)
+    if !request.key.is_empty() {
+        let key: Vec<String> = request.key.iter().map(|k| toml_string(k)).collect();
+        out.push_str(&format!("key = [{}]\n", key.join(", ")));
+    }
+    let watch = crate::infer::toml(&inferred, &plug.naming());
+    if plain {
+        out.push_str(
+            "# What it watches is inferred from the query at each start; to pin it, uncomment:\n",
+        );
+        for line in watch.lines() {
+            out.push_str(&format!("# {line}\n"));
+        }
+    } else {
+        out.push_str("# Inferred from the query: delete to infer them again at each start.\n");
+        out.push_str(&watch);
+        out.push('\n');
+    }
+    Ok(Written { file: out, created })
 }
 
 /// Writes `text` to a new file at `path`; an existing file is left alone (an error).

@@ -35,6 +35,9 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             name,
             into,
             query,
+            from_matview,
+            key,
+            create,
             url_env,
             output,
         } => {
@@ -42,13 +45,25 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 name,
                 into,
                 query,
+                from_matview,
+                key,
+                create,
                 url_env,
             };
-            match freshen_cli::init::starting_file(&request).await {
-                Ok(text) => {
+            match freshen_cli::init::starting_file(&request, &|line| eprintln!("{line}")).await {
+                Ok(written) => {
+                    for done in &written.created {
+                        eprintln!("done: {done}");
+                    }
                     match output {
-                        Some(path) => freshen_cli::init::write_new(&path, &text)?,
-                        None => print!("{text}"),
+                        Some(path) => {
+                            freshen_cli::init::write_new(&path, &written.file)?;
+                            eprintln!(
+                                "wrote {}; next: freshen check -c {0}, then freshen run -c {0}",
+                                path.display()
+                            );
+                        }
+                        None => print!("{}", written.file),
                     }
                     Ok(ExitCode::SUCCESS)
                 }

@@ -162,7 +162,7 @@ pub use snapshot::{
 pub use table::{TableName, naming};
 pub use target::enumerate::SqlEnumerate;
 pub use target::fanout::{SqlFanOut, SqlFanOutBuilder};
-pub use target::keyed::{batch_query, is_plain as is_plain_query};
+pub use target::keyed::batch_query;
 pub use target::plug::{PgTarget, is_postgres_url};
 pub use target::query::{
     DEFAULT_QUERY_BATCH, DEFAULT_WHOLE_TIMEOUT, QueryRebuild, QueryRebuildBuilder,

@@ -1157,7 +1157,7 @@ fn read_query(
     // A plain query (the SELECT of a materialized view) takes no parameter: freshen
     // writes its batch filter. Otherwise it selects its batch itself: without a watch
     // entry that carries the key, it takes at least $1.
-    let plain = freshen_postgres::is_plain_query(&query.value);
+    let plain = freshen::plug::is_plain_query(&query.value);
     let missing = freshen_postgres::check::missing_params(&query.value, key.len().max(1));
     if !plain && !missing.is_empty() {
         let example: Vec<String> = if key.is_empty() {

@@ -429,11 +429,10 @@ async fn init_writes_a_starting_file_that_check_accepts() {
     // The target table it says to create, created, makes a file check accepts.
     let create = text
         .lines()
-        .find_map(|l| l.strip_prefix("# CREATE TABLE"))
+        .map(|l| l.trim_start_matches('#').trim())
+        .find(|l| l.starts_with("CREATE TABLE"))
         .expect("the target's CREATE TABLE");
-    c.batch_execute(&format!("CREATE TABLE{create}"))
-        .await
-        .unwrap();
+    c.batch_execute(create).await.unwrap();
     let out = freshen()
         .args(["check", "--json", "-c"])
         .arg(&file)

@@ -16,6 +16,7 @@ mod cli_http;
 mod cli_identity;
 mod cli_incremental;
 mod cli_infer;
+mod cli_init;
 mod cli_joins;
 #[cfg(feature = "kafka")]
 mod cli_kafka;

@@ -31,7 +31,7 @@ pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<Str
         )]);
     };
     let fail = |what: &str, e: PgError| vec![format!("view `{name}`: {what}: {e}")];
-    let plain = keyed::is_plain(&q.query);
+    let plain = freshen::plug::is_plain_query(&q.query);
     let mut advice = Vec::new();
     let (key, query) = if plain {
         let into = TableName::new(&q.into.0, &q.into.1);
@@ -213,6 +213,16 @@ async fn plain_key(
             },
             Ok(None) => {
                 let guess = query_key(client, q).await.unwrap_or_default();
+                // A target not created yet (`freshen init` writes its CREATE TABLE): the
+                // key its rows have by construction.
+                if !guess.is_empty() && !exists(client, into).await {
+                    return Ok(PlainKey {
+                        names: guess,
+                        from: format!(
+                            "the query's GROUP BY or DISTINCT ({into} does not exist yet)"
+                        ),
+                    });
+                }
                 let hint = if guess.is_empty() {
                     String::new()
                 } else {
@@ -252,6 +262,14 @@ async fn plain_key(
             .collect());
     }
     Ok(key)
+}
+
+/// Whether `table` exists.
+async fn exists(client: &Client, table: &TableName) -> bool {
+    client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
+        .await
+        .is_ok_and(|r| r.get(0))
 }
 
 /// `into`'s primary key, or its only unique index (not partial, no expressions), with
@@ -388,7 +406,7 @@ async fn index_advice(
 /// What a starting file for `view` (its entries `inferred`) needs besides the view:
 /// the `[source]` table reading its URL from `url_var`, the `CREATE TABLE` of its
 /// target (the query's columns with their types, the key as primary key) and the
-/// publication `run` creates for the tables it watches.
+/// publication `run` creates for the tables it watches, each only if missing.
 pub async fn starter(
     client: &Client,
     view: &ViewSpec,
@@ -403,7 +421,7 @@ pub async fn starter(
     };
     let fail = |what: &str, e: &dyn std::fmt::Display| vec![format!("view `{name}`: {what}: {e}")];
     let stmt = client
-        .prepare(&q.query)
+        .prepare(keyed::trim(&q.query))
         .await
         .map_err(|e| fail("the query does not prepare", &crate::error::describe(&e)))?;
     let key = view.key();
@@ -435,21 +453,118 @@ pub async fn starter(
         }
     }
     let slot = "freshen";
+    let mut create = vec![format!(
+        "CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({primary}))",
+        into.quoted(),
+        columns.join(", ")
+    )];
+    if !tables.is_empty() {
+        create.push(format!(
+            "CREATE PUBLICATION {slot} FOR TABLE {} WITH (publish_via_partition_root = true)",
+            tables.join(", ")
+        ));
+    }
+    let mut notes = vec![
+        "`freshen run` creates the publication for the watched tables if missing (it needs CREATE on the database and ownership of each table) and the replication slot.".to_string(),
+    ];
+    if freshen::plug::is_plain_query(&q.query) {
+        notes.push(format!(
+            "The first `freshen run` builds {into} whole from the query while it is empty (one INSERT … SELECT, in a snapshot taken after the slot), then keeps it fresh key by key: no `reconcile` needed."
+        ));
+    }
+    notes.push(
+        "Then `freshen check -c` this file: wal_level, privileges, each table's replica identity, indexes."
+            .to_string(),
+    );
     Ok(Starter {
         source: format!(
             "[source]\nkind = \"postgres\"\nurl = \"${{{url_var}}}\"\nslot = \"{slot}\"\npublication = \"{slot}\"\n"
         ),
-        notes: vec![
-            format!(
-                "The target table (create it first):\nCREATE TABLE {} ({}, PRIMARY KEY ({primary}));",
-                into.quoted(),
-                columns.join(", ")
-            ),
-            format!(
-                "`freshen run` creates the publication for the watched tables if missing (it needs CREATE on the database and ownership of each table); to create it yourself:\nCREATE PUBLICATION {slot} FOR TABLE {} WITH (publish_via_partition_root = true);",
-                tables.join(", ")
-            ),
-            "Then `freshen check -c` this file: wal_level, privileges, each table's replica identity, indexes.".to_string(),
-        ],
+        create,
+        notes,
     })
+}
+
+/// A materialized view's defining SELECT and the columns of its unique index (the key
+/// `REFRESH … CONCURRENTLY` needs; the smallest, if several), for `freshen init
+/// --from-matview`.
+pub async fn matview(client: &Client, name: &str) -> Result<freshen::plug::Imported, Vec<String>> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| vec![format!("{name}: {what}: {e}")];
+    let row = client
+        .query_opt(
+            "SELECT c.oid, n.nspname::text, c.relname::text, pg_get_viewdef(c.oid, true) \
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE c.oid = to_regclass($1) AND c.relkind = 'm'",
+            &[&name],
+        )
+        .await
+        .map_err(|e| fail("cannot read the catalog", &e))?
+        .ok_or_else(|| {
+            vec![format!(
+                "{name}: no such materialized view (write it as schema.name, as psql's \\dm lists it)"
+            )]
+        })?;
+    let oid: u32 = row.get(0);
+    let (schema, relname, def): (String, String, String) = (row.get(1), row.get(2), row.get(3));
+    let keys = client
+        .query(
+            "SELECT ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(n, o) \
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n ORDER BY k.o) \
+               FROM pg_index i \
+              WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL \
+              ORDER BY i.indnatts, i.indexrelid",
+            &[&oid],
+        )
+        .await
+        .map_err(|e| fail("cannot read its indexes", &e))?;
+    let Some(key) = keys.first().map(|r| r.get::<_, Vec<String>>(0)) else {
+        return Err(vec![format!(
+            "{name}: the materialized view has no unique index on plain columns, so its key is not known (REFRESH … CONCURRENTLY needs one too): create one, or give --key"
+        )]);
+    };
+    Ok(freshen::plug::Imported {
+        schema,
+        name: relname,
+        query: keyed::trim(&def).to_owned(),
+        key,
+    })
+}
+
+/// Runs a starting file's statements in one transaction: the table only if missing,
+/// the publication only if no publication of that name exists. Returns what was done.
+pub async fn create(
+    client: &mut Client,
+    statements: &[String],
+) -> Result<Vec<String>, Vec<String>> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| vec![format!("{what}: {e}")];
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| fail("cannot begin", &crate::error::describe(&e)))?;
+    let mut done = Vec::new();
+    for sql in statements {
+        if let Some(rest) = sql.strip_prefix("CREATE PUBLICATION ") {
+            let publication = rest.split_whitespace().next().unwrap_or_default();
+            let exists: bool = tx
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)",
+                    &[&publication],
+                )
+                .await
+                .map_err(|e| fail("cannot read the publications", &crate::error::describe(&e)))?
+                .get(0);
+            if exists {
+                done.push(format!("publication {publication} exists: left as it is"));
+                continue;
+            }
+        }
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| fail(sql, &crate::error::describe(&e)))?;
+        done.push(sql.clone());
+    }
+    tx.commit()
+        .await
+        .map_err(|e| fail("cannot commit", &crate::error::describe(&e)))?;
+    Ok(done)
 }

@@ -24,70 +24,6 @@ use crate::quote::quote_ident;
 /// The alias the query is wrapped under.
 pub(crate) const ALIAS: &str = "freshen_q";
 
-/// Whether `query` is a plain query (takes no `$n` parameter): its batch filter is
-/// written by freshen around it. A query that uses `$1` selects its batch itself.
-pub fn is_plain(query: &str) -> bool {
-    !uses_params(query)
-}
-
-/// Whether the text uses a positional parameter (`$` followed by a digit) outside
-/// quotes, comments and dollar-quoted strings.
-fn uses_params(query: &str) -> bool {
-    let b = query.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'\'' | b'"' => {
-                let q = b[i];
-                i += 1;
-                while i < b.len() && b[i] != q {
-                    i += 1;
-                }
-            }
-            b'-' if b.get(i + 1) == Some(&b'-') => {
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                i += 2;
-                while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
-                    i += 1;
-                }
-                i += 1;
-            }
-            b'$' => {
-                if b.get(i + 1).is_some_and(u8::is_ascii_digit) {
-                    // `$1` — unless it is inside an identifier (`a$1`).
-                    let inside = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
-                    if !inside {
-                        return true;
-                    }
-                } else if let Some(end) = dollar_tag(&b[i..]) {
-                    // `$$ … $$` or `$tag$ … $tag$`: skip to the closing tag.
-                    let tag = &b[i..i + end];
-                    let body = i + end;
-                    match b[body..].windows(tag.len()).position(|w| w == tag) {
-                        Some(p) => i = body + p + tag.len() - 1,
-                        None => return false,
-                    }
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    false
-}
-
-/// The length of a dollar-quote tag (`$$`, `$tag$`) at the start of `b`.
-fn dollar_tag(b: &[u8]) -> Option<usize> {
-    let end = b[1..]
-        .iter()
-        .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))?;
-    (b[1 + end] == b'$' && !b.get(1).is_some_and(u8::is_ascii_digit)).then_some(end + 2)
-}
-
 /// `query` (a plain query, trailing `;` and blanks removed) restricted to a batch of
 /// keys: `$1..$n` one array per part of `key` (the query's output columns).
 pub(crate) fn keyed(query: &str, key: &[String]) -> String {
@@ -116,7 +52,7 @@ pub(crate) fn keyed(query: &str, key: &[String]) -> String {
 /// The query of a batch: `query` itself when it selects its batch with `$1..$n`,
 /// else [`keyed`].
 pub fn batch_query(query: &str, key: &[String]) -> String {
-    if is_plain(query) {
+    if freshen::plug::is_plain_query(query) {
         keyed(query, key)
     } else {
         query.to_owned()
@@ -139,24 +75,6 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
-    }
-
-    #[test]
-    fn plain_or_parameterised() {
-        assert!(is_plain(
-            "SELECT cid, count(*) AS n FROM items GROUP BY cid"
-        ));
-        assert!(!is_plain("SELECT cid FROM items WHERE cid = ANY($1)"));
-        assert!(!is_plain("SELECT cid FROM items WHERE cid = ANY ($12)"));
-        assert!(is_plain("SELECT '$1' AS a, \"$2\" FROM t -- $3\n"));
-        assert!(is_plain("SELECT a FROM t /* $1 */"));
-        assert!(is_plain("SELECT $$ $1 $$ AS a, $x$ $2 $x$ AS b FROM t"));
-        assert!(is_plain("SELECT a$1 FROM t"));
-        assert!(!is_plain("SELECT $$x$$ AS a FROM t WHERE k = ANY($1)"));
-        assert!(is_plain("SELECT 1 /* unterminated $1"));
-        assert!(is_plain("SELECT '$1"));
-        assert!(is_plain("SELECT $"));
-        assert!(is_plain("SELECT $$ $1"));
     }
 
     #[test]

@@ -159,6 +159,47 @@ impl Target for PgConnected {
             crate::infer::starter(&client, view, inferred, url_var).await
         })
     }
+
+    fn import_matview<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<freshen::plug::Imported, Vec<String>>> {
+        Box::pin(async move {
+            // The materialized view is where the view's tables are.
+            let conn = self.source.as_ref().unwrap_or(&self.conn);
+            let cannot = |e: &dyn std::fmt::Display| vec![format!("{name}: cannot connect: {e}")];
+            let pool = connect_pool(conn, 1).map_err(|e| cannot(&e))?;
+            let client = pool.get().await.map_err(|e| cannot(&e))?;
+            crate::infer::matview(&client, name).await
+        })
+    }
+
+    fn create<'a>(
+        &'a self,
+        statements: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<String>, Vec<String>>> {
+        Box::pin(async move {
+            let cannot = |e: &dyn std::fmt::Display| vec![format!("cannot connect: {e}")];
+            // The table goes into the target, the publication into the source.
+            let (publication, table): (Vec<String>, Vec<String>) = statements
+                .iter()
+                .cloned()
+                .partition(|s| s.starts_with("CREATE PUBLICATION"));
+            let mut done = Vec::new();
+            for (conn, statements) in [
+                (&self.conn, table),
+                (self.source.as_ref().unwrap_or(&self.conn), publication),
+            ] {
+                if statements.is_empty() {
+                    continue;
+                }
+                let pool = connect_pool(conn, 1).map_err(|e| cannot(&e))?;
+                let mut client = pool.get().await.map_err(|e| cannot(&e))?;
+                done.extend(crate::infer::create(&mut client, &statements).await?);
+            }
+            Ok(done)
+        })
+    }
 }
 
 /// One view's pools.

@@ -117,7 +117,7 @@ impl QueryRebuildBuilder {
     /// Checks the query against the target table (every mismatch at once), writes the
     /// statement and prepares it.
     pub async fn build(mut self) -> Result<QueryRebuild, PgError> {
-        let plain = crate::target::keyed::is_plain(&self.query).then(|| self.query.clone());
+        let plain = freshen::plug::is_plain_query(&self.query).then(|| self.query.clone());
         self.query = crate::target::keyed::batch_query(&self.query, &self.key);
         if self.batch == 0 {
             return Err(problems(

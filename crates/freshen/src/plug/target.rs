@@ -102,6 +102,71 @@ impl ViewSpec {
     }
 }
 
+/// Whether `query` is a plain query — the SELECT its owner writes for `CREATE
+/// MATERIALIZED VIEW`, with no `$n` parameter — whose batch filter the target writes
+/// around it. A query that uses `$1` selects its batch itself.
+pub fn is_plain_query(query: &str) -> bool {
+    !uses_params(query)
+}
+
+/// Whether the text uses a positional parameter (`$` followed by a digit) outside
+/// quotes, comments and dollar-quoted strings.
+fn uses_params(query: &str) -> bool {
+    let b = query.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\'' | b'"' => {
+                let q = b[i];
+                i += 1;
+                while i < b.len() && b[i] != q {
+                    i += 1;
+                }
+            }
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'$' => {
+                if b.get(i + 1).is_some_and(u8::is_ascii_digit) {
+                    // `$1` — unless it is inside an identifier (`a$1`).
+                    let inside = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+                    if !inside {
+                        return true;
+                    }
+                } else if let Some(end) = dollar_tag(&b[i..]) {
+                    // `$$ … $$` or `$tag$ … $tag$`: skip to the closing tag.
+                    let tag = &b[i..i + end];
+                    let body = i + end;
+                    match b[body..].windows(tag.len()).position(|w| w == tag) {
+                        Some(p) => i = body + p + tag.len() - 1,
+                        None => return false,
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The length of a dollar-quote tag (`$$`, `$tag$`) at the start of `b`.
+fn dollar_tag(b: &[u8]) -> Option<usize> {
+    let end = b[1..]
+        .iter()
+        .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))?;
+    (b[1 + end] == b'$' && !b.get(1).is_some_and(u8::is_ascii_digit)).then_some(end + 2)
+}
+
 /// A target kind, parsed from its URL, as a program that reads configuration uses it.
 ///
 /// Implemented by each database crate on a type holding the parsed URL, and registered
@@ -157,9 +222,24 @@ pub struct Starter {
     /// The `[source]` table, as TOML lines, its URL from the environment variable it
     /// was given (never the URL itself: it may hold a password).
     pub source: String,
-    /// Statements to run first or advice (the target table, the publication), one
-    /// per item, each printed as comment lines.
+    /// The statements to run first (the target table, the publication), each complete;
+    /// `freshen init --create` runs them ([`Target::create`]).
+    pub create: Vec<String>,
+    /// Advice, one item each, printed as comment lines.
     pub notes: Vec<String>,
+}
+
+/// What `freshen init --from-matview` reads of a materialized view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// Its schema.
+    pub schema: String,
+    /// Its name.
+    pub name: String,
+    /// Its defining SELECT.
+    pub query: String,
+    /// The columns of its unique index (what `REFRESH … CONCURRENTLY` needs): the key.
+    pub key: Vec<String>,
 }
 
 /// A connected target: makes each view's connections.
@@ -196,6 +276,31 @@ pub trait Target: Send + Sync + 'static {
                 "view `{}`: a starting file is written from PostgreSQL (its plans and catalog); write this one by hand",
                 view.name
             )])
+        })
+    }
+
+    /// For `freshen init --from-matview`: a materialized view's query and key. Targets
+    /// without materialized views refuse.
+    fn import_matview<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Imported, Vec<String>>> {
+        Box::pin(async move {
+            Err(vec![format!(
+                "{name}: materialized views are imported from PostgreSQL"
+            )])
+        })
+    }
+
+    /// For `freshen init --create`: runs a [`Starter`]'s statements, each only if
+    /// what it creates is missing, in one transaction; returns what it did, one line
+    /// each. Targets that write no starting file refuse.
+    fn create<'a>(
+        &'a self,
+        statements: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<String>, Vec<String>>> {
+        let _ = statements;
+        Box::pin(async move {
+            Err(vec![
+                "creating a starting file's tables needs PostgreSQL".to_string(),
+            ])
         })
     }
 }
@@ -270,6 +375,30 @@ mod tests {
             keys: keys.map(str::to_owned),
             fixed_key: false,
         }
+    }
+
+    #[test]
+    fn a_query_is_plain_unless_it_uses_a_parameter() {
+        assert!(is_plain_query(
+            "SELECT cid, count(*) AS n FROM items GROUP BY cid"
+        ));
+        assert!(!is_plain_query("SELECT cid FROM items WHERE cid = ANY($1)"));
+        assert!(!is_plain_query(
+            "SELECT cid FROM items WHERE cid = ANY ($12)"
+        ));
+        assert!(is_plain_query("SELECT '$1' AS a, \"$2\" FROM t -- $3\n"));
+        assert!(is_plain_query("SELECT a FROM t /* $1 */"));
+        assert!(is_plain_query(
+            "SELECT $$ $1 $$ AS a, $x$ $2 $x$ AS b FROM t"
+        ));
+        assert!(is_plain_query("SELECT a$1 FROM t"));
+        assert!(!is_plain_query(
+            "SELECT $$x$$ AS a FROM t WHERE k = ANY($1)"
+        ));
+        assert!(is_plain_query("SELECT 1 /* unterminated $1"));
+        assert!(is_plain_query("SELECT '$1"));
+        assert!(is_plain_query("SELECT $"));
+        assert!(is_plain_query("SELECT $$ $1"));
     }
 
     #[test]

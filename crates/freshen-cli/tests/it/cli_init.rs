@@ -1,0 +1,276 @@
+//! The first minutes: the README's quick start run verbatim against a real PostgreSQL
+//! (`init --create`, `check`, `run`: a complete, fresh table from a plain SELECT), and a
+//! materialized view imported (`init --from-matview`), built, and swapped for a view over
+//! the fresh table while readers keep reading.
+
+use crate::support::*;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use freshen_testenv::refresher::eventually;
+use tokio_postgres::Client;
+
+const ORDERS: &str = "
+CREATE TABLE orders (id int PRIMARY KEY, region text NOT NULL, amount int NOT NULL);
+ALTER TABLE orders REPLICA IDENTITY FULL;
+INSERT INTO orders SELECT g, (ARRAY['eu', 'us', 'ap', 'sa', 'af', 'oc'])[1 + g % 6], g % 50 FROM generate_series(1, 6000) g;
+";
+
+const REGIONS: &str =
+    "SELECT region, count(*) AS orders, sum(amount) AS revenue FROM orders GROUP BY region";
+
+/// The commands of the README's quick start, continuation lines joined, `export` lines
+/// left out (the test sets the variable).
+fn quick_start() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let block = readme
+        .split("<!-- quick-start")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's quick-start block");
+    let mut commands = Vec::new();
+    let mut line = String::new();
+    for l in block.lines() {
+        match l.strip_suffix('\\') {
+            Some(part) => line.push_str(part),
+            None => {
+                line.push_str(l);
+                commands.push(std::mem::take(&mut line));
+            }
+        }
+    }
+    commands
+        .into_iter()
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty() && !c.starts_with("export "))
+        .collect()
+}
+
+/// `command` through the shell in `dir`, with `freshen` on the PATH.
+fn shell(dir: &std::path::Path, url: &str, command: &str) -> Command {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_freshen"))
+        .parent()
+        .expect("the binary's directory")
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(command)
+        .current_dir(dir)
+        .env("PATH", path)
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "info");
+    c
+}
+
+async fn differs(c: &Client, table: &str, query: &str) -> i64 {
+    c.query_one(
+        &format!(
+            "SELECT count(*) FROM ((SELECT * FROM {table} EXCEPT ({query})) UNION ALL (({query}) EXCEPT SELECT * FROM {table})) d"
+        ),
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Kills the process when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_quick_start_builds_a_complete_fresh_table() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(ORDERS).await.unwrap();
+    let commands = quick_start();
+    assert_eq!(commands.len(), 3, "init, check, run: {commands:?}");
+    assert!(commands[0].starts_with("freshen init") && commands[2].starts_with("freshen run"));
+    let dir = tempfile::tempdir().unwrap();
+    // init and check, as written.
+    for command in &commands[..2] {
+        let out = shell(dir.path(), &pg.url(), command).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{command}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if command.starts_with("freshen init") {
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                said.contains("running: CREATE TABLE"),
+                "printed first: {said}"
+            );
+            assert!(said.contains("done: CREATE PUBLICATION"), "{said}");
+        }
+    }
+    let file = std::fs::read_to_string(dir.path().join("freshen.toml")).unwrap();
+    for absent in ["watch = [", "= ANY($1)", "reconcile", &pg.url()] {
+        assert!(
+            file.lines()
+                .filter(|l| !l.starts_with('#'))
+                .all(|l| !l.contains(absent)),
+            "no `{absent}` in the starting file:\n{file}"
+        );
+    }
+    // run, as written: the table is built whole, complete, then kept fresh. (Its
+    // listener moves off the default port, which another freshen on this machine may
+    // hold: the one change to the file.)
+    let port = free_port();
+    std::fs::write(
+        dir.path().join("freshen.toml"),
+        format!("{file}\n[http]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("run.log")).unwrap();
+    let _run = Killed(
+        shell(dir.path(), &pg.url(), &commands[2])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    eventually(60, "region_totals complete", || {
+        let c = &c;
+        async move { (differs(c, "region_totals", REGIONS).await == 0).then_some(()) }
+    })
+    .await;
+    let regions: i64 = c
+        .query_one("SELECT count(*) FROM region_totals", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(regions, 6, "every region, before any change");
+    c.batch_execute(
+        "INSERT INTO orders VALUES (100001, 'an', 5);
+         UPDATE orders SET region = 'eu' WHERE id % 7 = 0;
+         DELETE FROM orders WHERE id % 11 = 0;",
+    )
+    .await
+    .unwrap();
+    eventually(60, "region_totals fresh", || {
+        let c = &c;
+        async move { (differs(c, "region_totals", REGIONS).await == 0).then_some(()) }
+    })
+    .await;
+    let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
+    assert!(log.contains("first build done"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_materialized_view_is_imported_and_readers_switch_with_no_gap() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(ORDERS).await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE MATERIALIZED VIEW region_stats AS {REGIONS};
+         CREATE UNIQUE INDEX ON region_stats (region);"
+    ))
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = shell(
+        dir.path(),
+        &pg.url(),
+        "freshen init --from-matview public.region_stats --create -o freshen.toml",
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = std::fs::read_to_string(dir.path().join("freshen.toml")).unwrap();
+    assert!(
+        file.contains("into = \"public.region_stats_fresh\""),
+        "{file}"
+    );
+    assert!(
+        file.contains("keyed on its unique index (region)"),
+        "{file}"
+    );
+    let swap = file
+        .lines()
+        .map(|l| l.trim_start_matches('#').trim())
+        .find(|l| l.starts_with("BEGIN; DROP MATERIALIZED VIEW"))
+        .expect("the swap, in the file")
+        .to_owned();
+    let port = free_port();
+    let text = format!("{file}\n[http]\nlisten = \"127.0.0.1:{port}\"\n");
+    std::fs::write(dir.path().join("freshen.toml"), &text).unwrap();
+    let run = spawn_run_env(
+        dir.path(),
+        &dir.path().join("freshen.toml"),
+        1,
+        &[("DATABASE_URL", &pg.url())],
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_healthy(&base, dir.path(), 1, Duration::from_secs(60)).await;
+    eventually(60, "the fresh table built", || {
+        let c = &c;
+        async move { (differs(c, "region_stats_fresh", REGIONS).await == 0).then_some(()) }
+    })
+    .await;
+    // Readers keep reading the old name while it is swapped for a view over the fresh
+    // table: every read succeeds and sees every region.
+    let url = pg.url();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let r = connect(&url).await;
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let n: i64 = r
+                    .query_one("SELECT count(*) FROM region_stats", &[])
+                    .await
+                    .expect("a read during the swap")
+                    .get(0);
+                assert_eq!(n, 6, "a read saw {n} regions");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.batch_execute(&swap).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.await.expect("the reader never failed");
+    assert!(reads > 10, "{reads} reads");
+    let kind: String = c
+        .query_one(
+            "SELECT relkind::text FROM pg_class WHERE relname = 'region_stats'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kind, "v", "a view now");
+    // Through the old name, fresh with every change.
+    c.batch_execute("UPDATE orders SET amount = amount + 1000 WHERE region = 'ap'")
+        .await
+        .unwrap();
+    eventually(60, "region_stats fresh through the view", || {
+        let c = &c;
+        async move { (differs(c, "region_stats", REGIONS).await == 0).then_some(()) }
+    })
+    .await;
+    drop(run);
+}

@@ -155,9 +155,13 @@ pub enum Command {
         /// Concurrent writers.
         #[arg(long, default_value_t = 4)]
         writers: usize,
-        /// Leave the database running at the end and print how to connect.
+        /// Keep running at the end — the tables kept fresh, the status page served —
+        /// until Ctrl-C, and leave the database running (it prints how to connect).
         #[arg(long)]
         keep: bool,
+        /// Where the status page listens (loopback; the default port taken, any free one).
+        #[arg(long, default_value = "127.0.0.1:9187")]
+        listen: std::net::SocketAddr,
     },
     /// Print a running instance's status.
     Status {

@@ -1,5 +1,7 @@
-//! `freshen demo`: a throwaway PostgreSQL, a live write workload, two derived tables kept
-//! fresh by the same pipeline `freshen run` uses, and a check against truth at the end.
+//! `freshen demo`: a throwaway PostgreSQL, a live write workload, three derived tables —
+//! each the SELECT a person would write for a materialized view — built whole at start
+//! and kept fresh by the same pipeline `freshen run` uses, the status page served, and a
+//! check against truth at the end.
 
 use std::io::{IsTerminal, Write as _};
 use std::sync::Arc;
@@ -22,8 +24,11 @@ pub struct DemoOptions {
     pub duration: Duration,
     /// Concurrent writers.
     pub writers: usize,
-    /// Leave the database running at the end.
+    /// Keep running at the end until Ctrl-C, and leave the database running.
     pub keep: bool,
+    /// Where the status page listens: this address, or where it is taken, any free
+    /// port of its host.
+    pub listen: std::net::SocketAddr,
 }
 
 const DEVICES: u64 = 200;
@@ -48,11 +53,32 @@ CREATE TABLE device_totals (device text PRIMARY KEY, total bigint NOT NULL, n bi
 CREATE TABLE site_totals (
     site text PRIMARY KEY, region text NOT NULL, total bigint NOT NULL, n bigint NOT NULL
 );
+CREATE TABLE readings_and_devices_per_region (
+    region text PRIMARY KEY, devices bigint NOT NULL, readings bigint NOT NULL
+);
 ";
 
-/// The demo's configuration: exactly what a user would write.
-pub fn demo_config(url: &str) -> String {
-    format!(
+/// The views: the SELECTs a person would write for materialized views.
+const VIEWS: [(&str, &str); 3] = [
+    (
+        "device_totals",
+        "SELECT device, sum(value)::bigint AS total, count(*) AS n FROM readings GROUP BY device",
+    ),
+    (
+        "site_totals",
+        "SELECT s.id AS site, s.region, coalesce(sum(r.value), 0)::bigint AS total, count(r.id) AS n FROM sites s LEFT JOIN readings r ON r.site = s.id GROUP BY s.id, s.region",
+    ),
+    (
+        "readings_and_devices_per_region",
+        "SELECT s.region, count(DISTINCT r.device) AS devices, count(*) AS readings FROM readings r JOIN sites s ON s.id = r.site GROUP BY s.region",
+    ),
+];
+
+/// The demo's configuration: exactly what a user would write — the views' SELECTs, and
+/// nothing else (what they watch and their keys are inferred, the tables built whole at
+/// the first start).
+pub fn demo_config(url: &str, listen: &str) -> String {
+    let mut out = format!(
         r#"
 [source]
 kind = "postgres"
@@ -61,51 +87,21 @@ slot = "freshen_demo"
 publication = "freshen_demo"
 
 [http]
-listen = "off"
+listen = "{listen}"
 
 [defaults]
 coalesce = "50ms"
 max_wait = "1s"
 workers = 4
-
-[[views]]
-name = "device_totals"
-watch = [{{ table = "readings", key = ["device"] }}]
-rebuild = [
-  "DELETE FROM device_totals WHERE device = $1",
-  "INSERT INTO device_totals (device, total, n) SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
-]
-reconcile = {{ every = "1h", keys = "SELECT device FROM readings UNION SELECT device FROM device_totals" }}
-
-[[views]]
-name = "site_totals"
-watch = [
-  {{ table = "readings", key = ["site"] }},
-  {{ table = "sites", key = ["id"] }},
-]
-rebuild = [
-  "DELETE FROM site_totals WHERE site = $1",
-  "INSERT INTO site_totals (site, region, total, n) SELECT s.id, s.region, coalesce(sum(r.value), 0), count(r.id) FROM sites s LEFT JOIN readings r ON r.site = s.id WHERE s.id = $1 GROUP BY s.id, s.region",
-]
-reconcile = {{ every = "1h", keys = "SELECT id FROM sites UNION SELECT site FROM site_totals" }}
 "#
-    )
+    );
+    for (name, query) in VIEWS {
+        out.push_str(&format!(
+            "\n[[views]]\nname = \"{name}\"\ninto = \"{name}\"\nquery = \"{query}\"\n"
+        ));
+    }
+    out
 }
-
-/// Each derived table against a fresh computation from the source tables: rows present
-/// on one side only (or different), counted both ways.
-const VERIFY: [(&str, &str, &str); 2] = [
-    (
-        "device_totals",
-        "SELECT device, total, n FROM device_totals",
-        "SELECT device, sum(value)::bigint, count(*) FROM readings GROUP BY device",
-    ),
-    (
-        "site_totals",
-        "SELECT site, region, total, n FROM site_totals",
-        "SELECT s.id, s.region, coalesce(sum(r.value), 0)::bigint, count(r.id) FROM sites s LEFT JOIN readings r ON r.site = s.id GROUP BY s.id, s.region",
-    ),
-];
 
 /// The demo needs variety, not cryptography: the workspace's one generator.
 use freshen::Jitter as Rng;
@@ -258,7 +254,8 @@ fn progress(o: &Observer, t: Duration, txns: u64, prev: &Totals, dt: Duration) -
 
 async fn mismatches(c: &Client) -> anyhow::Result<Vec<(&'static str, i64)>> {
     let mut out = Vec::new();
-    for (name, derived, truth) in VERIFY {
+    for (name, truth) in VIEWS {
+        let derived = format!("SELECT * FROM {name}");
         let sql = format!(
             "SELECT count(*) FROM (({derived} EXCEPT {truth}) UNION ALL ({truth} EXCEPT {derived})) d"
         );
@@ -266,6 +263,13 @@ async fn mismatches(c: &Client) -> anyhow::Result<Vec<(&'static str, i64)>> {
         out.push((name, n));
     }
     Ok(out)
+}
+
+/// The status page's listener: `addr` when it is free, else any port of its host.
+fn listener(addr: std::net::SocketAddr) -> anyhow::Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(addr)
+        .or_else(|_| std::net::TcpListener::bind((addr.ip(), 0)))
+        .with_context(|| format!("cannot listen for the status page on {}", addr.ip()))
 }
 
 /// Runs the demo; `Ok(true)` when every derived table equals truth.
@@ -298,14 +302,31 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
         )
         .await?;
     println!(
-        "  schema: readings(device, site, value), sites(id, region); derived: device_totals, site_totals\n  \
-         5000 readings start out un-aggregated: the start-up reconcile sweep builds both tables"
+        "  schema: readings(device, site, value), sites(id, region)\n  \
+         views, each a plain SELECT: {}\n  \
+         5000 readings start out un-aggregated: each table is built whole at the first start",
+        VIEWS.map(|(n, _)| n).join(", ")
     );
 
-    let cfg = config::parse(&demo_config(&url), "demo.toml", &|_| None)
+    // The status page first, on the pipeline's own numbers (the observer reads them).
+    let std_listener = listener(opts.listen)?;
+    let addr = std_listener.local_addr()?;
+    std_listener.set_nonblocking(true)?;
+    let cfg = config::parse(&demo_config(&url, "off"), "demo.toml", &|_| None)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let pipeline = Pipeline::start(&cfg).await?;
     let observer = pipeline.observer();
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let page = tokio::spawn(crate::http::serve(
+        tokio::net::TcpListener::from_std(std_listener)?,
+        observer.clone(),
+        freshen_http::ListenerConfig::new("metrics"),
+        crate::admin::Access::Off,
+        async {
+            let _ = http_stopped.await;
+        },
+    ));
+    println!("  status page: http://{addr}/  (the views' freshness and backlog, live)");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(pipeline.run(async {
         let _ = stop_rx.await;
@@ -398,9 +419,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
 
     let found = mismatches(&admin).await?;
     let doc = status(&*observer);
-    let _ = stop_tx.send(());
-    let run_result = running.await?;
-
+    let mut ok = settled;
     println!("\nsummary");
     println!(
         "  source: {} events, confirmed {}",
@@ -409,7 +428,7 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     );
     for v in &doc.views {
         println!(
-            "  {:<14} {:>8} events  {:>7} rebuilds ({:.3} per event)  freshness p50 {} p99 {}",
+            "  {:<32} {:>8} events  {:>7} rebuilds ({:.3} per event)  freshness p50 {} p99 {}  built whole: {}",
             v.name,
             v.events,
             v.rebuilds_ok,
@@ -418,21 +437,33 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
                 .map_or("–".into(), |m| format!("{m:.0}ms")),
             v.freshness_p99_ms
                 .map_or("–".into(), |m| format!("{m:.0}ms")),
+            if v.paths.whole_runs > 0 { "yes" } else { "no" },
         );
     }
-    let mut ok = settled && run_result.is_ok();
     for (name, n) in &found {
         if *n == 0 {
-            println!("  {name}: equals a fresh GROUP BY of the source tables ✓");
+            println!("  {name}: equals a fresh computation of its SELECT ✓");
         } else {
             ok = false;
             println!("  {name}: {n} row(s) differ from truth ✗");
         }
     }
-    if let Err(e) = run_result {
+    println!("  total time {:.1}s", started.elapsed().as_secs_f64());
+    if opts.keep {
+        println!(
+            "\nstill running — the tables kept fresh, the status page at http://{addr}/, the database:\n  psql '{url}'\nCtrl-C stops freshen; the database stays up (stop it with: pg_ctl -D {} stop, as the OS user owning that directory)",
+            pg.data_dir().display()
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    let _ = stop_tx.send(());
+    let run_result = running.await?;
+    let _ = stop_http.send(());
+    let _ = page.await;
+    if let Err(e) = &run_result {
+        ok = false;
         println!("  the pipeline failed: {e:#}");
     }
-    println!("  total time {:.1}s", started.elapsed().as_secs_f64());
     // Let the replication reader and the pools go before the server does.
     let source = observer.source_probe();
     drop(observer);
@@ -443,10 +474,6 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     }
     drop(source);
     if opts.keep {
-        println!(
-            "\nthe database is still running:\n  psql '{url}'\n  stop it with: pg_ctl -D {} stop  (as the OS user owning that directory)",
-            pg.data_dir().display()
-        );
         // The server outlives this process on purpose: no drop, no stop.
         std::mem::forget(pg);
     }

@@ -79,11 +79,13 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             duration,
             writers,
             keep,
+            listen,
         } => {
             let ok = demo::run(demo::DemoOptions {
                 duration,
                 writers: writers.max(1),
                 keep,
+                listen,
             })
             .await?;
             Ok(if ok {

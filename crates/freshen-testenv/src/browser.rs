@@ -49,11 +49,22 @@ pub fn chromium() -> Result<PathBuf, TestEnvError> {
 /// (paused while requests are in flight, so fetches finish), and returns the DOM as
 /// serialized then.
 pub fn dump_dom(url: &str, budget_ms: u32) -> Result<String, TestEnvError> {
+    dump_dom_at(url, budget_ms, (1280, 900))
+}
+
+/// [`dump_dom`] in a window of `width × height` CSS pixels (what layout tests measure
+/// against).
+pub fn dump_dom_at(
+    url: &str,
+    budget_ms: u32,
+    (width, height): (u32, u32),
+) -> Result<String, TestEnvError> {
     let browser = chromium()?;
     let profile = tempfile::tempdir().map_err(|e| TestEnvError::io("a browser profile", e))?;
     let out = Command::new(&browser)
         .args(HEADLESS_FLAGS)
         .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--window-size={width},{height}"))
         .arg(format!("--virtual-time-budget={budget_ms}"))
         .arg("--dump-dom")
         .arg(url)

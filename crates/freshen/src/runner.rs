@@ -894,15 +894,13 @@ impl Runner {
 
     /// Puts a key a whole-table run covered back in the queue without blaming it.
     fn requeue(&mut self, m: JobKey, due: Due, now: std::time::Instant) {
-        if let Completion::Retry { .. } =
-            self.dirty
-                .complete_ticket(m.ticket, Outcome::Failed(Retry::Path), now)
-        {
-            if let Some(t) = &mut self.tracker {
-                t.failed(&m.key, m.covered);
-            }
-            self.txids.restore(&m.key, due.txids);
+        // A failure of the path never quarantines: the key waits for its retry.
+        self.dirty
+            .complete_ticket(m.ticket, Outcome::Failed(Retry::Path), now);
+        if let Some(t) = &mut self.tracker {
+            t.failed(&m.key, m.covered);
         }
+        self.txids.restore(&m.key, due.txids);
     }
 
     /// Publishes the whole-table runs' state and the choice's for `/status`.
@@ -960,7 +958,7 @@ impl Runner {
                     for m in &meta {
                         self.whole.expanded(&m.key);
                     }
-                } else if meta.len() > self.jobs.max_batch() {
+                } else if self.choice.always_sets() || meta.len() > self.jobs.max_batch() {
                     let st = &self.shared.stats;
                     Recorder::add(&st.set_calls, 1);
                     Recorder::add(&st.set_keys, meta.len() as u64);

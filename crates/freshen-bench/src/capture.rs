@@ -127,7 +127,7 @@ struct Cost {
 /// `pg_recvlogical` from a fresh copy to the end of the transaction.
 fn recvlogical(s: &mut Setup) -> anyhow::Result<Cost> {
     let slot = copy_slot(s)?;
-    let mut cmd = Command::new(s.pg.bin_dir().join("pg_recvlogical"));
+    let mut cmd = Command::new(s.pg.tool("pg_recvlogical"));
     cmd.args(["-d", &s.pg.url(), "--slot", &slot, "--start", "--no-loop"])
         .args(["-o", "proto_version=1", "-o", "publication_names=bench_pub"])
         .args(["--endpos", &s.end_lsn, "-f", "/dev/null"]);

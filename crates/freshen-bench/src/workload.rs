@@ -145,7 +145,7 @@ pub(crate) struct Bench {
 impl Bench {
     pub(crate) fn of(pg: &PgServer) -> Bench {
         Bench {
-            bin: pg.bin_dir().join("pgbench"),
+            bin: pg.tool("pgbench"),
             url: pg.url(),
         }
     }

@@ -619,7 +619,7 @@ fn run_variant(
     };
     let _drain = match v {
         v if v.is_decode() => Some(Drain(
-            Command::new(pg.bin_dir().join("pg_recvlogical"))
+            Command::new(pg.tool("pg_recvlogical"))
                 .args([
                     "-d",
                     &pg.url(),

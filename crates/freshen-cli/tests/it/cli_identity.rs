@@ -183,6 +183,10 @@ async fn check_reads_the_publications_column_lists() {
         .await
         .unwrap();
     assert_eq!(column_list_of(&cfg, "public.readings"), None);
+    if pg.major_version() < 15 {
+        // Column lists came with PostgreSQL 15: there is nothing more to read on 14.
+        return;
+    }
 
     // The keys and the identity listed: fine.
     c.batch_execute("ALTER PUBLICATION freshen_test SET TABLE readings (id, device, site), sites")

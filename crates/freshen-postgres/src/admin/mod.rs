@@ -791,6 +791,14 @@ impl PgAdmin {
                 return Err(crate::publication::refuse_to_publish(name, &bad));
             }
         }
+        if patterns.iter().any(|p| p.schema_name().is_some())
+            && let Some(why) = crate::select::schema_patterns_unsupported(
+                self.server_version_num().await?,
+                patterns,
+            )
+        {
+            return Err(PgError::new(ErrorKind::Setup, why));
+        }
         let existing = self.publication(name).await?;
         let created = existing.is_none();
         let p = match existing {

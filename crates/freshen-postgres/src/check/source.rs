@@ -90,6 +90,17 @@ async fn selection(
     if patterns.is_empty() {
         return out;
     }
+    if patterns.iter().any(|p| p.schema_name().is_some()) {
+        match admin.server_version_num().await {
+            Ok(v) => {
+                if let Some(why) = crate::select::schema_patterns_unsupported(v, patterns) {
+                    out.push(Finding::error("tables", &s.publication, why));
+                    return out;
+                }
+            }
+            Err(e) => out.push(Finding::error("tables", &s.publication, e.to_string())),
+        }
+    }
     for p in patterns {
         let subject = format!("tables {:?}", p.to_string());
         match admin.selected_tables(std::slice::from_ref(p)).await {

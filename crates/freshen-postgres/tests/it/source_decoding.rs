@@ -205,6 +205,17 @@ async fn unwatched_tables_in_the_publication_are_not_delivered() {
 async fn column_listed_publication_under_an_identity_index_keeps_scope_keys() {
     let pg = server();
     let c = sql(&pg).await;
+    if pg.major_version() < 15 {
+        // Column lists came with PostgreSQL 15 (and `check` reads them only there).
+        let err = c
+            .batch_execute(
+                "CREATE TABLE t (id int PRIMARY KEY, x int); CREATE PUBLICATION p FOR TABLE t (id)",
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code().map(|c| c.code()), Some("42601"), "{err}");
+        return;
+    }
     c.batch_execute(
         "CREATE TABLE readings (id int8 PRIMARY KEY, device int NOT NULL, value int8 NOT NULL,
              note text);

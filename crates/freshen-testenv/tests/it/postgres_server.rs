@@ -54,7 +54,7 @@ fn password_is_required_over_tcp() {
         .start()
         .expect("start PostgreSQL");
     assert!(pg.url().contains("s3cret%20pw"));
-    let psql = pg.bin_dir().join("psql");
+    let psql = pg.tool("psql");
     let try_with = |pw: &str| {
         Command::new(&psql)
             .args([
@@ -91,7 +91,7 @@ fn serves_tls_with_a_throwaway_ca() {
         .start()
         .expect("start PostgreSQL with TLS");
     let ca = pg.ca_cert().expect("a CA");
-    let out = Command::new(pg.bin_dir().join("psql"))
+    let out = Command::new(pg.tool("psql"))
         .args(["-X", "-A", "-t", "-c", "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"])
         .arg(format!(
             "host=localhost port={} user=postgres dbname=postgres sslmode=verify-full sslrootcert={}",
@@ -106,4 +106,67 @@ fn serves_tls_with_a_throwaway_ca() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t");
+}
+
+#[test]
+fn starts_the_version_asked_for() {
+    let major = PgServer::find_major_version().expect("an installed PostgreSQL");
+    let pg = PgServer::builder()
+        .version(major)
+        .start()
+        .expect("start PostgreSQL");
+    assert_eq!(pg.major_version(), major);
+    let num: u32 = pg.psql("SHOW server_version_num").unwrap().parse().unwrap();
+    assert_eq!(num / 10_000, major, "the server runs the version asked for");
+    assert!(pg.tool("psql").is_file(), "a psql for every version");
+}
+
+#[test]
+fn a_standby_streams_holds_back_and_promotes() {
+    let mut primary = PgServer::start().expect("start PostgreSQL");
+    let standby = primary
+        .start_standby(PgServer::builder())
+        .expect("start a standby");
+    assert!(standby.in_recovery().unwrap());
+    assert!(!primary.in_recovery().unwrap());
+    let slot = standby
+        .standby_slot()
+        .expect("the standby's slot")
+        .to_string();
+    assert_eq!(
+        primary
+            .psql(&format!(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .unwrap(),
+        "t",
+        "the standby streams through its slot"
+    );
+    primary
+        .psql("CREATE TABLE seen (x int); INSERT INTO seen VALUES (1)")
+        .unwrap();
+    freshen_testenv::support::wait_for(std::time::Duration::from_secs(30), || {
+        (standby.psql("SELECT count(*) FROM seen").ok()? == "1").then_some(())
+    })
+    .expect("the standby replays the primary's change");
+
+    standby.hold_wal_receiver().expect("hold the receiver");
+    primary.psql("INSERT INTO seen VALUES (2)").unwrap();
+    // What the primary flushed after the hold never reaches the standby: its slot on the
+    // primary stays behind the primary's position.
+    let behind = primary
+        .psql(&format!(
+            "SELECT restart_lsn < pg_current_wal_flush_lsn() FROM pg_replication_slots \
+             WHERE slot_name = '{slot}'"
+        ))
+        .unwrap();
+    assert_eq!(behind, "t");
+    standby.promote().expect("promote");
+    assert!(!standby.in_recovery().unwrap());
+    assert_eq!(
+        standby.psql("SELECT count(*) FROM seen").unwrap(),
+        "1",
+        "the held-back change is not on the promoted standby"
+    );
+    standby.psql("INSERT INTO seen VALUES (3)").unwrap();
 }

@@ -165,8 +165,16 @@ async fn lead_and_run(
     tokio::pin!(shutdown);
     let mut last: Option<std::sync::Arc<pipeline::Observer>> = None;
     loop {
-        let started =
-            pipeline::Pipeline::start_as(restarts.config(), restarts.unchanged(), role).await;
+        // A start can wait long (a slot created on a standby waits for the primary's
+        // next standby snapshot): a shutdown ends it, and dropping it cancels what the
+        // server was doing for it.
+        let started = tokio::select! {
+            started = pipeline::Pipeline::start_as(restarts.config(), restarts.unchanged(), role) => started,
+            _ = &mut shutdown => {
+                tracing::info!("shut down while starting");
+                return Ok(last.take());
+            }
+        };
         let p = match started {
             Ok(p) => {
                 restarts.started();

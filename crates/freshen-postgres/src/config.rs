@@ -431,6 +431,19 @@ pub struct PgSourceConfig {
     /// transactions (protocol 1) instead, with a warning: the server then spills them to
     /// its own disk, as before streaming.
     pub stream_spill_dir: Option<std::path::PathBuf>,
+    /// The primary, when [`connection`](Self::connection) is a standby (decoding on a
+    /// standby, PostgreSQL 16): while the slot is created there, freshen asks the
+    /// primary for a standby snapshot (`pg_log_standby_snapshot()`) every second, so the
+    /// creation ends at once instead of at the primary's next checkpoint (up to
+    /// `checkpoint_timeout`, 5 minutes by default, on an idle primary). Optional.
+    pub primary: Option<ConnectionConfig>,
+    /// Whether a slot freshen creates is a failover slot (PostgreSQL 17,
+    /// `pg_create_logical_replication_slot(…, failover => true)`): standbys with
+    /// `sync_replication_slots = on` keep a synchronized copy, so a promotion does not
+    /// lose the slot. `None` (default): on where the server can (17 and later, a
+    /// primary); the flag costs nothing where no standby synchronizes slots. `Some(true)`
+    /// on a server that cannot is a setup error.
+    pub failover: Option<bool>,
 }
 
 impl Default for PgSourceConfig {
@@ -456,6 +469,8 @@ impl Default for PgSourceConfig {
             stream_in_progress: true,
             stream_memory: DEFAULT_STREAM_MEMORY,
             stream_spill_dir: None,
+            primary: None,
+            failover: None,
         }
     }
 }

@@ -187,6 +187,11 @@ pub fn retry_of(sqlstate: &str) -> Retry {
     match sqlstate {
         // lock_not_available (lock_timeout), object_in_use
         "55P03" | "55006" => return Retry::Path,
+        // read_only_sql_transaction: the target is a standby or read-only by setting.
+        // A failover never causes it (a demoted server restarts, breaking connections,
+        // and `target_session_attrs=read-write` keeps new ones off standbys): a person
+        // points [target] at the primary.
+        "25006" => return Retry::Fix,
         _ => {}
     }
     match sqlstate.get(..2).unwrap_or("") {
@@ -194,7 +199,6 @@ pub fn retry_of(sqlstate: &str) -> Retry {
         // insufficient resources (too many connections, disk full, out of memory);
         // operator intervention (statement timeout, admin shutdown, cannot connect
         // now, crash shutdown); system error (I/O); invalid transaction state
-        // (read-only transaction on a standby after a failover)
         "08" | "40" | "53" | "57" | "58" | "25" => Retry::Path,
         // syntax error or access rule violation (undefined table or column,
         // insufficient privilege); invalid catalog or schema; authorization; feature
@@ -258,7 +262,7 @@ mod tests {
             ("53300", Retry::Path), // too_many_connections
             ("08006", Retry::Path), // connection_failure
             ("55P03", Retry::Path), // lock_not_available
-            ("25006", Retry::Path), // read_only_sql_transaction
+            ("25006", Retry::Fix),  // read_only_sql_transaction
             ("58030", Retry::Path), // io_error
             ("42P01", Retry::Fix),  // undefined_table
             ("42501", Retry::Fix),  // insufficient_privilege

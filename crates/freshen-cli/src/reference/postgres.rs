@@ -81,6 +81,23 @@ pub(super) const SOURCE: Table = Table {
             "MiB of streamed transactions held in memory; past it the largest goes to an unlinked temporary file (`TMPDIR`), written once and read back once at its commit. Should that file fail to be written, freshen warns and asks for whole transactions from then on.",
         ),
         key(
+            "primary_url",
+            "string",
+            Unset("\"postgres://freshen@primary/app\""),
+            Any,
+            "When `url` is a standby (decoding on a standby, PostgreSQL 16): the primary's URL. While freshen creates the slot on the standby it asks the primary for a standby snapshot every second (`pg_log_standby_snapshot()`), so the creation does not wait for the primary's next checkpoint (up to `checkpoint_timeout` on an idle primary). May hold a password: write `${VAR}`.",
+        ),
+        key(
+            "failover",
+            "boolean",
+            Derived(
+                "true on PostgreSQL 17 and later when the source is a primary, else false",
+                "true",
+            ),
+            Any,
+            "Create the slot as a failover slot (PostgreSQL 17): a standby with `sync_replication_slots = on` keeps a copy, so after a promotion freshen resumes there from what it confirmed. `check` warns when an existing slot is not one. A standby cannot create one.",
+        ),
+        key(
             "tables",
             "string or array of strings",
             Is("[]"),

@@ -4,26 +4,14 @@
 
 use crate::support;
 
-use serde_json::Value;
 use support::*;
 
 /// `check --json`'s finding of kind `check` for `table`, if any: (level, message).
 fn finding(cfg: &std::path::Path, check: &str, table: &str) -> Option<(String, String)> {
-    let out = freshen()
-        .args(["check", "--json", "-c"])
-        .arg(cfg)
-        .output()
-        .unwrap();
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
-    let f = doc["findings"].as_array().expect("findings");
-    f.iter()
-        .find(|x| x["check"] == check && x["subject"] == table)
-        .map(|hit| {
-            (
-                hit["level"].as_str().unwrap().to_owned(),
-                hit["message"].as_str().unwrap().to_owned(),
-            )
-        })
+    check_findings(cfg)
+        .into_iter()
+        .find(|(c, _, subject, _)| c == check && subject == table)
+        .map(|(_, level, _, message)| (level, message))
 }
 
 /// The `replica_identity` finding for `table`: (level, message).

@@ -40,6 +40,7 @@ mod cli_secrets;
 mod cli_sets;
 mod cli_shapes;
 mod cli_standby;
+mod cli_standby_source;
 mod deploy;
 mod deploy_kubernetes;
 mod deploy_prometheus;

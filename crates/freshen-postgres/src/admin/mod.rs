@@ -10,6 +10,7 @@ use deadpool_postgres::Pool;
 use freshen::BeforeImage;
 
 pub(crate) mod membership;
+pub(crate) mod standby;
 
 use crate::error::ErrorKind;
 use crate::pool::client;
@@ -539,16 +540,10 @@ impl PgAdmin {
         }))
     }
 
-    /// Creates a persistent `pgoutput` slot (fails if it exists).
+    /// Creates a persistent `pgoutput` slot (fails if it exists). On a standby see
+    /// [`ensure_slot_on`](Self::ensure_slot_on).
     pub async fn create_slot(&self, name: &str) -> Result<(), PgError> {
-        let c = client(&self.pool).await?;
-        c.execute(
-            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&name],
-        )
-        .await
-        .map_err(|e| PgError::sql(format!("cannot create replication slot {name:?}"), e))?;
-        Ok(())
+        self.create_slot_on(name, None, false).await
     }
 
     /// Makes sure a usable slot exists per `mode` (temporary slots are made by the
@@ -558,6 +553,21 @@ impl PgAdmin {
         name: &str,
         mode: SlotMode,
         dbname: &str,
+    ) -> Result<(), PgError> {
+        self.ensure_slot_on(name, mode, dbname, None, Some(false))
+            .await
+    }
+
+    /// [`ensure_slot`](Self::ensure_slot) on a server that may be a standby: a slot
+    /// created there asks `primary` (when given) for standby snapshots meanwhile; one
+    /// created is a failover slot per `failover` ([`PgSourceConfig::failover`](crate::PgSourceConfig)).
+    pub async fn ensure_slot_on(
+        &self,
+        name: &str,
+        mode: SlotMode,
+        dbname: &str,
+        primary: Option<&ConnectionConfig>,
+        failover: Option<bool>,
     ) -> Result<(), PgError> {
         if mode == SlotMode::Temporary {
             return Ok(());
@@ -571,7 +581,8 @@ impl PgAdmin {
                 return Err(slot_missing(name));
             }
             None => {
-                match self.create_slot(name).await {
+                let failover = self.failover_for(failover).await?;
+                match self.create_slot_on(name, primary, failover).await {
                     Ok(()) => tracing::info!(slot = %name, "created the replication slot"),
                     // Created by someone else meanwhile: validate theirs.
                     Err(e) if e.sqlstate() == Some("42710") => {}
@@ -806,6 +817,12 @@ impl PgAdmin {
                 tracing::info!(publication = %name, "reusing the publication");
                 p
             }
+            None if mode == PublicationMode::MustExist && self.in_recovery().await? => {
+                return Err(standby::publication_on_primary(
+                    name,
+                    &create_publication(name, tables, patterns),
+                ));
+            }
             None if mode == PublicationMode::MustExist => {
                 return Err(PgError::new(
                     ErrorKind::Setup,
@@ -817,6 +834,12 @@ impl PgAdmin {
                 ));
             }
             None => {
+                if self.in_recovery().await? {
+                    return Err(standby::publication_on_primary(
+                        name,
+                        &create_publication(name, tables, patterns),
+                    ));
+                }
                 if !patterns.is_empty() && !self.is_superuser().await? {
                     return Err(PgError::new(
                         ErrorKind::Setup,
@@ -878,6 +901,9 @@ impl PgAdmin {
                 quote_ident(name),
                 list(&cov.missing_tables)
             );
+            if self.in_recovery().await? {
+                return Err(standby::publication_on_primary(name, &sql));
+            }
             c.batch_execute(&sql).await.map_err(|e| {
                 PgError::sql(format!("cannot add tables to publication {name:?}"), e)
             })?;
@@ -986,6 +1012,15 @@ impl PgAdmin {
             .await?
             .check_scope(scope_columns))
     }
+}
+
+/// The statement that creates publication `name` for `tables` and `patterns`.
+fn create_publication(name: &str, tables: &[TableName], patterns: &[TablePattern]) -> String {
+    format!(
+        "CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true)",
+        quote_ident(name),
+        publication_objects(tables, patterns)
+    )
 }
 
 /// What a publication covers: `ALL TABLES`, or `TABLES IN SCHEMA s, …` (each pattern's

@@ -25,6 +25,11 @@ impl SourcePlug for PgSourceSettings {
         for problem in url_problems(self.url.expose()) {
             p.push(format!("url: {problem}"));
         }
+        if let Some(primary) = &self.primary_url {
+            for problem in url_problems(primary.expose()) {
+                p.push(format!("primary_url: {problem}"));
+            }
+        }
         for (what, name) in [("slot", &self.slot), ("publication", &self.publication)] {
             if !valid_identifier(name) {
                 p.push(format!(
@@ -172,6 +177,12 @@ impl SourcePlug for PgSourceSettings {
             }
             for pattern in self.patterns() {
                 builder = builder.pattern(pattern);
+            }
+            if let Some(primary) = self.primary()? {
+                builder = builder.primary(primary);
+            }
+            if let Some(on) = self.failover {
+                builder = builder.failover(on);
             }
             let source = builder.start().await?;
             let probe = Arc::new(source.handle());

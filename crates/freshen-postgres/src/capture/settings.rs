@@ -97,6 +97,20 @@ pub struct PgSourceSettings {
     /// [`PgSourceConfig::stream_memory`](crate::PgSourceConfig).
     #[serde(default = "default_stream_memory_mb")]
     pub stream_memory_mb: u64,
+    /// The primary's URL when `url` is a standby (decoding on a standby, PostgreSQL
+    /// 16): freshen asks it for a standby snapshot while it creates the slot, so the
+    /// creation does not wait for the primary's next checkpoint; see
+    /// [`PgSourceConfig::primary`](crate::PgSourceConfig). Optional.
+    #[serde(default, deserialize_with = "optional_secret_url")]
+    pub primary_url: Option<SecretUrl>,
+    /// Create the slot as a failover slot (PostgreSQL 17); unset: on where the server
+    /// can (17+, a primary). See [`PgSourceConfig::failover`](crate::PgSourceConfig).
+    #[serde(default)]
+    pub failover: Option<bool>,
+}
+
+fn optional_secret_url<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretUrl>, D::Error> {
+    Option::<String>::deserialize(d).map(|o| o.map(SecretUrl::new))
 }
 
 fn default_true() -> bool {
@@ -249,6 +263,14 @@ impl PgSourceSettings {
     pub fn connection(&self) -> Result<ConnectionConfig, crate::PgError> {
         ConnectionConfig::from_url(self.url.expose())
     }
+
+    /// The primary's connection (`primary_url`), parsed, when one is set.
+    pub fn primary(&self) -> Result<Option<ConnectionConfig>, crate::PgError> {
+        self.primary_url
+            .as_ref()
+            .map(|u| ConnectionConfig::from_url(u.expose()))
+            .transpose()
+    }
 }
 
 #[cfg(test)]
@@ -271,6 +293,8 @@ mod tests {
             discover_every: default_discover_every(),
             stream_in_progress: true,
             stream_memory_mb: default_stream_memory_mb(),
+            primary_url: None,
+            failover: None,
         }
     }
 

@@ -398,6 +398,9 @@ impl PgSource {
             _ => Some(tls::client_config(&config.connection)?),
         };
         let admin = PgAdmin::connect(&config.connection).await?;
+        if let Some(why) = admin.standby_source_problem().await? {
+            return Err(PgError::new(ErrorKind::Setup, why));
+        }
         admin.require_logical_wal().await?;
         admin.require_replication_privilege().await?;
         let mut identities = Vec::new();
@@ -438,7 +441,13 @@ impl PgSource {
             }
         }
         admin
-            .ensure_slot(&config.slot, config.slot_mode, &config.connection.dbname)
+            .ensure_slot_on(
+                &config.slot,
+                config.slot_mode,
+                &config.connection.dbname,
+                config.primary.as_ref(),
+                config.failover,
+            )
             .await?;
         let before_image = identities
             .iter()
@@ -760,6 +769,18 @@ impl PgSourceBuilder {
     /// temporary file ([`PgSourceConfig::stream_memory`]).
     pub fn stream_memory(mut self, bytes: usize) -> Self {
         self.config.stream_memory = bytes;
+        self
+    }
+
+    /// Whether a slot freshen creates is a failover slot ([`PgSourceConfig::failover`]).
+    pub fn failover(mut self, on: bool) -> Self {
+        self.config.failover = Some(on);
+        self
+    }
+
+    /// The primary of a standby source ([`PgSourceConfig::primary`]).
+    pub fn primary(mut self, primary: ConnectionConfig) -> Self {
+        self.config.primary = Some(primary);
         self
     }
 

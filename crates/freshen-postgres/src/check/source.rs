@@ -28,6 +28,16 @@ pub(crate) async fn source(s: &PgSourceSettings, plan: &Plan) -> Vec<Finding> {
             )];
         }
     };
+    let standby = match admin.in_recovery().await {
+        Ok(standby) => standby,
+        Err(e) => {
+            out.push(Finding::error("standby", &subject, e.to_string()));
+            false
+        }
+    };
+    if standby {
+        out.extend(standby_findings(&admin, s, &subject).await);
+    }
     out.push(match admin.wal_level().await {
         Ok(l) if l == "logical" => Finding::ok("wal_level", &subject, "logical"),
         Ok(l) => Finding::error(
@@ -55,12 +65,15 @@ pub(crate) async fn source(s: &PgSourceSettings, plan: &Plan) -> Vec<Finding> {
         Err(e) => Finding::error("privilege", &subject, e.to_string()),
     });
     out.push(slot(&admin, &s.slot, s.slot_mode).await);
+    if !standby {
+        out.extend(failover(&admin, s).await);
+    }
     let tables: Vec<TableName> = plan
         .tables
         .iter()
         .map(|(schema, table)| TableName::new(schema, table))
         .collect();
-    if let Some(f) = publication(&admin, s, &tables).await {
+    if let Some(f) = publication(&admin, s, &tables, standby).await {
         out.push(f);
     }
     out.extend(crate::check::columns::findings(&admin, &s.publication, plan).await);
@@ -170,6 +183,94 @@ async fn selection(
     out
 }
 
+/// A standby as the source: its version, `hot_standby_feedback`, and whether freshen
+/// can ask the primary for a standby snapshot when it creates the slot there.
+async fn standby_findings(admin: &PgAdmin, s: &PgSourceSettings, subject: &str) -> Vec<Finding> {
+    let mut out = Vec::new();
+    match admin.standby_source_problem().await {
+        Ok(Some(why)) => {
+            out.push(Finding::error("standby", subject, why));
+            return out;
+        }
+        Ok(None) => out.push(Finding::ok(
+            "standby",
+            subject,
+            "the source is a standby: the slot and the decoding are here, off the primary; rebuilds write to [target], which must be the primary",
+        )),
+        Err(e) => out.push(Finding::error("standby", subject, e.to_string())),
+    }
+    let feedback = admin
+        .setting("hot_standby_feedback")
+        .await
+        .unwrap_or_default();
+    if feedback != "on" {
+        out.push(Finding::warning(
+            "standby",
+            subject,
+            "hot_standby_feedback is off: the primary may remove catalog rows the slot still needs, and the standby then invalidates the slot (a lost slot: changes lost until a sweep); set hot_standby_feedback = on on the standby, with a physical slot (primary_slot_name)",
+        ));
+    }
+    let slot_exists = matches!(admin.slot(&s.slot).await, Ok(Some(_)));
+    if !slot_exists && s.slot_mode == SlotChoice::Create {
+        match s.primary() {
+            Ok(Some(primary)) => match PgAdmin::connect(&primary).await {
+                Ok(p) => match p.in_recovery().await {
+                    Ok(false) => out.push(Finding::ok(
+                        "primary_url",
+                        subject,
+                        "reachable: freshen asks it for a standby snapshot while it creates the slot",
+                    )),
+                    Ok(true) => out.push(Finding::error(
+                        "primary_url",
+                        subject,
+                        "is a standby too: it must name the primary",
+                    )),
+                    Err(e) => out.push(Finding::warning("primary_url", subject, e.to_string())),
+                },
+                Err(e) => out.push(Finding::warning(
+                    "primary_url",
+                    subject,
+                    format!("cannot connect ({e}): creating the slot then waits for the primary's next checkpoint"),
+                )),
+            },
+            Ok(None) => out.push(Finding::warning(
+                "primary_url",
+                subject,
+                "not set: creating the slot on the standby waits for the primary's next standby snapshot, which an idle primary writes only at its next checkpoint (up to checkpoint_timeout); set primary_url so freshen asks the primary for one (pg_log_standby_snapshot())",
+            )),
+            Err(e) => out.push(Finding::error("primary_url", subject, e.to_string())),
+        }
+    }
+    out
+}
+
+/// Whether the slot will survive a promotion (PostgreSQL 17): a failover slot, with the
+/// standbys that keep it named in `synchronized_standby_slots`.
+async fn failover(admin: &PgAdmin, s: &PgSourceSettings) -> Vec<Finding> {
+    let name = &s.slot;
+    match admin.slot_failover(name).await {
+        Ok(Some((false, _))) if s.failover != Some(false) => vec![Finding::warning(
+            "failover",
+            name,
+            format!(
+                "is not a failover slot: no standby synchronizes it, and after a promotion freshen finds no slot there (changes lost until a sweep). Run on a replication connection (psql \"dbname=… replication=database\"): ALTER_REPLICATION_SLOT {name} (FAILOVER true); or set failover = false to keep it so"
+            ),
+        )],
+        Ok(Some((true, sync))) if sync.trim().is_empty() => vec![Finding::warning(
+            "failover",
+            name,
+            "is a failover slot, but synchronized_standby_slots is empty: a synchronized copy can be ahead of its standby's WAL, so a promotion may lose what freshen confirmed; name the standbys' physical slots in synchronized_standby_slots on the primary",
+        )],
+        Ok(Some((true, sync))) => vec![Finding::ok(
+            "failover",
+            name,
+            format!("is a failover slot; standbys kept in step: {sync}"),
+        )],
+        Ok(_) => Vec::new(),
+        Err(e) => vec![Finding::error("failover", name, e.to_string())],
+    }
+}
+
 async fn slot(admin: &PgAdmin, slot: &str, mode: SlotChoice) -> Finding {
     match admin.slot(slot).await {
         Ok(None) => match mode {
@@ -226,9 +327,26 @@ async fn publication(
     admin: &PgAdmin,
     s: &PgSourceSettings,
     tables: &[TableName],
+    standby: bool,
 ) -> Option<Finding> {
     let name = &s.publication;
+    // A standby is read-only: freshen can neither create nor extend the publication
+    // there; it is made on the primary and reaches the standby by replication.
+    let on_primary = |statement: String| {
+        Finding::error(
+            "publication",
+            name,
+            format!(
+                "the source is a standby: make the publication on the primary: {statement}; and set publication_mode = \"existing\""
+            ),
+        )
+    };
     Some(match admin.publication(name).await {
+        Ok(None) if standby => on_primary(format!(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)",
+            quote_ident(name),
+            quoted_list(tables)
+        )),
         Ok(None) if s.publication_mode == PublicationChoice::Existing => Finding::error(
             "publication",
             name,
@@ -249,6 +367,11 @@ async fn publication(
                 name,
                 "covers every watched table and operation",
             ),
+            Ok(Some(c)) if standby && !c.missing_tables.is_empty() => on_primary(format!(
+                "ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(name),
+                quoted_list(&c.missing_tables)
+            )),
             Ok(Some(c))
                 if c.missing_operations.is_empty()
                     && s.publication_mode == PublicationChoice::Create

@@ -75,6 +75,21 @@ impl TargetPlug for PgTarget {
         Box::pin(async move {
             let probe = connect_pool(&self.conn, 1)
                 .map_err(|e| TargetError::new("cannot set up the target connection pool", e))?;
+            // Rebuilds write here: a standby (decoding on a standby with no [target], or
+            // [target] on a standby) is refused now, not retried for ever. Unreachable:
+            // judged when rebuilds connect.
+            if let Ok(Some(why)) = PgAdmin::from_pool(probe.clone()).read_only().await {
+                let hint = if source_url == Some(self.url.as_str()) {
+                    "the source is a standby, and rebuilds write to the source's database when [target] is not set: set [target] url to the primary"
+                } else {
+                    "point [target] url at the primary"
+                };
+                return Err(TargetError::new(
+                    format!("the target {} {why}", freshen::redact_url(&self.url)),
+                    format!("rebuilds write there; {hint}"),
+                )
+                .into());
+            }
             let visibility = visibility(source_url, &self.url, &probe).await?;
             let source = match source_url.filter(|s| *s != self.url && is_postgres_url(s)) {
                 Some(s) => Some(

@@ -176,6 +176,49 @@ async fn decodes_types_images_and_transactions() {
     assert!(!src.health().running);
 }
 
+/// Generated columns (stored from PostgreSQL 12, virtual from 18, the default kind
+/// there) are not published: events carry the columns they are computed from, and a
+/// publication `WITH (publish_generated_columns = stored)` (18) adds the stored ones.
+#[tokio::test]
+async fn generated_columns_are_left_out_unless_published() {
+    let pg = server();
+    let c = sql(&pg).await;
+    let v18 = pg.major_version() >= 18;
+    c.batch_execute(&format!(
+        "CREATE TABLE g (id int PRIMARY KEY, x int NOT NULL,
+             stored int GENERATED ALWAYS AS (x * 2) STORED{});
+         CREATE PUBLICATION gen_pub FOR TABLE g{}",
+        if v18 {
+            ", virt int GENERATED ALWAYS AS (x * 3) VIRTUAL"
+        } else {
+            ""
+        },
+        if v18 {
+            " WITH (publish_generated_columns = stored)"
+        } else {
+            ""
+        },
+    ))
+    .await
+    .unwrap();
+    let mut cfg = config(&pg, "gen", &["g"]);
+    cfg.publication = "gen_pub".into();
+    let mut src = source(cfg).await;
+    c.batch_execute("INSERT INTO g (id, x) VALUES (1, 5); UPDATE g SET x = 6 WHERE id = 1")
+        .await
+        .unwrap();
+    let evs = events(&take_events(&mut src, 2, 20).await);
+    let new = evs[1].new.as_ref().unwrap();
+    assert_eq!(new.get("x"), Some(&Value::Int(6)));
+    assert_eq!(new.get("virt"), None, "a virtual column is never published");
+    if v18 {
+        assert_eq!(new.get("stored"), Some(&Value::Int(12)), "published on 18");
+    } else {
+        assert_eq!(new.get("stored"), None, "not published before 18");
+    }
+    assert_eq!(src.health().skipped, 0);
+}
+
 #[tokio::test]
 async fn unwatched_tables_in_the_publication_are_not_delivered() {
     let pg = server();

@@ -5,6 +5,7 @@
 
 pub(crate) mod assemble;
 pub(crate) mod drift;
+pub(crate) mod durable;
 pub(crate) mod feedback;
 pub(crate) mod lowat;
 pub(crate) mod pgoutput;

@@ -46,6 +46,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admin::{slot_lost, slot_missing};
 use crate::capture::assemble::{Assembler, Committed, Output};
+use crate::capture::durable::{DurableConfig, POLL as DURABLE_POLL, Probe, durable};
 use crate::capture::feedback::{Acked, Feedback};
 use crate::capture::lowat::Lowat;
 use crate::capture::rows::Relations;
@@ -88,6 +89,14 @@ pub(crate) struct Shared {
     pub(crate) received_lsn: AtomicU64,
     pub(crate) server_lsn: AtomicU64,
     pub(crate) confirmed_lsn: AtomicU64,
+    /// Position the acknowledgements release (`feedback.rs`); with a durability gate
+    /// (`durable.rs`) it is confirmed once the standbys have the rebuilds behind it.
+    pub(crate) acknowledged_lsn: AtomicU64,
+    /// Position the durability gate released (the standbys flushed past the rebuilds
+    /// acknowledged by then).
+    durable_lsn: AtomicU64,
+    /// Wakes the durability watcher: more is acknowledged than it released.
+    durable_wanted: Notify,
     pub(crate) events: AtomicU64,
     pub(crate) batches: AtomicU64,
     pub(crate) skipped: AtomicU64,
@@ -157,6 +166,8 @@ pub(crate) struct ReaderSetup {
     pub(crate) stop: watch::Receiver<bool>,
     /// Ask for streamed in-progress transactions: configured, and the server is 14+.
     pub(crate) stream_in_progress: bool,
+    /// Hold confirmations until the standbys have the rebuilds (`durable.rs`).
+    pub(crate) durable: Option<DurableConfig>,
 }
 
 /// Starts the reader thread. `ready` gets the outcome of the first successful start of
@@ -212,6 +223,11 @@ struct Reader {
     streams: Streams,
     /// Whether sessions ask for streaming (protocol 2).
     stream_in_progress: bool,
+    /// The durability gate, when one applies (`durable.rs`).
+    durable: Option<DurableConfig>,
+    /// The position given to the server as confirmed: the feedback rule's, held back
+    /// by the durability gate.
+    sent: u64,
 }
 
 /// What woke the stream loop.
@@ -247,6 +263,8 @@ impl Reader {
                 (s.config.stream_spill_dir.clone()).unwrap_or_else(std::env::temp_dir),
             ),
             stream_in_progress: s.stream_in_progress,
+            durable: s.durable,
+            sent: 0,
             cfg: s.config,
             tls: s.tls,
             shared: s.shared,
@@ -261,6 +279,13 @@ impl Reader {
     }
 
     async fn run(mut self, ready: oneshot::Sender<Result<(), PgError>>) {
+        if let Some(config) = self.durable.clone() {
+            tokio::spawn(watch_durable(
+                config,
+                Arc::clone(&self.shared),
+                self.stop.clone(),
+            ));
+        }
         let mut ready = Some(ready);
         let mut attempt: u32 = 0;
         let mut down_since: Option<Instant> = None;
@@ -347,7 +372,7 @@ impl Reader {
         .with_start_lsn(WireLsn(start))
         // Always say what is confirmed: starting from a position without it would
         // report the start position as flushed and skip what was never acknowledged.
-        .with_ack_lsn(WireLsn(self.feedback.confirmed()))
+        .with_ack_lsn(WireLsn(self.sent))
         .with_status_interval(self.cfg.status_interval)
         .with_wakeup_interval(self.cfg.status_interval)
         .with_buffer_size(self.cfg.wire_buffer)
@@ -794,7 +819,23 @@ impl Reader {
             end: self.shared.acked_end.load(Ordering::SeqCst),
         };
         let unsent = self.asm.in_transaction() || self.asm.has_output();
-        if let Some(target) = self.feedback.advance(acked, unsent) {
+        self.feedback.advance(acked, unsent);
+        let released = self.feedback.confirmed();
+        self.shared
+            .acknowledged_lsn
+            .store(released, Ordering::SeqCst);
+        let target = match self.durable {
+            None => released,
+            Some(_) => {
+                let durable = self.shared.durable_lsn.load(Ordering::SeqCst);
+                if released > durable {
+                    self.shared.durable_wanted.notify_one();
+                }
+                released.min(durable)
+            }
+        };
+        if target > self.sent {
+            self.sent = target;
             client.update_applied_lsn(WireLsn(target));
             self.shared.confirmed_lsn.store(target, Ordering::SeqCst);
         }
@@ -803,13 +844,74 @@ impl Reader {
     /// Final feedback: report the last confirmed position, then end the stream.
     async fn finish(&mut self, client: &mut ReplicationClient) {
         self.advance(client);
-        let target = self.feedback.confirmed();
+        let target = self.sent;
         let deadline = Instant::now() + self.cfg.status_interval + Duration::from_secs(1);
         while client.metrics().last_applied_lsn().0 < target && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         client.stop();
         let _ = tokio::time::timeout(Duration::from_secs(2), client.shutdown()).await;
+    }
+}
+
+/// The durability gate's watcher (`durable.rs`): takes the position acknowledged now,
+/// reads the primary's WAL position, waits until the standbys flushed past it, and
+/// releases the position to the reader. Runs until the reader stops.
+async fn watch_durable(
+    config: DurableConfig,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut probe = None;
+    let mut warned = false;
+    loop {
+        let wanted = shared.acknowledged_lsn.load(Ordering::SeqCst);
+        if wanted <= shared.durable_lsn.load(Ordering::SeqCst) {
+            tokio::select! {
+                _ = shared.durable_wanted.notified() => continue,
+                _ = stopped(&mut stop) => return,
+            }
+        }
+        let step = async {
+            if probe.is_none() {
+                probe = Some(Probe::new(&config)?);
+            }
+            let p = probe.as_ref().expect("set above");
+            // Read after `wanted`: every rebuild acknowledged by then committed before.
+            let w = p.primary_wal().await?;
+            let since = Instant::now();
+            loop {
+                if durable(w, p.flushed().await?) {
+                    return Ok::<(), PgError>(());
+                }
+                if !warned && since.elapsed() > Duration::from_secs(10) {
+                    warned = true;
+                    tracing::warn!(
+                        "freshen-postgres: confirming the slot waits for the standbys to flush the rebuilds' WAL ({}): a standby is behind or gone",
+                        crate::Lsn(w)
+                    );
+                }
+                tokio::time::sleep(DURABLE_POLL).await;
+            }
+        };
+        tokio::select! {
+            done = step => match done {
+                Ok(()) => {
+                    warned = false;
+                    shared.durable_lsn.fetch_max(wanted, Ordering::SeqCst);
+                    shared.ack_notify.notify_one();
+                }
+                Err(e) => {
+                    tracing::warn!("freshen-postgres: cannot read the standbys' positions, confirmations wait: {e}");
+                    probe = None;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = stopped(&mut stop) => return,
+                    }
+                }
+            },
+            _ = stopped(&mut stop) => return,
+        }
     }
 }
 

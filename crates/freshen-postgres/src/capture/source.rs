@@ -14,6 +14,7 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admin::PgAdmin;
 use crate::admin::membership::Membership;
+use crate::capture::durable::{DurableConfig, Standbys, standby_slots};
 use crate::capture::reader::{self, ReaderSetup, Shared};
 use crate::capture::stall::{Observation, StallWatch, Stalled};
 use crate::error::ErrorKind;
@@ -40,6 +41,10 @@ pub struct Health {
     pub server_lsn: Lsn,
     /// Position released for confirmation upstream (reported within `status_interval`).
     pub confirmed_lsn: Lsn,
+    /// Position the acknowledgements allow confirming. Ahead of `confirmed_lsn` while
+    /// the standbys that keep the slot through a failover have not yet flushed the
+    /// rebuilds behind it (`synchronized_standby_slots`, or the source standby itself).
+    pub acknowledged_lsn: Lsn,
     /// Row events handed over.
     pub events: u64,
     /// Batches handed over.
@@ -158,6 +163,7 @@ impl PgHandle {
             received_lsn: reader::lsn(&s.received_lsn),
             server_lsn: reader::lsn(&s.server_lsn),
             confirmed_lsn: reader::lsn(&s.confirmed_lsn),
+            acknowledged_lsn: reader::lsn(&s.acknowledged_lsn),
             events: s.events.load(Ordering::Relaxed),
             batches: s.batches.load(Ordering::Relaxed),
             skipped: s.skipped.load(Ordering::Relaxed),
@@ -379,6 +385,40 @@ impl fmt::Debug for PgSource {
     }
 }
 
+/// Which standbys a confirmation waits for (`durable.rs`): on a standby source, the
+/// source itself, with WAL positions read on `primary`; on a primary of PostgreSQL 17,
+/// the physical slots of `synchronized_standby_slots`. `None` where neither applies.
+async fn durable_gate(
+    admin: &PgAdmin,
+    config: &PgSourceConfig,
+) -> Result<Option<DurableConfig>, PgError> {
+    if admin.in_recovery().await? {
+        return Ok(match &config.primary {
+            Some(primary) => Some(DurableConfig {
+                primary: primary.clone(),
+                standbys: Standbys::Source(config.connection.clone()),
+            }),
+            None => {
+                tracing::warn!(
+                    "freshen-postgres: decoding on a standby without [source] primary_url: the slot is confirmed as soon as rebuilds commit on the primary, so a promotion of this standby can lose a rebuild it had not yet received"
+                );
+                None
+            }
+        });
+    }
+    if admin.server_version_num().await? < crate::admin::standby::FAILOVER_SLOTS_SINCE {
+        return Ok(None);
+    }
+    let slots = standby_slots(&admin.setting("synchronized_standby_slots").await?);
+    Ok((!slots.is_empty()).then(|| {
+        tracing::info!(standbys = %slots.join(", "), "freshen-postgres: the slot is confirmed once these standbys have flushed the rebuilds behind it");
+        DurableConfig {
+            primary: config.connection.clone(),
+            standbys: Standbys::Slots(slots),
+        }
+    }))
+}
+
 impl PgSource {
     /// A builder.
     pub fn builder() -> PgSourceBuilder {
@@ -513,9 +553,11 @@ impl PgSource {
         // Streaming in-progress transactions needs pgoutput protocol 2 (PostgreSQL 14).
         let stream_in_progress =
             config.stream_in_progress && admin.server_version_num().await? >= 140_000;
+        let durable = durable_gate(&admin, &config).await?;
         reader::spawn(
             ReaderSetup {
                 stream_in_progress,
+                durable,
                 config: Arc::new(config),
                 tls,
                 watched,

@@ -236,7 +236,7 @@ async fn standby_findings(admin: &PgAdmin, s: &PgSourceSettings, subject: &str) 
             Ok(None) => out.push(Finding::warning(
                 "primary_url",
                 subject,
-                "not set: creating the slot on the standby waits for the primary's next standby snapshot, which an idle primary writes only at its next checkpoint (up to checkpoint_timeout); set primary_url so freshen asks the primary for one (pg_log_standby_snapshot())",
+                "not set: creating the slot on the standby waits for the primary's next standby snapshot, which an idle primary writes only at its next checkpoint (up to checkpoint_timeout); set primary_url so freshen asks the primary for one (pg_log_standby_snapshot()), and confirms the slot only once this standby has the rebuilds behind it",
             )),
             Err(e) => out.push(Finding::error("primary_url", subject, e.to_string())),
         }
@@ -259,12 +259,14 @@ async fn failover(admin: &PgAdmin, s: &PgSourceSettings) -> Vec<Finding> {
         Ok(Some((true, sync))) if sync.trim().is_empty() => vec![Finding::warning(
             "failover",
             name,
-            "is a failover slot, but synchronized_standby_slots is empty: a synchronized copy can be ahead of its standby's WAL, so a promotion may lose what freshen confirmed; name the standbys' physical slots in synchronized_standby_slots on the primary",
+            "is a failover slot, but synchronized_standby_slots is empty: freshen confirms it once rebuilds commit on the primary, and a standby promoted before it received a rebuild keeps a slot past the change that caused it (the rebuild lost until a sweep); name the standbys' physical slots in synchronized_standby_slots on the primary",
         )],
         Ok(Some((true, sync))) => vec![Finding::ok(
             "failover",
             name,
-            format!("is a failover slot; standbys kept in step: {sync}"),
+            format!(
+                "is a failover slot; confirmed only once these standbys have flushed the rebuilds behind it: {sync}"
+            ),
         )],
         Ok(_) => Vec::new(),
         Err(e) => vec![Finding::error("failover", name, e.to_string())],

@@ -12,6 +12,7 @@ mod query_rebuild;
 mod refresher_end_to_end;
 mod source_decoding;
 mod source_discovery;
+mod source_failover;
 mod source_feedback;
 mod source_reading;
 mod source_schema;

@@ -4,6 +4,8 @@
 use std::fs;
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal};
+
 use super::{PgServer, PgServerBuilder};
 use crate::TestEnvError;
 use crate::support;
@@ -152,6 +154,56 @@ impl PgServer {
         self.psql("SELECT pg_reload_conf()")?;
         Ok(())
     }
+}
+
+impl PgServer {
+    /// The pid of a standby's WAL receiver.
+    fn wal_receiver_pid(&self) -> Result<i32, TestEnvError> {
+        let out = self.psql("SELECT pid FROM pg_stat_wal_receiver")?;
+        out.trim().parse().map_err(|_| TestEnvError::Command {
+            command: "SELECT pid FROM pg_stat_wal_receiver".into(),
+            output: format!("no WAL receiver runs ({out:?})"),
+        })
+    }
+
+    /// Freezes a standby's WAL receiver (SIGSTOP) where it is: the primary's later WAL
+    /// stays unread (in the socket, or not sent), while the standby's other processes
+    /// — slot synchronization among them — go on. [`crash_wal_receiver`](Self::crash_wal_receiver)
+    /// then drops what it had not written.
+    pub fn freeze_wal_receiver(&self) -> Result<(), TestEnvError> {
+        let pid = self.wal_receiver_pid()?;
+        signal(pid, Signal::STOP)
+    }
+
+    /// Kills a standby's WAL receiver (SIGKILL, after [`freeze_wal_receiver`](Self::freeze_wal_receiver)):
+    /// WAL it had received but not written is gone, as in a crash of the standby's
+    /// host. The server restarts its processes (crash recovery, in recovery still);
+    /// returns once it accepts connections again.
+    pub fn crash_wal_receiver(&self) -> Result<(), TestEnvError> {
+        let pid = self.wal_receiver_pid()?;
+        signal(pid, Signal::KILL)?;
+        let back = support::wait_for(Duration::from_secs(60), || {
+            let gone = self
+                .psql(&format!(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+                ))
+                .ok()?;
+            (gone == "0" && self.in_recovery().ok()?).then_some(())
+        });
+        back.ok_or_else(|| TestEnvError::StartFailed {
+            reason: "the standby did not come back after its WAL receiver was killed".into(),
+            log: support::tail(&self.log_path(), 30),
+        })
+    }
+}
+
+fn signal(pid: i32, signal: Signal) -> Result<(), TestEnvError> {
+    let pid = Pid::from_raw(pid).ok_or_else(|| TestEnvError::Command {
+        command: "kill".into(),
+        output: format!("not a process id: {pid}"),
+    })?;
+    rustix::process::kill_process(pid, signal)
+        .map_err(|e| TestEnvError::io(format!("signalling process {pid:?}"), e.into()))
 }
 
 /// A configuration-file string value.

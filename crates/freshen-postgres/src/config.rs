@@ -74,6 +74,17 @@ pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(30);
 /// minute by default; longer only retains WAL).
 pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// Which of several hosts a connection may use (libpq's `target_session_attrs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionAttrs {
+    /// The first host that answers.
+    #[default]
+    Any,
+    /// The first host that accepts writes: a primary, not a standby (`read-write`, and
+    /// `primary`, which freshen treats the same).
+    ReadWrite,
+}
+
 /// Where and as whom to connect. Plain data; [`ConnectionConfig::from_url`] parses a
 /// `postgres://` URL.
 #[derive(Clone, PartialEq, Eq)]
@@ -82,6 +93,13 @@ pub struct ConnectionConfig {
     pub host: String,
     /// TCP port (also names the socket file in a socket directory).
     pub port: u16,
+    /// Hosts tried after `host:port`, in order, with their ports
+    /// (`postgres://h1:5432,h2:5433/db`, or `?host=h1,h2&port=5432,5433`): with
+    /// [`target_session_attrs`](Self::target_session_attrs) `ReadWrite`, freshen follows
+    /// a promotion to whichever is the primary, without a restart.
+    pub more_hosts: Vec<(String, u16)>,
+    /// Which of the hosts to use.
+    pub target_session_attrs: SessionAttrs,
     /// User; logical replication needs the `REPLICATION` attribute (or superuser).
     pub user: String,
     /// Password, if the server asks for one. Never logged.
@@ -106,6 +124,8 @@ impl fmt::Debug for ConnectionConfig {
         f.debug_struct("ConnectionConfig")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("more_hosts", &self.more_hosts)
+            .field("target_session_attrs", &self.target_session_attrs)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("dbname", &self.dbname)
@@ -123,6 +143,8 @@ impl Default for ConnectionConfig {
         ConnectionConfig {
             host: "localhost".into(),
             port: 5432,
+            more_hosts: Vec::new(),
+            target_session_attrs: SessionAttrs::Any,
             user: "postgres".into(),
             password: None,
             dbname: "postgres".into(),
@@ -136,10 +158,12 @@ impl Default for ConnectionConfig {
 }
 
 impl ConnectionConfig {
-    /// Parses `postgres://[user[:password]@][host][:port][/dbname][?param=value&…]`
+    /// Parses `postgres://[user[:password]@][host][:port][,host[:port]…][/dbname][?param=value&…]`
     /// (also `postgresql://`). Parameters: `sslmode`, `sslrootcert`,
-    /// `application_name`, `connect_timeout` (seconds), `host` (a socket directory),
-    /// `port`, `user`, `password`, `dbname`. Percent-escapes are decoded.
+    /// `application_name`, `connect_timeout` (seconds), `host` (a socket directory, or
+    /// hosts separated by commas), `port` (one, or one per host), `user`, `password`,
+    /// `dbname`, `target_session_attrs` (`any`, `read-write`, `primary`).
+    /// Percent-escapes are decoded.
     pub fn from_url(url: &str) -> Result<ConnectionConfig, PgError> {
         let bad = |why: &str| {
             // Never echo the URL: it may hold a password.
@@ -172,23 +196,34 @@ impl ConnectionConfig {
             }
             None => authority,
         };
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (h, after) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("unclosed [ in host"))?;
-            (h.to_owned(), after.strip_prefix(':'))
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h.to_owned(), Some(p)),
-                None => (hostport.to_owned(), None),
-            }
-        };
-        if !host.is_empty() {
-            cfg.host = decode(&host).map_err(|e| bad(&e))?;
+        let mut hosts = Vec::new();
+        for hostport in hostport.split(',') {
+            let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+                let (h, after) = v6
+                    .split_once(']')
+                    .ok_or_else(|| bad("unclosed [ in host"))?;
+                (h.to_owned(), after.strip_prefix(':'))
+            } else {
+                match hostport.rsplit_once(':') {
+                    Some((h, p)) => (h.to_owned(), Some(p)),
+                    None => (hostport.to_owned(), None),
+                }
+            };
+            let host = if host.is_empty() {
+                cfg.host.clone()
+            } else {
+                decode(&host).map_err(|e| bad(&e))?
+            };
+            let port = match port.filter(|p| !p.is_empty()) {
+                Some(p) => p.parse().map_err(|_| bad("the port is not a number"))?,
+                None => cfg.port,
+            };
+            hosts.push((host, port));
         }
-        if let Some(p) = port.filter(|p| !p.is_empty()) {
-            cfg.port = p.parse().map_err(|_| bad("the port is not a number"))?;
-        }
+        cfg.set_hosts(hosts);
+        // `host=` and `port=` parameters, applied after the query is read.
+        let mut host_param: Option<Vec<String>> = None;
+        let mut port_param: Option<Vec<u16>> = None;
         if let Some(db) = path.filter(|p| !p.is_empty()) {
             cfg.dbname = decode(db).map_err(|e| bad(&e))?;
         }
@@ -214,8 +249,25 @@ impl ConnectionConfig {
                     }
                     cfg.connect_timeout = Duration::from_secs(secs.max(1));
                 }
-                "host" => cfg.host = v,
-                "port" => cfg.port = v.parse().map_err(|_| bad("port is not a number"))?,
+                "host" => host_param = Some(v.split(',').map(str::to_owned).collect()),
+                "port" => {
+                    port_param = Some(
+                        v.split(',')
+                            .map(|p| p.parse().map_err(|_| bad("port is not a number")))
+                            .collect::<Result<_, _>>()?,
+                    )
+                }
+                "target_session_attrs" => {
+                    cfg.target_session_attrs = match v.as_str() {
+                        "any" => SessionAttrs::Any,
+                        "read-write" | "primary" => SessionAttrs::ReadWrite,
+                        _ => {
+                            return Err(bad(
+                                "target_session_attrs must be any, read-write or primary",
+                            ));
+                        }
+                    }
+                }
                 "user" => cfg.user = v,
                 "password" => cfg.password = Some(v),
                 "dbname" => cfg.dbname = v,
@@ -223,13 +275,51 @@ impl ConnectionConfig {
                     // The name only, and only when it looks like one: a misspelled
                     // `passwd=` is named, its value never; a pasted secret is not.
                     return Err(bad(&format!(
-                        "unknown parameter {:?} (known: sslmode, sslrootcert, application_name, connect_timeout, host, port, user, password, dbname)",
+                        "unknown parameter {:?} (known: sslmode, sslrootcert, application_name, connect_timeout, host, port, user, password, dbname, target_session_attrs)",
                         freshen::parameter_name(other)
                     )));
                 }
             }
         }
+        if host_param.is_some() || port_param.is_some() {
+            let hosts =
+                host_param.unwrap_or_else(|| cfg.hosts().map(|(h, _)| h.to_owned()).collect());
+            let ports = port_param.unwrap_or_else(|| vec![cfg.port]);
+            let ports: Vec<u16> = match ports.len() {
+                1 => vec![ports[0]; hosts.len()],
+                n if n == hosts.len() => ports,
+                _ => return Err(bad("give one port, or one per host")),
+            };
+            cfg.set_hosts(hosts.into_iter().zip(ports).collect());
+        }
         Ok(cfg)
+    }
+
+    /// Every host, with its port: `host:port` first, then [`more_hosts`](Self::more_hosts).
+    pub fn hosts(&self) -> impl Iterator<Item = (&str, u16)> {
+        std::iter::once((self.host.as_str(), self.port))
+            .chain(self.more_hosts.iter().map(|(h, p)| (h.as_str(), *p)))
+    }
+
+    fn set_hosts(&mut self, hosts: Vec<(String, u16)>) {
+        let mut hosts = hosts.into_iter();
+        if let Some((h, p)) = hosts.next() {
+            self.host = h;
+            self.port = p;
+        }
+        self.more_hosts = hosts.collect();
+    }
+
+    /// One configuration per host, in order (each with that host alone).
+    pub fn each_host(&self) -> Vec<ConnectionConfig> {
+        self.hosts()
+            .map(|(h, p)| ConnectionConfig {
+                host: h.to_owned(),
+                port: p,
+                more_hosts: Vec::new(),
+                ..self.clone()
+            })
+            .collect()
     }
 
     /// Whether `host` is a unix socket directory.
@@ -267,13 +357,19 @@ impl ConnectionConfig {
     /// The tokio-postgres configuration for SQL connections.
     pub(crate) fn to_tokio(&self) -> tokio_postgres::Config {
         let mut c = tokio_postgres::Config::new();
-        if self.is_unix_socket() {
-            c.host_path(&self.host);
-        } else {
-            c.host(&self.host);
+        for (host, port) in self.hosts() {
+            if host.starts_with('/') {
+                c.host_path(host);
+            } else {
+                c.host(host);
+            }
+            c.port(port);
         }
-        c.port(self.port)
-            .user(&self.user)
+        c.target_session_attrs(match self.target_session_attrs {
+            SessionAttrs::Any => tokio_postgres::config::TargetSessionAttrs::Any,
+            SessionAttrs::ReadWrite => tokio_postgres::config::TargetSessionAttrs::ReadWrite,
+        });
+        c.user(&self.user)
             .dbname(&self.dbname)
             .application_name(&self.application_name)
             .connect_timeout(self.connect_timeout)
@@ -634,6 +730,40 @@ mod tests {
         assert!(ConnectionConfig::from_url("mysql://x").is_err());
         assert!(ConnectionConfig::from_url("postgres://h/db?sslmode=verify-ca").is_err());
         assert!(ConnectionConfig::from_url("postgres://h/db?bogus=1").is_err());
+    }
+
+    #[test]
+    fn several_hosts_in_the_authority_or_the_parameters() {
+        let c = ConnectionConfig::from_url(
+            "postgres://u:p,w@h1:5433,h2,[::1]:7/db?target_session_attrs=read-write",
+        )
+        .unwrap();
+        assert_eq!(
+            c.password.as_deref(),
+            Some("p,w"),
+            "a comma in the password stays"
+        );
+        assert_eq!(
+            c.hosts().collect::<Vec<_>>(),
+            [("h1", 5433), ("h2", 5432), ("::1", 7)]
+        );
+        assert_eq!(c.target_session_attrs, SessionAttrs::ReadWrite);
+        assert_eq!(c.each_host()[1].hosts().collect::<Vec<_>>(), [("h2", 5432)]);
+        let c = ConnectionConfig::from_url(
+            "postgres:///db?host=a,b&port=1,2&target_session_attrs=primary",
+        )
+        .unwrap();
+        assert_eq!(c.hosts().collect::<Vec<_>>(), [("a", 1), ("b", 2)]);
+        assert_eq!(c.target_session_attrs, SessionAttrs::ReadWrite);
+        let c = ConnectionConfig::from_url("postgres:///db?host=a,b&port=9").unwrap();
+        assert_eq!(c.hosts().collect::<Vec<_>>(), [("a", 9), ("b", 9)]);
+        assert!(ConnectionConfig::from_url("postgres:///db?host=a,b&port=1,2,3").is_err());
+        assert!(
+            ConnectionConfig::from_url("postgres://h/db?target_session_attrs=standby").is_err()
+        );
+        let one = ConnectionConfig::from_url("postgres://h:1/db").unwrap();
+        assert!(one.more_hosts.is_empty());
+        assert_eq!(one.target_session_attrs, SessionAttrs::Any);
     }
 
     #[test]

@@ -101,6 +101,7 @@ mod catalog;
 pub mod check;
 mod config;
 mod error;
+mod hosts;
 pub mod infer;
 mod leader;
 mod lsn;
@@ -133,7 +134,7 @@ pub use check::toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, need
 pub use config::{
     ConnectionConfig, DEFAULT_READ_GAP, DEFAULT_STALL_AFTER, DEFAULT_STREAM_MEMORY,
     MAX_CONNECT_TIMEOUT, MAX_READ_GAP, MAX_STATUS_INTERVAL, MAX_STREAM_MEMORY, PgSourceConfig,
-    PublicationMode, SlotMode, SslMode, StartPosition,
+    PublicationMode, SessionAttrs, SlotMode, SslMode, StartPosition,
 };
 pub use deadpool_postgres::Pool;
 pub use error::{ErrorKind, PgError, retry_of};

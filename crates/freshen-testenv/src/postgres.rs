@@ -336,6 +336,14 @@ impl PgServerBuilder {
         self
     }
 
+    /// Start the run's version (`$FRESHEN_PG_VERSION`, else the newest installed) when
+    /// it is `major` or later, else `major`: for a test of what came with `major` (16:
+    /// decoding on a standby; 17: failover slots) that runs in every lane of the matrix.
+    pub fn at_least(self, major: u32) -> Self {
+        let run = Binaries::find(None).map_or(major, |b| b.major);
+        self.version(run.max(major))
+    }
+
     /// Starts the server.
     pub fn start(self) -> Result<PgServer, TestEnvError> {
         PgServer::launch(self)

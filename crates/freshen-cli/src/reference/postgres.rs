@@ -15,7 +15,7 @@ pub(super) const SOURCE: Table = Table {
             "string",
             Required("\"postgres://app@db/app\""),
             Any,
-            "Connection URL; the user needs REPLICATION. May hold a password: write `${VAR}`.",
+            "Connection URL; the user needs REPLICATION. May hold a password: write `${VAR}`. Several hosts (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`): freshen uses the first that accepts writes, and follows a promotion.",
         ),
         key(
             "slot",

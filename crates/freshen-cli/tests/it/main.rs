@@ -9,6 +9,7 @@ mod cli_admin;
 mod cli_changefeed;
 mod cli_check;
 mod cli_demo;
+mod cli_failover;
 mod cli_faults;
 mod cli_habits;
 mod cli_health;

@@ -350,8 +350,7 @@ impl Reader {
         }
     }
 
-    fn wire_config(&self, transport: &Transport) -> ReplicationConfig {
-        let c = &self.cfg.connection;
+    fn wire_config(&self, c: &crate::ConnectionConfig, transport: &Transport) -> ReplicationConfig {
         let host = match transport {
             Transport::Direct => c.host.clone(),
             Transport::Bridged { dir } => dir.display().to_string(),
@@ -420,8 +419,10 @@ impl Reader {
     }
 
     async fn connect(&mut self) -> Result<(ReplicationClient, XidClock, Option<Lowat>), PgError> {
-        let transport = tls::replication_transport(&self.cfg.connection, self.tls.as_ref()).await?;
-        let mut client = ReplicationClient::connect_gated(self.wire_config(&transport))
+        // Of several hosts, the one to stream from now (a promotion moves it).
+        let conn = crate::hosts::pick(&self.cfg.connection).await?;
+        let transport = tls::replication_transport(&conn, self.tls.as_ref()).await?;
+        let mut client = ReplicationClient::connect_gated(self.wire_config(&conn, &transport))
             .await
             .map_err(classify)?;
         let slot = &self.cfg.slot;
@@ -471,7 +472,7 @@ impl Reader {
         let port = |i: usize| text(i).and_then(|p| p.parse::<u16>().ok());
         let lowat = match (&transport, port(3), port(4)) {
             (Transport::Direct, Some(local), Some(peer))
-                if !self.cfg.read_gap.is_zero() && is_loopback(&self.cfg.connection.host) =>
+                if !self.cfg.read_gap.is_zero() && is_loopback(&conn.host) =>
             {
                 Lowat::find(local, peer, LOWAT_BYTES)
             }

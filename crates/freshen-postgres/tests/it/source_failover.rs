@@ -32,23 +32,14 @@ async fn equal(c: &Client, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_has_every_rebuild_behind_the_synchronized_slot() {
-    let major = PgServer::find_major_version()
-        .expect("an installed PostgreSQL")
-        .max(17);
     let mut primary = PgServer::builder()
-        .version(major)
+        .at_least(17)
         .start()
-        .unwrap_or_else(|e| panic!("PostgreSQL {major} (scripts/test-deps-postgres): {e}"));
+        .unwrap_or_else(|e| panic!("PostgreSQL 17+ (scripts/test-deps-postgres): {e}"));
     let standby = primary
         .start_standby(PgServer::builder())
         .expect("a standby");
-    let standby_slot = standby.standby_slot().unwrap().to_owned();
-    primary
-        .psql(&format!(
-            "ALTER SYSTEM SET synchronized_standby_slots = '{standby_slot}'"
-        ))
-        .unwrap();
-    primary.psql("SELECT pg_reload_conf()").unwrap();
+    primary.synchronize_with(&standby).unwrap();
     let c = sql(&primary).await;
     c.batch_execute(SCHEMA).await.unwrap();
 

@@ -105,6 +105,23 @@ impl PgServer {
         Ok(standby)
     }
 
+    /// Names `standby`'s slot in this primary's `synchronized_standby_slots`
+    /// (PostgreSQL 17): logical walsenders send nothing the standby has not flushed,
+    /// and it is one of the standbys that keep failover slots in step.
+    pub fn synchronize_with(&self, standby: &PgServer) -> Result<(), TestEnvError> {
+        let slot = standby
+            .standby_slot()
+            .ok_or_else(|| TestEnvError::Command {
+                command: "synchronized_standby_slots".into(),
+                output: "not a standby of this server".into(),
+            })?;
+        self.psql(&format!(
+            "ALTER SYSTEM SET synchronized_standby_slots = '{slot}'"
+        ))?;
+        self.psql("SELECT pg_reload_conf()")?;
+        Ok(())
+    }
+
     /// The physical slot on the primary this standby streams through (`None` for a
     /// server that is no standby): what `synchronized_standby_slots` names.
     pub fn standby_slot(&self) -> Option<&str> {

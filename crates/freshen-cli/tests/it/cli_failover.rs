@@ -67,6 +67,17 @@ async fn a_run_on_both_hosts_follows_a_promotion_and_loses_nothing() {
     workload(&mut s, &mut r, 100).await;
     wait_equal(&s, Duration::from_secs(120)).await;
     assert_witnesses(&s, &["f"], 4).await;
+    // And the slot moves on there: nothing waits for the old primary's standbys.
+    let now = standby.psql("SELECT pg_current_wal_lsn()").unwrap();
+    eventually(60, "the slot confirmed on the new primary", || async {
+        let ahead = standby
+            .psql(&format!(
+                "SELECT confirmed_flush_lsn >= '{now}' FROM pg_replication_slots WHERE slot_name = 'freshen_test'"
+            ))
+            .ok()?;
+        (ahead == "t").then_some(())
+    })
+    .await;
     assert!(
         run.try_wait().unwrap().is_none(),
         "the same process followed the promotion: {}",

@@ -14,7 +14,8 @@
 //!
 //! - a primary source: the physical slots named in its `synchronized_standby_slots`
 //!   (PostgreSQL 17: the standbys that keep its failover slots), their `restart_lsn`
-//!   being what each standby flushed;
+//!   being what each standby flushed — read again each time, so after a promotion the
+//!   new primary's list counts (none: nothing to wait for);
 //! - a standby source (decoding on a standby): the source itself, whose slot is the
 //!   one a promotion keeps, by `pg_last_wal_receive_lsn()`; `w` is read on
 //!   `[source] primary_url`.
@@ -34,11 +35,11 @@ use crate::{ConnectionConfig, Lsn, PgError, Pool, connect_pool, pool::client};
 /// Whose flushed WAL a confirmation waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Standbys {
-    /// Physical slots on the primary (`synchronized_standby_slots`): their
-    /// `restart_lsn`.
-    Slots(Vec<String>),
+    /// The physical slots the primary names in `synchronized_standby_slots`, read
+    /// again each time (after a promotion, the new primary's): their `restart_lsn`.
+    Synchronized,
     /// The source, a standby: its `pg_last_wal_receive_lsn()`.
-    Source(ConnectionConfig),
+    Source(Box<ConnectionConfig>),
 }
 
 /// Where a confirmation's rebuilds must be before it is sent.
@@ -77,7 +78,7 @@ impl Probe {
     pub(crate) fn new(config: &DurableConfig) -> Result<Probe, PgError> {
         let source = match &config.standbys {
             Standbys::Source(c) => Some(connect_pool(c, 1)?),
-            Standbys::Slots(_) => None,
+            Standbys::Synchronized => None,
         };
         Ok(Probe {
             primary: connect_pool(&config.primary, 1)?,
@@ -97,17 +98,29 @@ impl Probe {
     }
 
     /// What every standby that matters has flushed; `None` when one is unknown (a
-    /// named slot missing or never used).
+    /// named slot missing or never used); `u64::MAX` when the primary names none.
     pub(crate) async fn flushed(&self) -> Result<Option<u64>, PgError> {
         match (&self.standbys, &self.source) {
-            (Standbys::Slots(slots), _) => {
+            (Standbys::Synchronized, _) => {
                 let c = client(&self.primary).await?;
+                let setting: Option<String> = c
+                    .query_one(
+                        "SELECT current_setting('synchronized_standby_slots', true)",
+                        &[],
+                    )
+                    .await
+                    .map_err(|e| PgError::sql("cannot read synchronized_standby_slots", e))?
+                    .get(0);
+                let slots = standby_slots(setting.as_deref().unwrap_or_default());
+                if slots.is_empty() {
+                    return Ok(Some(u64::MAX));
+                }
                 let row = c
                     .query_one(
                         "SELECT count(restart_lsn) = cardinality($1::text[]), min(restart_lsn)::text \
                          FROM pg_replication_slots \
                          WHERE slot_type = 'physical' AND slot_name = ANY($1::text[])",
-                        &[slots],
+                        &[&slots],
                     )
                     .await
                     .map_err(|e| PgError::sql("cannot read the standbys' slots", e))?;

@@ -396,7 +396,7 @@ async fn durable_gate(
         return Ok(match &config.primary {
             Some(primary) => Some(DurableConfig {
                 primary: primary.clone(),
-                standbys: Standbys::Source(config.connection.clone()),
+                standbys: Standbys::Source(Box::new(config.connection.clone())),
             }),
             None => {
                 tracing::warn!(
@@ -414,7 +414,7 @@ async fn durable_gate(
         tracing::info!(standbys = %slots.join(", "), "freshen-postgres: the slot is confirmed once these standbys have flushed the rebuilds behind it");
         DurableConfig {
             primary: config.connection.clone(),
-            standbys: Standbys::Slots(slots),
+            standbys: Standbys::Synchronized,
         }
     }))
 }

@@ -8,10 +8,20 @@ use support::*;
 
 /// `check --json`'s finding of kind `check` for `table`, if any: (level, message).
 fn finding(cfg: &std::path::Path, check: &str, table: &str) -> Option<(String, String)> {
-    check_findings(cfg)
-        .into_iter()
-        .find(|(c, _, subject, _)| c == check && subject == table)
-        .map(|(_, level, _, message)| (level, message))
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(cfg)
+        .output()
+        .unwrap();
+    findings(&out)
+        .iter()
+        .find(|x| x["check"] == check && x["subject"] == table)
+        .map(|hit| {
+            (
+                hit["level"].as_str().unwrap_or_default().to_owned(),
+                hit["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
 }
 
 /// The `replica_identity` finding for `table`: (level, message).

@@ -34,17 +34,6 @@ async fn primary_and_standby() -> (PgServer, PgServer) {
     (primary, standby)
 }
 
-/// `check --json`'s findings.
-fn findings(cfg: &std::path::Path) -> Vec<(String, String, String, String)> {
-    check_findings(cfg)
-}
-
-fn has(found: &[(String, String, String, String)], check: &str, level: &str, words: &str) -> bool {
-    found
-        .iter()
-        .any(|(c, l, _, m)| c == check && l == level && m.contains(words))
-}
-
 /// Waits for a `freshen run` to exit; its status, or a failure naming its log.
 fn exits_within(
     run: &mut Running,
@@ -72,32 +61,32 @@ async fn a_standby_source_is_recognised_and_its_views_equal_truth() {
 
     // As a primary would be configured: no [target], publication_mode "create".
     let naive = config(&standby.url(), &format!("127.0.0.1:{}", free_port()));
+    let (_, found) = check_json(dir.path(), &naive);
     let cfg = write_config(dir.path(), &naive);
-    let found = findings(&cfg);
     assert!(
-        has(&found, "standby", "ok", "the source is a standby"),
+        has(&found, "ok", "standby", "the source is a standby"),
         "{found:#?}"
     );
     assert!(
         has(
             &found,
-            "publication",
             "error",
+            "publication",
             "make the publication on the primary: CREATE PUBLICATION \"freshen_test\" FOR TABLE"
         ) || has(
             &found,
-            "publication",
             "error",
+            "publication",
             "make the publication on the primary: CREATE PUBLICATION freshen_test FOR TABLE"
         ),
         "{found:#?}"
     );
     assert!(
-        has(&found, "target", "error", "is a standby"),
+        has(&found, "error", "target", "is a standby"),
         "the read-only target is a check error: {found:#?}"
     );
     assert!(
-        has(&found, "primary_url", "warning", "pg_log_standby_snapshot"),
+        has(&found, "warning", "primary_url", "pg_log_standby_snapshot"),
         "{found:#?}"
     );
     // `run` refuses at once (exit 1), naming the target: nothing retried for ever.
@@ -143,13 +132,13 @@ async fn a_standby_source_is_recognised_and_its_views_equal_truth() {
             primary.url()
         ),
     ) + &format!("\n[target]\nurl = \"{}\"\n", primary.url());
+    let (_, found) = check_json(dir.path(), &good);
     let cfg = write_config(dir.path(), &good);
-    let found = findings(&cfg);
     assert!(
-        found.iter().all(|(_, l, _, _)| l != "error"),
+        found.iter().all(|f| f["level"] != "error"),
         "check passes: {found:#?}"
     );
-    assert!(has(&found, "primary_url", "ok", "reachable"), "{found:#?}");
+    assert!(has(&found, "ok", "primary_url", "reachable"), "{found:#?}");
     let mut run = spawn_run(dir.path(), &cfg, 2);
     wait_healthy(&base, dir.path(), 2, Duration::from_secs(60)).await;
     assert!(

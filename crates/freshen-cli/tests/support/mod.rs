@@ -120,31 +120,6 @@ pub async fn wait_equal(c: &Client, within: Duration) {
     }
 }
 
-/// `freshen check --json -c cfg`'s findings: (check, level, subject, message).
-pub fn check_findings(cfg: &Path) -> Vec<(String, String, String, String)> {
-    let out = freshen()
-        .args(["check", "--json", "-c"])
-        .arg(cfg)
-        .output()
-        .expect("run freshen check");
-    let doc: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("check --json prints JSON");
-    let text = |f: &serde_json::Value, k: &str| f[k].as_str().unwrap_or_default().to_owned();
-    doc["findings"]
-        .as_array()
-        .expect("findings")
-        .iter()
-        .map(|f| {
-            (
-                text(f, "check"),
-                text(f, "level"),
-                text(f, "subject"),
-                text(f, "message"),
-            )
-        })
-        .collect()
-}
-
 pub fn free_port() -> u16 {
     freshen_testenv::support::free_port().expect("a free port")
 }

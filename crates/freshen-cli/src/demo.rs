@@ -276,7 +276,10 @@ fn listener(addr: std::net::SocketAddr) -> anyhow::Result<std::net::TcpListener>
 pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let started = Instant::now();
     println!("freshen demo: starting a throwaway PostgreSQL…");
-    let pg = tokio::task::spawn_blocking(PgServer::start)
+    let keep = opts.keep;
+    // Kept, the server is in a group of its own: a Ctrl-C in the terminal stops freshen
+    // and leaves the database up, as promised.
+    let pg = tokio::task::spawn_blocking(move || PgServer::builder().detached(keep).start())
         .await?
         .context("cannot start a throwaway PostgreSQL (the demo needs the server binaries: apt-get install postgresql-15)")?;
     let url = pg.url();

@@ -286,6 +286,7 @@ pub struct PgServerBuilder {
     tls: bool,
     own_cluster: bool,
     version: Option<u32>,
+    detached: bool,
 }
 
 impl fmt::Debug for PgServerBuilder {
@@ -325,6 +326,15 @@ impl PgServerBuilder {
     /// separate production cluster's does. Servers copied from the template share one.
     pub fn own_cluster(mut self, on: bool) -> Self {
         self.own_cluster = on;
+        self
+    }
+
+    /// Start the server in a process group of its own, so that a terminal's Ctrl-C
+    /// (sent to this process's group) does not stop it: for a server meant to outlive
+    /// this process (`freshen demo --keep`). By default it shares the group and a
+    /// Ctrl-C stops both.
+    pub fn detached(mut self, on: bool) -> Self {
+        self.detached = on;
         self
     }
 
@@ -547,6 +557,10 @@ impl PgServer {
             .try_clone()
             .map_err(|e| TestEnvError::io("opening the server log", e))?;
         let mut cmd = self.run_as.command(self.bins.bin("postgres"));
+        if self.options.detached {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
         cmd.arg("-D")
             .arg(self.data_path())
             .arg("-k")

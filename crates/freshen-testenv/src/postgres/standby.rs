@@ -80,6 +80,7 @@ impl PgServer {
                 tls: self.options.tls,
                 own_cluster: false,
                 version: Some(self.bins.major),
+                detached: self.options.detached,
             },
             child: None,
             standbys: 0,

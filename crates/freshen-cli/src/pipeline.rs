@@ -515,8 +515,8 @@ fn refresher(
         let s = scope.clone();
         b = b.fan_out(move |e| s.parent_keys(i, e), fanout);
     }
-    if let Some(rec) = &view.reconcile {
-        b = b.reconcile_with(rec.every, target.enumerate(&rec.keys));
+    if let (Some(rec), Some(keys)) = (&view.reconcile, view.reconcile_keys()) {
+        b = b.reconcile_with(rec.every, target.enumerate(&keys));
     }
     if let Some(d) = t.release_quarantined_after {
         b = b.release_quarantined_after(d);

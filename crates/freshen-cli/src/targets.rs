@@ -117,7 +117,7 @@ pub fn spec(view: &View, cap: Option<usize>) -> ViewSpec {
         }),
         rebuild_batch: view.rebuild_batch,
         keys_per_transaction: view.keys_per_transaction,
-        reconcile: view.reconcile.as_ref().map(|r| r.keys.clone()),
+        reconcile: view.reconcile_keys(),
         static_tables: view.static_tables.clone(),
         connections: connections(view, cap),
         statement_timeout: view.timing.statement_timeout,

@@ -245,6 +245,14 @@ impl Runner {
             let now = Instant::now();
             self.commands(now);
             if !self.pauses.is_paused() {
+                // A view that can recompute its whole table takes a due sweep whole: one
+                // diff of the table, no key listed.
+                if self.may_go_whole()
+                    && let Some(pins) = self.sweeper.take_due(now)
+                {
+                    self.report(Report::SweepStarted);
+                    self.whole.want_sweep(pins);
+                }
                 self.sweeper.maybe_start(now);
             }
             if self.sweeper.is_listing() && self.progress.began().is_none() {
@@ -792,6 +800,7 @@ impl Runner {
             Reason::Build => WholeWay::Build,
             Reason::FanOut => WholeWay::Replace,
             Reason::Backlog => whole::backlog_way(&keys),
+            Reason::Sweep => WholeWay::Diff,
         };
         // The parent keys whose fan-out was too large: covered too, their changes seen.
         keys.extend(self.whole.take_parked());
@@ -840,6 +849,14 @@ impl Runner {
                     done,
                     took,
                 });
+                if let Some(pins) = run.sweep {
+                    if run.way == WholeWay::Build && !done.built {
+                        // Only a look at a table that holds rows: the sweep is still due.
+                        self.whole.want_sweep(pins);
+                    } else {
+                        self.swept_whole(pins);
+                    }
+                }
                 let (meta, _): (Vec<JobKey>, Vec<Due>) = parents.into_iter().unzip();
                 self.succeeded(meta, true, now);
                 let (meta, _): (Vec<JobKey>, Vec<Due>) = view.into_iter().unzip();
@@ -856,6 +873,11 @@ impl Runner {
                     retry,
                     error: &error,
                 });
+                if let Some(pins) = run.sweep {
+                    // The sweep is due again (whole again, or listed if runs fell back).
+                    Recorder::add(&st.reconcile_failures, 1);
+                    self.sweeper.uncovered(pins, Instant::from_std(now));
+                }
                 if run.reason == Reason::Build {
                     // No keys to fall back to: by the path, the build is tried again
                     // (the view stalls meanwhile); by data, the table is left to the
@@ -890,6 +912,18 @@ impl Runner {
             }
         }
         self.publish_whole();
+    }
+
+    /// A whole-table run covered a sweep (its own report says what it wrote): counted
+    /// as one, its TRUNCATE batches released.
+    fn swept_whole(&mut self, pins: Vec<BatchId>) {
+        Recorder::add(&self.shared.stats.reconciles, 1);
+        self.pauses.swept();
+        if let Some(t) = &mut self.tracker {
+            for id in pins {
+                t.unhold_batch(id);
+            }
+        }
     }
 
     /// Puts a key a whole-table run covered back in the queue without blaming it.

@@ -9,6 +9,8 @@
 //! ```
 //!
 //! A request while a sweep lists keys does not interrupt it: it runs again right after.
+//! Where the view can recompute its whole table, a due sweep is taken without listing
+//! a key ([`Sweeper::take_due`]): one whole-table run covers it.
 
 use std::time::Duration;
 
@@ -145,6 +147,28 @@ impl Sweeper {
         self.next = None;
     }
 
+    /// Takes the due sweep, if any, without listing its keys — a whole-table run covers
+    /// it — and schedules the next one interval later. Returns the TRUNCATE batches it
+    /// must cover.
+    pub(crate) fn take_due(&mut self, now: Instant) -> Option<Vec<BatchId>> {
+        let (Some(rec), None, Some(at)) = (&self.reconcile, &self.listing, self.next) else {
+            return None;
+        };
+        if at > now {
+            return None;
+        }
+        self.next = Some(later(now, rec.every));
+        self.again = false;
+        Some(std::mem::take(&mut self.pins))
+    }
+
+    /// A whole-table run that covered a taken sweep failed: its TRUNCATE batches wait for
+    /// the next sweep, which is due now.
+    pub(crate) fn uncovered(&mut self, pins: Vec<BatchId>, now: Instant) {
+        self.pins.extend(pins);
+        self.request(now);
+    }
+
     /// Waits for listed keys; 0 means the listing ended ([`finish`](Self::finish) it).
     pub(crate) async fn recv(&mut self, buf: &mut Vec<Key>) -> usize {
         match &mut self.listing {
@@ -205,6 +229,35 @@ mod tests {
     use super::*;
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    #[tokio::test]
+    async fn a_due_sweep_is_taken_whole_with_its_pins_and_given_back_on_failure() {
+        let now = Instant::now();
+        let enumerate: std::sync::Arc<dyn crate::rebuild::Enumerate> =
+            std::sync::Arc::new(crate::rebuild::ListAll::new(|| async {
+                Ok::<_, std::io::Error>(Vec::new())
+            }));
+        let rec = Reconcile {
+            every: HOUR,
+            enumerate,
+            at_start: true,
+        };
+        let mut s = Sweeper::new(Some(rec), Backoff::default(), now);
+        s.pin(7);
+        assert_eq!(s.take_due(now), Some(vec![7]));
+        assert!(!s.is_listing());
+        assert_eq!(
+            s.next_wake(),
+            Some(now + HOUR),
+            "the next one interval later"
+        );
+        assert_eq!(s.take_due(now), None, "not due again yet");
+        s.uncovered(vec![7], now);
+        assert_eq!(s.next_wake(), Some(now), "due again at once");
+        assert_eq!(s.take_due(now), Some(vec![7]), "with its pins");
+        let mut none = Sweeper::new(None, Backoff::default(), now);
+        assert_eq!(none.take_due(now), None);
+    }
 
     #[test]
     fn later_adds_what_it_can_and_saturates_far_ahead() {

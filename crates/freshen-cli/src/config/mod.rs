@@ -135,8 +135,10 @@ impl Watch {
 pub struct Reconcile {
     /// Interval between sweeps.
     pub every: Duration,
-    /// Query listing the live keys (one column per key part).
-    pub keys: String,
+    /// Query listing the live keys (one column per key part); `None` for a view given
+    /// as a plain query, whose sweep is one whole-table diff ([`View::reconcile_keys`]
+    /// lists its keys where a sweep must list them).
+    pub keys: Option<String>,
     /// Line in the file.
     pub line: Option<usize>,
 }
@@ -191,6 +193,31 @@ pub struct View {
 }
 
 impl View {
+    /// The statement listing the view's live keys for its reconcile sweep: the file's
+    /// `keys`, or for a plain query (whose sweeps are whole-table diffs, listing nothing
+    /// while they can) its key columns from the query and from the target, in case a
+    /// sweep must list them (after a whole run failed). `None` without a reconcile.
+    pub fn reconcile_keys(&self) -> Option<String> {
+        let rec = self.reconcile.as_ref()?;
+        if let Some(keys) = &rec.keys {
+            return Some(keys.clone());
+        }
+        let q = self.query.as_ref()?;
+        let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        let key = self
+            .key_names
+            .iter()
+            .map(|k| quote(k))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let body = q.query.trim_end().trim_end_matches(';').trim_end();
+        Some(format!(
+            "SELECT {key} FROM (\n{body}\n) AS freshen_q UNION SELECT {key} FROM {}.{}",
+            quote(&q.into.0),
+            quote(&q.into.1)
+        ))
+    }
+
     /// Number of key parts (`$1..$n`): the key of the watched tables that carry it
     /// (fan-out entries carry a parent key instead).
     pub fn arity(&self) -> usize {
@@ -1043,18 +1070,33 @@ fn read_views(
             if every.is_none() && rt.t.get("every").is_none() {
                 r.missing(rt, "every", "the sweep interval, e.g. \"1h\"");
             }
-            if keys.is_none() && rt.t.get("keys").is_none() {
-                r.missing(rt, "keys", "a query listing every live key");
+            let plain = t
+                .t
+                .get("query")
+                .and_then(|q| q.as_str())
+                .is_some_and(freshen::plug::is_plain_query);
+            if keys.is_none() && rt.t.get("keys").is_none() && !plain {
+                r.missing(
+                    rt,
+                    "keys",
+                    "a query listing every live key (a view given as a plain query needs none: its sweep is one whole-table diff)",
+                );
             }
             if let Some(e) = &every
                 && e.value.is_zero()
             {
                 r.p.at_line(e.line, "`reconcile.every` must be greater than zero");
             }
+            if keys.is_none() && !plain {
+                return None;
+            }
             Some(Reconcile {
                 every: every?.value,
-                line: keys.as_ref().and_then(|k| k.line),
-                keys: keys?.value,
+                line: keys
+                    .as_ref()
+                    .and_then(|k| k.line)
+                    .or_else(|| r.line(rt.span.map(|s| s..s))),
+                keys: keys.map(|k| k.value),
             })
         });
         let mut static_tables = Vec::new();

@@ -915,6 +915,21 @@ fn a_query_view_may_leave_watch_to_inference_but_a_rebuild_view_may_not() {
     let keyed = plain.replace("into = ", "key = [\"device\"]\ninto = ");
     let c = parse(&keyed, "f.toml", &env).unwrap();
     assert_eq!(c.views[0].key_names, ["device"]);
+    // A plain query's sweep needs no `keys`: it is one whole-table diff (listing, should
+    // it have to, from the query and the target).
+    let swept = keyed.replace("into = ", "reconcile = { every = \"1h\" }\ninto = ");
+    let mut c = parse(&swept, "f.toml", &env).unwrap();
+    assert_eq!(
+        c.views[0].reconcile.as_ref().map(|r| r.keys.clone()),
+        Some(None)
+    );
+    c.views[0].key_names = vec!["device".into()];
+    assert_eq!(
+        c.views[0].reconcile_keys().as_deref(),
+        Some(
+            "SELECT \"device\" FROM (\nSELECT device, sum(value) AS total, count(*) AS n FROM readings GROUP BY device\n) AS freshen_q UNION SELECT \"device\" FROM \"public\".\"device_totals\""
+        )
+    );
     // A query that uses parameters selects its batch itself: from $1 on.
     let p = problems(&inferred.replace("ANY($1)", "ANY($2)"));
     assert!(

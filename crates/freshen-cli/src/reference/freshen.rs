@@ -447,7 +447,7 @@ pub(super) const WATCH: Table = Table {
 pub(super) const RECONCILE: Table = Table {
     header: "reconcile = { every, keys }",
     feature: None,
-    about: "A view's periodic sweep.",
+    about: "A view's periodic sweep: the safety net that heals what no change reached (a TRUNCATE, a gap, a quarantined key).",
     keys: &[
         key(
             "every",
@@ -459,9 +459,12 @@ pub(super) const RECONCILE: Table = Table {
         key(
             "keys",
             "string",
-            Required("\"SELECT customer_id FROM orders\""),
+            Derived(
+                "required, but for a view given as a plain query",
+                "\"SELECT customer_id FROM orders\"",
+            ),
             Any,
-            "A query listing every live key (the target's and the source's).",
+            "A query listing every live key (the target's and the source's). A view given as a plain query needs none: its sweep is one whole-table diff (its keys listed from the query and the target only if a whole run cannot run).",
         ),
     ],
 };

@@ -287,7 +287,12 @@ fn context(t: &Table) -> Option<Context> {
         "reconcile = { every, keys }" => Context {
             before: format!("{PG_SOURCE}{VIEW}"),
             open: "reconcile = {".into(),
-            needs: required(t),
+            // The probe's view is rebuilt by statements: its sweep lists keys.
+            needs: {
+                let mut n = required(t);
+                n.push(("keys", "\"SELECT 1\"".into()));
+                n
+            },
             close: "}",
         },
         "[[sinks]]" | "[[sinks]] kind = \"kafka\"" => after_pg(

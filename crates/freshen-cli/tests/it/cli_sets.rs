@@ -564,3 +564,53 @@ async fn a_whole_run_past_its_timeout_falls_back_and_a_locked_table_stalls_only_
         "{v}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_querys_sweep_is_one_whole_diff_at_start_and_after_a_truncate() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    seed(&c, 20_000, 2_000).await;
+    // The table drifted while freshen was away: three rows wrong, one that should not
+    // be there, the rest right.
+    c.batch_execute(&format!(
+        "INSERT INTO totals {TOTALS};
+         UPDATE totals SET total = total + 1 WHERE cid IN (1, 2, 3);
+         INSERT INTO totals VALUES (99999, 1, 1);"
+    ))
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let view = totals_view("reconcile = { every = \"1h\" }");
+    let text = config(&pg.url(), &format!("127.0.0.1:{port}"), "sets_sweep", &view);
+    let _run = start(dir.path(), &text, 1, &base).await;
+    wait_table_equal(&c, "totals", TOTALS, 60).await;
+    let v = settled(&base, "totals").await;
+    assert_eq!(n(&v, &["reconciles"]), 1, "the start-up sweep: {v}");
+    assert_eq!(
+        n(&v, &["paths", "whole_written"]),
+        4,
+        "only what differed: {v}"
+    );
+    // A TRUNCATE of the source: the sweep it asks for empties the table, as a diff.
+    c.batch_execute("TRUNCATE items").await.unwrap();
+    eventually(60, "the table emptied", || {
+        let c = &c;
+        async move {
+            let n: i64 = c
+                .query_one("SELECT count(*) FROM totals", &[])
+                .await
+                .unwrap()
+                .get(0);
+            (n == 0).then_some(())
+        }
+    })
+    .await;
+    let v = settled(&base, "totals").await;
+    assert_eq!(n(&v, &["reconciles"]), 2, "{v}");
+    assert_eq!(n(&v, &["sweep_rebuilds"]), 0, "no key was listed: {v}");
+    let log = log_of(dir.path(), 1);
+    assert_eq!(log.matches("for a sweep").count(), 2, "{log}");
+}

@@ -17,6 +17,8 @@ struct Checked<'a> {
     pub watch: Vec<CheckedWatch<'a>>,
     /// The rebuild statements.
     pub rebuild: Vec<std::borrow::Cow<'a, str>>,
+    /// Whether the view is a plain query (built whole while empty).
+    pub plain: bool,
     /// Whether the rebuild statements take arrays of keys (`rebuild_batch`).
     pub batch: bool,
     /// Tables the view reads without watching them, on purpose.
@@ -49,6 +51,10 @@ impl<'a> Checked<'a> {
                     keys: w.keys.as_deref(),
                 })
                 .collect(),
+            plain: view
+                .query
+                .as_ref()
+                .is_some_and(|q| freshen::plug::is_plain_query(&q.query)),
             rebuild: match &view.query {
                 Some(q) => vec![crate::target::keyed::batch_query(&q.query, view.key()).into()],
                 None => view.rebuild.iter().map(|s| s.as_str().into()).collect(),
@@ -77,7 +83,16 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
     let view = &Checked::of(view);
     let mut out = Vec::new();
     let name = view.name;
-    if !view.reconcile {
+    if !view.reconcile && view.plain {
+        // A plain query's empty table is built whole at start; what stays unhealed is a
+        // TRUNCATE, a gap, a quarantined key.
+        out.push(finding(
+            Level::Warning,
+            "reconcile",
+            format!("view {name}"),
+            "has no `reconcile`: its table is built whole while empty, but a truncated watched table (or a change the stream did not carry) leaves rows nothing heals; add reconcile = { every = \"1h\" } (for a plain query, one whole-table diff that writes only what differs)".into(),
+        ));
+    } else if !view.reconcile {
         out.push(finding(
             Level::Warning,
             "reconcile",

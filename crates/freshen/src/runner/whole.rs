@@ -15,6 +15,7 @@
 //! | `Build`   | none (keys dirtied meanwhile are rebuilt after it)    | build, if empty   |
 //! | `Backlog` | every waiting key                                      | replace, or diff for a sweep's keys |
 //! | `FanOut`  | the parent keys whose fan-out was too large, and every waiting key | replace |
+//! | `Sweep`   | every waiting key (a reconcile sweep came due: its keys are not listed) | diff |
 //!
 //! A covered key is in flight while the run runs (single flight): a change to it
 //! re-queues it, and its transactions are confirmed only once the run commits. A run
@@ -44,6 +45,8 @@ pub(crate) enum Reason {
     Backlog,
     /// A fan-out estimated to reach more keys than the threshold.
     FanOut,
+    /// A reconcile sweep came due: the whole table, diffed, instead of its keys listed.
+    Sweep,
 }
 
 impl Reason {
@@ -52,6 +55,7 @@ impl Reason {
             Reason::Build => "build",
             Reason::Backlog => "backlog",
             Reason::FanOut => "fan-out",
+            Reason::Sweep => "sweep",
         }
     }
 }
@@ -77,6 +81,8 @@ pub(crate) struct Running {
     pub(crate) reason: Reason,
     pub(crate) way: WholeWay,
     pub(crate) since: Instant,
+    /// The sweep it covers, if one was due when it started: its TRUNCATE batches.
+    pub(crate) sweep: Option<Vec<crate::ack::BatchId>>,
     /// The keys it covers, with what was due for each.
     pub(crate) keys: Vec<(JobKey, Due)>,
     task: JoinHandle<Result<WholeDone, BoxError>>,
@@ -106,6 +112,10 @@ pub(crate) struct WholeRun {
     build_failed: Option<String>,
     /// Path failures in a row (for the backoff of a keyless build).
     failures: u32,
+    /// A sweep came due and waits for the next run to start (which covers it).
+    sweep_due: bool,
+    /// The TRUNCATE batches that sweep must see covered.
+    sweep_pins: Vec<crate::ack::BatchId>,
 }
 
 impl WholeRun {
@@ -117,6 +127,8 @@ impl WholeRun {
             fell_back: false,
             build_failed: None,
             failures: 0,
+            sweep_due: false,
+            sweep_pins: Vec::new(),
         }
     }
 
@@ -180,6 +192,15 @@ impl WholeRun {
         }
     }
 
+    /// Wants a run for a sweep that came due, covering its TRUNCATE batches. A run
+    /// already running started before them and covers nothing of them: the sweep waits
+    /// for the next run, wanted as soon as this one ends.
+    pub(crate) fn want_sweep(&mut self, pins: Vec<crate::ack::BatchId>) {
+        self.sweep_due = true;
+        self.sweep_pins.extend(pins);
+        self.want(Reason::Sweep);
+    }
+
     /// Parks parent keys whose fan-out would reach too many keys, and wants a run.
     pub(crate) fn park(&mut self, keys: impl IntoIterator<Item = (JobKey, Due)>) {
         self.parked.extend(keys);
@@ -211,10 +232,13 @@ impl WholeRun {
             _ => Reason::Backlog,
         };
         let abort = AbortOnDrop(task.abort_handle());
+        let sweep =
+            std::mem::take(&mut self.sweep_due).then(|| std::mem::take(&mut self.sweep_pins));
         self.state = State::Running(Running {
             reason,
             way,
             since: Instant::now(),
+            sweep,
             keys,
             task,
             _abort: abort,
@@ -236,10 +260,16 @@ impl WholeRun {
         }
     }
 
-    /// The run ended: it leaves the state and is returned.
+    /// The run ended: it leaves the state and is returned. A sweep that came due while
+    /// it ran wants the next run.
     pub(crate) fn ended(&mut self) -> Option<Running> {
         match std::mem::replace(&mut self.state, State::Idle) {
-            State::Running(r) => Some(r),
+            State::Running(r) => {
+                if self.sweep_due {
+                    self.want(Reason::Sweep);
+                }
+                Some(r)
+            }
             other => {
                 self.state = other;
                 None
@@ -425,6 +455,50 @@ mod tests {
         assert_eq!(w.build_failed(), Some("division by zero"));
         w.succeeded(Reason::Build);
         assert_eq!(w.build_failed(), None);
+    }
+
+    #[tokio::test]
+    async fn a_sweep_is_covered_by_the_next_run_to_start_never_by_one_running() {
+        let mut w = WholeRun::new();
+        w.want(Reason::Backlog);
+        w.start(
+            WholeWay::Replace,
+            Vec::new(),
+            tokio::spawn(std::future::pending()),
+        );
+        // Due while a run runs: the running one started before its TRUNCATEs.
+        w.want_sweep(vec![3]);
+        let r = w.ended().expect("it ran");
+        assert_eq!(r.sweep, None);
+        assert_eq!(
+            w.startable(Instant::now()),
+            Some(Reason::Sweep),
+            "wanted next"
+        );
+        w.start(
+            WholeWay::Diff,
+            Vec::new(),
+            tokio::spawn(std::future::pending()),
+        );
+        w.want_sweep(vec![4]);
+        let r = w.ended().expect("it ran");
+        assert_eq!(
+            r.sweep,
+            Some(vec![3]),
+            "the sweep it covered, with its pins"
+        );
+        assert_eq!(
+            w.startable(Instant::now()),
+            Some(Reason::Sweep),
+            "then the next"
+        );
+        w.start(
+            WholeWay::Diff,
+            Vec::new(),
+            tokio::spawn(std::future::pending()),
+        );
+        assert_eq!(w.ended().and_then(|r| r.sweep), Some(vec![4]));
+        assert!(!w.blocks(), "nothing due any more");
     }
 
     #[test]

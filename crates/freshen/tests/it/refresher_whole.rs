@@ -477,6 +477,100 @@ async fn a_backlog_run_failing_by_the_path_falls_back_to_set_work() {
     assert!(s.stalled_since.is_none(), "the calls after it worked");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_sweep_is_one_whole_diff_and_covers_a_truncate() {
+    let (feed, source) = channel(8);
+    let table = Recording::new(4000, Fails::Never, None);
+    let (acks, reports) = (Acks::default(), Log::default());
+    let listed = Log::default();
+    let (rep, l) = (reports.clone(), listed.clone());
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild_with(table.clone())
+        .coalesce(10 * MS)
+        .reconcile(Duration::from_secs(3600), move || {
+            l.push("listed");
+            std::future::ready(Ok::<_, std::io::Error>(Vec::new()))
+        })
+        .on_error(move |r: &Report<'_>| rep.push(r.to_string()))
+        .build()
+        .unwrap();
+    let h = r.handle();
+    let run = r.run(std::future::pending());
+    tokio::pin!(run);
+    // At start: the build finds rows, so the start-up sweep is a diff of the table.
+    waiting(
+        &mut run,
+        "the start-up sweep",
+        Duration::from_secs(5),
+        || h.stats().reconciles == 1,
+    )
+    .await;
+    assert_eq!(table.0.calls.wholes(), ["whole build []", "whole diff []"]);
+    // A TRUNCATE of a watched table asks for a sweep: another diff, and the TRUNCATE's
+    // batch is confirmed only once it committed.
+    table.0.gate.forget_permits(1000);
+    feed.send(acks.batch(1, vec![truncate("readings")]))
+        .await
+        .unwrap();
+    waiting(&mut run, "the sweep's run", Duration::from_secs(5), || {
+        h.stats().whole_running.is_some()
+    })
+    .await;
+    meanwhile(&mut run, tokio::time::sleep(Duration::from_millis(200))).await;
+    assert!(acks.list().is_empty(), "not before the diff commits");
+    table.open();
+    waiting(
+        &mut run,
+        "the TRUNCATE covered",
+        Duration::from_secs(5),
+        || acks.list() == [1],
+    )
+    .await;
+    assert_eq!(h.stats().reconciles, 2);
+    assert_eq!(table.0.calls.wholes().len(), 3);
+    assert!(listed.list().is_empty(), "no key was ever listed");
+    assert_eq!(
+        reports
+            .list()
+            .iter()
+            .filter(|r| r.contains("for a sweep"))
+            .count(),
+        2
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_build_covers_the_start_up_sweep() {
+    let (feed, source) = channel(8);
+    let table = Recording::new(0, Fails::Never, None);
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild_with(table.clone())
+        .reconcile(Duration::from_secs(3600), || {
+            std::future::ready(Ok::<_, std::io::Error>(Vec::new()))
+        })
+        .build()
+        .unwrap();
+    let h = r.handle();
+    drop(feed);
+    within(
+        "drains",
+        Duration::from_secs(5),
+        r.run(std::future::pending()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        table.0.calls.wholes(),
+        ["whole build []"],
+        "no diff after it"
+    );
+    assert_eq!(h.stats().reconciles, 1);
+}
+
 /// Sends nothing, estimates `n` keys per parent.
 struct Estimated(u64, Calls);
 

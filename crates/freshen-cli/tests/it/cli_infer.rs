@@ -312,6 +312,10 @@ url = "{}"
 slot = "freshen_refuse"
 publication = "freshen_refuse"
 
+# `run` is refused before it serves; off, it binds no port another freshen may hold.
+[http]
+listen = "off"
+
 {views}
 "#,
             pg.url()

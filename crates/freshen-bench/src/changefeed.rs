@@ -149,10 +149,18 @@ fn append_table(rows: Vec<(String, u64, Duration)>) {
     t.print();
 }
 
-async fn serve(cf: &Changefeed) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
+/// Serves `cf` on a loopback port with room for `connections` at once.
+async fn serve(
+    cf: &Changefeed,
+    connections: usize,
+) -> anyhow::Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
     let http = freshen_changefeed::HttpConfig {
         max_limit: 10_000,
         max_events_per_frame: 1_000,
+        // The memory measurement holds 2 × its count of idle streams open at once: past
+        // the default limit (512) the rest wait in the listen queue, and once that is
+        // full their connects time out (os error 110).
+        max_connections: connections,
         ..Default::default()
     };
     let state = AppState::new(cf.clone(), &http)?;
@@ -475,8 +483,10 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let cf = open(dir.path(), Durability::None).await?;
     capture(&cf, log_n as i64, 1000).await?;
-    let (addr, stop) = serve(&cf).await?;
     let conns = if opts.quick { 50 } else { 1000 };
+    // 2 × `conns` idle streams (`memory_per_connection`); then 100 clients, with room
+    // for streams whose close the server has yet to see.
+    let (addr, stop) = serve(&cf, 2 * conns + 100).await?;
     let per = memory_per_connection(addr, &cf, conns).await?;
     println!(
         "\nServer heap per idle SSE connection ({conns} open, counting allocator): {:.1} KiB",

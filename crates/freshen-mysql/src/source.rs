@@ -298,7 +298,6 @@ impl MySqlSource {
             ReaderSetup {
                 config: Arc::new(config),
                 opts: opts.clone(),
-                info,
                 start,
                 by_gtid,
                 patterns,

@@ -7,7 +7,7 @@ mod cursor;
 mod json;
 mod query;
 mod rows;
-mod table_map;
+pub(crate) mod table_map; // its test encoders serve the reader's tests too
 mod value;
 
 use std::fmt;

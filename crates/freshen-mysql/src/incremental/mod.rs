@@ -61,7 +61,8 @@ mod table;
 
 pub use settings::{MySqlIncrementalSettings, TableSettings};
 pub use source::{
-    IncrementalConfig, IncrementalHandle, IncrementalStats, MySqlIncrementalSource, PolledTable,
+    IncrementalConfig, IncrementalHandle, IncrementalStats, MySqlDialect, MySqlIncrementalSource,
+    PolledTable, TableReader,
 };
 pub use table::TableName;
 pub(crate) use table::url_naming;

@@ -1,13 +1,11 @@
 //! `MySqlIncrementalSource`: the core's cursor poller ([`freshen::poller`]) over
 //! MySQL/MariaDB — pages read in a consistent-snapshot transaction (no horizon: late
-//! commits are found within the lookback), cursors kept in a table.
-
-use std::fmt;
-use std::time::Duration;
+//! commits are found within the lookback), cursors kept in a table. This file is the
+//! MySQL dialect; the source, its start and its handle are the core's.
 
 use freshen::cursor::{Horizon, Position};
-use freshen::poller::{self, Dialect, Level, PollConfig, PollReport, PollingSource, Read};
-use freshen::{Backoff, Batch, BoxFuture, Capabilities, Retry, RowEvent, Source, SourceError};
+use freshen::poller::{self, Dialect, Level, Open, PollReport, PollingSource, Read};
+use freshen::{Capabilities, Retry, RowEvent};
 use mysql_async::{Pool, TxOpts};
 
 use crate::MySqlError;
@@ -24,28 +22,19 @@ pub type IncrementalHandle = poller::PollingHandle;
 /// A snapshot of the source's counters.
 pub type IncrementalStats = poller::PollingStats;
 
-/// What a [`MySqlIncrementalSource`] polls and where it keeps its cursors.
-#[derive(Debug, Clone)]
-pub struct IncrementalConfig {
-    /// The polled database's URL (`mysql://…/db`; SELECT is all it needs).
-    pub url: String,
-    /// Where the cursor table lives (the polled database when `None`).
-    pub store_url: Option<String>,
-    /// The cursor table.
-    pub store_table: TableName,
-    /// This source's name: the cursor table's rows are keyed by it.
-    pub name: String,
-    /// How long a read position is held, its range read again at every poll, before it
-    /// may become durable: the only cover for rows committed late with an earlier cursor
-    /// value (see the module documentation).
-    pub lookback: Duration,
-    /// The tables.
-    pub tables: Vec<PolledTable>,
-    /// Batches queued between the pollers and the consumer.
-    pub queue_batches: usize,
-    /// Backoff between failed polls.
-    pub retry: Backoff,
-}
+/// What a [`MySqlIncrementalSource`] polls and where it keeps its cursors: the
+/// databases' URLs (`mysql://…/db`; SELECT is all polling needs), the cursor table,
+/// the tables. The lookback is the only cover for rows committed late with an earlier
+/// cursor value (see the module documentation).
+pub type IncrementalConfig = poller::IncrementalConfig<String, TableName>;
+
+/// The cursor-incremental MySQL/MariaDB source: polls each table for rows past its
+/// cursor.
+///
+/// Started by `MySqlIncrementalSource::start` ([`PollingSource::start`]); hand it to a
+/// refresher like any [`freshen::Source`]. See the [module
+/// documentation](crate::incremental) for what it guarantees.
+pub type MySqlIncrementalSource = PollingSource<MySqlDialect>;
 
 /// What a MySQL incremental source guarantees: rows as they are now, replayed after a
 /// restart from the stored cursor; late commits found within the lookback only; no
@@ -59,15 +48,17 @@ pub(crate) fn capabilities() -> Capabilities {
     }
 }
 
-/// A described table and its keyset statements.
-pub(crate) struct Reader {
+/// A polled table as the dialect reads it: its description and keyset statements.
+#[derive(Debug)]
+pub struct TableReader {
     described: Described,
     sql: Statements,
 }
 
 /// MySQL as the core poller sees it: a pool of the polled database and the cursor
 /// store.
-pub(crate) struct MySqlDialect {
+#[derive(Debug)]
+pub struct MySqlDialect {
     pool: Pool,
     store: Store,
 }
@@ -75,7 +66,7 @@ pub(crate) struct MySqlDialect {
 impl Dialect for MySqlDialect {
     const KIND: &'static str = "mysql-incremental";
     type Table = TableName;
-    type Reader = Reader;
+    type Reader = TableReader;
     type Conn = mysql_async::Conn;
     type Snapshot<'c> = mysql_async::Transaction<'c>;
     type Error = MySqlError;
@@ -96,12 +87,12 @@ impl Dialect for MySqlDialect {
         conn: &'a mut Self::Conn,
         table: &'a TableName,
         cursor: &'a str,
-    ) -> Result<poller::Described<Reader>, MySqlError> {
+    ) -> Result<poller::Described<TableReader>, MySqlError> {
         let described = table::describe(conn, table, cursor).await?;
         Ok(poller::Described {
             columns: described.position_columns(),
             cursor_nullable: described.cursor_nullable,
-            reader: Reader {
+            reader: TableReader {
                 sql: table::statements(&described),
                 described,
             },
@@ -127,7 +118,7 @@ impl Dialect for MySqlDialect {
     async fn read_page<'a>(
         &'a self,
         snapshot: &'a mut Self::Snapshot<'_>,
-        reader: &'a Reader,
+        reader: &'a TableReader,
         read: Read<'a>,
         limit: usize,
     ) -> Result<Vec<(RowEvent, Position)>, MySqlError> {
@@ -181,68 +172,21 @@ impl Dialect for MySqlDialect {
     }
 }
 
-/// The cursor-incremental MySQL/MariaDB source: polls each table for rows past its
-/// cursor.
-///
-/// Started by [`MySqlIncrementalSource::start`]; hand it to a refresher like any
-/// [`Source`]. See the [module documentation](crate::incremental) for what it
-/// guarantees.
-pub struct MySqlIncrementalSource(PollingSource<MySqlDialect>);
+impl Open for MySqlDialect {
+    type Connection = String;
 
-impl fmt::Debug for MySqlIncrementalSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl MySqlIncrementalSource {
-    /// Describes every table (cursor column and primary key must exist), prepares the
-    /// cursor table, loads the stored cursors and starts polling.
-    pub async fn start(config: IncrementalConfig) -> Result<MySqlIncrementalSource, MySqlError> {
-        if config.tables.is_empty() {
-            return Err(MySqlError::new(
-                ErrorKind::Config,
-                "an incremental source needs at least one table to poll",
-            ));
-        }
-        let pool = crate::connect_pool(&config.url, config.tables.len() + 1)?;
-        let store_pool = match &config.store_url {
+    async fn open(config: &IncrementalConfig) -> Result<MySqlDialect, MySqlError> {
+        let pool = crate::connect_pool(&config.connection, config.tables.len() + 1)?;
+        let store_pool = match &config.store_connection {
             Some(u) => crate::connect_pool(u, 2)?,
             None => pool.clone(),
         };
         let store = Store::new(store_pool, config.store_table.clone(), &config.name);
         store.prepare().await?;
-        let poll = PollConfig {
-            lookback: config.lookback,
-            tables: config.tables,
-            queue_batches: config.queue_batches,
-            retry: config.retry,
-        };
-        let source = PollingSource::start(MySqlDialect { pool, store }, poll).await?;
-        Ok(MySqlIncrementalSource(source))
+        Ok(MySqlDialect { pool, store })
     }
 
-    /// A cloneable handle: counters and health.
-    pub fn handle(&self) -> IncrementalHandle {
-        self.0.handle()
-    }
-
-    /// Stops polling and stores the last acknowledged cursors.
-    pub async fn shutdown(&mut self) {
-        self.0.shutdown().await;
-    }
-}
-
-impl Source for MySqlIncrementalSource {
-    fn next_batch(&mut self) -> BoxFuture<'_, Option<Result<Batch, SourceError>>> {
-        self.0.next_batch()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    fn close(&mut self) -> BoxFuture<'_, ()> {
-        self.0.close()
+    fn refuse(message: &'static str) -> MySqlError {
+        MySqlError::new(ErrorKind::Config, message)
     }
 }

@@ -22,8 +22,8 @@ fn config(
     lookback: Duration,
 ) -> IncrementalConfig {
     IncrementalConfig {
-        url: db.url("app"),
-        store_url: None,
+        connection: db.url("app"),
+        store_connection: None,
         store_table: TableName::new("app", "freshen_cursors"),
         name: "test".into(),
         lookback,
@@ -251,8 +251,8 @@ async fn a_select_only_user_polls_and_a_revoked_grant_is_reported_until_restored
     .await;
     let url = |database: &str| db.url(database).replacen("://root@", "://reader@", 1);
     let mut cfg = config(&db, "seq", 100, Duration::ZERO);
-    cfg.url = url("app");
-    cfg.store_url = Some(url("meta"));
+    cfg.connection = url("app");
+    cfg.store_connection = Some(url("meta"));
     cfg.store_table = TableName::new("meta", "freshen_cursors");
     let mut src = MySqlIncrementalSource::start(cfg).await.unwrap();
     take_until(&mut src, "the first row", |s| s.contains(&(1, 1))).await;

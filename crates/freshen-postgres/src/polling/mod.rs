@@ -72,5 +72,6 @@ mod table;
 
 pub use settings::{PgIncrementalSettings, TableSettings};
 pub use source::{
-    IncrementalConfig, IncrementalHandle, IncrementalStats, PgIncrementalSource, PolledTable,
+    IncrementalConfig, IncrementalHandle, IncrementalStats, PgDialect, PgIncrementalSource,
+    PolledTable, TableReader,
 };

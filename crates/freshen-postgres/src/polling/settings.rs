@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use freshen::plug::{Finding, Lease, Plan, SourcePlug, Started};
+use freshen::poller::{OwnTable, PollSettings};
 use freshen::{Backoff, BoxError, BoxFuture, SecretUrl};
 use serde::{Deserialize, Deserializer};
 
@@ -113,58 +114,50 @@ fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>
     duration(d).map(Some)
 }
 
-const MAX_PAGE: usize = 100_000;
-const MAX_INTERVAL: Duration = Duration::from_secs(3600);
-
 impl PgIncrementalSettings {
     /// The tables this configuration names itself, parsed.
     pub fn table_names(&self) -> Vec<TableName> {
-        self.tables.keys().filter_map(|t| t.parse().ok()).collect()
+        self.poll_settings().own_tables()
     }
 
     /// What to poll for `plan`: its tables and this configuration's own, each with its
     /// settings; a table without a cursor column is an error naming it.
     pub fn polled(&self, plan: &Plan) -> Result<Vec<PolledTable>, String> {
-        let mut names: Vec<TableName> = plan
+        let planned = plan
             .tables
             .iter()
             .map(|(s, t)| TableName::new(s, t))
             .collect();
-        for t in self.table_names() {
-            if !names.contains(&t) {
-                names.push(t);
-            }
-        }
-        let own: Vec<(TableName, &TableSettings)> = self
-            .tables
-            .iter()
-            .filter_map(|(k, v)| Some((k.parse().ok()?, v)))
-            .collect();
-        let mut missing = Vec::new();
-        let mut out = Vec::new();
-        for table in names {
-            let o = own
+        self.poll_settings().polled(planned)
+    }
+
+    /// The settings every polling source shares, for the core to decide on.
+    fn poll_settings(&self) -> PollSettings<'_, TableName> {
+        let form = "(\"schema.table\" or \"table\")";
+        PollSettings {
+            cursor: self.cursor.as_deref(),
+            poll_interval: self.poll_interval,
+            page_size: self.page_size,
+            lookback: self.lookback,
+            name: &self.name,
+            name_max: 63,
+            store_table: self
+                .store_table
+                .parse::<TableName>()
+                .err()
+                .map(|e| format!("{e} {form}")),
+            tables: self
+                .tables
                 .iter()
-                .find(|(t, _)| *t == table)
-                .map(|(_, o)| (*o).clone())
-                .unwrap_or_default();
-            match o.cursor.or_else(|| self.cursor.clone()) {
-                Some(cursor) => out.push(PolledTable {
-                    table,
-                    cursor,
-                    poll_interval: o.poll_interval.unwrap_or(self.poll_interval),
-                    page_size: o.page_size.unwrap_or(self.page_size),
-                }),
-                None => missing.push(table.to_string()),
-            }
-        }
-        if missing.is_empty() {
-            Ok(out)
-        } else {
-            Err(format!(
-                "no cursor column for {}: set `cursor = \"…\"` in [source] or per table in [source.tables.\"schema.table\"]",
-                missing.join(", ")
-            ))
+                .map(|(name, t)| OwnTable {
+                    name,
+                    table: name.parse().map_err(|e| format!("{e} {form}")),
+                    cursor: t.cursor.as_deref(),
+                    poll_interval: t.poll_interval,
+                    page_size: t.page_size,
+                })
+                .collect(),
+            form: "schema.table",
         }
     }
 
@@ -205,44 +198,7 @@ impl SourcePlug for PgIncrementalSettings {
                 p.push(format!("store_url: {problem}"));
             }
         }
-        let interval = |field: &str, d: Duration, p: &mut Vec<String>| {
-            if d.is_zero() || d > MAX_INTERVAL {
-                p.push(format!("{field}: must be between 1ms and 1h"));
-            }
-        };
-        let page = |field: &str, n: usize, p: &mut Vec<String>| {
-            if n == 0 || n > MAX_PAGE {
-                p.push(format!("{field}: must be between 1 and {MAX_PAGE}"));
-            }
-        };
-        interval("poll_interval", self.poll_interval, &mut p);
-        page("page_size", self.page_size, &mut p);
-        if self.lookback > MAX_INTERVAL {
-            p.push("lookback: must be at most 1h".into());
-        }
-        if self.name.is_empty() || self.name.len() > 63 {
-            p.push("name: must be 1 to 63 characters".into());
-        }
-        if let Err(e) = self.store_table.parse::<TableName>() {
-            p.push(format!("store_table: {e} (\"schema.table\" or \"table\")"));
-        }
-        if self.cursor.as_deref() == Some("") {
-            p.push("cursor: must name a column".into());
-        }
-        for (name, t) in &self.tables {
-            if let Err(e) = name.parse::<TableName>() {
-                p.push(format!("tables: {e} (\"schema.table\" or \"table\")"));
-            }
-            if let Some(d) = t.poll_interval {
-                interval(&format!("tables.{name}.poll_interval"), d, &mut p);
-            }
-            if let Some(n) = t.page_size {
-                page(&format!("tables.{name}.page_size"), n, &mut p);
-            }
-            if t.cursor.as_deref() == Some("") {
-                p.push(format!("tables.{name}.cursor: must name a column"));
-            }
-        }
+        p.extend(self.poll_settings().problems());
         p
     }
 
@@ -491,7 +447,7 @@ mod tests {
         s.tables.insert(
             "app.events".into(),
             TableSettings {
-                page_size: Some(MAX_PAGE + 1),
+                page_size: Some(100_001),
                 ..TableSettings::default()
             },
         );

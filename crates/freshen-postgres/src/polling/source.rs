@@ -1,14 +1,12 @@
 //! `PgIncrementalSource`: the core's cursor poller ([`freshen::poller`]) over
 //! PostgreSQL — pages read in a REPEATABLE READ READ ONLY snapshot whose
-//! `pg_current_snapshot()` is the horizon, cursors kept in a table.
-
-use std::fmt;
-use std::time::Duration;
+//! `pg_current_snapshot()` is the horizon, cursors kept in a table. This file is the
+//! PostgreSQL dialect; the source, its start and its handle are the core's.
 
 use deadpool_postgres::Pool;
 use freshen::cursor::{Horizon, Position};
-use freshen::poller::{self, Dialect, Level, PollConfig, PollReport, PollingSource, Read};
-use freshen::{Backoff, Batch, BoxFuture, Capabilities, Retry, RowEvent, Source, SourceError};
+use freshen::poller::{self, Dialect, Level, Open, PollReport, PollingSource, Read};
+use freshen::{Capabilities, Retry, RowEvent};
 use tokio_postgres::IsolationLevel;
 
 use crate::error::ErrorKind;
@@ -26,28 +24,18 @@ pub type IncrementalHandle = poller::PollingHandle;
 /// A snapshot of the source's counters.
 pub type IncrementalStats = poller::PollingStats;
 
-/// What a [`PgIncrementalSource`] polls and where it keeps its cursors.
-#[derive(Debug, Clone)]
-pub struct IncrementalConfig {
-    /// The database polled (SELECT is all it needs).
-    pub connection: ConnectionConfig,
-    /// Where the cursor table lives (the polled database when `None`).
-    pub store_connection: Option<ConnectionConfig>,
-    /// The cursor table.
-    pub store_table: TableName,
-    /// This source's name: the cursor table's rows are keyed by it.
-    pub name: String,
-    /// How long a read position is held (and its range read again) before it may become
-    /// durable: covers cursor values fixed before a transaction's first write and
-    /// writers whose clocks lag. See the module documentation.
-    pub lookback: Duration,
-    /// The tables.
-    pub tables: Vec<PolledTable>,
-    /// Batches queued between the pollers and the consumer.
-    pub queue_batches: usize,
-    /// Backoff between failed polls.
-    pub retry: Backoff,
-}
+/// What a [`PgIncrementalSource`] polls and where it keeps its cursors: the databases'
+/// connection settings, the cursor table, the tables. The lookback covers cursor
+/// values fixed before a transaction's first write and writers whose clocks lag (see
+/// the module documentation).
+pub type IncrementalConfig = poller::IncrementalConfig<ConnectionConfig, TableName>;
+
+/// The cursor-incremental PostgreSQL source: polls each table for rows past its cursor.
+///
+/// Started by `PgIncrementalSource::start` ([`PollingSource::start`]); hand it to a
+/// refresher like any [`freshen::Source`]. See the [module documentation](crate::polling)
+/// for what it guarantees.
+pub type PgIncrementalSource = PollingSource<PgDialect>;
 
 /// What an incremental source guarantees: rows as they are now, replayed after a
 /// restart from the stored cursor; no deletes, no former rows, no truncates, no
@@ -60,15 +48,17 @@ pub(crate) fn capabilities() -> Capabilities {
     }
 }
 
-/// A described table and its keyset statements.
-pub(crate) struct Reader {
+/// A polled table as the dialect reads it: its description and keyset statements.
+#[derive(Debug)]
+pub struct TableReader {
     described: Described,
     sql: Statements,
 }
 
 /// PostgreSQL as the core poller sees it: a pool of the polled database and the cursor
 /// store.
-pub(crate) struct PgDialect {
+#[derive(Debug)]
+pub struct PgDialect {
     pool: Pool,
     store: Store,
 }
@@ -76,7 +66,7 @@ pub(crate) struct PgDialect {
 impl Dialect for PgDialect {
     const KIND: &'static str = "postgres-incremental";
     type Table = TableName;
-    type Reader = Reader;
+    type Reader = TableReader;
     type Conn = deadpool_postgres::Object;
     type Snapshot<'c> = deadpool_postgres::Transaction<'c>;
     type Error = PgError;
@@ -94,12 +84,12 @@ impl Dialect for PgDialect {
         conn: &'a mut Self::Conn,
         table: &'a TableName,
         cursor: &'a str,
-    ) -> Result<poller::Described<Reader>, PgError> {
+    ) -> Result<poller::Described<TableReader>, PgError> {
         let described = table::describe(conn, table, cursor).await?;
         Ok(poller::Described {
             columns: described.position.iter().map(|(c, _)| c.clone()).collect(),
             cursor_nullable: described.cursor_nullable,
-            reader: Reader {
+            reader: TableReader {
                 sql: table::statements(&described),
                 described,
             },
@@ -141,7 +131,7 @@ impl Dialect for PgDialect {
     async fn read_page<'a>(
         &'a self,
         snapshot: &'a mut Self::Snapshot<'_>,
-        reader: &'a Reader,
+        reader: &'a TableReader,
         read: Read<'a>,
         limit: usize,
     ) -> Result<Vec<(RowEvent, Position)>, PgError> {
@@ -195,29 +185,10 @@ impl Dialect for PgDialect {
     }
 }
 
-/// The cursor-incremental PostgreSQL source: polls each table for rows past its cursor.
-///
-/// Started by [`PgIncrementalSource::start`]; hand it to a refresher like any
-/// [`Source`]. See the [module documentation](crate::polling) for what it
-/// guarantees.
-pub struct PgIncrementalSource(PollingSource<PgDialect>);
+impl Open for PgDialect {
+    type Connection = ConnectionConfig;
 
-impl fmt::Debug for PgIncrementalSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl PgIncrementalSource {
-    /// Describes every table (cursor column and primary key must exist), prepares the
-    /// cursor table, loads the stored cursors and starts polling.
-    pub async fn start(config: IncrementalConfig) -> Result<PgIncrementalSource, PgError> {
-        if config.tables.is_empty() {
-            return Err(PgError::new(
-                ErrorKind::Config,
-                "an incremental source needs at least one table to poll",
-            ));
-        }
+    async fn open(config: &IncrementalConfig) -> Result<PgDialect, PgError> {
         let pool = connect_pool(&config.connection, config.tables.len() + 1)?;
         let store_pool = match &config.store_connection {
             Some(c) => connect_pool(c, 2)?,
@@ -225,37 +196,10 @@ impl PgIncrementalSource {
         };
         let store = Store::new(store_pool, config.store_table.clone(), &config.name);
         store.prepare().await?;
-        let poll = PollConfig {
-            lookback: config.lookback,
-            tables: config.tables,
-            queue_batches: config.queue_batches,
-            retry: config.retry,
-        };
-        let source = PollingSource::start(PgDialect { pool, store }, poll).await?;
-        Ok(PgIncrementalSource(source))
+        Ok(PgDialect { pool, store })
     }
 
-    /// A cloneable handle: counters and health.
-    pub fn handle(&self) -> IncrementalHandle {
-        self.0.handle()
-    }
-
-    /// Stops polling and stores the last acknowledged cursors.
-    pub async fn shutdown(&mut self) {
-        self.0.shutdown().await;
-    }
-}
-
-impl Source for PgIncrementalSource {
-    fn next_batch(&mut self) -> BoxFuture<'_, Option<Result<Batch, SourceError>>> {
-        self.0.next_batch()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    fn close(&mut self) -> BoxFuture<'_, ()> {
-        self.0.close()
+    fn refuse(message: &'static str) -> PgError {
+        PgError::new(ErrorKind::Config, message)
     }
 }

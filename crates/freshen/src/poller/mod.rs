@@ -21,6 +21,12 @@
 //! |--------------------------|--------------------------------------------------|
 //! | a horizon (PostgreSQL)   | rows written since the previous poll's `xmin`    |
 //! | `lookback_only` (MySQL)  | every row, minus those handed over ([`Handed`])  |
+//!
+//! A database's crate supplies a [`Dialect`] and how it [`Open`]s from an
+//! [`IncrementalConfig`]; its source is `PollingSource<ItsDialect>`, started by
+//! [`PollingSource::start`]. What its `[source]` table shares with every polling source —
+//! the tables to poll and their limits — is decided by [`PollSettings`], over the
+//! crate's own serde type (the core reads no files).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -32,6 +38,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+mod settings;
+
+pub use settings::{OwnTable, PollSettings};
 
 use crate::cursor::{Cursor, Handed, Horizon, Position, Reread};
 use crate::{
@@ -324,6 +334,45 @@ pub struct PollConfig<T> {
     pub retry: Backoff,
 }
 
+/// What an incremental source polls and where it keeps its cursors: `C` says where a
+/// database is (a connection's settings, a URL), `T` names a table.
+#[derive(Debug, Clone)]
+pub struct IncrementalConfig<C, T> {
+    /// The polled database (SELECT is all it needs).
+    pub connection: C,
+    /// Where the cursor table lives (the polled database when `None`).
+    pub store_connection: Option<C>,
+    /// The cursor table.
+    pub store_table: T,
+    /// This source's name: the cursor table's rows are keyed by it.
+    pub name: String,
+    /// How long a read position is held, its range read again at every poll, before
+    /// it may become durable (see [`crate::cursor`] and the dialect's crate).
+    pub lookback: Duration,
+    /// The tables.
+    pub tables: Vec<PolledTable<T>>,
+    /// Batches queued between the pollers and the consumer.
+    pub queue_batches: usize,
+    /// Backoff between failed polls.
+    pub retry: Backoff,
+}
+
+/// How a [`Dialect`] comes to be from an [`IncrementalConfig`]: its connections and its
+/// cursor table.
+pub trait Open: Dialect + Sized {
+    /// Where a database is, as [`IncrementalConfig::connection`] says it.
+    type Connection: Send + Sync;
+
+    /// Opens the polled database (a connection for each table's poller and one more)
+    /// and the cursor store, and prepares the cursor table.
+    fn open(
+        config: &IncrementalConfig<Self::Connection, Self::Table>,
+    ) -> impl Future<Output = Result<Self, Self::Error>> + Send + '_;
+
+    /// The error for a configuration that cannot be polled, saying why.
+    fn refuse(message: &'static str) -> Self::Error;
+}
+
 /// Counters shared by the pollers, the cursor writer and the handle.
 #[derive(Debug, Default)]
 struct Shared {
@@ -436,10 +485,33 @@ impl<D: Dialect> fmt::Debug for PollingSource<D> {
     }
 }
 
+impl<D: Open> PollingSource<D> {
+    /// Opens the database and prepares the cursor table ([`Open::open`]), describes
+    /// every table (its cursor column and primary key must exist), loads the stored
+    /// cursors and starts polling.
+    pub async fn start(
+        config: IncrementalConfig<D::Connection, D::Table>,
+    ) -> Result<Self, D::Error> {
+        if config.tables.is_empty() {
+            return Err(D::refuse(
+                "an incremental source needs at least one table to poll",
+            ));
+        }
+        let dialect = D::open(&config).await?;
+        let poll = PollConfig {
+            lookback: config.lookback,
+            tables: config.tables,
+            queue_batches: config.queue_batches,
+            retry: config.retry,
+        };
+        PollingSource::with_dialect(dialect, poll).await
+    }
+}
+
 impl<D: Dialect> PollingSource<D> {
     /// Describes every table, loads the stored cursors and starts polling. The caller
     /// has prepared the cursor table and checked there is a table to poll.
-    pub async fn start(dialect: D, config: PollConfig<D::Table>) -> Result<Self, D::Error> {
+    pub async fn with_dialect(dialect: D, config: PollConfig<D::Table>) -> Result<Self, D::Error> {
         let dialect = Arc::new(dialect);
         let mut tables = Vec::with_capacity(config.tables.len());
         {
@@ -963,7 +1035,7 @@ mod tests {
     async fn every_row_is_handed_over_once_and_its_acknowledged_cursor_stored() {
         let memory = Arc::new(Memory::default());
         lock(&memory.rows).extend((1..=5).map(|i| (i, i)));
-        let mut src = PollingSource::start(Arc::clone(&memory), config())
+        let mut src = PollingSource::with_dialect(Arc::clone(&memory), config())
             .await
             .unwrap();
         let mut seen = Vec::new();
@@ -993,7 +1065,7 @@ mod tests {
     async fn a_poll_that_needs_a_person_is_a_problem_until_it_works() {
         let memory = Arc::new(Memory::default());
         lock(&memory.rows).push((1, 1));
-        let mut src = PollingSource::start(Arc::clone(&memory), config())
+        let mut src = PollingSource::with_dialect(Arc::clone(&memory), config())
             .await
             .unwrap();
         let mut seen = Vec::new();

@@ -76,6 +76,11 @@ impl Changefeed {
             };
             let batch = match batch {
                 None => break,
+                Some(Err(e)) if !e.is_final() => {
+                    // An outage the source retries by itself: said, and read on.
+                    tracing::warn!(error = %e, "changefeed capture: the source cannot reach its data and keeps retrying");
+                    continue;
+                }
                 Some(Err(e)) => {
                     failed = Some(CaptureError::Source(e));
                     break;

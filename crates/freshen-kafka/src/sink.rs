@@ -338,6 +338,9 @@ where
             }
             item = rx.recv(), if !source_done && in_flight.len() < MAX_IN_FLIGHT => match item.flatten() {
                 None => source_done = true,
+                // An outage the source retries by itself (its health and logs say
+                // so): read on.
+                Some(Err(e)) if !e.is_final() => {}
                 Some(Err(e)) => break Err(Error::Source(e)),
                 Some(Ok(batch)) => match enqueue(batch).await {
                     Ok(queued) => {
@@ -494,7 +497,11 @@ pub(crate) async fn pump<S: Source>(
             _ = &mut stop => break,
             item = source.next_batch() => item,
         };
-        let end = !matches!(item, Some(Ok(_)));
+        let end = match &item {
+            Some(Ok(_)) => false,
+            Some(Err(e)) => e.is_final(),
+            None => true,
+        };
         tokio::select! {
             biased;
             _ = &mut stop => break,

@@ -96,8 +96,9 @@ pub struct MySqlSourceConfig {
     /// Longest delay between reconnect attempts, in ms (default 10000).
     #[serde(default = "default_reconnect_max_ms")]
     pub reconnect_max_ms: u64,
-    /// How long reconnecting may fail before the source gives up, in seconds
-    /// (default 300).
+    /// How long reconnecting may fail before the source reports the outage to the
+    /// refresher (a [`Retry::Path`](freshen::Retry) error: reported, and read on), in
+    /// seconds (default 300); again after each such period. It keeps reconnecting.
     #[serde(default = "default_reconnect_deadline_s")]
     pub reconnect_deadline_s: u64,
 }

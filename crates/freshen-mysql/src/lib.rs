@@ -10,7 +10,9 @@
 //!   acknowledgement, so memory stays bounded. TRUNCATE (and DROP TABLE) of a watched
 //!   table arrives as an [`Op::Truncate`](freshen::Op) event, which makes the refresher
 //!   sweep; other DDL on watched tables is reported ([`SchemaChange`]). Reconnects with
-//!   backoff; health and lag from a [`MySqlHandle`].
+//!   backoff for as long as the server is away, telling the consumer of an outage longer
+//!   than `reconnect_deadline_s` (a [`Retry::Path`](freshen::Retry) error, read past);
+//!   health and lag from a [`MySqlHandle`].
 //! - Positions. The position after the last transaction whose batches were all
 //!   acknowledged — under `AckPolicy::AfterRebuild`, whose every key was rebuilt — is
 //!   stored durably, by default in a table of the target database (`freshen_positions`,

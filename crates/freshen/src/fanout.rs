@@ -1,16 +1,19 @@
 //! `fanout`: one source feeding several consumers (views, a changefeed, a sink), with a
-//! batch acknowledged upstream only when every consumer has acknowledged it.
+//! batch acknowledged upstream only when every consumer has acknowledged it. Several
+//! consumers are fed by one [`pump`](crate::pump) task; a single consumer reads the
+//! source itself, with no task or channel between them.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, mpsc};
 
-use crate::{Ack, Batch, BoxFuture, Capabilities, Source, SourceError};
+use crate::pump::{Outlet, pump};
+use crate::{Batch, BoxFuture, Capabilities, Source, SourceError};
 
 struct Start {
     source: Box<dyn Source>,
-    senders: Vec<mpsc::Sender<Result<Batch, SourceError>>>,
+    outlets: Vec<Outlet>,
 }
 
 struct Shared {
@@ -20,12 +23,22 @@ struct Shared {
     all_closed: Notify,
 }
 
+/// How a branch reads.
+enum Feed {
+    /// The only consumer: the source itself.
+    Alone(Box<dyn Source>),
+    /// One of several: its channel from the pump.
+    Pumped {
+        rx: mpsc::Receiver<Result<Batch, SourceError>>,
+        shared: Arc<Shared>,
+        closed: bool,
+    },
+}
+
 /// One consumer's view of a [`fanout`] source.
 pub struct Branch {
-    rx: mpsc::Receiver<Result<Batch, SourceError>>,
-    shared: Arc<Shared>,
+    feed: Feed,
     capabilities: Capabilities,
-    closed: bool,
 }
 
 impl std::fmt::Debug for Branch {
@@ -39,15 +52,22 @@ impl std::fmt::Debug for Branch {
 /// Each branch acknowledges independently; the upstream batch is acknowledged once all
 /// branches have. Because every branch acknowledges in order, so does the fan-out. A
 /// slow branch slows the others (bounded buffers, no unbounded queue). Undecodable
-/// messages are reported on every branch; a fatal source error reaches every branch.
-/// The source is closed when the last branch closes.
+/// messages are reported on every branch; a source error reaches every branch (after a
+/// [`Retry::Path`](crate::Retry) one the source is read on). The source is closed when
+/// the last branch closes. One branch is the source itself.
 pub fn fanout(source: impl Source, branches: usize) -> Vec<Branch> {
     let capabilities = source.capabilities();
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..branches).map(|_| mpsc::channel(4)).unzip();
+    if branches == 1 {
+        return vec![Branch {
+            feed: Feed::Alone(Box::new(source)),
+            capabilities,
+        }];
+    }
+    let (outlets, receivers): (Vec<_>, Vec<_>) = (0..branches).map(|_| mpsc::channel(4)).unzip();
     let shared = Arc::new(Shared {
         start: Mutex::new(Some(Start {
             source: Box::new(source),
-            senders,
+            outlets,
         })),
         open: AtomicUsize::new(branches),
         all_closed: Notify::new(),
@@ -55,91 +75,35 @@ pub fn fanout(source: impl Source, branches: usize) -> Vec<Branch> {
     receivers
         .into_iter()
         .map(|rx| Branch {
-            rx,
-            shared: shared.clone(),
+            feed: Feed::Pumped {
+                rx,
+                shared: shared.clone(),
+                closed: false,
+            },
             capabilities,
-            closed: false,
         })
         .collect()
-}
-
-fn split(batch: Batch, n: usize) -> Vec<Batch> {
-    let marks = batch.marks().to_vec();
-    let gaps = batch.gaps().to_vec();
-    let changes = batch.schema_changes().to_vec();
-    let keys = batch.keys().to_vec();
-    let committed = batch.committed_through();
-    let (events, skipped, ack) = batch.into_parts();
-    let remaining = Arc::new(AtomicUsize::new(n));
-    let upstream = Arc::new(Mutex::new(Some(ack)));
-    (0..n)
-        .map(|_| {
-            let remaining = remaining.clone();
-            let upstream = upstream.clone();
-            let ack = Ack::new(move || {
-                if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    let ack = upstream.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    if let Some(ack) = ack {
-                        ack.ack();
-                    }
-                }
-            });
-            skipped.iter().fold(
-                Batch::shared(events.clone(), ack)
-                    .with_marks(marks.clone())
-                    .with_gaps(gaps.clone())
-                    .with_schema_changes(changes.clone())
-                    .with_keys(keys.clone())
-                    .with_committed_through(committed),
-                |b, e| b.with_skipped(e.to_string()),
-            )
-        })
-        .collect()
-}
-
-async fn pump(start: Start, shared: Arc<Shared>) {
-    let Start {
-        mut source,
-        senders,
-    } = start;
-    let closed = shared.all_closed.notified();
-    tokio::pin!(closed);
-    loop {
-        let item = tokio::select! {
-            _ = &mut closed => break,
-            item = source.next_batch() => item,
-        };
-        let Some(item) = item else { break };
-        let fatal = item.is_err();
-        let items: Vec<Result<Batch, SourceError>> = match item {
-            Ok(batch) => split(batch, senders.len()).into_iter().map(Ok).collect(),
-            Err(e) => senders.iter().map(|_| Err(e.clone())).collect(),
-        };
-        for (tx, item) in senders.iter().zip(items) {
-            // A branch that stopped reading drops its share; the others go on.
-            let _ = tx.send(item).await;
-        }
-        if fatal {
-            break;
-        }
-    }
-    drop(senders);
-    closed.await;
-    source.close().await;
 }
 
 impl Source for Branch {
     fn next_batch(&mut self) -> BoxFuture<'_, Option<Result<Batch, SourceError>>> {
-        let start = self
-            .shared
-            .start
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(start) = start {
-            tokio::spawn(pump(start, self.shared.clone()));
+        match &mut self.feed {
+            Feed::Alone(source) => source.next_batch(),
+            Feed::Pumped { rx, shared, .. } => {
+                let start = shared
+                    .start
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                if let Some(Start { source, outlets }) = start {
+                    let shared = shared.clone();
+                    tokio::spawn(pump(source, outlets, async move {
+                        shared.all_closed.notified().await;
+                    }));
+                }
+                Box::pin(rx.recv())
+            }
         }
-        Box::pin(self.rx.recv())
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -147,21 +111,26 @@ impl Source for Branch {
     }
 
     fn close(&mut self) -> BoxFuture<'_, ()> {
-        if !self.closed {
-            self.closed = true;
-            self.rx.close();
-            if self.shared.open.fetch_sub(1, Ordering::AcqRel) == 1 {
-                self.shared.all_closed.notify_one();
+        match &mut self.feed {
+            Feed::Alone(source) => source.close(),
+            Feed::Pumped { rx, shared, closed } => {
+                if !*closed {
+                    *closed = true;
+                    rx.close();
+                    if shared.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        shared.all_closed.notify_one();
+                    }
+                }
+                Box::pin(async {})
             }
         }
-        Box::pin(async {})
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::StreamMark;
+    use crate::{Ack, StreamMark};
 
     #[tokio::test]
     async fn every_branch_gets_the_stream_marks_and_the_transactions_end() {
@@ -184,6 +153,37 @@ mod tests {
             let got = b.next_batch().await.unwrap().unwrap();
             assert_eq!(got.marks(), std::slice::from_ref(&mark));
             assert_eq!(got.committed_through(), Some(7));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_single_branch_reads_the_source_itself() {
+        let (feed, source) = crate::channel(2);
+        let mut branches = fanout(source, 1);
+        assert!(
+            matches!(branches[0].feed, Feed::Alone(_)),
+            "no pump for one consumer"
+        );
+        feed.send(Batch::new(Vec::new(), Ack::none()).with_committed_through(Some(3)))
+            .await
+            .unwrap();
+        let got = branches[0].next_batch().await.unwrap().unwrap();
+        assert_eq!(got.committed_through(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn an_outage_reaches_every_branch_and_they_read_on() {
+        let (feed, source) = crate::channel(2);
+        let mut branches = fanout(source, 2);
+        let outage = SourceError::msg("down").with_retry(crate::Retry::Path);
+        feed.fail(outage).await.unwrap();
+        feed.send(Batch::new(Vec::new(), Ack::none()))
+            .await
+            .unwrap();
+        for b in &mut branches {
+            let e = b.next_batch().await.unwrap().unwrap_err();
+            assert!(!e.is_final());
+            assert!(b.next_batch().await.unwrap().is_ok());
         }
     }
 }

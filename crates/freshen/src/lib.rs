@@ -126,6 +126,7 @@ mod key;
 mod parts;
 pub mod plug;
 pub mod poller;
+mod pump;
 mod rebuild;
 mod redact;
 mod refresher;

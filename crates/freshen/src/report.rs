@@ -66,6 +66,12 @@ pub enum Report<'a> {
         /// How long it held them.
         after: Duration,
     },
+    /// The source lost its way to the data ([`Retry::Path`]: an outage) and goes on
+    /// retrying by itself; the refresher reads on, and nothing it holds is dropped.
+    SourceFailed {
+        /// What went wrong.
+        error: &'a SourceError,
+    },
     /// The source could not decode a message; it was skipped.
     Skipped {
         /// Why.
@@ -234,6 +240,10 @@ impl fmt::Display for Report<'_> {
                 f,
                 "quarantined key {} held its transactions for {after:?}: released unrebuilt, its derived rows may be stale until it changes again",
                 key.quoted()
+            ),
+            Report::SourceFailed { error } => write!(
+                f,
+                "the source cannot reach its data and keeps retrying; rebuilds go on: {error}"
             ),
             Report::Skipped { error } => write!(f, "skipped an undecodable message: {error}"),
             Report::WholeStarted { reason, way, keys } => match (*reason, way) {

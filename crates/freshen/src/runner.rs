@@ -69,53 +69,14 @@ use self::whole::{LargeFanOut, Reason, WholeRun};
 use crate::ack::{AckPolicy, AckTracker, BatchId};
 use crate::dirty::{Completion, DirtySet, Mark, Outcome, Ready};
 use crate::parts::{Parts, ReportFn, ScopeFn};
+use crate::pump::pump;
 use crate::rebuild::{Due, Whole, WholeDone, WholeWay};
 use crate::shared::{Command, Quarantined, Shared};
 use crate::stats::Recorder;
 use crate::sweep::{Finished, Sweeper};
 use crate::{
     Ack, Batch, BoxError, Gap, Key, Op, Report, Retry, RowEvent, RunError, SchemaChange, Source,
-    SourceError,
 };
-
-/// Reads the source on its own task so that a slow source never stalls the scheduler
-/// and the scheduler never cancels a half-read batch.
-async fn pump(
-    mut source: Box<dyn Source>,
-    tx: mpsc::Sender<Result<Batch, SourceError>>,
-    mut stop: oneshot::Receiver<()>,
-) {
-    let mut stopped = false;
-    loop {
-        let item = tokio::select! {
-            biased;
-            _ = &mut stop => {
-                stopped = true;
-                break;
-            }
-            item = source.next_batch() => item,
-        };
-        let Some(item) = item else { break };
-        let fatal = item.is_err();
-        tokio::select! {
-            biased;
-            _ = &mut stop => {
-                stopped = true;
-                break;
-            }
-            sent = tx.send(item) => if sent.is_err() { break },
-        }
-        if fatal {
-            break;
-        }
-    }
-    drop(tx);
-    if !stopped {
-        // Close only once the refresher has released its last acks.
-        let _ = stop.await;
-    }
-    source.close().await;
-}
 
 /// The user's report callback, if any.
 struct Reporter(Option<ReportFn>);
@@ -227,8 +188,12 @@ impl Runner {
         S: Future<Output = ()> + Send,
     {
         let (batch_tx, mut batch_rx) = mpsc::channel(4);
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let pump_task = tokio::spawn(pump(source, batch_tx, stop_rx));
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        // The source is read on its own task: a slow source never stalls the scheduler,
+        // and the scheduler never cancels a half-read batch.
+        let pump_task = tokio::spawn(pump(source, vec![batch_tx], async {
+            let _ = stop_rx.await;
+        }));
         let _pump_guard = AbortOnDrop(pump_task.abort_handle());
         tokio::pin!(shutdown);
         let sleep = tokio::time::sleep_until(Instant::now());
@@ -295,6 +260,8 @@ impl Runner {
                 }
                 msg = batch_rx.recv(), if !self.source_done => match msg {
                     Some(Ok(batch)) => self.on_batch(batch),
+                    // An outage the source retries by itself: said, and read on.
+                    Some(Err(e)) if !e.is_final() => self.report(Report::SourceFailed { error: &e }),
                     Some(Err(e)) => {
                         failure = Some(RunError::Source(e));
                         break;

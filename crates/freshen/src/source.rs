@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::{Gap, Key, RowEvent, SchemaChange};
+use crate::{Gap, Key, Retry, RowEvent, SchemaChange};
 
 /// A boxed error that can cross threads.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -223,16 +223,28 @@ impl Batch {
     }
 }
 
-/// A source error that ends [`Refresher::run`](crate::Refresher::run): sources retry
-/// what can be retried (reconnects) themselves, so whatever reaches the refresher is
-/// final. Cloneable so that [`fanout`](crate::fanout) can hand it to every branch.
+/// A source error, with what it says about retrying ([`SourceError::retry`]).
+///
+/// Sources retry what can be retried (reconnects) themselves. An error whose directive
+/// is [`Retry::Path`] says the way to the data is down and the source goes on retrying:
+/// the refresher reports it ([`Report::SourceFailed`](crate::Report)) and reads on. Any
+/// other ends [`Refresher::run`](crate::Refresher::run) — the default, for what a
+/// source cannot mend by itself. Cloneable so that [`fanout`](crate::fanout) can hand it
+/// to every branch.
 #[derive(Clone)]
-pub struct SourceError(Arc<dyn StdError + Send + Sync + 'static>);
+pub struct SourceError {
+    error: Arc<dyn StdError + Send + Sync + 'static>,
+    retry: Retry,
+}
 
 impl SourceError {
-    /// Wraps any error.
+    /// Wraps any error; it ends the run ([`Retry::Fix`]) unless
+    /// [`SourceError::with_retry`] says otherwise.
     pub fn new(error: impl Into<BoxError>) -> SourceError {
-        SourceError(Arc::from(error.into()))
+        SourceError {
+            error: Arc::from(error.into()),
+            retry: Retry::Fix,
+        }
     }
 
     /// A plain-message error.
@@ -240,27 +252,44 @@ impl SourceError {
         SourceError::new(message.to_string())
     }
 
+    /// The same error with another directive: [`Retry::Path`] when the source goes on
+    /// retrying by itself.
+    pub fn with_retry(mut self, retry: Retry) -> SourceError {
+        self.retry = retry;
+        self
+    }
+
+    /// What the error says about retrying.
+    pub fn retry(&self) -> Retry {
+        self.retry
+    }
+
+    /// Whether the error ends the source's stream: anything but [`Retry::Path`].
+    pub fn is_final(&self) -> bool {
+        self.retry != Retry::Path
+    }
+
     /// The wrapped error.
     pub fn inner(&self) -> &(dyn StdError + Send + Sync + 'static) {
-        &*self.0
+        &*self.error
     }
 }
 
 impl fmt::Debug for SourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
+        fmt::Debug::fmt(&self.error, f)
     }
 }
 
 impl fmt::Display for SourceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
+        fmt::Display::fmt(&self.error, f)
     }
 }
 
 impl StdError for SourceError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.0.source()
+        self.error.source()
     }
 }
 

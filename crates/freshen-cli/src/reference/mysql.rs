@@ -113,7 +113,7 @@ pub(super) const SOURCE: Table = Table {
             "integer",
             Is("300"),
             Int(0, i64::MAX),
-            "How long reconnecting may fail before the source gives up, in seconds.",
+            "How long reconnecting may fail before the source reports the outage (again after each such period), in seconds; it keeps reconnecting.",
         ),
     ],
 };

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use freshen::{Ack, Batch, SourceError};
+use freshen::{Ack, Batch, Retry, SourceError};
 use futures_util::{FutureExt, StreamExt};
 use mysql_async::{BinlogStream, Opts};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -220,13 +220,21 @@ impl Reader {
                     }
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= deadline {
+                        // An outage, told to the refresher (which reads on) once it has
+                        // lasted the deadline, and again after each further one; the
+                        // reader goes on reconnecting.
                         let e = MySqlError::new(
                             ErrorKind::Connection,
-                            format!("reconnecting failed for {deadline:?}; giving up"),
+                            format!("reconnecting has failed for {deadline:?}; retrying"),
                         )
                         .with_source(f.error);
-                        let _ = self.tx.send(Err(SourceError::new(e))).await;
-                        break;
+                        failing_since = Some(Instant::now());
+                        let outage = SourceError::new(e).with_retry(Retry::Path);
+                        let (tx, stop) = (&self.tx, &mut self.stop);
+                        tokio::select! {
+                            sent = tx.send(Err(outage)) => if sent.is_err() { break },
+                            _ = stopped(stop) => break,
+                        }
                     }
                     self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
                     let delay = backoff.delay(attempt, jitter.unit());

@@ -1,9 +1,12 @@
 //! The source survives a server restart: it reconnects with backoff, resumes after the
-//! last transaction it saw, and counts the reconnect.
+//! last transaction it saw, and counts the reconnect. An outage longer than
+//! `reconnect_deadline_s` is reported to the consumer, and reconnecting goes on.
 
 use crate::support;
 
-use freshen::{Source, Value};
+use std::time::Duration;
+
+use freshen::{Retry, Source, Value};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,5 +40,46 @@ async fn reconnects_after_the_server_restarts_and_loses_nothing() {
     assert!(h.reconnects >= 1, "{h:?}");
     assert!(h.streaming);
     assert!(h.last_error.is_some(), "the broken session was reported");
+    src.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_past_the_deadline_is_reported_and_reconnecting_goes_on() {
+    let mut db = server();
+    let mut c = sql(&db).await;
+    exec(&mut c, "CREATE TABLE app.t (id INT PRIMARY KEY)").await;
+    let mut cfg = config(&db, "outage", &["app.t"]);
+    cfg.reconnect_deadline_s = 1;
+    let mut src = source(cfg).await;
+    exec(&mut c, "INSERT INTO app.t VALUES (1)").await;
+    take_events(&mut src, 1, 30).await;
+    drop(c);
+
+    db.stop().expect("stop the server");
+    // Past the deadline the consumer hears of the outage: an error it may read past.
+    let outage = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match src.next_batch().await.expect("the stream goes on") {
+                Err(e) => break e,
+                Ok(b) => assert!(b.events().is_empty(), "no rows while the server is down"),
+            }
+        }
+    })
+    .await
+    .expect("the outage is reported within 60 s");
+    assert_eq!(outage.retry(), Retry::Path, "{outage}");
+    assert!(!outage.is_final(), "{outage}");
+    assert!(!src.handle().health().streaming);
+
+    db.start_again().expect("start the server again");
+    let mut c = sql(&db).await;
+    exec(&mut c, "INSERT INTO app.t VALUES (2)").await;
+    let evs = events(&take_events(&mut src, 1, 60).await);
+    let ids: Vec<&Value> = evs
+        .iter()
+        .filter_map(|e| e.new.as_ref()?.get("id"))
+        .collect();
+    assert_eq!(ids, [&Value::Int(2)], "nothing lost, nothing replayed");
+    assert!(src.handle().health().streaming);
     src.close().await;
 }

@@ -46,7 +46,8 @@ pub async fn source(cfg: MySqlSourceConfig) -> MySqlSource {
     MySqlSource::start(cfg).await.expect("start the source")
 }
 
-/// Reads batches until `n` events arrived (or panics after `secs`).
+/// Reads batches until `n` events arrived (or panics after `secs`), reading past the
+/// outages the source reports and retries by itself.
 pub async fn take_events(src: &mut MySqlSource, n: usize, secs: u64) -> Vec<Batch> {
     let mut got = 0;
     let mut batches: Vec<Batch> = Vec::new();
@@ -64,8 +65,12 @@ pub async fn take_events(src: &mut MySqlSource, n: usize, secs: u64) -> Vec<Batc
                     src.health()
                 )
             })
-            .expect("stream ended")
-            .expect("source failed");
+            .expect("stream ended");
+        let next = match next {
+            Ok(b) => b,
+            Err(e) if !e.is_final() => continue,
+            Err(e) => panic!("source failed: {e}"),
+        };
         got += next.events().len();
         batches.push(next);
     }

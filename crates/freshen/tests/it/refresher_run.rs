@@ -291,20 +291,26 @@ async fn a_running_rebuild_and_a_listing_sweep_are_visible_while_they_last() {
     drop(feed);
 }
 
+/// A refresher of `source` rebuilding into `log`, and the lines it reports.
+fn reporting(source: freshen::ChannelSource, log: &Log) -> (Refresher, Arc<Mutex<Vec<String>>>) {
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let rep = reports.clone();
+    let r = Refresher::builder()
+        .source(source)
+        .scope(scope)
+        .rebuild(recording(log))
+        .on_error(move |r: &Report<'_>| rep.lock().unwrap().push(r.to_string()))
+        .build()
+        .unwrap();
+    (r, reports)
+}
+
 #[tokio::test(start_paused = true)]
 async fn skipped_messages_are_counted_reported_and_acked() {
     let (feed, source) = channel(8);
     let acks = Acks::default();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let rep = reports.clone();
     let log = Log::default();
-    let r = Refresher::builder()
-        .source(source)
-        .scope(scope)
-        .rebuild(recording(&log))
-        .on_error(move |r: &Report<'_>| rep.lock().unwrap().push(r.to_string()))
-        .build()
-        .unwrap();
+    let (r, reports) = reporting(source, &log);
     feed.send(acks.batch(1, vec![]).with_skipped("bad json at offset 7"))
         .await
         .unwrap();
@@ -318,6 +324,43 @@ async fn skipped_messages_are_counted_reported_and_acked() {
     assert_eq!(acks.list(), [1, 2]);
     assert_eq!(log.list(), ["a"]);
     assert!(reports.lock().unwrap()[0].contains("bad json at offset 7"));
+}
+
+/// An outage the source retries by itself (`Retry::Path`) is reported and the run reads
+/// on: the changes after it are rebuilt and acknowledged as if nothing had happened.
+#[tokio::test(start_paused = true)]
+async fn a_source_outage_is_reported_and_the_run_reads_on() {
+    let (feed, source) = channel(8);
+    let log = Log::default();
+    let acks = Acks::default();
+    let (r, reports) = reporting(source, &log);
+    feed.send(acks.batch(1, vec![reading("a", 1)]))
+        .await
+        .unwrap();
+    feed.fail(SourceError::msg("connection reset by peer").with_retry(freshen::Retry::Path))
+        .await
+        .unwrap();
+    feed.send(acks.batch(2, vec![reading("b", 2)]))
+        .await
+        .unwrap();
+    drop(feed);
+    within(
+        "run ends",
+        Duration::from_secs(5),
+        r.run(std::future::pending()),
+    )
+    .await
+    .expect("an outage does not end the run");
+    assert_eq!(acks.list(), [1, 2]);
+    let mut rebuilt = log.list();
+    rebuilt.sort();
+    assert_eq!(rebuilt, ["a", "b"]);
+    let said = reports.lock().unwrap().clone();
+    assert!(
+        said.iter()
+            .any(|r| r.contains("keeps retrying") && r.contains("connection reset by peer")),
+        "{said:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

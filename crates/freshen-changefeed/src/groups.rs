@@ -19,12 +19,12 @@ use std::time::{Duration, SystemTime};
 use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
-use crate::log::Core;
 use crate::metrics::{self, GroupGauges};
 use crate::record::{self, RecordRef};
+use crate::shared::Core;
 use crate::store::{self, DEAD, GROUPS, LEASES};
 use crate::writer::WriteOp;
-use crate::{Changefeed, Error, Filter, GroupDefaults};
+use crate::{Error, Filter, GroupDefaults};
 
 /// How many log events one receive examines at most (filtered groups skip the rest
 /// on the next receive).
@@ -946,9 +946,9 @@ fn delivery_ref(seq: u64, deliveries: u32, r: &RecordRef<'_>) -> Delivery {
 }
 
 /// Runs the lease sweeper until the changefeed closes.
-pub(crate) fn spawn_sweeper(cf: &Changefeed) {
-    let groups = Arc::downgrade(&cf.groups);
-    let mut stop = cf.core.stopping();
+pub(crate) fn spawn_sweeper(core: &Core, groups: &Arc<Groups>) {
+    let groups = Arc::downgrade(groups);
+    let mut stop = core.stopping();
     tokio::spawn(async move {
         loop {
             tokio::select! {

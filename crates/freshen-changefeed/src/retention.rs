@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::groups::Groups;
-use crate::log::Core;
 use crate::metrics;
 use crate::record;
+use crate::shared::Core;
 use crate::store;
-use crate::{Changefeed, Error, Keep, RetentionConfig, Unacknowledged};
+use crate::{Error, Keep, RetentionConfig, Unacknowledged};
 
 /// Events examined per scan step while looking for the cut.
 const STEP: usize = 10_000;
@@ -128,22 +128,14 @@ async fn compact(core: &Core, policy: &RetentionConfig, floor: u64) -> Result<u6
     Ok(deleted)
 }
 
-impl Changefeed {
-    /// Applies a retention policy now (the configured one runs on its own every
-    /// `interval_secs`); returns how many events were deleted (truncated or compacted).
-    pub async fn enforce_retention(&self, policy: &RetentionConfig) -> Result<u64, Error> {
-        enforce(&self.core, &self.groups, policy).await
-    }
-}
-
 /// Runs the configured policy every `interval_secs` until the changefeed closes.
-pub(crate) fn spawn(cf: &Changefeed, policy: RetentionConfig) {
+pub(crate) fn spawn(core: &Arc<Core>, groups: &Arc<Groups>, policy: RetentionConfig) {
     if !policy.is_enabled() {
         return;
     }
-    let core: std::sync::Weak<Core> = Arc::downgrade(&cf.core);
-    let groups: std::sync::Weak<Groups> = Arc::downgrade(&cf.groups);
-    let mut stop = cf.core.stopping();
+    let mut stop = core.stopping();
+    let core: std::sync::Weak<Core> = Arc::downgrade(core);
+    let groups: std::sync::Weak<Groups> = Arc::downgrade(groups);
     let every = Duration::from_secs(policy.interval_secs.max(1));
     tokio::spawn(async move {
         loop {

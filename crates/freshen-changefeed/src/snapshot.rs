@@ -48,33 +48,9 @@ pub use freshen_postgres::{SnapshotProgress, SnapshotState};
 use tokio::sync::{Notify, oneshot};
 
 use crate::record::unix_ms;
+use crate::store::{SnapshotRecord, store_key};
 use crate::writer::{Request, WriteOp};
 use crate::{Changefeed, Error, SnapshotMode};
-
-impl SnapshotRecord for SnapshotProgress {
-    fn store_key(&self) -> String {
-        store_key(&self.schema, &self.table)
-    }
-
-    fn to_json(&self) -> Vec<u8> {
-        let mut p = self.clone();
-        // Failures are for the status, not for the next run.
-        p.last_error = None;
-        serde_json::to_vec(&p).unwrap_or_default()
-    }
-}
-
-/// How the changefeed stores a table's progress with its log.
-pub(crate) trait SnapshotRecord {
-    /// The key in the log's snapshot table.
-    fn store_key(&self) -> String;
-    /// The stored value.
-    fn to_json(&self) -> Vec<u8>;
-}
-
-fn store_key(schema: &str, table: &str) -> String {
-    format!("{schema}\0{table}")
-}
 
 /// A chunk read and waiting for its high watermark.
 struct InFlight {

@@ -18,6 +18,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 use crate::Error;
 use crate::record::RecordRef;
+use freshen_postgres::SnapshotProgress;
 
 pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -306,4 +307,30 @@ pub(crate) fn snapshots(db: &Database) -> Result<Vec<(String, Vec<u8>)>, Error> 
         out.push((k.value().to_owned(), v.value().to_vec()));
     }
     Ok(out)
+}
+
+impl SnapshotRecord for SnapshotProgress {
+    fn store_key(&self) -> String {
+        store_key(&self.schema, &self.table)
+    }
+
+    fn to_json(&self) -> Vec<u8> {
+        let mut p = self.clone();
+        // Failures are for the status, not for the next run.
+        p.last_error = None;
+        serde_json::to_vec(&p).unwrap_or_default()
+    }
+}
+
+/// How the changefeed stores a table's progress with its log.
+pub(crate) trait SnapshotRecord {
+    /// The key in the log's snapshot table.
+    fn store_key(&self) -> String;
+    /// The stored value.
+    fn to_json(&self) -> Vec<u8>;
+}
+
+/// A table's key in the snapshot table.
+pub(crate) fn store_key(schema: &str, table: &str) -> String {
+    format!("{schema}\0{table}")
 }

@@ -14,9 +14,10 @@ use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::record::{self, Encoder, Extra, RecordRef};
-use crate::snapshot::{ChunkCheck, SnapshotProgress, SnapshotRecord};
+use crate::store::SnapshotRecord;
 use crate::store::{self, DEAD, EVENTS, GROUPS, LATEST, LEASES, LogState, META, SNAPSHOTS};
 use crate::{Durability, Error};
+use freshen_postgres::{ChunkCheck, SnapshotProgress};
 
 /// What an append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

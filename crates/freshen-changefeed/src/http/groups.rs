@@ -180,7 +180,7 @@ pub(crate) async fn receive(
         });
         let wake = due.map_or(deadline, |d| d.min(deadline));
         tokio::select! {
-            () = crate::log::newer_than(&mut latest, seen) => {}
+            () = crate::shared::newer_than(&mut latest, seen) => {}
             () = tokio::time::sleep_until(wake) => {}
             () = &mut ending => return Ok(received(&got)),
         }

@@ -214,7 +214,7 @@ async fn read(
             continue;
         }
         tokio::select! {
-            () = crate::log::newer_than(&mut latest, after) => {}
+            () = crate::shared::newer_than(&mut latest, after) => {}
             () = tokio::time::sleep_until(deadline) => {}
             () = &mut ending => ended = true,
         }

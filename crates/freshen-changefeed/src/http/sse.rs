@@ -37,9 +37,9 @@ use super::{AppState, FilterParams, MAX_SCAN, with_markers};
 use crate::Filter;
 use crate::cursors::{Cursors, Reader};
 use crate::filter::Selection;
-use crate::log::Core;
 use crate::metrics;
 use crate::record;
+use crate::shared::Core;
 use crate::txmark::Framing;
 
 /// ThemisDB's one-shot mode (`keep_alive=false`) sends at most this many events.
@@ -346,7 +346,7 @@ impl Sse {
             let heartbeat_at = self.last_write + self.settings.heartbeat;
             let after = self.after;
             tokio::select! {
-                () = crate::log::newer_than(&mut self.latest, after) => {}
+                () = crate::shared::newer_than(&mut self.latest, after) => {}
                 () = tokio::time::sleep_until(heartbeat_at) => {
                     self.last_write = Instant::now();
                     metrics::inc(&self.core.metrics().sse_heartbeats);

@@ -4,8 +4,8 @@
 use super::MAX_SCAN;
 use crate::Error;
 use crate::filter::Selection;
-use crate::log::Core;
 use crate::record;
+use crate::shared::Core;
 use crate::txmark::{FrameEnd, Framing, Next, Page};
 
 /// A page read with transaction markers.

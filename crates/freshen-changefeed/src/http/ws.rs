@@ -668,7 +668,7 @@ async fn run(mut socket: WebSocket, s: AppState, tx: bool) {
                 // Pings are answered by the library; pongs need nothing.
                 Some(Ok(_)) => {}
             },
-            () = crate::log::newer_than(&mut latest, seen) => {}
+            () = crate::shared::newer_than(&mut latest, seen) => {}
             r = complete.changed(), if complete_open => complete_open = r.is_ok(),
             () = sleep_until_opt(wake) => {}
             () = &mut ending => {

@@ -8,6 +8,7 @@
 //! MariaDB 10.x ship for those sets; a running source adds the server's own list
 //! (`information_schema.COLLATIONS`), so new collation ids are known too.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -95,6 +96,15 @@ const CP1252_HIGH: [char; 32] = [
     '\u{90}', '\u{2018}', '\u{2019}', '\u{201c}', '\u{201d}', '\u{2022}', '\u{2013}', '\u{2014}',
     '\u{2dc}', '\u{2122}', '\u{161}', '\u{203a}', '\u{153}', '\u{9d}', '\u{17e}', '\u{178}',
 ];
+
+/// Bytes of `charset` as text (lossy for invalid UTF-8, which a server never sends for
+/// a UTF-8 column).
+pub(crate) fn text(bytes: &[u8], charset: Charset) -> Cow<'_, str> {
+    match charset {
+        Charset::Latin1 => Cow::Owned(latin1(bytes)),
+        _ => String::from_utf8_lossy(bytes),
+    }
+}
 
 /// latin1 (Windows-1252) bytes as text.
 pub(crate) fn latin1(bytes: &[u8]) -> String {

@@ -250,7 +250,7 @@ impl TableMap {
                     };
                     col.members = list.map(|l| {
                         l.iter()
-                            .map(|s| Box::from(super::value::text(s, cs).as_ref()))
+                            .map(|s| Box::from(super::charset::text(s, cs).as_ref()))
                             .collect()
                     });
                 }

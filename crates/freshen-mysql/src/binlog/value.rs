@@ -6,7 +6,6 @@
 //! digits, TIMESTAMP in UTC (rebuild and enumerate sessions set `time_zone = '+00:00'`),
 //! ENUM as its member, SET as its members joined by commas.
 
-use std::borrow::Cow;
 use std::fmt::Write;
 
 use freshen::Value;
@@ -15,15 +14,6 @@ use super::DecodeError;
 use super::charset::{Charset, latin1};
 use super::cursor::{Cursor, be};
 use super::table_map::{Column, Kind};
-
-/// Bytes of `charset` as text (lossy for invalid UTF-8, which a server never sends for
-/// a UTF-8 column).
-pub(crate) fn text(bytes: &[u8], charset: Charset) -> Cow<'_, str> {
-    match charset {
-        Charset::Latin1 => Cow::Owned(latin1(bytes)),
-        _ => String::from_utf8_lossy(bytes),
-    }
-}
 
 /// Decodes the value of `col` at the cursor.
 pub(crate) fn decode(c: &mut Cursor<'_>, col: &Column) -> Result<Value, DecodeError> {

@@ -16,8 +16,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use freshen::{BoxError, Op, RowEvent, Tx};
 use tokio::sync::broadcast;
 
-use super::progress::Mark;
-use super::shared::{Shared, lock};
+use super::shared::{Mark, Shared, lock};
 use crate::binlog::{
     self, Charsets, DdlKind, MariaGtid, MySqlGtid, QueryEvent, Statement, TableMap, event_type,
 };

@@ -14,17 +14,7 @@ use std::sync::Arc;
 
 use freshen::Ack;
 
-use super::shared::{Shared, lock};
-use crate::Checkpoint;
-
-/// A resume point, numbered in the order the reader saw it, with how many transactions
-/// other than the position table's own writes lie behind it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Mark {
-    pub(crate) cp: Checkpoint,
-    pub(crate) serial: u64,
-    pub(crate) foreign: u64,
-}
+use super::shared::{Mark, Shared, lock};
 
 /// The reader's side of the rule: the commit batches it handed out, in order, and the
 /// safe position it published last (into [`Shared::safe`]).
@@ -93,7 +83,7 @@ pub(super) fn worth_storing(stored: Option<(u64, u64)>, m: &Mark) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FilePos;
+    use crate::{Checkpoint, FilePos};
 
     fn mark(serial: u64, foreign: u64) -> Arc<Mark> {
         Arc::new(Mark {

@@ -1,14 +1,22 @@
 //! What the binlog reader shares with the store task, the source, its handles and the
-//! acknowledgements: counters for health, the positions received and confirmed, and the
-//! newest acknowledged commit batch.
+//! acknowledgements: counters for health, the positions received and confirmed (each a
+//! [`Mark`]), and the newest acknowledged commit batch.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use super::progress::Mark;
 use crate::{Checkpoint, FilePos};
+
+/// A resume point, numbered in the order the reader saw it, with how many transactions
+/// other than the position table's own writes lie behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub(crate) cp: Checkpoint,
+    pub(crate) serial: u64,
+    pub(crate) foreign: u64,
+}
 
 /// State shared by the reader, the store task, the source, its handles and the acks.
 #[derive(Debug, Default)]

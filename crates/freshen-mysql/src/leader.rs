@@ -104,11 +104,13 @@ impl Leadership {
                 ));
             }
         }
-        let holder: Option<Option<u64>> = conn
+        // NULL when the lock was released since GET_LOCK: no holder to name (read as an
+        // `Option`, so that a NULL is never a panic in the row conversion).
+        let holder: Option<Option<Option<u64>>> = conn
             .exec_first("SELECT IS_USED_LOCK(?)", (&name,))
             .await
             .ok();
-        let holder = match holder.flatten() {
+        let holder = match holder.flatten().flatten() {
             Some(connection) => {
                 // The process list shows other users' sessions only with PROCESS;
                 // without it the connection id is all there is to say.

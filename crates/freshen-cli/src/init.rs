@@ -108,6 +108,7 @@ pub async fn starting_file(request: &Request, say: &dyn Fn(&str)) -> Result<Writ
         }),
         rebuild_batch: None,
         keys_per_transaction: 16,
+        rebuild_set: Vec::new(),
         reconcile: None,
         static_tables: Vec::new(),
         connections: 1,

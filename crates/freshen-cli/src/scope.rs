@@ -184,6 +184,7 @@ mod tests {
             query: None,
             rebuild_batch: None,
             keys_per_transaction: 16,
+            rebuild_set: Vec::new(),
             reconcile: None,
             timing: Timing::default(),
             line: None,

@@ -117,6 +117,7 @@ pub fn spec(view: &View, cap: Option<usize>) -> ViewSpec {
         }),
         rebuild_batch: view.rebuild_batch,
         keys_per_transaction: view.keys_per_transaction,
+        rebuild_set: view.rebuild_set.clone(),
         reconcile: view.reconcile_keys(),
         static_tables: view.static_tables.clone(),
         connections: connections(view, cap),

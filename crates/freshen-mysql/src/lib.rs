@@ -122,7 +122,7 @@ pub use leader::{Attempt, Holder, Leadership, lock_name};
 pub use mysql_async::Pool;
 pub use params::KeyType;
 pub use position::{Checkpoint, FilePos, Gtids, MariaGtidList, MySqlGtidSet, Start};
-pub use rebuild::{MySqlRebuild, MySqlRebuildBuilder, key_types_of};
+pub use rebuild::{MySqlRebuild, MySqlRebuildBuilder, SET_BATCH, key_types_of};
 pub use schema::SchemaChange;
 pub use source::{Health, Lag, MySqlHandle, MySqlSource};
 pub use target::MySqlTarget;

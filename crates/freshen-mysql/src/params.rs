@@ -165,6 +165,45 @@ pub(crate) fn bind(key: &Key, part: usize, ty: KeyType) -> Result<mysql_async::V
     })
 }
 
+/// Part `part` of every key as one JSON array, for a set statement's `$n` (read with
+/// `JSON_TABLE`): integer parts as numbers, text as strings, binary parts as hex strings
+/// (their `\x` dropped: `UNHEX`), a NULL part as `null`. Errors never carry a key's
+/// value: perhaps one `[[redact]]` hides.
+pub(crate) fn bind_set(
+    keys: &[&Key],
+    part: usize,
+    ty: KeyType,
+) -> Result<mysql_async::Value, String> {
+    use serde_json::Value as J;
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let Some(p) = key.parts().nth(part) else {
+            return Err(format!(
+                "uses ${} but a key has {} part(s)",
+                part + 1,
+                key.len()
+            ));
+        };
+        let Some(text) = p else {
+            out.push(J::Null);
+            continue;
+        };
+        let bad = || format!("part {} of a key is not a valid {ty}", part + 1);
+        out.push(match ty {
+            KeyType::Text => J::from(text),
+            KeyType::Int => J::from(text.trim().parse::<i64>().map_err(|_| bad())?),
+            KeyType::Uint => J::from(text.trim().parse::<u64>().map_err(|_| bad())?),
+            KeyType::Bytes => {
+                unhex(text).ok_or_else(bad)?;
+                J::from(&text[2..])
+            }
+        });
+    }
+    Ok(mysql_async::Value::Bytes(
+        J::Array(out).to_string().into_bytes(),
+    ))
+}
+
 /// `\x0a0b` → bytes.
 pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
     let h = s.strip_prefix("\\x")?;
@@ -231,6 +270,36 @@ mod tests {
         assert_eq!(
             bind(&Key::from("18446744073709551615"), 0, KeyType::Uint).unwrap(),
             mysql_async::Value::UInt(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn binds_a_part_of_every_key_as_one_json_array() {
+        let a = Key::from_parts([Some("42"), Some("say \"hi\"\n"), Some("\\x00ff")]);
+        let b = Key::from_parts([Some("18446744073709551615"), None, None]);
+        let json = |v: mysql_async::Value| match v {
+            mysql_async::Value::Bytes(b) => String::from_utf8(b).unwrap(),
+            other => panic!("not bytes: {other:?}"),
+        };
+        assert_eq!(json(bind_set(&[&a], 0, KeyType::Int).unwrap()), "[42]");
+        assert_eq!(
+            json(bind_set(&[&a, &b], 0, KeyType::Uint).unwrap()),
+            "[42,18446744073709551615]"
+        );
+        assert_eq!(
+            json(bind_set(&[&a, &b], 1, KeyType::Text).unwrap()),
+            r#"["say \"hi\"\n",null]"#
+        );
+        assert_eq!(
+            json(bind_set(&[&a, &b], 2, KeyType::Bytes).unwrap()),
+            r#"["00ff",null]"#
+        );
+        let e = bind_set(&[&a, &b], 0, KeyType::Int).unwrap_err();
+        assert!(e.contains("not a valid int") && !e.contains("1844"), "{e}");
+        assert!(
+            bind_set(&[&a], 3, KeyType::Text)
+                .unwrap_err()
+                .contains("$4")
         );
     }
 }

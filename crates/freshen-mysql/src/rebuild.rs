@@ -36,6 +36,15 @@ use crate::error::ErrorKind;
 use crate::params::{self, KeyType, Rewritten};
 use crate::{FilePos, MySqlError};
 
+/// One statement execution of a call: the statement's index, its parameters and the key
+/// it runs for (a set call's: its first).
+type Run<'d> = (usize, Vec<mysql_async::Value>, &'d Due);
+
+/// Keys one set call takes at most (see [`MySqlRebuildBuilder::set_statements`]): as
+/// PostgreSQL's bulk batch; a JSON array of 10 000 keys is a few hundred kilobytes,
+/// well within `max_allowed_packet`.
+pub const SET_BATCH: usize = 10_000;
+
 /// Rebuilds keys with SQL: the statements run in order in one READ COMMITTED
 /// transaction per call, `$1`, `$2`, … bound to the key's parts (see
 /// [`KeyType`] for how). One call takes up to
@@ -45,6 +54,9 @@ use crate::{FilePos, MySqlError};
 pub struct MySqlRebuild {
     pool: Pool,
     statements: Arc<[Rewritten]>,
+    /// Run instead of `statements` for a call larger than `keys_per_transaction` (a
+    /// backlog's set call); empty: none.
+    set: Arc<[Rewritten]>,
     key_types: Arc<[KeyType]>,
     keys_per_transaction: usize,
     check_visibility: bool,
@@ -55,6 +67,7 @@ impl fmt::Debug for MySqlRebuild {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlRebuild")
             .field("statements", &self.statements)
+            .field("set", &self.set)
             .field("key_types", &self.key_types)
             .field("keys_per_transaction", &self.keys_per_transaction)
             .field("check_visibility", &self.check_visibility)
@@ -68,6 +81,7 @@ impl fmt::Debug for MySqlRebuild {
 pub struct MySqlRebuildBuilder {
     pool: Pool,
     statements: Vec<String>,
+    set: Vec<String>,
     key_types: Vec<KeyType>,
     keys_per_transaction: usize,
     check_visibility: bool,
@@ -88,6 +102,24 @@ impl MySqlRebuildBuilder {
         S: Into<String>,
     {
         self.statements.extend(sqls.into_iter().map(Into::into));
+        self
+    }
+
+    /// Statements that rebuild a set of keys at once, run instead of the others for a
+    /// call larger than [`keys_per_transaction`](Self::keys_per_transaction) (a
+    /// backlog, a large fan-out, a sweep), up to [`SET_BATCH`] keys a call. MySQL has no
+    /// array parameters, so each `$n` binds part n of every key as one JSON array, read
+    /// with `JSON_TABLE` (MySQL 8, MariaDB 10.6):
+    /// `JOIN JSON_TABLE($1, '$[*]' COLUMNS (id BIGINT PATH '$')) AS k ON t.id = k.id`.
+    /// Integer parts are JSON numbers, text parts strings, binary parts hex strings
+    /// (`UNHEX(k.id)`), a NULL part `null`. A call that fails is split as any other, so
+    /// a small one runs the per-key statements.
+    pub fn set_statements<I, S>(mut self, sqls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.set.extend(sqls.into_iter().map(Into::into));
         self
     }
 
@@ -126,24 +158,28 @@ impl MySqlRebuildBuilder {
         if self.keys_per_transaction == 0 {
             problems.push("keys per transaction must be at least 1".to_string());
         }
-        let mut rewritten = Vec::new();
-        for (i, sql) in self.statements.iter().enumerate() {
-            match params::rewrite(sql) {
-                Ok(r) => rewritten.push(r),
-                Err(e) => problems.push(format!("statement {}: {e}", i + 1)),
+        let rewrite = |sqls: &[String], what: &str, problems: &mut Vec<String>| {
+            let mut out = Vec::new();
+            for (i, sql) in sqls.iter().enumerate() {
+                match params::rewrite(sql) {
+                    Ok(r) => out.push((format!("{what}{}", i + 1), r)),
+                    Err(e) => problems.push(format!("{what}{}: {e}", i + 1)),
+                }
             }
-        }
+            out
+        };
+        let rewritten = rewrite(&self.statements, "statement ", &mut problems);
+        let set = rewrite(&self.set, "set statement ", &mut problems);
         if problems.is_empty() {
             let mut c = self
                 .pool
                 .get_conn()
                 .await
                 .map_err(|e| MySqlError::driver("cannot connect to check the rebuild", e))?;
-            for (i, r) in rewritten.iter().enumerate() {
+            for (what, r) in rewritten.iter().chain(&set) {
                 if let Err(e) = c.prep(r.sql.as_str()).await {
                     problems.push(format!(
-                        "statement {} does not prepare: {}",
-                        i + 1,
+                        "{what} does not prepare: {}",
                         MySqlError::driver("", e).source_text()
                     ));
                 }
@@ -155,7 +191,8 @@ impl MySqlRebuildBuilder {
         let guard = self.check_visibility && is_mariadb(&self.pool).await?;
         Ok(MySqlRebuild {
             pool: self.pool,
-            statements: rewritten.into(),
+            statements: rewritten.into_iter().map(|(_, r)| r).collect(),
+            set: set.into_iter().map(|(_, r)| r).collect(),
             key_types: self.key_types.into(),
             keys_per_transaction: self.keys_per_transaction,
             check_visibility: guard,
@@ -184,6 +221,7 @@ impl MySqlRebuild {
         MySqlRebuildBuilder {
             pool,
             statements: Vec::new(),
+            set: Vec::new(),
             key_types: Vec::new(),
             keys_per_transaction: 16,
             check_visibility: true,
@@ -230,22 +268,58 @@ impl MySqlRebuild {
             .collect()
     }
 
+    /// A set call's plan: each set statement once, its `$n` bound to part n of every
+    /// key as a JSON array.
+    fn set_plan<'d>(
+        &self,
+        due: &'d [Due],
+    ) -> Result<Vec<Run<'d>>, MySqlError> {
+        let keys: Vec<&freshen::Key> = due.iter().map(|d| &d.key).collect();
+        let mut plan = Vec::with_capacity(self.set.len());
+        for (i, r) in self.set.iter().enumerate() {
+            let params = r
+                .parts
+                .iter()
+                .map(|&p| {
+                    let ty = self.key_types.get(p).copied().unwrap_or_default();
+                    params::bind_set(&keys, p, ty).map_err(|why| {
+                        MySqlError::new(ErrorKind::Key, format!("set statement {}: {why}", i + 1))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            plan.push((i, params, &due[0]));
+        }
+        Ok(plan)
+    }
+
+    /// Whether `due` is a set call: larger than a batch, with set statements to run.
+    fn is_set(&self, due: &[Due]) -> bool {
+        !self.set.is_empty() && due.len() > self.keys_per_transaction
+    }
+
     async fn attempt(&self, due: &[Due]) -> Result<(), MySqlError> {
         // Bind everything first: a key that cannot bind fails before any work.
-        let mut plan = Vec::with_capacity(due.len() * self.statements.len());
-        for d in due {
-            for (i, r) in self.statements.iter().enumerate() {
-                plan.push((i, self.params(d, r, i)?, d));
+        let set = self.is_set(due);
+        let statements = if set { &self.set } else { &self.statements };
+        let plan = if set {
+            self.set_plan(due)?
+        } else {
+            let mut plan = Vec::with_capacity(due.len() * self.statements.len());
+            for d in due {
+                for (i, r) in self.statements.iter().enumerate() {
+                    plan.push((i, self.params(d, r, i)?, d));
+                }
             }
-        }
+            plan
+        };
         let needed = due.iter().flat_map(|d| d.txids.iter().copied()).max();
         let mut c = self
             .pool
             .get_conn()
             .await
             .map_err(|e| MySqlError::driver("cannot connect for the rebuild", e))?;
-        let mut stmts: Vec<Statement> = Vec::with_capacity(self.statements.len());
-        for (i, r) in self.statements.iter().enumerate() {
+        let mut stmts: Vec<Statement> = Vec::with_capacity(statements.len());
+        for (i, r) in statements.iter().enumerate() {
             stmts.push(c.prep(r.sql.as_str()).await.map_err(|e| {
                 MySqlError::driver(format!("rebuild statement {} does not prepare", i + 1), e)
             })?);
@@ -372,6 +446,16 @@ impl Rebuild for MySqlRebuild {
 
     fn max_batch(&self) -> usize {
         self.keys_per_transaction
+    }
+
+    /// With set statements a backlog's calls grow to [`SET_BATCH`] keys: one statement
+    /// serves any number of them.
+    fn bulk_batch(&self) -> usize {
+        if self.set.is_empty() {
+            self.keys_per_transaction
+        } else {
+            SET_BATCH.max(self.keys_per_transaction)
+        }
     }
 
     fn classify(&self, error: &BoxError) -> Retry {

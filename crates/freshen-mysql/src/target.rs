@@ -122,6 +122,7 @@ impl ViewTarget for MySqlView {
                 .statements(view.rebuild.iter().cloned())
                 .key_types(types)
                 .keys_per_transaction(view.keys_per_transaction)
+                .set_statements(view.rebuild_set.iter().cloned())
                 .check_visibility(self.same)
                 .build()
                 .await
@@ -163,6 +164,7 @@ impl ViewTarget for MySqlView {
         Box::pin(async move {
             let view = &self.view;
             let mut all = view.rebuild.clone();
+            all.extend(view.rebuild_set.iter().cloned());
             all.extend(view.reconcile.clone());
             all.extend(view.fanouts().filter_map(|w| w.keys.clone()));
             let subject = format!("view {}", view.name);

@@ -174,6 +174,9 @@ pub struct View {
     /// Without `rebuild_batch`: keys rebuilt in one transaction, each with its own
     /// parameters, pipelined (default 16).
     pub keys_per_transaction: usize,
+    /// `rebuild_set`: statements over arrays of keys for a call larger than a batch (a
+    /// backlog); empty: `rebuild` serves every call.
+    pub rebuild_set: Vec<String>,
     /// Optional reconcile sweep.
     pub reconcile: Option<Reconcile>,
     /// Timing for this view.
@@ -428,6 +431,7 @@ pub(crate) const VIEW: &[&str] = &[
     "key",
     "rebuild_batch",
     "keys_per_transaction",
+    "rebuild_set",
     "reconcile",
     "static",
     "coalesce",
@@ -1063,6 +1067,22 @@ fn read_views(
             None => rebuild_batch,
         };
         let keys_per_transaction = keys_per_transaction.map_or(16, |k| k.value as usize);
+        let rebuild_set = r.strings(t, "rebuild_set").map_or_else(Vec::new, |s| {
+            if t.t.get("query").is_some() || t.t.get("into").is_some() {
+                r.p.at_line(
+                    s.line,
+                    format!(
+                        "view `{vname}`: `rebuild_set` is for hand-written `rebuild` statements; a `query`'s set statement is written by freshen"
+                    ),
+                );
+            } else if s.value.is_empty() || s.value.iter().any(|q| q.trim().is_empty()) {
+                r.p.at_line(
+                    s.line,
+                    format!("view `{vname}`: `rebuild_set` statements must not be empty"),
+                );
+            }
+            s.value
+        });
         let reconcile = r.table(t, "reconcile", "reconcile").and_then(|rt| {
             r.known_keys(rt, RECONCILE);
             let every = r.duration(rt, "every");
@@ -1136,6 +1156,7 @@ fn read_views(
                 query,
                 rebuild_batch,
                 keys_per_transaction,
+                rebuild_set,
                 reconcile,
                 timing,
                 line,

@@ -1191,3 +1191,37 @@ payload_encoding = "xml"
     );
     at("19", "unknown variant `xml`");
 }
+
+#[test]
+fn set_statements_go_with_hand_written_statements_only() {
+    let set = GOOD.replace(
+        "reconcile = { every = \"1h\"",
+        "rebuild_set = [\"DELETE FROM device_totals WHERE device = ANY($1)\"]\nreconcile = { every = \"1h\"",
+    );
+    let c = parse(&set, "f.toml", &env).unwrap();
+    assert_eq!(
+        c.views[0].rebuild_set,
+        ["DELETE FROM device_totals WHERE device = ANY($1)"]
+    );
+    assert!(c.views[1].rebuild_set.is_empty(), "unset: none");
+    let spec = crate::targets::spec(&c.views[0], None);
+    assert_eq!(
+        spec.rebuild_set, c.views[0].rebuild_set,
+        "handed to the target"
+    );
+
+    // With a query freshen writes the set statement itself; an empty one is nothing.
+    let with_query = QUERY_VIEW.replace("into = ", "rebuild_set = \"SELECT 1\"\ninto = ");
+    let empty = GOOD.replace("rebuild_batch = 50", "rebuild_set = [\" \"]");
+    let p = [problems(&with_query), problems(&empty)].concat();
+    for w in [
+        "f.toml:9: view `device_totals`: `rebuild_set` is for hand-written `rebuild` statements",
+        "f.toml:35: view `site_totals`: `rebuild_set` statements must not be empty",
+    ] {
+        assert!(
+            p.iter().any(|l| l.starts_with(w)),
+            "missing {w:?} in\n{}",
+            p.join("\n")
+        );
+    }
+}

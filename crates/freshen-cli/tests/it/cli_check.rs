@@ -16,10 +16,16 @@ async fn check_finds_weak_replica_identity_and_wrong_parameter_counts() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let bad = config(&pg.url(), "off").replace(
-        "\"DELETE FROM device_totals WHERE device = $1\"",
-        "\"DELETE FROM device_totals WHERE device = $1 AND n > $2\"",
-    );
+    let bad = config(&pg.url(), "off")
+        .replace(
+            "\"DELETE FROM device_totals WHERE device = $1\"",
+            "\"DELETE FROM device_totals WHERE device = $1 AND n > $2\"",
+        )
+        .replace(
+            "GROUP BY device\",\n]",
+            "GROUP BY device\",\n]\nrebuild_set = [\"DELETE FROM device_totals WHERE device = ANY($1)\", \"DELETE FROM device_totals WHERE device = $1\"]",
+        );
+    assert!(bad.contains("rebuild_set"), "{bad}");
     let cfg = write_config(dir.path(), &bad);
     let out = freshen()
         .args(["check", "--json", "-c"])
@@ -50,6 +56,33 @@ async fn check_finds_weak_replica_identity_and_wrong_parameter_counts() {
     );
     assert!(
         has(&f, "ok", "statement", "lists keys of 1 part(s)"),
+        "{f:#?}"
+    );
+    // Set statements are checked as arrays, each named.
+    let set: Vec<(&str, &str)> = f
+        .iter()
+        .filter(|x| {
+            x["subject"]
+                .as_str()
+                .is_some_and(|s| s.contains("rebuild_set["))
+        })
+        .map(|x| (x["subject"].as_str().unwrap(), x["level"].as_str().unwrap()))
+        .collect();
+    assert!(
+        set.contains(&("view device_totals rebuild_set[0]", "ok")),
+        "{f:#?}"
+    );
+    assert!(
+        set.contains(&("view device_totals rebuild_set[1]", "error")),
+        "{f:#?}"
+    );
+    assert!(
+        has(
+            &f,
+            "error",
+            "statement",
+            "in a set statement each parameter is an array"
+        ),
         "{f:#?}"
     );
 

@@ -614,3 +614,76 @@ async fn a_plain_querys_sweep_is_one_whole_diff_at_start_and_after_a_truncate() 
     let log = log_of(dir.path(), 1);
     assert_eq!(log.matches("for a sweep").count(), 2, "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_written_set_statements_serve_a_backlog_and_per_key_ones_a_trickle() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    c.batch_execute("ALTER TABLE totals ADD COLUMN by text NOT NULL DEFAULT ''")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    // Each way marks the rows it writes; the set statements write only what differs.
+    let view = r#"
+[[views]]
+name = "totals"
+watch = [ { table = "items", key = ["cid"] } ]
+rebuild = [
+  "DELETE FROM totals WHERE cid = $1",
+  "INSERT INTO totals SELECT cid, count(*), sum(v), 'key' FROM items WHERE cid = $1 GROUP BY cid",
+]
+rebuild_set = [
+  "DELETE FROM totals t WHERE t.cid = ANY($1) AND NOT EXISTS (SELECT 1 FROM items i WHERE i.cid = t.cid)",
+  """INSERT INTO totals SELECT cid, count(*), sum(v), 'set' FROM items WHERE cid = ANY($1) GROUP BY cid
+     ON CONFLICT (cid) DO UPDATE SET n = excluded.n, total = excluded.total, by = excluded.by
+     WHERE (totals.n, totals.total) IS DISTINCT FROM (excluded.n, excluded.total)""",
+]
+"#;
+    let text = config(&pg.url(), &format!("127.0.0.1:{port}"), "sets_sql", view);
+    let _run = start(dir.path(), &text, 1, &base).await;
+    let rows = "(SELECT cid, n, total FROM totals) AS t";
+    // A backlog of 20 000 keys in one transaction (past a set call's 10 000): set calls.
+    seed(&c, 60_000, 20_000).await;
+    wait_table_equal(&c, rows, TOTALS, 60).await;
+    let backlog = settled(&base, "totals").await;
+    assert!(n(&backlog, &["paths", "set_calls"]) > 0, "{backlog}");
+    let by_set: i64 = c
+        .query_one("SELECT count(*) FROM totals WHERE by = 'set'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        by_set > 2_000,
+        "most keys written by the set statements: {by_set}"
+    );
+    // Three keys: the per-key statements, the set statements untouched.
+    c.batch_execute("UPDATE items SET v = v + 1 WHERE cid IN (1, 2, 3)")
+        .await
+        .unwrap();
+    wait_table_equal(&c, rows, TOTALS, 60).await;
+    let trickle = settled(&base, "totals").await;
+    assert_eq!(
+        n(&trickle, &["paths", "set_calls"]),
+        n(&backlog, &["paths", "set_calls"]),
+        "{trickle}"
+    );
+    let by_key: Vec<i32> = c
+        .query(
+            "SELECT cid FROM totals WHERE by = 'key' AND cid IN (1, 2, 3) ORDER BY cid",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(by_key, [1, 2, 3]);
+    let (_, metrics) = freshen_cli::status::get(&base, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("freshen_rebuild_path_calls_total{view=\"totals\",path=\"set\"}"),
+        "{metrics}"
+    );
+}

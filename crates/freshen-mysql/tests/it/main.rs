@@ -10,6 +10,7 @@ mod decode_regressions;
 mod incremental;
 mod rebuild_visibility;
 mod refresher_end_to_end;
+mod set_statements;
 mod source_decoding;
 mod source_positions;
 mod source_reconnect;

@@ -17,6 +17,9 @@ pub struct StatementShape<'a> {
     pub key_columns: &'a [String],
     /// Whether keys are passed as arrays of parts (`rebuild_batch`).
     pub batch: bool,
+    /// How the findings name the statements: `rebuild` (`rebuild[0]`, …) or
+    /// `rebuild_set`, which are always written over arrays.
+    pub list: &'a str,
 }
 
 /// Prepares every rebuild statement and the reconcile query of a view on the target,
@@ -41,7 +44,7 @@ pub async fn statements(
     };
     let mut out = Vec::new();
     for (i, sql) in rebuild.iter().enumerate() {
-        let subject = format!("view {view} rebuild[{i}]");
+        let subject = format!("view {view} {}[{i}]", shape.list);
         out.push(match client.prepare(sql).await {
             Err(e) => Finding::error("statement", subject, format!("does not prepare: {}", db_message(&e))),
             Ok(stmt) => {
@@ -67,7 +70,8 @@ pub async fn statements(
                         "statement",
                         subject,
                         format!(
-                            "with rebuild_batch each parameter is an array of key parts (e.g. `= ANY($1)`), but {}",
+                            "{} each parameter is an array of key parts (e.g. `= ANY($1)`), but {}",
+                            if shape.list == "rebuild" { "with rebuild_batch" } else { "in a set statement" },
                             non_array.join(", ")
                         ),
                     )

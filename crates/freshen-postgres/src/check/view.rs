@@ -15,16 +15,27 @@ struct Checked<'a> {
     pub name: &'a str,
     /// Its watched tables.
     pub watch: Vec<CheckedWatch<'a>>,
-    /// The rebuild statements.
-    pub rebuild: Vec<std::borrow::Cow<'a, str>>,
+    /// The rebuild statements (then the set statements), each with its name in the
+    /// findings and whether it takes arrays of key parts.
+    pub rebuild: Vec<Statement<'a>>,
     /// Whether the view is a plain query (built whole while empty).
     pub plain: bool,
-    /// Whether the rebuild statements take arrays of keys (`rebuild_batch`).
-    pub batch: bool,
     /// Tables the view reads without watching them, on purpose.
     pub static_tables: Vec<TableName>,
     /// Whether it has a reconcile sweep.
     pub reconcile: bool,
+}
+
+/// A statement of a [`Checked`] view that takes its key.
+#[derive(Debug, Clone)]
+struct Statement<'a> {
+    /// How findings name it: `rebuild[0]`, `rebuild_set[1]`.
+    pub what: String,
+    /// Its text.
+    pub sql: std::borrow::Cow<'a, str>,
+    /// Whether its parameters are arrays of key parts (`rebuild_batch`, a query, a set
+    /// statement).
+    pub arrays: bool,
 }
 
 /// A watched table of a [`Checked`] view.
@@ -56,10 +67,26 @@ impl<'a> Checked<'a> {
                 .as_ref()
                 .is_some_and(|q| freshen::plug::is_plain_query(&q.query)),
             rebuild: match &view.query {
-                Some(q) => vec![crate::target::keyed::batch_query(&q.query, view.key()).into()],
-                None => view.rebuild.iter().map(|s| s.as_str().into()).collect(),
+                Some(q) => vec![Statement {
+                    what: "rebuild[0]".into(),
+                    sql: crate::target::keyed::batch_query(&q.query, view.key()).into(),
+                    arrays: true,
+                }],
+                None => {
+                    let batch = view.rebuild_batch.is_some();
+                    let own = view.rebuild.iter().enumerate().map(|(i, s)| Statement {
+                        what: format!("rebuild[{i}]"),
+                        sql: s.as_str().into(),
+                        arrays: batch,
+                    });
+                    let set = view.rebuild_set.iter().enumerate().map(|(i, s)| Statement {
+                        what: format!("rebuild_set[{i}]"),
+                        sql: s.as_str().into(),
+                        arrays: true,
+                    });
+                    own.chain(set).collect()
+                }
             },
-            batch: view.rebuild_batch.is_some(),
             static_tables: view
                 .static_tables
                 .iter()
@@ -101,13 +128,13 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
         ));
     }
     // Parameter types of each rebuild statement ($n of a batch statement: its element).
-    let mut rebuild_params: Vec<Vec<TypeInfo>> = Vec::new();
-    for sql in &view.rebuild {
+    let mut rebuild_params: Vec<(&str, Vec<TypeInfo>)> = Vec::new();
+    for st in &view.rebuild {
         let mut types = Vec::new();
-        if let Ok(stmt) = client.prepare(sql.as_ref()).await {
+        if let Ok(stmt) = client.prepare(st.sql.as_ref()).await {
             for ty in stmt.params() {
                 let ty = match ty.kind() {
-                    tokio_postgres::types::Kind::Array(e) if view.batch => e.clone(),
+                    tokio_postgres::types::Kind::Array(e) if st.arrays => e.clone(),
                     _ => ty.clone(),
                 };
                 if let Ok(t) = type_info(client, &ty).await {
@@ -115,7 +142,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
                 }
             }
         }
-        rebuild_params.push(types);
+        rebuild_params.push((&st.what, types));
     }
     let mut keyed = Vec::new();
     for w in &view.watch {
@@ -160,15 +187,8 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
                     table: w.table.clone(),
                     key: w.key.to_vec(),
                 });
-                for (i, params) in rebuild_params.iter().enumerate() {
-                    type_findings(
-                        &mut out,
-                        &subject,
-                        &format!("rebuild[{i}]"),
-                        w.key,
-                        &key_types,
-                        params,
-                    );
+                for (what, params) in &rebuild_params {
+                    type_findings(&mut out, &subject, what, w.key, &key_types, params);
                 }
             }
             Some(sql) => {
@@ -180,7 +200,6 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
                     &key_types,
                     sql,
                     &rebuild_params,
-                    view.batch,
                 )
                 .await;
             }
@@ -191,8 +210,7 @@ pub async fn check_view(client: &Client, view: &ViewSpec) -> Vec<Finding> {
     let mut statements: Vec<(String, &str)> = view
         .rebuild
         .iter()
-        .enumerate()
-        .map(|(i, s)| (format!("rebuild[{i}]"), s.as_ref()))
+        .map(|s| (s.what.clone(), s.sql.as_ref()))
         .collect();
     for w in &view.watch {
         if let Some(k) = w.keys {
@@ -303,8 +321,7 @@ async fn fanout_findings(
     w: &CheckedWatch<'_>,
     key_types: &[TypeInfo],
     sql: &str,
-    rebuild_params: &[Vec<TypeInfo>],
-    batch: bool,
+    rebuild_params: &[(&str, Vec<TypeInfo>)],
 ) {
     let stmt = match client.prepare(sql).await {
         Ok(s) => s,
@@ -349,7 +366,11 @@ async fn fanout_findings(
         &params,
     );
     // What it returns is bound to the rebuild statements as the view's key.
-    let arity = rebuild_params.iter().map(Vec::len).max().unwrap_or(0);
+    let arity = rebuild_params
+        .iter()
+        .map(|(_, p)| p.len())
+        .max()
+        .unwrap_or(0);
     if stmt.columns().len() != arity && arity > 0 {
         out.push(finding(
             Level::Error,
@@ -370,16 +391,8 @@ async fn fanout_findings(
         }
     }
     if returned.len() == names.len() {
-        for (i, params) in rebuild_params.iter().enumerate() {
-            let _ = batch;
-            type_findings(
-                out,
-                subject,
-                &format!("rebuild[{i}]"),
-                &names,
-                &returned,
-                params,
-            );
+        for (what, params) in rebuild_params {
+            type_findings(out, subject, what, &names, &returned, params);
         }
     }
     out.push(finding(

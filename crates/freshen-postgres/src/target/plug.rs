@@ -255,7 +255,8 @@ impl ViewTarget for PgView {
             let mut b = SqlRebuild::builder(self.pool.clone())
                 .statements(view.rebuild.iter().cloned())
                 .visibility(self.visibility.clone())
-                .keys_per_transaction(view.keys_per_transaction);
+                .keys_per_transaction(view.keys_per_transaction)
+                .set_statements(view.rebuild_set.iter().cloned());
             if let Some(n) = view.rebuild_batch {
                 b = b.batch(n);
             }
@@ -318,6 +319,12 @@ impl PgView {
             arity: view.arity(),
             key_columns: view.key(),
             batch: view.rebuild_batch.is_some(),
+            list: "rebuild",
+        };
+        let set = crate::check::StatementShape {
+            batch: true,
+            list: "rebuild_set",
+            ..shape
         };
         let reconcile = view.reconcile.as_deref();
         // A query with a separate source reads there; the sweep lists the target.
@@ -329,6 +336,9 @@ impl PgView {
             }
             None => crate::check::statements(pool, shape, &statements, reconcile).await,
         };
+        if !view.rebuild_set.is_empty() {
+            found.extend(crate::check::statements(pool, set, &view.rebuild_set, None).await);
+        }
         let client = match pool.get().await {
             Ok(c) => c,
             Err(e) => {

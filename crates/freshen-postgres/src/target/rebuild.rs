@@ -69,6 +69,9 @@ pub struct SqlRebuild {
     keys_per_transaction: usize,
     visibility: Visibility,
     visibility_wait: Duration,
+    /// What runs instead for a call larger than a batch (a backlog's set call), if the
+    /// view gave set statements: a rebuild over arrays of keys.
+    set: Option<Arc<SqlRebuild>>,
 }
 
 /// How a rebuild proves it sees the transactions that dirtied its keys (see the module
@@ -105,6 +108,7 @@ impl fmt::Debug for SqlRebuild {
             .field("keys_per_transaction", &self.keys_per_transaction)
             .field("visibility", &self.visibility)
             .field("visibility_wait", &self.visibility_wait)
+            .field("set", &self.set.as_ref().map(|s| &s.statements))
             .finish_non_exhaustive()
     }
 }
@@ -120,6 +124,7 @@ pub struct SqlRebuildBuilder {
     keys_per_transaction: usize,
     visibility: Visibility,
     visibility_wait: Duration,
+    set: Vec<String>,
 }
 
 impl SqlRebuildBuilder {
@@ -143,6 +148,24 @@ impl SqlRebuildBuilder {
     /// (`1`, the default, is per key with scalar parameters).
     pub fn batch(mut self, max_keys: usize) -> Self {
         self.batch = max_keys;
+        self
+    }
+
+    /// Statements that rebuild a set of keys at once, run instead of the others for a
+    /// call larger than a batch (a backlog, a large fan-out, a sweep): written over
+    /// arrays, one per key part, as in batch mode (`WHERE device = ANY($1)`), up to
+    /// [`bulk_batch`](Self::bulk_batch) keys a call. Most keys of a large set have not
+    /// changed, so they are best written to change only the rows that differ (an
+    /// `INSERT … ON CONFLICT DO UPDATE … WHERE … IS DISTINCT FROM …` and a `DELETE` of
+    /// the rows no longer produced) rather than to delete and insert every row. A call
+    /// that fails is split as any other, so a small one runs the per-key statements.
+    /// None (the default): every call runs the statements above.
+    pub fn set_statements<I, S>(mut self, sqls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.set.extend(sqls.into_iter().map(Into::into));
         self
     }
 
@@ -195,7 +218,38 @@ impl SqlRebuildBuilder {
 
     /// Validates the statements against the database (prepares each and checks its
     /// parameters suit the mode) and builds the rebuild.
-    pub async fn build(self) -> Result<SqlRebuild, PgError> {
+    pub async fn build(mut self) -> Result<SqlRebuild, PgError> {
+        let set_statements = std::mem::take(&mut self.set);
+        let set = if set_statements.is_empty() {
+            None
+        } else {
+            let bulk = self.bulk.max(self.batch);
+            let set = SqlRebuild::builder(self.pool.clone())
+                .statements(set_statements)
+                .arrays()
+                .batch(bulk)
+                .bulk_batch(bulk)
+                .visibility(self.visibility.clone())
+                .visibility_wait(self.visibility_wait)
+                .build_own()
+                .await
+                .map_err(|e| PgError::new(e.kind(), format!("the set statements: {e}")));
+            Some(set)
+        };
+        let own = self.build_own().await;
+        match (own, set) {
+            (Ok(own), None) => Ok(own),
+            (Ok(own), Some(Ok(set))) => Ok(SqlRebuild {
+                set: Some(Arc::new(set)),
+                ..own
+            }),
+            (Err(e), None | Some(Ok(_))) | (Ok(_), Some(Err(e))) => Err(e),
+            // Every problem at once: both lists.
+            (Err(own), Some(Err(set))) => Err(PgError::new(own.kind(), format!("{own}; {set}"))),
+        }
+    }
+
+    async fn build_own(self) -> Result<SqlRebuild, PgError> {
         let mut problems = Vec::new();
         if self.statements.is_empty() {
             problems.push("a rebuild needs at least one statement".to_string());
@@ -246,6 +300,7 @@ impl SqlRebuildBuilder {
             keys_per_transaction: self.keys_per_transaction,
             visibility: self.visibility,
             visibility_wait: self.visibility_wait,
+            set: None,
         })
     }
 }
@@ -262,14 +317,20 @@ impl SqlRebuild {
             keys_per_transaction: 16,
             visibility: Visibility::InSnapshot,
             visibility_wait: Duration::from_secs(2),
+            set: Vec::new(),
         }
     }
 
     /// Rebuilds `due` (as [`Rebuild::rebuild`] does), with the typed error.
     pub async fn run(&self, due: &[Due]) -> Result<(), PgError> {
+        // A set call (past a batch) runs the set statements, when there are any.
+        let this = match &self.set {
+            Some(set) if due.len() > self.max_batch() => &**set,
+            _ => self,
+        };
         let mut attempts = 0;
         loop {
-            match self.attempt(due).await {
+            match this.attempt(due).await {
                 // A serialization failure or deadlock between concurrent rebuilds: the
                 // transaction did nothing, run it again at once (a few times).
                 Err(e) if matches!(e.sqlstate(), Some("40001" | "40P01")) && attempts < 3 => {
@@ -624,10 +685,11 @@ impl Rebuild for SqlRebuild {
     }
 
     /// Batch mode grows to `bulk` keys a call under a backlog: its statements are
-    /// written over arrays, so one statement serves any number of keys. Per-key mode
-    /// runs the statements once per key and gains nothing from growing.
+    /// written over arrays, so one statement serves any number of keys; so does per-key
+    /// mode with set statements. Per-key mode alone runs the statements once per key and
+    /// gains nothing from growing.
     fn bulk_batch(&self) -> usize {
-        if self.arrays {
+        if self.arrays || self.set.is_some() {
             self.bulk
         } else {
             self.keys_per_transaction

@@ -187,6 +187,78 @@ async fn batch_statements_run_over_arrays() {
 }
 
 #[tokio::test]
+async fn a_call_past_a_batch_runs_the_set_statements() {
+    let pg = server();
+    let c = sql(&pg).await;
+    c.batch_execute(
+        "CREATE TABLE readings (dev int, v int);
+         INSERT INTO readings SELECT d, d * 10 FROM generate_series(1, 40) AS d;
+         CREATE TABLE rollup (dev int PRIMARY KEY, total int, by text);
+         INSERT INTO rollup VALUES (99, 1, 'old');",
+    )
+    .await
+    .unwrap();
+    // Per key: delete and insert, marked `key`. The set statements write only the rows
+    // that differ and mark them `set`.
+    let rebuild = SqlRebuild::builder(pool(&pg))
+        .keys_per_transaction(4)
+        .statement("DELETE FROM rollup WHERE dev = $1")
+        .statement("INSERT INTO rollup SELECT dev, sum(v), 'key' FROM readings WHERE dev = $1 GROUP BY dev")
+        .set_statements([
+            "DELETE FROM rollup r WHERE r.dev = ANY($1) AND NOT EXISTS (SELECT 1 FROM readings s WHERE s.dev = r.dev)",
+            "INSERT INTO rollup SELECT dev, sum(v), 'set' FROM readings WHERE dev = ANY($1) GROUP BY dev
+             ON CONFLICT (dev) DO UPDATE SET total = excluded.total, by = excluded.by
+             WHERE rollup.total IS DISTINCT FROM excluded.total",
+        ])
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(freshen::Rebuild::max_batch(&rebuild), 4);
+    assert!(
+        freshen::Rebuild::bulk_batch(&rebuild) > 4,
+        "set statements let a backlog's calls grow"
+    );
+    let keys = |range: std::ops::RangeInclusive<i32>| -> Vec<Due> {
+        range
+            .map(|d| due(Key::from(d.to_string().as_str())))
+            .collect()
+    };
+    // A call within a batch runs the per-key statements.
+    rebuild.run(&keys(1..=4)).await.unwrap();
+    // A larger one runs the set statements: its keys 1..=4 are unchanged (written by the
+    // per-key call) and stay so, 99 vanished.
+    let mut large = keys(1..=40);
+    large.push(due(Key::from("99")));
+    rebuild.run(&large).await.unwrap();
+    let rows: Vec<(i32, i32, String)> = c
+        .query("SELECT dev, total, by FROM rollup ORDER BY dev", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let want: Vec<(i32, i32, String)> = (1..=40)
+        .map(|d| (d, d * 10, if d <= 4 { "key" } else { "set" }.to_string()))
+        .collect();
+    assert_eq!(rows, want);
+
+    // Set statements that take a scalar are refused, with the own statements' problems
+    // in the same error.
+    let e = SqlRebuild::builder(pool(&pg))
+        .batch(10)
+        .statement("DELETE FROM rollup WHERE dev = $1")
+        .set_statements(["DELETE FROM rollup WHERE dev = $1"])
+        .build()
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("set statements") && text.matches("ANY($1)").count() == 2,
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn a_rebuild_waits_until_the_dirtying_commit_is_visible() {
     // A synchronous standby that never connects: a committing backend writes and flushes
     // its commit record (so logical decoding ships it) and then waits for the standby

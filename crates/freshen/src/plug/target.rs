@@ -48,6 +48,10 @@ pub struct ViewSpec {
     /// Without `rebuild_batch`: keys rebuilt in one transaction, each with its own
     /// parameters.
     pub keys_per_transaction: usize,
+    /// Statements that rebuild a set of keys at once (one array per key part), run
+    /// instead of `rebuild` for a call larger than a batch; empty: `rebuild` for every
+    /// call.
+    pub rebuild_set: Vec<String>,
     /// The reconcile sweep's listing of live keys, if the view sweeps.
     pub reconcile: Option<String>,
     /// Tables the view reads but does not watch, on purpose: `(schema, table)`.
@@ -414,6 +418,7 @@ mod tests {
             query: None,
             rebuild_batch: None,
             keys_per_transaction: 16,
+            rebuild_set: Vec::new(),
             reconcile: None,
             static_tables: Vec::new(),
             connections: 1,

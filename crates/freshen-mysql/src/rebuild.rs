@@ -270,10 +270,7 @@ impl MySqlRebuild {
 
     /// A set call's plan: each set statement once, its `$n` bound to part n of every
     /// key as a JSON array.
-    fn set_plan<'d>(
-        &self,
-        due: &'d [Due],
-    ) -> Result<Vec<Run<'d>>, MySqlError> {
+    fn set_plan<'d>(&self, due: &'d [Due]) -> Result<Vec<Run<'d>>, MySqlError> {
         let keys: Vec<&freshen::Key> = due.iter().map(|d| &d.key).collect();
         let mut plan = Vec::with_capacity(self.set.len());
         for (i, r) in self.set.iter().enumerate() {

@@ -1,6 +1,8 @@
 //! The configuration file: parse, validate everything (every problem at once, with its
 //! line), then resolve into the settings the program runs with.
 
+#[cfg(test)]
+mod examples;
 mod key_stream;
 mod problems;
 pub(crate) mod read;

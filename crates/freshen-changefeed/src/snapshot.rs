@@ -72,6 +72,8 @@ pub(crate) struct Snapshots {
     pause: Duration,
     in_flight: Mutex<Option<InFlight>>,
     progress: Mutex<BTreeMap<String, SnapshotProgress>>,
+    /// Records changed at open (a finished snapshot's position dropped), to store again.
+    scrubbed: Mutex<Vec<String>>,
     /// The tables the driver may read (the source's), once it runs.
     tables: Mutex<Option<Vec<TableName>>>,
     wake: Notify,
@@ -87,6 +89,7 @@ impl Snapshots {
         pause: Duration,
         stored: Vec<(String, Vec<u8>)>,
     ) -> Snapshots {
+        let mut scrubbed = Vec::new();
         let progress = stored
             .into_iter()
             .filter_map(|(k, v)| {
@@ -94,7 +97,13 @@ impl Snapshots {
                 if let Err(e) = &p {
                     tracing::warn!(error = %e, "changefeed: unreadable snapshot progress ignored");
                 }
-                Some((k, p.ok()?))
+                let mut p = p.ok()?;
+                // A finished snapshot keeps no position (an earlier version kept the last
+                // key read): never served; stored again once the snapshots run.
+                if p.scrub_finished() {
+                    scrubbed.push(k.clone());
+                }
+                Some((k, p))
             })
             .collect();
         Snapshots {
@@ -103,6 +112,7 @@ impl Snapshots {
             pause,
             in_flight: Mutex::new(None),
             progress: Mutex::new(progress),
+            scrubbed: Mutex::new(scrubbed),
             tables: Mutex::new(None),
             wake: Notify::new(),
             ids: ChunkIds::new(""),
@@ -252,6 +262,19 @@ impl Changefeed {
             .collect())
     }
 
+    /// Stores `records` with the log (durably, before they are shown or acted on).
+    async fn store_progress(&self, records: &[SnapshotProgress]) -> Result<(), Error> {
+        let ops = records
+            .iter()
+            .map(|p| WriteOp::PutSnapshot {
+                key: p.store_key(),
+                value: p.to_json(),
+            })
+            .collect();
+        let rx = self.core.write_submit(ops)?;
+        self.core.wait(rx).await
+    }
+
     /// Records `tables` as pending (unless already under way) and wakes the driver.
     async fn begin_snapshots(&self, tables: &[TableName]) -> Result<(), Error> {
         let now = unix_ms(SystemTime::now());
@@ -270,15 +293,7 @@ impl Changefeed {
         if fresh.is_empty() {
             return Ok(());
         }
-        let ops = fresh
-            .iter()
-            .map(|p| WriteOp::PutSnapshot {
-                key: p.store_key(),
-                value: p.to_json(),
-            })
-            .collect();
-        let rx = self.core.write_submit(ops)?;
-        self.core.wait(rx).await?;
+        self.store_progress(&fresh).await?;
         for p in fresh {
             tracing::info!(table = %p.table_name(), "changefeed snapshot requested");
             self.snapshots.set(p);
@@ -310,6 +325,7 @@ impl Changefeed {
             .tables
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(source.tables.clone());
+        self.seal_stored(&source).await?;
         if self.snapshots.mode == SnapshotMode::Initial {
             let missing: Vec<TableName> = {
                 let p = self.snapshots.lock_progress();
@@ -368,6 +384,42 @@ impl Changefeed {
                 }
             }
         }
+    }
+
+    /// Makes the stored progress fit to keep: a record stored before a `[[redact]]` rule
+    /// hid its table's key (or by an earlier version) holds the key in clear; it is
+    /// sealed and stored again, as are the finished ones whose position the open dropped.
+    async fn seal_stored(&self, source: &SnapshotSource) -> Result<(), Error> {
+        let stored: Vec<SnapshotProgress> =
+            self.snapshots.lock_progress().values().cloned().collect();
+        let redact =
+            (!self.redactor().is_empty()).then(|| self.redactor() as &dyn freshen::plug::Redact);
+        let scrubbed = std::mem::take(
+            &mut *self
+                .snapshots
+                .scrubbed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        let mut changed = Vec::new();
+        for mut p in stored {
+            // A failure (the source unreachable) leaves the record to the driver, which
+            // seals it before it reads the table.
+            let sealed = freshen_postgres::seal_stored(&source.pool, redact, &mut p)
+                .await
+                .unwrap_or(false);
+            if sealed || scrubbed.contains(&p.store_key()) {
+                changed.push(p);
+            }
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        self.store_progress(&changed).await?;
+        for p in changed {
+            self.snapshots.set(p);
+        }
+        Ok(())
     }
 
     /// Reads the tables the source's patterns select now: each new one joins the
@@ -457,8 +509,7 @@ impl Changefeed {
                 .filter(|p| p.state != SnapshotState::Done)
                 .map(|p| {
                     let mut p = p.clone();
-                    p.state = SnapshotState::Done;
-                    p.finished_ms = Some(now);
+                    p.finish(now);
                     p
                 })
                 .collect()
@@ -466,15 +517,7 @@ impl Changefeed {
         if ended.is_empty() {
             return Ok(());
         }
-        let ops = ended
-            .iter()
-            .map(|p| WriteOp::PutSnapshot {
-                key: p.store_key(),
-                value: p.to_json(),
-            })
-            .collect();
-        let rx = self.core.write_submit(ops)?;
-        self.core.wait(rx).await?;
+        self.store_progress(&ended).await?;
         for p in ended {
             tracing::warn!(table = %TableName::new(&p.schema, &p.table), rows = p.rows, "changefeed snapshot ended early: the table left the source's patterns (dropped, renamed or moved)");
             self.snapshots.set(p);
@@ -510,8 +553,7 @@ impl Changefeed {
         };
         let (rows, progress) = if f.truncated {
             let mut p = f.next;
-            p.state = SnapshotState::Done;
-            p.finished_ms = Some(unix_ms(SystemTime::now()));
+            p.finish(unix_ms(SystemTime::now()));
             tracing::info!(table = %p.table_name(), "changefeed snapshot: the table was truncated meanwhile; every row from now on streams live");
             (Vec::new(), p)
         } else {
@@ -524,7 +566,7 @@ impl Changefeed {
         self.core.submit(Request::Chunk {
             rows,
             check: f.check,
-            progress,
+            progress: Box::new(progress),
             reply: f.reply,
         })
     }
@@ -543,6 +585,11 @@ impl ChunkConsumer for Feed<'_> {
 
     fn chunk_ids(&self) -> &ChunkIds {
         &self.0.snapshots.ids
+    }
+
+    fn redact(&self) -> Option<&dyn freshen::plug::Redact> {
+        let r = self.0.redactor();
+        (!r.is_empty()).then_some(r as &dyn freshen::plug::Redact)
     }
 
     fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Error>> {
@@ -573,13 +620,15 @@ impl ChunkConsumer for Feed<'_> {
 
     fn on(&self, event: TableEvent<'_>) {
         match event {
-            TableEvent::Started(p) => match &p.after {
-                None => tracing::info!(table = %p.table_name(), "changefeed snapshot starting"),
-                Some(after) => tracing::info!(
-                    table = %p.table_name(), after = ?after, rows = p.rows,
-                    "changefeed snapshot resuming after its last committed chunk"
-                ),
-            },
+            // The position is never logged: it is a row's key, in clear where no rule
+            // hides it.
+            TableEvent::Started(p) if p.after.is_none() && p.after_sealed.is_none() => {
+                tracing::info!(table = %p.table_name(), "changefeed snapshot starting")
+            }
+            TableEvent::Started(p) => tracing::info!(
+                table = %p.table_name(), rows = p.rows, chunks = p.chunks,
+                "changefeed snapshot resuming after its last committed chunk"
+            ),
             TableEvent::Chunk(p) => tracing::debug!(
                 table = %p.table_name(), rows = p.rows, dropped = p.dropped,
                 chunks = p.chunks, "changefeed snapshot chunk committed"
@@ -649,7 +698,7 @@ mod tests {
                     snapshot,
                     low: 1000,
                 },
-                progress,
+                progress: Box::new(progress),
                 reply,
             })
             .unwrap();

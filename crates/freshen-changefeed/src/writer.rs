@@ -131,7 +131,7 @@ pub(crate) enum Request {
     Chunk {
         rows: Vec<RowEvent>,
         check: ChunkCheck,
-        progress: SnapshotProgress,
+        progress: Box<SnapshotProgress>,
         reply: oneshot::Sender<Result<SnapshotProgress, Error>>,
     },
 }
@@ -310,7 +310,7 @@ fn fail(r: Request, reason: &str) {
         }
         Request::Chunk {
             reply, progress, ..
-        } => Reply::Chunk(reply, progress).send_err(reason),
+        } => Reply::Chunk(reply, *progress).send_err(reason),
     }
 }
 
@@ -532,7 +532,7 @@ fn apply(
             work.tally.appended += appended;
             work.tally.snapshot_rows += appended;
             work.tally.snapshot_dropped += dropped;
-            Reply::Chunk(reply, progress)
+            Reply::Chunk(reply, *progress)
         }
     })
 }

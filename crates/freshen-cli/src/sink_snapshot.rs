@@ -52,12 +52,16 @@ pub fn driver(
         .into_iter()
         .map(|(schema, table)| TableName::new(schema, table))
         .collect();
-    let settings = freshen_postgres::SinkSnapshotConfig::new(
+    let mut settings = freshen_postgres::SinkSnapshotConfig::new(
         identity,
         s.mode == freshen_changefeed::SnapshotMode::Initial,
     )
     .chunk_rows(s.chunk_rows)
     .pause(s.pause);
+    if !cfg.redact.is_empty() {
+        // The progress it stores holds a hidden key column's position sealed.
+        settings = settings.redact(std::sync::Arc::new(cfg.redact.clone()));
+    }
     Ok(Some(Driver {
         snapshots: SinkSnapshots::new(settings),
         pool,

@@ -1,7 +1,8 @@
 //! Wire formats for freshen: change events from brokers decoded into
 //! [`freshen::RowEvent`]s, and freshen's own captured changes encoded for them.
 //!
-//! Pure: no I/O, no async; serde and serde_json, and hmac/sha2 for redaction.
+//! Pure: no I/O, no async; serde and serde_json, hmac/sha2 for redaction, and ring's
+//! AEAD for positions that hold redacted values (sealed, see [`Redactor::seal_position`]).
 //!
 //! - [`CanalJson`] decodes canal-json, what TiCDC (`protocol=canal-json`) and Alibaba
 //!   Canal write to Kafka and Pulsar.
@@ -72,6 +73,7 @@ mod format;
 mod json;
 mod key_change;
 mod redact;
+mod seal;
 
 pub use canal::CanalJson;
 pub use debezium::{DebeziumJson, UNAVAILABLE_VALUE};
@@ -84,3 +86,4 @@ pub use redact::{
     Action as RedactAction, DEFAULT_MASK_LENGTH, HashKey, MASK_CHAR, Mask, RedactRule, Redactor,
     hmac_hex, redact_value,
 };
+pub use seal::SEALED_PREFIX;

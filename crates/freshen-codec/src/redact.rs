@@ -17,6 +17,8 @@ use freshen::{Row, RowEvent, Value};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::seal::SealKey;
+
 /// The character masks are made of.
 pub const MASK_CHAR: char = '*';
 
@@ -31,6 +33,10 @@ impl HashKey {
     /// A key from its bytes (freshen reads them from an environment variable).
     pub fn new(bytes: impl Into<Arc<[u8]>>) -> HashKey {
         HashKey(bytes.into())
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -196,6 +202,46 @@ impl Redactor {
         }
     }
 
+    /// `position` — the values of `columns` of `schema.table`, as text (a snapshot's
+    /// resume key) — sealed when a rule hides any of those columns (see the `seal`
+    /// module: keyed by the first `hash` rule among them, else by a key of this
+    /// process); `None` when no rule does.
+    pub fn seal_position(
+        &self,
+        schema: &str,
+        table: &str,
+        columns: &[&str],
+        position: &[String],
+    ) -> Option<String> {
+        let key = self.seal_key(schema, table, columns)?;
+        Some(crate::seal::seal(key, schema, table, columns, position))
+    }
+
+    /// The position a token from [`seal_position`](Self::seal_position) holds, or
+    /// `None` when these rules cannot open it (another hash key, a rule changed, or a
+    /// key of an earlier process).
+    pub fn open_position(
+        &self,
+        schema: &str,
+        table: &str,
+        columns: &[&str],
+        token: &str,
+    ) -> Option<Vec<String>> {
+        let key = self.seal_key(schema, table, columns)?;
+        crate::seal::open(key, schema, table, columns, token)
+    }
+
+    /// The key positions over `columns` of the table are sealed under, when a rule
+    /// hides one of them.
+    fn seal_key(&self, schema: &str, table: &str, columns: &[&str]) -> Option<SealKey> {
+        let rules = self.rules_for(schema, table);
+        let covering: Vec<&RedactRule> = columns
+            .iter()
+            .filter_map(|c| rules.iter().find(|(_, r)| r.column == *c).map(|(_, r)| *r))
+            .collect();
+        (!covering.is_empty()).then(|| SealKey::for_rules(&covering))
+    }
+
     /// The rules naming the table, each with its index.
     fn rules_for(&self, schema: &str, table: &str) -> Vec<(usize, &RedactRule)> {
         self.rules
@@ -209,6 +255,26 @@ impl Redactor {
 impl freshen::plug::Redact for Redactor {
     fn apply(&self, event: &RowEvent) -> Option<RowEvent> {
         Redactor::apply(self, event)
+    }
+
+    fn seal_position(
+        &self,
+        schema: &str,
+        table: &str,
+        columns: &[&str],
+        position: &[String],
+    ) -> Option<String> {
+        Redactor::seal_position(self, schema, table, columns, position)
+    }
+
+    fn open_position(
+        &self,
+        schema: &str,
+        table: &str,
+        columns: &[&str],
+        token: &str,
+    ) -> Option<Vec<String>> {
+        Redactor::open_position(self, schema, table, columns, token)
     }
 }
 
@@ -299,9 +365,13 @@ pub fn hmac_hex(key: &HashKey, text: &str) -> String {
         unreachable!("HMAC accepts keys of every length");
     });
     mac.update(text.as_bytes());
-    let digest = mac.finalize().into_bytes();
-    let mut out = String::with_capacity(64);
-    for b in digest {
+    hex(&mac.finalize().into_bytes())
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
         out.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
         out.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
     }
@@ -448,6 +518,40 @@ mod tests {
         assert!(r.apply(&other).is_none());
         let events = [other];
         assert!(matches!(r.apply_all(&events), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn positions_are_sealed_only_over_redacted_columns() {
+        let r = redactor("a key of sixteen bytes or more");
+        let clear = vec!["7".to_owned(), "ann@example.com".to_owned()];
+        assert_eq!(
+            r.seal_position("public", "users", &["id"], &clear[..1]),
+            None
+        );
+        assert_eq!(
+            r.seal_position("public", "orders", &["email"], &clear[1..]),
+            None
+        );
+        let t = r
+            .seal_position("public", "users", &["id", "email"], &clear)
+            .unwrap();
+        assert!(!t.contains("ann"), "{t}");
+        assert_eq!(
+            r.open_position("public", "users", &["id", "email"], &t),
+            Some(clear.clone())
+        );
+        // The hash rule's key seals it: another process with the same key opens it,
+        // a changed key does not.
+        let again = redactor("a key of sixteen bytes or more");
+        assert_eq!(
+            again.open_position("public", "users", &["id", "email"], &t),
+            Some(clear)
+        );
+        let rotated = redactor("another key, sixteen bytes long");
+        assert_eq!(
+            rotated.open_position("public", "users", &["id", "email"], &t),
+            None
+        );
     }
 
     #[test]

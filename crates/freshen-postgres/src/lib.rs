@@ -146,7 +146,7 @@ pub use quote::quote_ident;
 pub use select::{BOOKKEEPING_PREFIX, TablePattern, capturable, system_schema};
 pub use snapshot::driver::{
     ChunkConsumer, ChunkIds, DriverError, HeldChunk, TableEvent, WATERMARK_WAIT, high_mark,
-    snapshot_table,
+    seal_stored, snapshot_table,
 };
 pub use snapshot::sink::{SINK_SNAPSHOT_TABLE, SinkSnapshotConfig, SinkSnapshots, Spliced};
 

@@ -99,28 +99,7 @@ async fn redacted_columns_leave_no_trace_in_pages_snapshots_or_the_store() {
     cfg.snapshot = SnapshotMode::Initial;
     let server = Server::start_redacted(&cfg, "127.0.0.1:0".parse().unwrap(), redactor(KEY)).await;
     let cf = server.cf.clone();
-    let users = TableName::new("public", "users");
-    let source = pg_source(&pg, "redact", &["public.users"], |_| {}).await;
-    let pool =
-        freshen_postgres::connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 2).unwrap();
-    let (stop_c, stopped_c) = oneshot::channel::<()>();
-    let (stop_s, stopped_s) = oneshot::channel::<()>();
-    let c1 = cf.clone();
-    let capture = tokio::spawn(async move {
-        c1.capture(source, async {
-            let _ = stopped_c.await;
-        })
-        .await
-        .expect("capture runs");
-    });
-    let c2 = cf.clone();
-    let snapshots = tokio::spawn(async move {
-        c2.run_snapshots(SnapshotSource::new(pool, vec![users]), async {
-            let _ = stopped_s.await;
-        })
-        .await
-        .expect("snapshots run");
-    });
+    let feed = Feed::start(&pg, &cf, "public.users").await;
     eventually(60, "the initial snapshot done", || async {
         cf.snapshot_status()
             .into_iter()
@@ -212,10 +191,8 @@ async fn redacted_columns_leave_no_trace_in_pages_snapshots_or_the_store() {
         hmac_hex(&HashKey::new(KEY.to_vec()), SECRETS[1].1)
     );
 
-    let _ = stop_s.send(());
-    let _ = stop_c.send(());
-    snapshots.await.unwrap();
-    capture.await.unwrap();
+    feed.stop().await;
+    drop(cf);
     server.stop().await;
     // The store file itself: the bytes a backup or a stolen disk would show.
     let bytes = std::fs::read(dir.path().join("feed.redb")).unwrap();
@@ -230,4 +207,207 @@ async fn redacted_columns_leave_no_trace_in_pages_snapshots_or_the_store() {
             "{leaked:?} in the store file"
         );
     }
+}
+
+/// The capture and snapshot driver of one changefeed, stopped together.
+struct Feed {
+    stop: Vec<oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Feed {
+    async fn start(pg: &PgServer, cf: &freshen_changefeed::Changefeed, table: &str) -> Feed {
+        let source = pg_source(pg, "redact", &[table], |_| {}).await;
+        let pool =
+            freshen_postgres::connect_pool(&ConnectionConfig::from_url(&pg.url()).unwrap(), 2)
+                .unwrap();
+        let (stop_c, stopped_c) = oneshot::channel::<()>();
+        let (stop_s, stopped_s) = oneshot::channel::<()>();
+        let c1 = cf.clone();
+        let capture = tokio::spawn(async move {
+            c1.capture(source, async {
+                let _ = stopped_c.await;
+            })
+            .await
+            .expect("capture runs");
+        });
+        let c2 = cf.clone();
+        let tables = vec![table.parse::<TableName>().unwrap()];
+        let snapshots = tokio::spawn(async move {
+            c2.run_snapshots(SnapshotSource::new(pool, tables), async {
+                let _ = stopped_s.await;
+            })
+            .await
+            .expect("snapshots run");
+        });
+        Feed {
+            stop: vec![stop_s, stop_c],
+            tasks: vec![snapshots, capture],
+        }
+    }
+
+    async fn stop(self) {
+        for s in self.stop {
+            let _ = s.send(());
+        }
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+    }
+}
+
+/// The `n` of every snapshot `read` in the log after sequence `after`.
+async fn reads_after(server: &Server, after: u64) -> Vec<i64> {
+    let page: serde_json::Value = serde_json::from_str(
+        &get(&server.url(&format!(
+            "/changefeed?from_seq={after}&limit=100000&long_poll_ms=0"
+        )))
+        .await
+        .1,
+    )
+    .unwrap();
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["op"] == "read")
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e["value"].as_str().unwrap()).unwrap();
+            v["n"].as_i64().unwrap()
+        })
+        .collect()
+}
+
+/// A snapshot of a table whose primary key is hashed: its progress — in the store,
+/// `GET /changefeed/snapshot` and the log lines — holds the resume key sealed, never
+/// in clear; a restart with the same hash key opens it and resumes after the last
+/// chunk, and a restart under another key cannot, so it reads the table again from
+/// its first row (at least once, never a clear key at rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hashed_primary_key_resumes_from_a_sealed_position() {
+    const ROWS: i64 = 600;
+    let pg = PgServer::start().unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"));
+    let c = sql(&pg).await;
+    c.batch_execute(&format!(
+        "CREATE TABLE people (id text PRIMARY KEY, n int NOT NULL);
+         INSERT INTO people SELECT 'SSN-' || lpad(g::text, 6, '0'), g FROM generate_series(1, {ROWS}) g;"
+    ))
+    .await
+    .unwrap();
+    let hashed = |key: &[u8]| {
+        Redactor::new(vec![RedactRule::new(
+            "public.people",
+            "id",
+            RedactAction::Hash(HashKey::new(key.to_vec())),
+        )])
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg: ChangefeedConfig = config(dir.path());
+    cfg.snapshot = SnapshotMode::Initial;
+    cfg.snapshot_chunk_rows = 50;
+    cfg.snapshot_pause_ms = 50;
+    let addr = "127.0.0.1:0".parse().unwrap();
+    let no_clear_key = |what: &str, text: &[u8]| {
+        assert!(
+            !text.windows(4).any(|w| w == b"SSN-"),
+            "a clear key in {what}: {}",
+            String::from_utf8_lossy(text)
+        );
+    };
+
+    // 1. Stopped part-way: the stored and served position is sealed.
+    let server = Server::start_redacted(&cfg, addr, hashed(KEY)).await;
+    let feed = Feed::start(&pg, &server.cf, "public.people").await;
+    let cf = server.cf.clone();
+    eventually(60, "a few chunks", || async {
+        cf.snapshot_status().into_iter().find(|p| p.chunks >= 3)
+    })
+    .await;
+    feed.stop().await;
+    let served = get(&server.url("/changefeed/snapshot")).await.1;
+    no_clear_key("GET /changefeed/snapshot", served.as_bytes());
+    let p = cf.snapshot_status().pop().unwrap();
+    assert_eq!(p.state, SnapshotState::Running, "{p:?}");
+    assert!(p.after.is_none(), "{p:?}");
+    let token = p.after_sealed.clone().expect("a sealed position");
+    assert!(served.contains(&token), "{served}");
+    let first_run = reads_after(&server, 0).await;
+    let end = cf.latest_sequence();
+    drop(cf);
+    server.stop().await;
+    no_clear_key(
+        "the store file",
+        &std::fs::read(dir.path().join("feed.redb")).unwrap(),
+    );
+
+    // 2. The same key: resumed after the stored chunk, not from the first row.
+    let server = Server::start_redacted(&cfg, addr, hashed(KEY)).await;
+    let feed = Feed::start(&pg, &server.cf, "public.people").await;
+    let cf = server.cf.clone();
+    eventually(60, "two more chunks", || async {
+        cf.snapshot_status()
+            .into_iter()
+            .find(|q| q.chunks >= p.chunks + 2)
+    })
+    .await;
+    feed.stop().await;
+    drop(cf);
+    let resumed = reads_after(&server, end).await;
+    let last = *first_run.iter().max().unwrap();
+    assert!(
+        !resumed.is_empty() && resumed.iter().all(|&n| n > last - 50),
+        "resumed after the stored chunk (at most the chunk in flight again): first run to {last}, then {:?}",
+        &resumed[..resumed.len().min(5)]
+    );
+    let end = server.cf.latest_sequence();
+    server.stop().await;
+    no_clear_key(
+        "the store file",
+        &std::fs::read(dir.path().join("feed.redb")).unwrap(),
+    );
+
+    // 3. Another key cannot open it: the table is read again from its first row, to
+    //    its end; the finished record keeps no position at all.
+    let server = Server::start_redacted(&cfg, addr, hashed(b"a rotated key, sixteen+")).await;
+    let feed = Feed::start(&pg, &server.cf, "public.people").await;
+    let cf = server.cf.clone();
+    let done = eventually(120, "the snapshot done", || async {
+        cf.snapshot_status()
+            .into_iter()
+            .find(|q| q.state == SnapshotState::Done)
+    })
+    .await;
+    feed.stop().await;
+    drop(cf);
+    assert_eq!(
+        (done.after.clone(), done.after_sealed.clone()),
+        (None, None),
+        "{done:?}"
+    );
+    let again = reads_after(&server, end).await;
+    assert_eq!(
+        again.iter().min(),
+        Some(&1),
+        "read again from the first row"
+    );
+    let mut all: Vec<i64> = again.clone();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len() as i64, ROWS, "every row read to the end");
+    no_clear_key(
+        "GET /changefeed/snapshot",
+        get(&server.url("/changefeed/snapshot")).await.1.as_bytes(),
+    );
+    no_clear_key(
+        "a page",
+        get(&server.url("/changefeed?from_seq=0&limit=100000&long_poll_ms=0"))
+            .await
+            .1
+            .as_bytes(),
+    );
+    server.stop().await;
+    no_clear_key(
+        "the store file",
+        &std::fs::read(dir.path().join("feed.redb")).unwrap(),
+    );
 }

@@ -15,15 +15,21 @@
 //! At most one chunk is in flight. A chunk whose high watermark does not come back
 //! within [`WATERMARK_WAIT`] is released and the table is read again from its last
 //! committed chunk by the caller (at least once).
+//!
+//! The progress records the driver hands out hold the resume position sealed where a
+//! redaction rule hides a primary-key column ([`ChunkConsumer::redact`], the `resume`
+//! module); the clear key lives only in this loop's memory.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Pool;
+use freshen::plug::Redact;
 use freshen::{Jitter, RowEvent};
 use tokio::sync::oneshot;
 
+use crate::snapshot::resume::Resume;
 use crate::{
     ChunkCheck, PgError, SnapshotProgress, SnapshotState, TableName, TableReader, write_watermark,
 };
@@ -124,8 +130,13 @@ pub trait ChunkConsumer: Sync {
     /// The ids of this consumer's chunks.
     fn chunk_ids(&self) -> &ChunkIds;
 
+    /// The redaction rules of what the consumer publishes: where one hides a
+    /// primary-key column, the progress records hold the resume position sealed.
+    fn redact(&self) -> Option<&dyn Redact>;
+
     /// Holds `chunk` until its high watermark comes by; the answer is the table's
-    /// progress once the chunk is in (dropping the sender unanswered stops the table).
+    /// progress once the chunk is in — its `next` with the counts added, or its `prev`
+    /// to read the chunk again (dropping the sender unanswered stops the table).
     fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Self::Error>>;
 
     /// Forgets the held chunk `id`, if it is still held (its watermark failed, or
@@ -156,9 +167,39 @@ pub async fn snapshot_table<C: ChunkConsumer>(
 ) -> Result<(), DriverError<C::Error>> {
     let table: TableName = progress.table_name();
     let reader = TableReader::new(pool.clone(), table).await?;
+    let resume = Resume::new(
+        consumer.redact(),
+        reader.table(),
+        reader.pk_names().iter().map(|c| &**c),
+    );
+    let mut position = match resume.of(&progress) {
+        Ok(p) => p,
+        Err(_) => {
+            tracing::warn!(
+                table = %reader.table(),
+                "snapshot: its sealed resume position cannot be opened (sealed by an earlier process: no hash rule covers the primary key; or the rule or its key changed); reading the table again from its first row"
+            );
+            progress.after_sealed = None;
+            None
+        }
+    };
+    if let Some(key) = position.clone().filter(|_| resume.exposed(&progress)) {
+        // Stored in clear before a rule hid the key (or by an earlier version): sealed
+        // and stored again before anything else.
+        resume.keep(&mut progress, key);
+        consumer.committed(&progress).await?;
+    }
     consumer.on(TableEvent::Started(&progress));
     loop {
-        progress = chunk(consumer, pool, &reader, progress, chunk_rows).await?;
+        (progress, position) = chunk(
+            consumer,
+            pool,
+            &reader,
+            &resume,
+            (progress, position),
+            chunk_rows,
+        )
+        .await?;
         consumer.on(TableEvent::Chunk(&progress));
         if progress.state == SnapshotState::Done {
             consumer.on(TableEvent::Done(&progress));
@@ -170,32 +211,39 @@ pub async fn snapshot_table<C: ChunkConsumer>(
     }
 }
 
+/// The table's progress as recorded, and the clear key its next chunk starts after.
+type Position = (SnapshotProgress, Option<Vec<String>>);
+
 /// One chunk: low watermark, SELECT, held, high watermark, the consumer's answer, and
-/// its record. Returns the table's progress after it.
+/// its record. Returns the table's progress after it, with its clear position.
 async fn chunk<C: ChunkConsumer>(
     consumer: &C,
     pool: &Pool,
     reader: &TableReader,
-    progress: SnapshotProgress,
+    resume: &Resume<'_>,
+    (progress, position): Position,
     chunk_rows: usize,
-) -> Result<SnapshotProgress, DriverError<C::Error>> {
+) -> Result<Position, DriverError<C::Error>> {
     let id = consumer.chunk_ids().next_id();
     let low = write_watermark(pool, &format!("{id} low"), false).await?;
-    let chunk = reader
-        .read_chunk(progress.after.as_deref(), chunk_rows)
-        .await?;
+    let chunk = reader.read_chunk(position.as_deref(), chunk_rows).await?;
     let prev = progress.clone();
     let mut next = progress;
     next.last_error = None;
-    if chunk.last_key.is_some() {
-        next.after = chunk.last_key;
+    let next_position = chunk.last_key.clone().or_else(|| position.clone());
+    if let Some(key) = chunk.last_key {
+        resume.keep(&mut next, key);
     }
     if chunk.rows.len() < chunk_rows {
-        next.state = SnapshotState::Done;
-        next.finished_ms = Some(now_ms());
+        next.finish(now_ms());
     } else {
         next.state = SnapshotState::Running;
     }
+    // The consumer answers `next` (counts added) or `prev` (read the chunk again): told
+    // apart by their positions (a sealed one is a fresh token each time, so `prev`'s
+    // and `next`'s never match by chance).
+    let prev_at = (prev.after.clone(), prev.after_sealed.clone());
+    let next_at = (next.after.clone(), next.after_sealed.clone());
     let rx = consumer.hold(HeldChunk {
         id: id.clone(),
         rows: chunk.rows,
@@ -223,7 +271,48 @@ async fn chunk<C: ChunkConsumer>(
     };
     let p = answer.map_err(DriverError::Consumer)?;
     consumer.committed(&p).await?;
-    Ok(p)
+    let at = (p.after.clone(), p.after_sealed.clone());
+    let position = if at == next_at || at != prev_at {
+        next_position
+    } else {
+        position
+    };
+    Ok((p, position))
+}
+
+/// Makes a stored progress record fit to keep: a finished snapshot's position dropped;
+/// an unfinished one's clear key sealed where `redact` hides a primary-key column (the
+/// table's key described from `pool`; a table that cannot be described any more loses
+/// its clear key). For records written before the rule, or by an earlier version.
+/// Whether `p` changed: the caller stores it again.
+pub async fn seal_stored(
+    pool: &Pool,
+    redact: Option<&dyn Redact>,
+    p: &mut SnapshotProgress,
+) -> Result<bool, PgError> {
+    if p.scrub_finished() {
+        return Ok(true);
+    }
+    let (Some(redact), Some(after)) = (redact, p.after.clone()) else {
+        return Ok(false);
+    };
+    let table = p.table_name();
+    let reader = match TableReader::new(pool.clone(), table.clone()).await {
+        Ok(r) => r,
+        // A table gone, or not readable: its snapshot cannot resume anyway. Its clear
+        // key is dropped rather than kept (read again from the first row, if ever).
+        Err(e) if e.retry() == freshen::Retry::Fix => {
+            p.after = None;
+            return Ok(true);
+        }
+        Err(e) => return Err(e),
+    };
+    let resume = Resume::new(Some(redact), &table, reader.pk_names().iter().map(|c| &**c));
+    if !resume.exposed(p) {
+        return Ok(false);
+    }
+    resume.keep(p, after);
+    Ok(true)
 }
 
 fn now_ms() -> u64 {

@@ -9,6 +9,7 @@
 //! rows are, so a row read here and the same row streamed encode alike.
 
 pub(crate) mod driver;
+pub(crate) mod resume;
 pub(crate) mod sink;
 pub(crate) mod window;
 
@@ -72,8 +73,14 @@ pub struct SnapshotProgress {
     /// Where it stands.
     pub state: SnapshotState,
     /// The primary key of the last row read (as text, in key order): the next chunk
-    /// starts after it.
+    /// starts after it. `None` when the position is sealed (`after_sealed`) and once the
+    /// snapshot is done.
     pub after: Option<Vec<String>>,
+    /// The same position sealed, in place of `after`, where a redaction rule hides a
+    /// primary-key column: an opaque token (see [`freshen::plug::Redact::seal_position`])
+    /// that only the running process, or a restart with the same hash key, opens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_sealed: Option<String>,
     /// Rows appended (published) as `read` events.
     pub rows: u64,
     /// Rows dropped because their row changed while the chunk was in flight (the live
@@ -98,6 +105,7 @@ impl SnapshotProgress {
             table: t.name.clone(),
             state: SnapshotState::Pending,
             after: None,
+            after_sealed: None,
             rows: 0,
             dropped: 0,
             chunks: 0,
@@ -110,6 +118,28 @@ impl SnapshotProgress {
     /// The table.
     pub fn table_name(&self) -> TableName {
         TableName::new(&self.schema, &self.table)
+    }
+
+    /// Marks the snapshot done at `now` (ms since the Unix epoch). A finished snapshot
+    /// never resumes, so it keeps no position: a key read last is not kept at rest.
+    pub fn finish(&mut self, now: u64) {
+        self.state = SnapshotState::Done;
+        self.finished_ms = Some(now);
+        self.after = None;
+        self.after_sealed = None;
+    }
+
+    /// Drops the position of a finished snapshot stored by an earlier version (which
+    /// kept the last key read); whether anything changed, for the caller to store it
+    /// again.
+    pub fn scrub_finished(&mut self) -> bool {
+        let kept = self.after.is_some() || self.after_sealed.is_some();
+        if self.state == SnapshotState::Done && kept {
+            self.after = None;
+            self.after_sealed = None;
+            return true;
+        }
+        false
     }
 }
 

@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::Pool;
+use freshen::plug::Redact;
 use freshen::{Ack, Backoff, Batch, Jitter, RowEvent, StreamMark};
 use tokio::sync::{Notify, oneshot};
 
@@ -69,6 +70,9 @@ pub struct SinkSnapshotConfig {
     pub pause: Duration,
     /// Where progress is stored.
     pub store: TableName,
+    /// The redaction rules the sink applies: where one hides a primary-key column, the
+    /// stored progress holds the resume position sealed, never the clear key.
+    pub redact: Option<Arc<dyn Redact>>,
 }
 
 impl SinkSnapshotConfig {
@@ -81,7 +85,14 @@ impl SinkSnapshotConfig {
             chunk_rows: 10_000,
             pause: Duration::ZERO,
             store: TableName::new("public", SINK_SNAPSHOT_TABLE),
+            redact: None,
         }
+    }
+
+    /// The redaction rules the sink applies to what it publishes (`[[redact]]`).
+    pub fn redact(mut self, redact: Arc<dyn Redact>) -> SinkSnapshotConfig {
+        self.redact = Some(redact);
+        self
     }
 
     /// Rows per chunk.
@@ -414,7 +425,13 @@ impl SinkSnapshots {
 
     /// Loads the stored progress of `tables` and, with `initial`, begins those without.
     async fn start(&self, pool: &Pool, tables: &[TableName]) -> Result<(), PgError> {
-        let stored = self.load(pool).await?;
+        let mut stored = self.load(pool).await?;
+        // Records from before a rule (or an earlier version) are made fit to keep first.
+        for p in &mut stored {
+            if crate::seal_stored(pool, self.inner.settings.redact.as_deref(), p).await? {
+                self.save(pool, p).await?;
+            }
+        }
         let missing: Vec<TableName> = {
             let mut st = self.lock();
             st.progress = stored
@@ -588,6 +605,10 @@ impl ChunkConsumer for Run<'_> {
         &self.snapshots.inner.ids
     }
 
+    fn redact(&self) -> Option<&dyn Redact> {
+        self.snapshots.inner.settings.redact.as_deref()
+    }
+
     fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Infallible>> {
         let (reply, rx) = oneshot::channel();
         self.snapshots.lock().in_flight = Some(InFlight {
@@ -625,15 +646,15 @@ impl ChunkConsumer for Run<'_> {
     fn on(&self, event: TableEvent<'_>) {
         let sink = self.snapshots.sink();
         match event {
-            TableEvent::Started(p) => match &p.after {
-                None => {
-                    tracing::info!(sink = %sink, table = %p.table_name(), "sink snapshot starting")
-                }
-                Some(after) => tracing::info!(
-                    sink = %sink, table = %p.table_name(), after = ?after, rows = p.rows,
-                    "sink snapshot resuming after its last delivered chunk"
-                ),
-            },
+            // The position is never logged: it is a row's key, in clear where no rule
+            // hides it.
+            TableEvent::Started(p) if p.after.is_none() && p.after_sealed.is_none() => {
+                tracing::info!(sink = %sink, table = %p.table_name(), "sink snapshot starting")
+            }
+            TableEvent::Started(p) => tracing::info!(
+                sink = %sink, table = %p.table_name(), rows = p.rows, chunks = p.chunks,
+                "sink snapshot resuming after its last delivered chunk"
+            ),
             TableEvent::Chunk(p) => tracing::debug!(
                 sink = %sink, table = %p.table_name(), rows = p.rows,
                 dropped = p.dropped, chunks = p.chunks,

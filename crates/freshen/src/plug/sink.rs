@@ -47,9 +47,36 @@ pub type RunSink = Box<
 /// Rewrites the row images of the events a sink publishes (column redaction, e.g.
 /// `freshen_codec::Redactor`): `None` leaves an event as it is. Applied to the
 /// branch's events and to a snapshot's rows alike, never to rebuilds.
+///
+/// A position freshen keeps outside the process (a snapshot's resume key, a polling
+/// cursor) holds values of the table's columns too: where a rule hides one of them, the
+/// position is kept *sealed* ([`seal_position`](Self::seal_position)), never in clear.
 pub trait Redact: fmt::Debug + Send + Sync + 'static {
     /// `event` redacted, or `None` when no rule concerns it.
     fn apply(&self, event: &RowEvent) -> Option<RowEvent>;
+
+    /// `position` — the values of `columns` of `schema.table`, as text — sealed into an
+    /// opaque token that only [`open_position`](Self::open_position) reads back, when a
+    /// rule hides any of those columns; `None` when none does (the position may be kept
+    /// as it is).
+    fn seal_position(
+        &self,
+        schema: &str,
+        table: &str,
+        columns: &[&str],
+        position: &[String],
+    ) -> Option<String>;
+
+    /// The position `token` holds, sealed by [`seal_position`](Self::seal_position) for
+    /// the same table and columns; `None` when it cannot be opened (sealed under another
+    /// key: a changed rule or hash key, or a key that lived only in an earlier process).
+    fn open_position(
+        &self,
+        schema: &str,
+        table: &str,
+        columns: &[&str],
+        token: &str,
+    ) -> Option<Vec<String>>;
 }
 
 /// What a running sink says about its deliveries, for `/metrics`: counters only grow

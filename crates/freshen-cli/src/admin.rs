@@ -193,14 +193,17 @@ async fn quarantined(
     State((o, _)): State<Shared>,
     Path(view): Path<String>,
 ) -> Result<Json<Vec<QuarantinedKey>>, AdminError> {
-    let h = handle(&*o, &view)?;
+    let (h, scope) = o
+        .view(&view)
+        .ok_or_else(|| AdminError::NoView(view.clone()))?;
     let now = std::time::SystemTime::now();
     Ok(Json(
         h.quarantined()
             .into_iter()
-            .map(|q| QuarantinedKey {
-                key: key_json(&q.key),
-                text: q.key.to_string(),
+            .map(|q| (scope.show(&q.key), q))
+            .map(|(shown, q)| QuarantinedKey {
+                key: key_json(&shown),
+                text: shown.to_string(),
                 since_s: now.duration_since(q.since).map_or(0.0, |d| d.as_secs_f64()),
                 failures: q.failures,
                 error: freshen::redact_text(&q.error),
@@ -250,19 +253,32 @@ async fn readmit(
     Path(view): Path<String>,
     bytes: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, AdminError> {
-    let h = handle(&*o, &view)?;
+    let (h, scope) = o
+        .view(&view)
+        .ok_or_else(|| AdminError::NoView(view.clone()))?;
     let r: Readmit = body(&bytes, r#"{"key": KEY} or {"all": true}"#)?;
-    let keys = match (r.key, r.all) {
-        (Some(k), false) => vec![k.key()?],
-        (None, true) => h.quarantined().into_iter().map(|q| q.key).collect(),
+    let quarantined = h.quarantined().into_iter().map(|q| q.key);
+    let keys: Vec<freshen::Key> = match (r.key, r.all) {
+        // A key as given, or as the quarantine list showed it (redacted).
+        (Some(k), false) => {
+            let k = k.key()?;
+            let listed = quarantined
+                .filter(|q| scope.show(q) == k)
+                .collect::<Vec<_>>();
+            if listed.is_empty() { vec![k] } else { listed }
+        }
+        (None, true) => quarantined.collect(),
         _ => {
             return Err(AdminError::BadKey(
                 r#"expected {"key": KEY} or {"all": true}"#.into(),
             ));
         }
     };
-    let readmitted: Vec<serde_json::Value> =
-        keys.iter().filter(|k| h.readmit(k)).map(key_json).collect();
+    let readmitted: Vec<serde_json::Value> = keys
+        .iter()
+        .filter(|k| h.readmit(k))
+        .map(|k| key_json(&scope.show(k)))
+        .collect();
     tracing::info!(view = %view, keys = readmitted.len(), "quarantined keys re-admitted over /admin");
     Ok(Json(
         serde_json::json!({ "view": view, "readmitted": readmitted }),

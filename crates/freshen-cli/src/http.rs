@@ -39,10 +39,15 @@ pub trait Readout: Send + Sync + 'static {
         let _ = index;
         None
     }
-    /// The handle of the view named `view`, for `/admin` (none: no such view).
-    fn handle(&self, view: &str) -> Option<freshen::Handle> {
+    /// The view named `view` — its handle, and its scope (how its keys are shown) —
+    /// for `/admin` (none: no such view).
+    fn view(&self, view: &str) -> Option<(freshen::Handle, Arc<crate::scope::ViewScope>)> {
         let _ = view;
         None
+    }
+    /// The handle of the view named `view`, for `/admin` (none: no such view).
+    fn handle(&self, view: &str) -> Option<freshen::Handle> {
+        self.view(view).map(|(h, _)| h)
     }
     /// Re-reads the configuration file (`POST /admin/reload`); `None`: not supported.
     fn reload(&self) -> Option<Result<crate::reload::Change, crate::reload::Refused>> {

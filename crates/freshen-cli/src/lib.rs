@@ -22,6 +22,7 @@ pub mod reload;
 pub mod role;
 pub mod run;
 pub mod scope;
+pub mod shown_key;
 pub mod sink_snapshot;
 pub mod sinks;
 pub mod snapshot;

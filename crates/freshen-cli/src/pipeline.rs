@@ -143,6 +143,8 @@ type ObservedView = (String, freshen::Handle, Arc<ViewScope>, Option<Duration>);
 /// given (a branch of the source, or a worker's share of the key stream).
 struct ViewConsumer {
     view: View,
+    /// The `[[redact]]` rules: a key read from a column they hide is shown redacted.
+    redact: freshen_codec::Redactor,
     prepared: Prepared,
     ack: freshen::AckPolicy,
     /// Whether it sweeps at start (not after a reload that left it unchanged).
@@ -153,6 +155,7 @@ impl ViewConsumer {
     fn new(view: &View, cfg: &Config, unchanged: &[String], prepared: Prepared) -> ViewConsumer {
         ViewConsumer {
             view: view.clone(),
+            redact: cfg.redact.clone(),
             prepared,
             ack: cfg.ack,
             sweep: !unchanged.contains(&view.name),
@@ -164,8 +167,15 @@ impl ViewConsumer {
         source: Box<dyn freshen::Source>,
         topology: &mut Topology,
     ) -> anyhow::Result<()> {
-        let (refresher, scope) =
-            refresher(&self.view, self.prepared, source, self.ack, self.sweep)?;
+        let scope = ViewScope::redacted(&self.view, &self.redact);
+        let refresher = refresher(
+            &self.view,
+            &scope,
+            self.prepared,
+            source,
+            self.ack,
+            self.sweep,
+        )?;
         topology.views.push((
             self.view.name.clone(),
             refresher.handle(),
@@ -345,11 +355,11 @@ impl Observer {
 }
 
 impl Readout for Observer {
-    fn handle(&self, view: &str) -> Option<freshen::Handle> {
+    fn view(&self, view: &str) -> Option<(freshen::Handle, Arc<ViewScope>)> {
         self.views
             .iter()
             .find(|(name, ..)| name == view)
-            .map(|(_, h, ..)| h.clone())
+            .map(|(_, h, scope, _)| (h.clone(), scope.clone()))
     }
 
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
@@ -402,6 +412,10 @@ impl Readout for Observer {
                         .quarantined()
                         .into_iter()
                         .take(crate::metrics::QUARANTINE_SHOWN)
+                        .map(|mut q| {
+                            q.key = scope.show(&q.key);
+                            q
+                        })
                         .collect(),
                 }
             })
@@ -467,15 +481,16 @@ fn view_target(
 
 fn refresher(
     view: &View,
+    scope: &Arc<ViewScope>,
     (target, rebuild, fanouts): Prepared,
     source: Box<dyn freshen::Source>,
     ack: freshen::AckPolicy,
     sweep_at_start: bool,
-) -> anyhow::Result<(Refresher, Arc<ViewScope>)> {
-    let scope = ViewScope::new(view);
+) -> anyhow::Result<Refresher> {
     let t = &view.timing;
     let name = view.name.clone();
     let s = scope.clone();
+    let shown = scope.clone();
     let mut b = Refresher::builder()
         .source(source)
         .scope(move |e| s.keys(e))
@@ -489,27 +504,7 @@ fn refresher(
         .rebuild_by(t.rebuild_by)
         .sweep_at_start(sweep_at_start)
         .ack(ack)
-        .on_error(move |r: &Report<'_>| match r {
-            Report::Poisoned { .. }
-            | Report::TruncateIgnored { .. }
-            | Report::Stalled { .. }
-            | Report::Paused { .. }
-            | Report::QuarantineReleased { .. } => {
-                tracing::error!(view = %name, "{r}")
-            }
-            Report::Recovered { .. }
-            | Report::Revived { .. }
-            | Report::WholeStarted { .. }
-            | Report::WholeDone { .. }
-            | Report::SweepStarted
-            | Report::SweepProgress { .. }
-            | Report::Swept { .. }
-            | Report::Resumed { .. }
-            | Report::SchemaChanged { .. } => {
-                tracing::info!(view = %name, "{r}")
-            }
-            _ => tracing::warn!(view = %name, "{r}"),
-        });
+        .on_error(move |r: &Report<'_>| log_report(&name, &shown, r));
     b = crate::scope::declare(view, b);
     for (i, fanout) in fanouts.into_iter().enumerate() {
         let s = scope.clone();
@@ -521,10 +516,81 @@ fn refresher(
     if let Some(d) = t.release_quarantined_after {
         b = b.release_quarantined_after(d);
     }
-    let refresher = b
-        .build()
-        .map_err(|e| anyhow::anyhow!("view {}: {e}", view.name))?;
-    Ok((refresher, scope))
+    b.build()
+        .map_err(|e| anyhow::anyhow!("view {}: {e}", view.name))
+}
+
+/// Logs a refresher's report, at its level, with its key as the view shows keys.
+fn log_report(view: &str, scope: &ViewScope, r: &Report<'_>) {
+    let key = match r {
+        Report::RebuildFailed { key, .. }
+        | Report::Poisoned { key, .. }
+        | Report::Revived { key }
+        | Report::QuarantineReleased { key, .. } => Some(scope.show(key)),
+        _ => None,
+    };
+    let shown = match (r, &key) {
+        (
+            Report::RebuildFailed {
+                failures,
+                retry_in,
+                retry,
+                error,
+                ..
+            },
+            Some(key),
+        ) => Report::RebuildFailed {
+            key,
+            failures: *failures,
+            retry_in: *retry_in,
+            retry: *retry,
+            error,
+        },
+        (
+            Report::Poisoned {
+                failures,
+                holding,
+                error,
+                ..
+            },
+            Some(key),
+        ) => Report::Poisoned {
+            key,
+            failures: *failures,
+            holding: *holding,
+            error,
+        },
+        (Report::Revived { .. }, Some(key)) => Report::Revived { key },
+        (Report::QuarantineReleased { after, .. }, Some(key)) => {
+            Report::QuarantineReleased { key, after: *after }
+        }
+        _ => return log_shown(view, r),
+    };
+    log_shown(view, &shown);
+}
+
+fn log_shown(name: &str, r: &Report<'_>) {
+    match r {
+        Report::Poisoned { .. }
+        | Report::TruncateIgnored { .. }
+        | Report::Stalled { .. }
+        | Report::Paused { .. }
+        | Report::QuarantineReleased { .. } => {
+            tracing::error!(view = %name, "{r}")
+        }
+        Report::Recovered { .. }
+        | Report::Revived { .. }
+        | Report::WholeStarted { .. }
+        | Report::WholeDone { .. }
+        | Report::SweepStarted
+        | Report::SweepProgress { .. }
+        | Report::Swept { .. }
+        | Report::Resumed { .. }
+        | Report::SchemaChanged { .. } => {
+            tracing::info!(view = %name, "{r}")
+        }
+        _ => tracing::warn!(view = %name, "{r}"),
+    }
 }
 
 /// `view` prepared on `target`: its own connections, rebuild and fan-outs.

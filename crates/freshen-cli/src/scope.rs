@@ -4,8 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use freshen::{Key, Op, RowEvent};
+use freshen_codec::Redactor;
 
 use crate::config::View;
+use crate::shown_key::KeyDisplay;
 
 /// Maps a row event to the keys it dirties in one view.
 ///
@@ -26,12 +28,20 @@ pub struct ViewScope {
     parents: Vec<(String, String, Vec<String>)>,
     unscoped: AtomicU64,
     warned: Mutex<Vec<(String, String)>>,
+    /// How its keys are shown outside the process (`[[redact]]`).
+    shown: KeyDisplay,
 }
 
 impl ViewScope {
-    /// The scope of `view`.
+    /// The scope of `view`, its keys shown as they are.
     pub fn new(view: &View) -> Arc<ViewScope> {
+        ViewScope::redacted(view, &Redactor::default())
+    }
+
+    /// The scope of `view`, its keys shown as `redact` hides their columns.
+    pub fn redacted(view: &View, redact: &Redactor) -> Arc<ViewScope> {
         Arc::new(ViewScope {
+            shown: KeyDisplay::new(view, redact),
             view: view.name.clone(),
             tables: view
                 .direct()
@@ -45,6 +55,11 @@ impl ViewScope {
             unscoped: AtomicU64::new(0),
             warned: Mutex::new(Vec::new()),
         })
+    }
+
+    /// `key` as `/status`, `/healthz`, the admin API and the logs may show it.
+    pub fn show(&self, key: &Key) -> Key {
+        self.shown.show(key)
     }
 
     /// Whether the view watches `schema.table`.
@@ -146,40 +161,16 @@ pub fn declare(view: &View, mut builder: freshen::Builder) -> freshen::Builder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::{Timing, Watch};
     use freshen::{Row, Value};
 
-    fn view() -> View {
+    /// A view `v` watching `watch`, the rest defaulted (for tests of what reads views).
+    pub(crate) fn view_with(watch: Vec<Watch>) -> View {
         View {
             name: "v".into(),
-            watch: vec![
-                Watch {
-                    schema: "public".into(),
-                    table: "readings".into(),
-                    key: vec!["device".into()],
-                    keys: None,
-                    fixed_key: false,
-                    line: None,
-                },
-                Watch {
-                    schema: "public".into(),
-                    table: "devices".into(),
-                    key: vec!["id".into()],
-                    keys: None,
-                    fixed_key: false,
-                    line: None,
-                },
-                Watch {
-                    schema: "public".into(),
-                    table: "plans".into(),
-                    key: vec!["id".into()],
-                    keys: Some("SELECT device FROM readings WHERE plan = $1".into()),
-                    fixed_key: false,
-                    line: None,
-                },
-            ],
+            watch,
             rebuild: vec!["SELECT $1".into()],
             query: None,
             rebuild_batch: None,
@@ -192,6 +183,35 @@ mod tests {
             static_tables: Vec::new(),
             key_names: Vec::new(),
         }
+    }
+
+    fn view() -> View {
+        view_with(vec![
+            Watch {
+                schema: "public".into(),
+                table: "readings".into(),
+                key: vec!["device".into()],
+                keys: None,
+                fixed_key: false,
+                line: None,
+            },
+            Watch {
+                schema: "public".into(),
+                table: "devices".into(),
+                key: vec!["id".into()],
+                keys: None,
+                fixed_key: false,
+                line: None,
+            },
+            Watch {
+                schema: "public".into(),
+                table: "plans".into(),
+                key: vec!["id".into()],
+                keys: Some("SELECT device FROM readings WHERE plan = $1".into()),
+                fixed_key: false,
+                line: None,
+            },
+        ])
     }
 
     #[test]

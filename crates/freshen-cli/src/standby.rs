@@ -140,8 +140,11 @@ impl Readout for Process {
         self.active().map(|o| o.redactions()).unwrap_or_default()
     }
 
-    fn handle(&self, view: &str) -> Option<freshen::Handle> {
-        self.active().and_then(|o| o.handle(view))
+    fn view(
+        &self,
+        view: &str,
+    ) -> Option<(freshen::Handle, std::sync::Arc<crate::scope::ViewScope>)> {
+        self.active().and_then(|o| o.view(view))
     }
 
     fn reload(&self) -> Option<Result<crate::reload::Change, crate::reload::Refused>> {

@@ -202,6 +202,14 @@ impl Redactor {
         }
     }
 
+    /// The rule that redacts `column` of `schema.table`, if one does (the first that
+    /// names it, as [`apply`](Self::apply) uses).
+    pub fn rule(&self, schema: &str, table: &str, column: &str) -> Option<&RedactRule> {
+        self.rules
+            .iter()
+            .find(|r| r.matches(schema, table) && r.column == column)
+    }
+
     /// `position` — the values of `columns` of `schema.table`, as text (a snapshot's
     /// resume key) — sealed when a rule hides any of those columns (see the `seal`
     /// module: keyed by the first `hash` rule among them, else by a key of this

@@ -340,13 +340,16 @@ impl MySqlRebuild {
             "cannot begin the rebuild transaction",
         )
         .await?;
-        for (i, params, d) in &plan {
+        for (i, params, _) in &plan {
             if let Err(e) = c.exec_drop(&stmts[*i], params.clone()).await {
                 let _ = c.query_drop("ROLLBACK").await;
-                return Err(MySqlError::driver(
-                    format!("rebuild statement {} failed for key {}", i + 1, d.key),
-                    e,
-                ));
+                // The key itself is the refresher's to report (shown as `[[redact]]`
+                // says): never its value here.
+                let what = match due.len() {
+                    1 => format!("rebuild statement {} failed", i + 1),
+                    n => format!("rebuild statement {} failed for one of {n} keys", i + 1),
+                };
+                return Err(MySqlError::driver(what, e));
             }
         }
         query(&mut c, "COMMIT", "cannot commit the rebuild").await

@@ -57,10 +57,16 @@ impl std::error::Error for PgError {}
 
 /// A cause as a person should read it: a server error as `ERROR 22012: division by
 /// zero` with its detail and hint, anything else with its whole chain of causes.
+///
+/// The detail of a data exception or an integrity violation (SQLSTATE classes 22 and
+/// 23) is left out: it quotes row values (`Key (email)=(…) already exists`, `Failing
+/// row contains (…)`), which would land in logs and `/status`, where no `[[redact]]`
+/// rule reaches. The message and the SQLSTATE say what failed.
 pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     if let Some(db) = find_db_error(e) {
-        let mut s = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
-        if let Some(d) = db.detail() {
+        let code = db.code().code();
+        let mut s = format!("{} {code}: {}", db.severity(), db.message());
+        if let Some(d) = db.detail().filter(|_| !quotes_rows(code)) {
             s.push_str(&format!(" (DETAIL: {d})"));
         }
         if let Some(h) = db.hint() {
@@ -80,6 +86,11 @@ pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
         next = cause.source();
     }
     s
+}
+
+/// Whether errors of `sqlstate` carry row values in their detail.
+fn quotes_rows(sqlstate: &str) -> bool {
+    matches!(sqlstate.get(..2), Some("22" | "23"))
 }
 
 fn find_db_error<'a>(

@@ -133,9 +133,9 @@ impl Across {
                     PgError::new(
                         ErrorKind::Config,
                         format!(
-                            "the query uses ${} but key {} has fewer parts",
+                            "the query uses ${} but a key has {} part(s)",
                             j + 1,
-                            d.key
+                            d.key.len()
                         ),
                     )
                 })?;
@@ -143,7 +143,7 @@ impl Across {
                     check_scalar(ty, text).map_err(|why| {
                         PgError::new(
                             ErrorKind::Config,
-                            format!("key {}: part {} for ${}: {why}", d.key, j + 1, j + 1),
+                            format!("a key's part {} for ${}: {why}", j + 1, j + 1),
                         )
                     })?;
                 }

@@ -281,9 +281,8 @@ impl SqlFanOut {
                             PgError::new(
                                 ErrorKind::Config,
                                 format!(
-                                    "the keys statement uses ${} but parent key {} has {} part(s)",
+                                    "the keys statement uses ${} but a parent key has {} part(s)",
                                     j + 1,
-                                    d.key,
                                     parts.len()
                                 ),
                             )
@@ -292,12 +291,7 @@ impl SqlFanOut {
                             check_scalar(ty, text).map_err(|why| {
                                 PgError::new(
                                     ErrorKind::Config,
-                                    format!(
-                                        "parent key {}: part {} for ${}: {why}",
-                                        d.key,
-                                        j + 1,
-                                        j + 1
-                                    ),
+                                    format!("a parent key's part {} for ${}: {why}", j + 1, j + 1),
                                 )
                             })?;
                         }

@@ -64,7 +64,9 @@ pub(crate) fn check_scalar(ty: &Type, text: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{text:?} is not a valid {}", ty.name()))
+        // Never the value: it is a key's, perhaps one `[[redact]]` hides, and this
+        // message reaches logs and `/status`.
+        Err(format!("not a valid {}", ty.name()))
     }
 }
 

@@ -353,10 +353,10 @@ impl SqlRebuild {
                 for (j, ty) in types.iter().enumerate() {
                     let elem = element(ty).unwrap_or(ty);
                     let mut column = Vec::with_capacity(keys.len());
-                    for (k, parts) in keys.iter().enumerate() {
-                        let part = bound_part(parts, i, j, &due[k])?;
+                    for parts in &keys {
+                        let part = bound_part(parts, i, j)?;
                         if let Some(text) = part {
-                            check_part(elem, text, i, j, &due[k])?;
+                            check_part(elem, text, i, j)?;
                         }
                         column.push(part);
                     }
@@ -375,13 +375,23 @@ impl SqlRebuild {
                 for (i, types) in self.param_types.iter().enumerate() {
                     let mut params = Vec::with_capacity(types.len());
                     for (j, ty) in types.iter().enumerate() {
-                        let part = bound_part(&parts, i, j, d)?;
+                        let part = bound_part(&parts, i, j)?;
                         if let Some(text) = part {
-                            check_part(ty, text, i, j, d)?;
+                            check_part(ty, text, i, j)?;
                         }
                         params.push(TextParam(part.map(str::to_owned)));
                     }
-                    let what = format!("rebuild statement {} failed for key {}", i + 1, d.key);
+                    // The key itself is the refresher's to report (shown as `[[redact]]`
+                    // says): never its value here.
+                    let what = if due.len() == 1 {
+                        format!("rebuild statement {} failed", i + 1)
+                    } else {
+                        format!(
+                            "rebuild statement {} failed for one of {} keys",
+                            i + 1,
+                            due.len()
+                        )
+                    };
                     out.push((i, params, what));
                 }
             }
@@ -605,21 +615,19 @@ pub async fn cancels_settled(within: std::time::Duration) {
     let _ = tokio::time::timeout(within, settled).await;
 }
 
-/// Part `j` of `due`'s key, for `$j+1` of statement `i`.
+/// Part `j` of a key's `parts`, for `$j+1` of statement `i`.
 fn bound_part<'k>(
     parts: &[Option<&'k str>],
     i: usize,
     j: usize,
-    due: &Due,
 ) -> Result<Option<&'k str>, PgError> {
     parts.get(j).copied().ok_or_else(|| {
         PgError::new(
             ErrorKind::Config,
             format!(
-                "statement {} uses ${} but key {} has {} part(s)",
+                "statement {} uses ${} but a key has {} part(s)",
                 i + 1,
                 j + 1,
-                due.key,
                 parts.len()
             ),
         )
@@ -627,13 +635,12 @@ fn bound_part<'k>(
 }
 
 /// A clear error for a key part that cannot be the parameter's type.
-fn check_part(ty: &Type, text: &str, i: usize, j: usize, due: &Due) -> Result<(), PgError> {
+fn check_part(ty: &Type, text: &str, i: usize, j: usize) -> Result<(), PgError> {
     check_scalar(ty, text).map_err(|why| {
         PgError::new(
             ErrorKind::Config,
             format!(
-                "key {}: part {} for ${} of statement {}: {why}",
-                due.key,
+                "a key's part {} for ${} of statement {}: {why}",
                 j + 1,
                 j + 1,
                 i + 1
@@ -656,12 +663,12 @@ impl Rebuild for SqlRebuild {
         Box::pin(async move {
             let started = std::time::Instant::now();
             let result = self.run(due).await;
-            // `RUST_LOG=freshen_postgres=debug` follows every call.
+            // `RUST_LOG=freshen_postgres=debug` follows every call. Never a key: it is
+            // a value of the source's rows, perhaps one `[[redact]]` hides.
             match &result {
                 Ok(()) => tracing::debug!(
                     keys = due.len(),
                     ms = started.elapsed().as_secs_f64() * 1e3,
-                    first = %due.first().map(|d| d.key.to_string()).unwrap_or_default(),
                     "rebuilt"
                 ),
                 Err(e) => tracing::debug!(keys = due.len(), "rebuild failed: {e}"),

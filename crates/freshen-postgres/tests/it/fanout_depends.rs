@@ -112,7 +112,7 @@ async fn parent_keys_map_to_view_keys_page_by_page() {
     let err = err.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);
     assert!(
-        err.to_string().contains("\"basic\" is not a valid int8"),
+        err.to_string().contains("not a valid int8") && !err.to_string().contains("basic"),
         "{err}"
     );
 

@@ -414,7 +414,10 @@ async fn several_keys_share_one_pipelined_transaction_and_fail_together() {
         .await
         .unwrap();
     let err = rebuild.run(&keys).await.unwrap_err();
-    assert!(err.to_string().contains("for key c"), "{err}");
+    assert!(
+        err.to_string().contains("failed for one of 3 keys"),
+        "the key's value is the refresher's to report, shown as [[redact]] says: {err}"
+    );
     let a: i64 = c
         .query_one("SELECT total FROM totals WHERE device = 'a'", &[])
         .await

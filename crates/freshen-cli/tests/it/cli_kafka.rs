@@ -7,8 +7,6 @@ use std::time::{Duration, Instant};
 
 use freshen_testenv::KafkaServer;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -22,21 +20,7 @@ fn broker() -> KafkaServer {
 }
 
 async fn create_topic(bootstrap: &str, topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let new = NewTopic::new(topic, 2, TopicReplication::Fixed(1));
-    for r in admin
-        .create_topics(
-            [&new],
-            &AdminOptions::new().operation_timeout(Some(DEADLINE)),
-        )
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
+    create_topics(bootstrap, &[topic], 2).await;
 }
 
 async fn send(p: &FutureProducer, topic: &str, key: &str, value: &[u8]) {
@@ -54,13 +38,7 @@ fn consume(
     n: usize,
     log: &std::path::Path,
 ) -> Vec<(Value, Value)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let consumer = subscribe(bootstrap, group, &[topic]);
     let mut got: Vec<(Value, Value)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while got.len() < n {
@@ -158,11 +136,7 @@ listen = "127.0.0.1:{port}"
         metrics.contains("freshen_source_streaming{kind=\"kafka\"} 1"),
         "{metrics}"
     );
-    std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+    terminate(&mut child, dir.path(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,11 +201,7 @@ topic_mode = "single"
     assert_eq!(update.0, json!({"id": 7}), "key is the primary key as JSON");
     assert_eq!(update.1["after"]["amount"], json!(2));
     assert_eq!(update.1["source"]["table"], json!("orders"));
-    std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+    terminate(&mut child, dir.path(), 1);
 }
 
 /// A sink's snapshots through the binary: with `snapshot = "initial"` the rows that
@@ -381,11 +351,7 @@ topic_mode = "single"
     })
     .await;
     assert_eq!(progress[0]["tables"][0]["rows"], json!(251), "{progress}");
-    std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+    terminate(&mut child, dir.path(), 1);
 }
 
 /// A sink's snapshot survives a SIGKILL of the binary: the restarted process resumes
@@ -592,11 +558,7 @@ topic_mode = "single"
     assert_eq!(update.1["before"]["amount"], json!(1));
     assert_eq!(update.1["after"]["amount"], json!(2));
     assert_eq!(update.1["source"]["table"], json!("orders"));
-    std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+    terminate(&mut child, dir.path(), 1);
 }
 
 /// `[[redact]]` through the binary: the file's rules reach both outputs. A hashed
@@ -705,11 +667,7 @@ action = "drop"
         assert!(Instant::now() < deadline, "changefeed events: {events:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{}", log_of(dir.path(), 1));
+    terminate(&mut child, dir.path(), 1);
 
     let hash =
         |v: &str| freshen_codec::hmac_hex(&freshen_codec::HashKey::new(KEY.as_bytes().to_vec()), v);

@@ -12,10 +12,6 @@ use std::time::Duration;
 
 use freshen_testenv::refresher::{eventually, until_within, within};
 use freshen_testenv::{KafkaServer, PgServer};
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use support::*;
 
@@ -37,24 +33,6 @@ CREATE TABLE orders (id bigint PRIMARY KEY, seq int NOT NULL);";
 
 fn broker() -> KafkaServer {
     KafkaServer::start().expect("a Kafka-protocol broker (run scripts/test-deps-brokers)")
-}
-
-async fn create_topics(bootstrap: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let new: Vec<NewTopic<'_>> = TOPICS
-        .iter()
-        .map(|t| NewTopic::new(t, 3, TopicReplication::Fixed(1)))
-        .collect();
-    let made = admin
-        .create_topics(&new, &AdminOptions::new().operation_timeout(Some(DEADLINE)))
-        .await
-        .unwrap();
-    for r in made {
-        r.unwrap();
-    }
 }
 
 /// The file; `extra` adds keys to the outbox sink.
@@ -102,7 +80,7 @@ async fn setup(extra: &str) -> Setup {
     let pg = start_pg();
     let c = connect(&pg.url()).await;
     c.batch_execute(OUTBOX).await.unwrap();
-    create_topics(&kafka.bootstrap()).await;
+    create_topics(&kafka.bootstrap(), &TOPICS, 3).await;
     let reader = Reader::start(&kafka.bootstrap());
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -155,13 +133,7 @@ impl Reader {
 
     /// A reader in consumer group `group` (a new group reads every topic from the start).
     fn start_as(bootstrap: &str, group: &str) -> Reader {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", group)
-            .set("auto.offset.reset", "earliest")
-            .create()
-            .unwrap();
-        consumer.subscribe(&TOPICS).unwrap();
+        let consumer = subscribe(bootstrap, group, &TOPICS);
         let got = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

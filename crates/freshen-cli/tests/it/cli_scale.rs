@@ -9,30 +9,9 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use freshen_testenv::{KafkaFlavor, KafkaServer};
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use support::*;
 
 const PARTITIONS: i32 = 6;
-
-async fn create_topic(bootstrap: &str, topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let new = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
-    for r in admin
-        .create_topics(
-            [&new],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-        )
-        .await
-        .unwrap()
-    {
-        r.unwrap();
-    }
-}
 
 /// One file for every instance: the instance's name and listener come from the
 /// environment. Each rebuild logs itself (worker, key, start, end) in its transaction.
@@ -215,7 +194,7 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
     let kafka = KafkaServer::start_flavor(KafkaFlavor::Tansu)
         .expect("a Kafka-protocol broker (run scripts/test-deps-brokers)");
     let bootstrap = kafka.bootstrap();
-    create_topic(&bootstrap, "keys").await;
+    create_topics(&bootstrap, &["keys"], PARTITIONS).await;
     let c = connect(&url).await;
     c.batch_execute(SCHEMA).await.unwrap();
     c.batch_execute(

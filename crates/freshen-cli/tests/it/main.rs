@@ -6,6 +6,8 @@
 mod support;
 
 mod cli_admin;
+#[cfg(feature = "kafka")]
+mod cli_canary;
 mod cli_changefeed;
 mod cli_check;
 mod cli_demo;

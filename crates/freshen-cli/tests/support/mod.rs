@@ -531,3 +531,53 @@ pub async fn changefeed_events(base: &str) -> Vec<serde_json::Value> {
         out.extend(events);
     }
 }
+
+/// Creates `topics` on the broker at `bootstrap`, each with `partitions` partitions.
+pub async fn create_topics(bootstrap: &str, topics: &[&str], partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("a Kafka admin client");
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let made = admin
+        .create_topics(
+            &new,
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(60))),
+        )
+        .await
+        .expect("topics created");
+    for r in made {
+        r.expect("a topic created");
+    }
+}
+
+/// Stops the run logging to `run-{n}.log` in `dir` with SIGTERM and asserts it exited
+/// cleanly (its log on failure).
+pub fn terminate(run: &mut Running, dir: &Path, n: u32) {
+    Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(
+        run.wait().expect("the run ends").success(),
+        "{}",
+        log_of(dir, n)
+    );
+}
+
+/// A consumer in group `group` (a new group reads from the start) subscribed to `topics`.
+pub fn subscribe(bootstrap: &str, group: &str, topics: &[&str]) -> rdkafka::consumer::BaseConsumer {
+    use rdkafka::consumer::Consumer;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("a Kafka consumer");
+    consumer.subscribe(topics).expect("subscribed");
+    consumer
+}

@@ -145,8 +145,25 @@ fn record(out: &mut Vec<u8>, subxid: u32, tag: u8, rest: &[u8]) {
     out.extend_from_slice(rest);
 }
 
-/// A new anonymous file in `dir`: created under a unique name, unlinked at once.
+/// A new anonymous file in `dir`, owner-only. On Linux it never has a name
+/// (`O_TMPFILE`): a crash cannot leave one behind. Elsewhere, or on a file system
+/// without it, it is created under a unique name and unlinked at once.
 fn spill_file(dir: &std::path::Path) -> io::Result<File> {
+    #[cfg(target_os = "linux")]
+    {
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE)
+            .open(dir)
+        {
+            Ok(file) => return Ok(file),
+            // The file system (or an old kernel) has no O_TMPFILE: the named way.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {}
+            Err(e) => return Err(e),
+        }
+    }
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let path = dir.join(format!(
         "freshen-stream-{}-{}",
@@ -658,6 +675,23 @@ mod tests {
         let (_, msgs) = replay(&mut s, &commit(20, 4, 5, 6));
         assert_eq!(msgs, vec![ins("7")]);
         assert_eq!(s.in_memory(), 0);
+    }
+
+    #[test]
+    fn a_spill_file_leaves_no_name_and_is_the_owners_alone() {
+        use std::io::{Read, Seek, Write};
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("freshen-spill-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut f = spill_file(&dir).unwrap();
+        f.write_all(b"raw row").unwrap();
+        f.rewind().unwrap();
+        let mut back = String::new();
+        f.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "raw row");
+        assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no name left");
+        std::fs::remove_dir(&dir).unwrap();
     }
 
     #[test]

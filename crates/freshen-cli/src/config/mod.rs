@@ -618,7 +618,7 @@ fn parse_with(
     );
     check_views_on_target(&mut r, &views, target_plug.as_deref(), source.as_ref());
     let key_stream = key_stream::read(&mut r, root, &views);
-    let (redact, redact_lines) = redact::read(&mut r, root);
+    let (redact, redact_lines) = redact::read(&mut r, root, &names.source);
 
     let kind = root
         .t

@@ -2,6 +2,7 @@
 //! every output — the changefeed (values, before/after images, snapshots) and every
 //! sink (events and snapshot rows) — and never to rebuilds, which read the database.
 
+use freshen::plug::Naming;
 use freshen_codec::{DEFAULT_MASK_LENGTH, HashKey, Mask, RedactAction, RedactRule, Redactor};
 
 use super::read::{Reader, Tbl};
@@ -20,14 +21,20 @@ pub(crate) const MAX_LENGTH: i64 = 65_536;
 pub(crate) const MIN_KEY_BYTES: usize = 16;
 
 /// Reads every `[[redact]]` entry, reporting every problem with its line; each rule
-/// comes with the line of its entry (same order), for warnings about it.
-pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Redactor, Vec<Option<usize>>) {
+/// comes with the line of its entry (same order), for warnings about it. Table names
+/// are read by the source's `naming` (unquoted parts folded, quotes removed), except
+/// that an unqualified name keeps meaning that table in any schema; two entries for
+/// one column of one table — however each is spelt — are a problem naming both lines.
+pub(super) fn read(
+    r: &mut Reader<'_, '_>,
+    root: Tbl<'_>,
+    naming: &Naming,
+) -> (Redactor, Vec<Option<usize>>) {
     let Some(entries) = r.tables(root, "redact") else {
         return (Redactor::default(), Vec::new());
     };
     let mut rules: Vec<RedactRule> = Vec::new();
     let mut lines: Vec<Option<usize>> = Vec::new();
-    let mut seen: Vec<(String, String, Option<usize>)> = Vec::new();
     for (t, path) in &entries {
         let t = Tbl { path, ..*t };
         r.known_keys(t, KEYS);
@@ -107,29 +114,74 @@ pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Redactor, Vec<Opti
         let (Some(table), Some(column), Some(act)) = (table, column, act) else {
             continue;
         };
+        let (schema, name) = match resolve(naming, &table.value) {
+            Ok(t) => t,
+            Err(e) => {
+                r.p.at_line(table.line.or(line), format!("`{path}.table`: {e}"));
+                continue;
+            }
+        };
         if r.p.list.len() != problems {
             continue;
         }
-        if let Some((_, _, first)) = seen
+        let rule = RedactRule {
+            schema,
+            table: name,
+            column: column.value,
+            action: act,
+        };
+        if let Some((first, first_line)) = rules
             .iter()
-            .find(|(tb, c, _)| *tb == table.value && *c == column.value)
+            .zip(&lines)
+            .find(|(other, _)| overlap(other, &rule))
         {
             r.p.at_line(
                 line,
                 format!(
-                    "`{path}`: column `{}` of `{}` is already redacted by the entry on line {}",
-                    column.value,
-                    table.value,
-                    first.map_or_else(|| "?".to_owned(), |l| l.to_string())
+                    "`{path}`: column `{}` of {} is already redacted by the entry on line {} ({}): a column takes one rule",
+                    rule.column,
+                    written(&rule),
+                    first_line.map_or_else(|| "?".to_owned(), |l| l.to_string()),
+                    written(first),
                 ),
             );
             continue;
         }
-        seen.push((table.value.clone(), column.value.clone(), line));
-        rules.push(RedactRule::new(&table.value, column.value, act));
+        rules.push(rule);
         lines.push(line);
     }
     (Redactor::new(rules), lines)
+}
+
+/// A rule's table as read: `(schema, table)` by the source's naming, the schema `None`
+/// when the name has none (that table in any schema).
+fn resolve(naming: &Naming, written: &str) -> Result<(Option<String>, String), String> {
+    // A default schema no name can spell (parts are never empty) marks an unqualified
+    // name, which keeps its meaning: every schema's table of that name.
+    let any = Naming {
+        default_schema: Some(String::new()),
+        ..naming.clone()
+    };
+    let (schema, table) = any.parse(written)?;
+    Ok(((!schema.is_empty()).then_some(schema), table))
+}
+
+/// Whether two rules name the same column of a table they both cover.
+fn overlap(a: &RedactRule, b: &RedactRule) -> bool {
+    a.column == b.column
+        && a.table == b.table
+        && match (&a.schema, &b.schema) {
+            (Some(x), Some(y)) => x == y,
+            _ => true,
+        }
+}
+
+/// A rule's table as messages show it.
+fn written(rule: &RedactRule) -> String {
+    match &rule.schema {
+        Some(s) => format!("`{s}.{}`", rule.table),
+        None => format!("`{}` (in any schema)", rule.table),
+    }
 }
 
 /// The key of a `hash` entry, read from the environment variable `key_env` names.

@@ -1110,7 +1110,7 @@ colour = "red"
             at(34)
         ),
         format!(
-            "{}`redact[6]`: column `ssn` of `users` is already redacted by the entry on line {}",
+            "{}`redact[6]`: column `ssn` of `users` (in any schema) is already redacted by the entry on line {} (`users` (in any schema))",
             at(36),
             base + 30
         ),
@@ -1128,6 +1128,70 @@ colour = "red"
         );
     }
     assert_eq!(p.len(), want.len(), "{}", p.join("\n"));
+}
+
+/// A rule's table is read as the source reads table names: `People` is `people`, a
+/// quoted part keeps its case, `people` (any schema) covers `public.people`. Two rules
+/// for one column of one table, however spelt, are one problem naming both lines.
+#[test]
+fn redact_rules_are_resolved_before_they_are_compared() {
+    let entry = |table: &str, column: &str| {
+        format!("\n[[redact]]\ntable = '{table}'\ncolumn = \"{column}\"\naction = \"drop\"\n")
+    };
+    let src = with_redact(
+        &[
+            entry("people", "ssn"),
+            entry("public.people", "ssn"),
+            entry("People", "email"),
+            entry("people", "email"),
+            entry("\"People\"", "email"),
+            entry("audit.people", "phone"),
+            entry("public.people", "phone"),
+            entry("PUBLIC.\"Staff\"", "ssn"),
+            entry("public.\"Staff\"", "ssn"),
+        ]
+        .concat(),
+    );
+    let base = GOOD.lines().count() + 4;
+    let line = |entry: usize| base + 1 + entry * 5;
+    let p = parse(&src, "f.toml", &redact_env).unwrap_err().lines();
+    let want = [
+        format!(
+            "f.toml:{}: `redact[1]`: column `ssn` of `public.people` is already redacted by the entry on line {} (`people` (in any schema)): a column takes one rule",
+            line(1),
+            line(0)
+        ),
+        format!(
+            "f.toml:{}: `redact[3]`: column `email` of `people` (in any schema) is already redacted by the entry on line {} (`people` (in any schema))",
+            line(3),
+            line(2)
+        ),
+        format!(
+            "f.toml:{}: `redact[8]`: column `ssn` of `public.Staff` is already redacted by the entry on line {} (`public.Staff`)",
+            line(8),
+            line(7)
+        ),
+    ];
+    for w in &want {
+        assert!(
+            p.iter().any(|l| l.starts_with(w.as_str())),
+            "missing {w:?} in\n{}",
+            p.join("\n")
+        );
+    }
+    assert_eq!(p.len(), want.len(), "{}", p.join("\n"));
+
+    // What is left apply as the source names tables.
+    let src = with_redact(&[entry("People", "email"), entry("\"People\"", "email")].concat());
+    let c = parse(&src, "f.toml", &redact_env).unwrap();
+    let row = |table: &str| {
+        freshen::RowEvent::new("public", table, freshen::Op::Insert)
+            .with_new(freshen::Row::from_pairs([("email", "ann@example.com")]))
+    };
+    for table in ["people", "People"] {
+        let out = c.redact.apply(&row(table)).expect(table);
+        assert_eq!(out.new.unwrap().get("email"), None, "{table}: dropped");
+    }
 }
 
 #[test]

@@ -524,7 +524,7 @@ pub(super) const REDACT: Table = Table {
             "string",
             Required("\"app.users\""),
             Any,
-            "`schema.table`, or `table` for the table in any schema.",
+            "`schema.table`, or `table` for the table in any schema; read as the source reads table names (unquoted parts folded), and one column takes one rule however its table is spelt.",
         ),
         key(
             "column",

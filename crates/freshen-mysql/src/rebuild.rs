@@ -488,6 +488,15 @@ pub async fn key_types_of(
         )
         .await
         .map_err(|e| MySqlError::driver("cannot read the key columns' types", e))?;
+    if rows.is_empty() {
+        // The catalog shows a table only to users who may read it.
+        return Err(MySqlError::new(
+            ErrorKind::Config,
+            format!(
+                "table {database}.{table} does not exist (or the user may not see it: GRANT SELECT ON {database}.{table})"
+            ),
+        ));
+    }
     columns
         .iter()
         .map(|c| {

@@ -73,11 +73,29 @@ impl Store {
 
     /// Creates the table if missing.
     pub(crate) async fn prepare(&self) -> Result<(), MySqlError> {
-        if let Store::Table { pool, quoted, .. } = self {
+        if let Store::Table {
+            pool,
+            quoted,
+            name: (db, table),
+            ..
+        } = self
+        {
             let mut c = pool
                 .get_conn()
                 .await
                 .map_err(|e| MySqlError::driver("cannot connect for the position table", e))?;
+            // CREATE TABLE IF NOT EXISTS needs CREATE even when the table is there: a
+            // user given only a created table must not be asked for more.
+            let exists: Option<u8> = c
+                .exec_first(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (db, table),
+                )
+                .await
+                .map_err(|e| MySqlError::driver(format!("cannot look for {quoted}"), e))?;
+            if exists.is_some() {
+                return Ok(());
+            }
             c.query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {quoted} (\
                    name VARCHAR(64) NOT NULL PRIMARY KEY, \

@@ -30,6 +30,7 @@ mod cli_mysql_incremental;
 #[cfg(feature = "kafka")]
 mod cli_outbox;
 mod cli_page;
+mod cli_privileges;
 #[cfg(feature = "pulsar")]
 mod cli_pulsar;
 mod cli_query;

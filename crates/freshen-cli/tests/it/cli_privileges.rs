@@ -115,6 +115,38 @@ struct Ctx {
     feed: String,
 }
 
+/// The runs of a block: with every privilege (no error expected), then without each.
+fn runs<'e>(
+    lines: &[String],
+    expect: &[(&str, &'e str)],
+) -> Vec<(String, Vec<String>, Option<&'e str>)> {
+    let mut out = vec![("every privilege".to_owned(), lines.to_vec(), None)];
+    for w in withouts(lines) {
+        let e = expected(expect, &w.what);
+        out.push((w.what, w.lines, Some(e)));
+    }
+    out
+}
+
+/// Notes in `wrong` a run that did not show what it should have.
+fn judge(
+    wrong: &mut Vec<String>,
+    name: &str,
+    what: &str,
+    needle: Option<&str>,
+    ok: bool,
+    seen: &Seen,
+) {
+    match needle {
+        None if !ok => wrong.push(format!("with {what}, freshen never worked:\n{}", seen.text)),
+        Some(needle) if !seen.text.contains(needle) => wrong.push(format!(
+            "without {what}: expected {needle:?} in what the run showed:\n{}",
+            seen.text
+        )),
+        _ => eprintln!("{name}: {what}: shown"),
+    }
+}
+
 /// What a run showed: its log, and its `/healthz` and `/status` while it ran.
 struct Seen {
     text: String,
@@ -229,14 +261,8 @@ async fn pg_feature<F>(
     let (given, varied) = blocks.split_at(blocks.len() - 1);
     let base_lines: Vec<String> = given.iter().flat_map(|b| block(b)).collect();
     let varied = block(varied[0]);
-    let mut runs: Vec<(String, Vec<String>, Option<&str>)> =
-        vec![("every privilege".to_owned(), varied.clone(), None)];
-    for w in withouts(&varied) {
-        let e = expected(expect, &w.what);
-        runs.push((w.what, w.lines, Some(e)));
-    }
     let mut wrong = Vec::new();
-    for (n, (what, lines, needle)) in runs.into_iter().enumerate() {
+    for (n, (what, lines, needle)) in runs(&varied, expect).into_iter().enumerate() {
         let db = format!("run{n}");
         let all: Vec<String> = base_lines.iter().cloned().chain(lines).collect();
         pg_setup(&pg, n, &all).await;
@@ -260,14 +286,7 @@ async fn pg_feature<F>(
             &mut check,
         )
         .await;
-        match needle {
-            None if !ok => wrong.push(format!("with {what}, freshen never worked:\n{}", seen.text)),
-            Some(needle) if !seen.text.contains(needle) => wrong.push(format!(
-                "without {what}: expected {needle:?} in what the run showed:\n{}",
-                seen.text
-            )),
-            _ => eprintln!("{}: {what}: shown", blocks.join(" + ")),
-        }
+        judge(&mut wrong, &blocks.join(" + "), &what, needle, ok, &seen);
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
 }
@@ -491,14 +510,8 @@ mod mariadb {
         });
         let dir = tempfile::tempdir().unwrap();
         let lines = block(name);
-        let mut runs: Vec<(String, Vec<String>, Option<&str>)> =
-            vec![("every privilege".to_owned(), lines.clone(), None)];
-        for w in withouts(&lines) {
-            let e = expected(expect, &w.what);
-            runs.push((w.what, w.lines, Some(e)));
-        }
         let mut wrong = Vec::new();
-        for (n, (what, lines, needle)) in runs.into_iter().enumerate() {
+        for (n, (what, lines, needle)) in runs(&lines, expect).into_iter().enumerate() {
             setup(&db, &lines).await;
             let ctx = Ctx {
                 admin_url: db.url("app"),
@@ -512,16 +525,7 @@ mod mariadb {
             let mut check = || done(ctx.clone());
             let (ok, seen) =
                 run_until(&run_dir, &cfg, n as u32, &[], &ctx.base, needle, &mut check).await;
-            match needle {
-                None if !ok => {
-                    wrong.push(format!("with {what}, freshen never worked:\n{}", seen.text))
-                }
-                Some(needle) if !seen.text.contains(needle) => wrong.push(format!(
-                    "without {what}: expected {needle:?} in what the run showed:\n{}",
-                    seen.text
-                )),
-                _ => eprintln!("{name}: {what}: shown"),
-            }
+            judge(&mut wrong, name, &what, needle, ok, &seen);
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
     }

@@ -65,6 +65,8 @@ pub enum AdminError {
     NoReload,
     /// No sink of that index takes snapshots.
     NoSink(usize),
+    /// What the request needs cannot be reached now (the database); retry.
+    Unavailable(String),
 }
 
 impl IntoResponse for AdminError {
@@ -99,6 +101,10 @@ impl IntoResponse for AdminError {
             AdminError::NoReload => (
                 StatusCode::CONFLICT,
                 "this process has no configuration file to reload".to_owned(),
+            ),
+            AdminError::Unavailable(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                freshen::redact_text(&format!("{why}; nothing changed, try again")),
             ),
         };
         let mut r = (code, Json(serde_json::json!({ "error": message }))).into_response();
@@ -193,7 +199,9 @@ async fn quarantined(
     State((o, _)): State<Shared>,
     Path(view): Path<String>,
 ) -> Result<Json<Vec<QuarantinedKey>>, AdminError> {
-    let (h, scope) = o
+    let crate::http::AdminView {
+        handle: h, scope, ..
+    } = o
         .view(&view)
         .ok_or_else(|| AdminError::NoView(view.clone()))?;
     let now = std::time::SystemTime::now();
@@ -234,7 +242,19 @@ async fn acknowledge_gaps(
     State((o, _)): State<Shared>,
     Path(view): Path<String>,
 ) -> Result<Response, AdminError> {
-    let acknowledged = handle(&*o, &view)?.acknowledge_gaps();
+    let v = o
+        .view(&view)
+        .ok_or_else(|| AdminError::NoView(view.clone()))?;
+    // Forgotten where they are kept first: a failure there leaves the view reporting
+    // them, never a restart bringing back what the view no longer shows.
+    if let Some(keeper) = &v.gaps {
+        let seen = v.handle.stats().unhealed_gaps;
+        keeper
+            .forget(&seen)
+            .await
+            .map_err(|e| AdminError::Unavailable(format!("cannot forget the kept gaps: {e}")))?;
+    }
+    let acknowledged = v.handle.acknowledge_gaps();
     tracing::warn!(view = %view, gaps = ?acknowledged, "unhealed gaps acknowledged over /admin");
     Ok(Json(serde_json::json!({ "view": view, "acknowledged": acknowledged })).into_response())
 }
@@ -253,7 +273,9 @@ async fn readmit(
     Path(view): Path<String>,
     bytes: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, AdminError> {
-    let (h, scope) = o
+    let crate::http::AdminView {
+        handle: h, scope, ..
+    } = o
         .view(&view)
         .ok_or_else(|| AdminError::NoView(view.clone()))?;
     let r: Readmit = body(&bytes, r#"{"key": KEY} or {"all": true}"#)?;

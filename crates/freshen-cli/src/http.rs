@@ -39,15 +39,14 @@ pub trait Readout: Send + Sync + 'static {
         let _ = index;
         None
     }
-    /// The view named `view` — its handle, and its scope (how its keys are shown) —
-    /// for `/admin` (none: no such view).
-    fn view(&self, view: &str) -> Option<(freshen::Handle, Arc<crate::scope::ViewScope>)> {
+    /// The view named `view`, for `/admin` (none: no such view).
+    fn view(&self, view: &str) -> Option<AdminView> {
         let _ = view;
         None
     }
     /// The handle of the view named `view`, for `/admin` (none: no such view).
     fn handle(&self, view: &str) -> Option<freshen::Handle> {
-        self.view(view).map(|(h, _)| h)
+        self.view(view).map(|v| v.handle)
     }
     /// Re-reads the configuration file (`POST /admin/reload`); `None`: not supported.
     fn reload(&self) -> Option<Result<crate::reload::Change, crate::reload::Refused>> {
@@ -57,6 +56,17 @@ pub trait Readout: Send + Sync + 'static {
     fn activity(&self) -> crate::standby::Activity {
         crate::standby::Activity::Active
     }
+}
+
+/// A running view as `/admin` acts on it.
+#[derive(Debug, Clone)]
+pub struct AdminView {
+    /// Its refresher's handle.
+    pub handle: freshen::Handle,
+    /// Its scope: how its keys are shown.
+    pub scope: Arc<crate::scope::ViewScope>,
+    /// Where its unhealed gaps are kept (a view without a reconcile sweep).
+    pub gaps: Option<Arc<crate::gap_keeping::GapKeeper>>,
 }
 
 /// The `/status` document.

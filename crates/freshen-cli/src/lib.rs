@@ -9,6 +9,7 @@ pub mod check;
 pub mod config;
 pub mod demo;
 pub mod drop;
+pub mod gap_keeping;
 pub mod http;
 pub mod infer;
 pub mod init;

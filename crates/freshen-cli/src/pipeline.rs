@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Sink, View};
+use crate::gap_keeping::GapKeeper;
 use crate::http::Readout;
 use crate::metrics::{SourceStatus, ViewStats};
 use crate::role::Role;
@@ -137,7 +138,13 @@ struct Topology {
 /// A sink as `/metrics` labels it (`sink`, `kind`), and what reads its deliveries.
 type ObservedSink = (String, &'static str, Arc<dyn freshen::plug::SinkProbe>);
 
-type ObservedView = (String, freshen::Handle, Arc<ViewScope>, Option<Duration>);
+type ObservedView = (
+    String,
+    freshen::Handle,
+    Arc<ViewScope>,
+    Option<Duration>,
+    Option<Arc<GapKeeper>>,
+);
 
 /// A view, prepared on its target: it becomes a refresher over whichever source it is
 /// given (a branch of the source, or a worker's share of the key stream).
@@ -145,6 +152,9 @@ struct ViewConsumer {
     view: View,
     /// The `[[redact]]` rules: a key read from a column they hide is shown redacted.
     redact: freshen_codec::Redactor,
+    /// Where its unhealed gaps are kept across restarts, and those kept from before
+    /// (a view without a reconcile sweep, on a target that keeps them).
+    gaps: Option<(Arc<GapKeeper>, Vec<freshen::Gap>)>,
     prepared: Prepared,
     ack: freshen::AckPolicy,
     /// Whether it sweeps at start (not after a reload that left it unchanged).
@@ -156,6 +166,7 @@ impl ViewConsumer {
         ViewConsumer {
             view: view.clone(),
             redact: cfg.redact.clone(),
+            gaps: None,
             prepared,
             ack: cfg.ack,
             sweep: !unchanged.contains(&view.name),
@@ -168,6 +179,11 @@ impl ViewConsumer {
         topology: &mut Topology,
     ) -> anyhow::Result<()> {
         let scope = ViewScope::redacted(&self.view, &self.redact);
+        let keeper = self.gaps.as_ref().map(|(k, _)| k.clone());
+        let source = match self.gaps {
+            Some((keeper, kept)) => keeper.source(source, kept),
+            None => source,
+        };
         let refresher = refresher(
             &self.view,
             &scope,
@@ -181,6 +197,7 @@ impl ViewConsumer {
             refresher.handle(),
             scope,
             self.view.timing.stale_after,
+            keeper,
         ));
         topology.parts.push(Part::new(
             format!("view {}", self.view.name),
@@ -328,7 +345,7 @@ impl Observer {
     fn sample_windows(&self) {
         let now = std::time::Instant::now();
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        for ((_, h, _, _), w) in self.views.iter().zip(windows.iter_mut()) {
+        for ((_, h, ..), w) in self.views.iter().zip(windows.iter_mut()) {
             w.push_back((now, h.stats().freshness));
             // Keep one snapshot at or before the window's start.
             while w.len() > 2 && w[1].0 + RECENT <= now {
@@ -355,11 +372,15 @@ impl Observer {
 }
 
 impl Readout for Observer {
-    fn view(&self, view: &str) -> Option<(freshen::Handle, Arc<ViewScope>)> {
+    fn view(&self, view: &str) -> Option<crate::http::AdminView> {
         self.views
             .iter()
             .find(|(name, ..)| name == view)
-            .map(|(_, h, scope, _)| (h.clone(), scope.clone()))
+            .map(|(_, h, scope, _, gaps)| crate::http::AdminView {
+                handle: h.clone(),
+                scope: scope.clone(),
+                gaps: gaps.clone(),
+            })
     }
 
     fn snapshots(&self) -> Vec<freshen_changefeed::SnapshotProgress> {
@@ -399,7 +420,7 @@ impl Readout for Observer {
         self.views
             .iter()
             .enumerate()
-            .map(|(i, (name, h, scope, stale_after))| {
+            .map(|(i, (name, h, scope, stale_after, _))| {
                 let stats = h.stats();
                 ViewStats {
                     name: name.clone(),
@@ -448,8 +469,8 @@ impl Readout for Observer {
                         let views: Vec<&str> = self
                             .views
                             .iter()
-                            .filter(|(_, _, scope, _)| scope.watches(schema, table))
-                            .map(|(n, _, _, _)| n.as_str())
+                            .filter(|(_, _, scope, ..)| scope.watches(schema, table))
+                            .map(|(n, ..)| n.as_str())
                             .collect();
                         format!("{} (views: {})", p.message, views.join(", "))
                     }
@@ -603,12 +624,25 @@ async fn view_consumer(
     let on = view_target(target, view, cfg)?;
     let rebuild = on.rebuild().await.map_err(anyhow::Error::from_boxed)?;
     let fanouts = on.fanouts().await.map_err(anyhow::Error::from_boxed)?;
-    Ok(ViewConsumer::new(
-        view,
-        cfg,
-        unchanged,
-        (on, rebuild, fanouts),
-    ))
+    let mut consumer = ViewConsumer::new(view, cfg, unchanged, (on, rebuild, fanouts));
+    match target.gap_ledger() {
+        Some(ledger) => {
+            if let Some(keeper) = GapKeeper::for_view(&ledger, view) {
+                let kept = keeper
+                    .load()
+                    .await
+                    .map_err(anyhow::Error::from_boxed)
+                    .with_context(|| format!("view {}: cannot read its kept gaps", view.name))?;
+                consumer.gaps = Some((keeper, kept));
+            }
+        }
+        None if view.reconcile.is_none() => tracing::warn!(
+            view = %view.name,
+            "this target keeps no unhealed gaps: a restart forgets one (add a reconcile sweep to heal gaps)"
+        ),
+        None => {}
+    }
+    Ok(consumer)
 }
 
 /// The changefeed opened, its listener bound, and where its snapshots read from.

@@ -140,10 +140,7 @@ impl Readout for Process {
         self.active().map(|o| o.redactions()).unwrap_or_default()
     }
 
-    fn view(
-        &self,
-        view: &str,
-    ) -> Option<(freshen::Handle, std::sync::Arc<crate::scope::ViewScope>)> {
+    fn view(&self, view: &str) -> Option<crate::http::AdminView> {
         self.active().and_then(|o| o.view(view))
     }
 

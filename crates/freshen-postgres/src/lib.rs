@@ -101,6 +101,7 @@ mod catalog;
 pub mod check;
 mod config;
 mod error;
+mod gaps;
 mod hosts;
 pub mod infer;
 mod leader;
@@ -138,6 +139,7 @@ pub use config::{
 };
 pub use deadpool_postgres::Pool;
 pub use error::{ErrorKind, PgError, retry_of};
+pub use gaps::{GAP_TABLE, PgGapLedger};
 pub use leader::{Attempt, Holder, Leadership};
 pub use lsn::{Lsn, ParseLsnError};
 pub use polling::{PgIncrementalSettings, PgIncrementalSource};

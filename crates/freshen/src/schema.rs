@@ -34,6 +34,18 @@ impl Gap {
     }
 }
 
+/// `schema.table: reason`, or `an unknown table: reason` (how an unhealed gap reads in
+/// [`Stats::unhealed_gaps`](crate::Stats::unhealed_gaps)).
+impl fmt::Display for Gap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.table.is_empty() {
+            write!(f, "an unknown table: {}", self.reason)
+        } else {
+            write!(f, "{}.{}: {}", self.schema, self.table, self.reason)
+        }
+    }
+}
+
 /// A watched table's shape changed, as its source saw it (a PostgreSQL Relation
 /// message that differs from the last one, a DDL statement in a MySQL binlog).
 ///

@@ -564,7 +564,7 @@ async fn the_clear_canary_reaches_no_output() {
     );
 
     // A restart: the stored progress is read back, more rows relayed after it.
-    terminate(&mut run, dir.path(), 1);
+    stop_run(&mut run, dir.path(), 1);
     let mut run = spawn_run_env(dir.path(), &cfg, 2, &env);
     wait_healthy(&base, dir.path(), 2, DEADLINE).await;
     c.batch_execute(&format!(
@@ -577,7 +577,7 @@ async fn the_clear_canary_reaches_no_output() {
     let events = wait_events(&feed, events + 3).await;
     wait_snapshots_done(&base, &feed).await;
     http_surfaces(&mut out, "after the restart", &base, &feed, events).await;
-    terminate(&mut run, dir.path(), 2);
+    stop_run(&mut run, dir.path(), 2);
 
     // Kafka: every record of every topic, keys, values and headers.
     let sink = records(

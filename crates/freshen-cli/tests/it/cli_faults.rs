@@ -497,6 +497,92 @@ async fn a_table_out_of_the_publication_for_a_while_is_a_gap_until_healed() {
     run.wait().unwrap();
 }
 
+/// An unhealed gap is state freshen keeps (in the target's `freshen_gaps`): a crash and
+/// a restart later the view still reports it and `/healthz` stays 503, until a person
+/// rebuilds the keys and acknowledges it; then 200, the table equal to the truth, and
+/// nothing kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_survives_restarts_until_a_person_acknowledges_it() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(SCHEMA).await.unwrap();
+    let Started { dir, base, mut run } = run_healthy(|http| config(&pg.url(), http), None).await;
+    wait_equal(&c, Duration::from_secs(30)).await;
+    c.batch_execute("ALTER PUBLICATION freshen_test DROP TABLE readings")
+        .await
+        .unwrap();
+    wait_http(&base, "/healthz", 503, Duration::from_secs(30)).await;
+    witness(&c, "out", OUT).await;
+    c.batch_execute("ALTER PUBLICATION freshen_test ADD TABLE readings")
+        .await
+        .unwrap();
+    let unhealed = |s: &freshen_cli::http::Status| {
+        s.views
+            .iter()
+            .find(|v| v.name == "device_totals")
+            .map(|v| v.unhealed_gaps.clone())
+            .unwrap_or_default()
+    };
+    let before = unhealed(
+        &wait_status(&base, "the unhealed gap", Duration::from_secs(30), |s| {
+            !unhealed(s).is_empty()
+        })
+        .await,
+    );
+    let kept = || async {
+        c.query_one(
+            "SELECT count(*) FROM freshen_gaps WHERE view = 'device_totals'",
+            &[],
+        )
+        .await
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(0)
+    };
+    assert_eq!(kept().await, 1, "kept in the target");
+    // A crash, then a graceful restart: the gap is still there each time, and the
+    // view never looks healthy with the hole.
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &config(&pg.url(), base.trim_start_matches("http://")),
+    );
+    for n in [2, 3] {
+        let mut again = spawn_run(dir.path(), &cfg, n);
+        // From the first answer on, never 200 with the hole still there: asked until
+        // the view reports the gap again, and two seconds more.
+        let mut seen_since = None;
+        while seen_since.is_none_or(|t: std::time::Instant| t.elapsed() < Duration::from_secs(2)) {
+            if let Ok((code, body)) = freshen_cli::status::get(&base, "/healthz").await {
+                assert_eq!(code, 503, "never 200 with the hole still there: {body}");
+            }
+            if seen_since.is_none()
+                && let Ok(s) = freshen_cli::status::fetch(&base).await
+                && !unhealed(&s).is_empty()
+            {
+                assert_eq!(unhealed(&s), before, "{}", log_of(dir.path(), n));
+                seen_since = Some(std::time::Instant::now());
+            }
+            assert!(
+                again.try_wait().unwrap().is_none(),
+                "run {n} ended: {}",
+                log_of(dir.path(), n)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(stale_witnesses(&c).await, OUT, "the hole is real");
+        if n == 2 {
+            stop_run(&mut again, dir.path(), n);
+        } else {
+            run = again;
+        }
+    }
+    gap_is_reported_until_healed(&c, &base, dir.path(), 3).await;
+    assert_eq!(kept().await, 0, "forgotten once acknowledged");
+    run.kill().unwrap();
+    run.wait().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_freshen_puts_back_into_its_publication_at_start_is_a_gap() {
     let pg = start_pg();

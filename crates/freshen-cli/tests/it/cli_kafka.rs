@@ -136,7 +136,7 @@ listen = "127.0.0.1:{port}"
         metrics.contains("freshen_source_streaming{kind=\"kafka\"} 1"),
         "{metrics}"
     );
-    terminate(&mut child, dir.path(), 1);
+    stop_run(&mut child, dir.path(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,7 +201,7 @@ topic_mode = "single"
     assert_eq!(update.0, json!({"id": 7}), "key is the primary key as JSON");
     assert_eq!(update.1["after"]["amount"], json!(2));
     assert_eq!(update.1["source"]["table"], json!("orders"));
-    terminate(&mut child, dir.path(), 1);
+    stop_run(&mut child, dir.path(), 1);
 }
 
 /// A sink's snapshots through the binary: with `snapshot = "initial"` the rows that
@@ -351,7 +351,7 @@ topic_mode = "single"
     })
     .await;
     assert_eq!(progress[0]["tables"][0]["rows"], json!(251), "{progress}");
-    terminate(&mut child, dir.path(), 1);
+    stop_run(&mut child, dir.path(), 1);
 }
 
 /// A sink's snapshot survives a SIGKILL of the binary: the restarted process resumes
@@ -558,7 +558,7 @@ topic_mode = "single"
     assert_eq!(update.1["before"]["amount"], json!(1));
     assert_eq!(update.1["after"]["amount"], json!(2));
     assert_eq!(update.1["source"]["table"], json!("orders"));
-    terminate(&mut child, dir.path(), 1);
+    stop_run(&mut child, dir.path(), 1);
 }
 
 /// `[[redact]]` through the binary: the file's rules reach both outputs. A hashed
@@ -667,7 +667,7 @@ action = "drop"
         assert!(Instant::now() < deadline, "changefeed events: {events:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    terminate(&mut child, dir.path(), 1);
+    stop_run(&mut child, dir.path(), 1);
 
     let hash =
         |v: &str| freshen_codec::hmac_hex(&freshen_codec::HashKey::new(KEY.as_bytes().to_vec()), v);

@@ -557,7 +557,7 @@ pub async fn create_topics(bootstrap: &str, topics: &[&str], partitions: i32) {
 
 /// Stops the run logging to `run-{n}.log` in `dir` with SIGTERM and asserts it exited
 /// cleanly (its log on failure).
-pub fn terminate(run: &mut Running, dir: &Path, n: u32) {
+pub fn stop_run(run: &mut Running, dir: &Path, n: u32) {
     Command::new("kill")
         .args(["-TERM", &run.id().to_string()])
         .status()

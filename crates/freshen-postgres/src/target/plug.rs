@@ -116,6 +116,12 @@ struct PgConnected {
 }
 
 impl Target for PgConnected {
+    fn gap_ledger(&self) -> Option<std::sync::Arc<dyn freshen::plug::GapLedger>> {
+        // Its own connection: a gap is recorded while the views' pools are busy.
+        let pool = connect_pool(&self.conn, 1).ok()?;
+        Some(std::sync::Arc::new(crate::PgGapLedger::new(pool)))
+    }
+
     fn view(&self, view: &ViewSpec) -> Result<Box<dyn ViewTarget>, BoxError> {
         let pool_for = |c: &ConnectionConfig, what: &str| {
             let mut c = c.clone();

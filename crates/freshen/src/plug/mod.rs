@@ -25,8 +25,8 @@ use std::time::Duration;
 pub use naming::Naming;
 pub use sink::{Redact, RunSink, SinkPlug, SinkProbe, SinkReport, Splice};
 pub use target::{
-    Imported, Inferred, QuerySpec, Starter, Target, TargetError, TargetPlug, ViewSpec, ViewTarget,
-    is_plain_query,
+    GapLedger, Imported, Inferred, QuerySpec, Starter, Target, TargetError, TargetPlug, ViewSpec,
+    ViewTarget, is_plain_query,
 };
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};

@@ -25,6 +25,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{Finding, Watched};
+use crate::Gap;
 use crate::rebuild::{Enumerate, Expand, Rebuild};
 use crate::source::{BoxError, BoxFuture};
 
@@ -246,8 +247,36 @@ pub struct Imported {
     pub key: Vec<String>,
 }
 
+/// Where a view's unhealed gaps are kept across restarts: state freshen owns, in the
+/// target database. A gap is recorded before the batch that carried it goes on (so
+/// before that batch can be confirmed upstream), read back when the view starts again,
+/// and forgotten only once a person acknowledged it. Without this a restart would
+/// forget a gap the stream will never send again, and the view would look healthy with
+/// the hole still there.
+pub trait GapLedger: Send + Sync + 'static {
+    /// The gaps kept for `view` (none when nothing was ever recorded).
+    fn load<'a>(&'a self, view: &'a str) -> BoxFuture<'a, Result<Vec<Gap>, BoxError>>;
+
+    /// Keeps `gaps` for `view` (a table's newer reason replaces its older one).
+    fn record<'a>(&'a self, view: &'a str, gaps: &'a [Gap]) -> BoxFuture<'a, Result<(), BoxError>>;
+
+    /// Forgets the gaps of `view` that read as `lines` (their [`Gap`] text: what a
+    /// person acknowledged); another reason of the same table is kept.
+    fn forget<'a>(
+        &'a self,
+        view: &'a str,
+        lines: &'a [String],
+    ) -> BoxFuture<'a, Result<(), BoxError>>;
+}
+
 /// A connected target: makes each view's connections.
 pub trait Target: Send + Sync + 'static {
+    /// Where this target keeps views' unhealed gaps across restarts; `None` (the
+    /// default): it keeps none, and a restart forgets them.
+    fn gap_ledger(&self) -> Option<std::sync::Arc<dyn GapLedger>> {
+        None
+    }
+
     /// The connections of `view` alone (opened lazily), its statements cancelled by the
     /// server past the view's `statement_timeout`.
     fn view(&self, view: &ViewSpec) -> Result<Box<dyn ViewTarget>, BoxError>;

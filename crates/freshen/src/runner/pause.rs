@@ -152,13 +152,10 @@ impl Pauses {
     }
 }
 
-/// How an unhealed gap reads in [`Stats::unhealed_gaps`](crate::Stats::unhealed_gaps).
+/// How an unhealed gap reads in [`Stats::unhealed_gaps`](crate::Stats::unhealed_gaps):
+/// the gap's own text.
 fn unhealed_line((schema, table): &(Box<str>, Box<str>), why: &str) -> String {
-    if table.is_empty() {
-        format!("an unknown table: {why}")
-    } else {
-        format!("{schema}.{table}: {why}")
-    }
+    Gap::new(schema.clone(), table.clone(), why).to_string()
 }
 
 #[cfg(test)]

@@ -91,11 +91,33 @@ pub(crate) fn open(
     key_index: bool,
     cache_bytes: usize,
 ) -> Result<(Database, LogState), Error> {
+    let io = |e: std::io::Error| Error::Open {
+        path: path.to_owned(),
+        source: redb::DatabaseError::Storage(redb::StorageError::Io(e)),
+    };
+    // Owner-only when freshen makes them: the log holds every captured row (redacted
+    // columns aside), which no other local user should read. Existing ones keep theirs.
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| Error::Open {
-            path: path.to_owned(),
-            source: redb::DatabaseError::Storage(redb::StorageError::Io(e)),
-        })?;
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
+    }
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            // An empty file: redb makes a new database in it.
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(e)),
+        }
     }
     let db = Database::builder()
         .set_cache_size(cache_bytes)

@@ -342,3 +342,23 @@ async fn groups_declared_in_code_persist() {
     ));
     cf.close().await;
 }
+
+/// The store holds every captured row: a new one, and a directory made for it, are the
+/// owner's alone; reopening keeps what it has.
+#[tokio::test]
+async fn a_new_store_and_its_directory_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.path = dir.path().join("made").join("feed.redb");
+    let cf = open(&c).await;
+    cf.append(&orders(1, 1)).await.unwrap();
+    cf.close().await;
+    drop(cf);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&c.path), 0o600);
+    assert_eq!(mode(c.path.parent().unwrap()), 0o700);
+    let cf = open(&c).await;
+    assert_eq!(cf.latest_sequence(), 1, "an existing store opens as it was");
+    cf.close().await;
+}

@@ -15,13 +15,9 @@ use support::*;
 /// a dropped change) and with a debounce long enough that changes are still pending
 /// when the server goes down.
 fn no_sweep(url: &str, http: &str) -> String {
-    config(url, http)
-        .replace(
-            "reconcile = { every = \"1h\", keys = \"SELECT id FROM sites\" }\n",
-            "",
-        )
-        .replace("coalesce = \"20ms\"", "coalesce = \"1s\"")
-        .replace("max_wait = \"500ms\"", "max_wait = \"2s\"")
+    let text = without_sweeps(&config(url, http));
+    let text = edited(&text, "coalesce = \"20ms\"", "coalesce = \"1s\"");
+    edited(&text, "max_wait = \"500ms\"", "max_wait = \"2s\"")
 }
 
 async fn status(base: &str) -> freshen_cli::http::Status {
@@ -106,6 +102,7 @@ async fn restarts_under_load_delay_rebuilds_and_quarantine_nothing() {
         metrics.contains("freshen_keys_poisoned_total{view=\"device_totals\"} 0"),
         "{metrics}"
     );
+    assert_no_sweep_ran(&base).await;
     run.kill().unwrap();
     run.wait().unwrap();
 }
@@ -222,6 +219,7 @@ async fn connections_terminated_under_load_lose_nothing_and_streaming_goes_on() 
         s.source.reconnects >= faults.len() as u64,
         "every fault was seen: {s:?}"
     );
+    assert_no_sweep_ran(&base).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,12 +229,16 @@ async fn a_key_failing_by_its_data_holds_its_transactions_and_heals_when_fixed()
     c.batch_execute(SCHEMA).await.unwrap();
     // device_totals divides by zero for a device with a negative reading.
     let text = |http: &str| {
-        no_sweep(&pg.url(), http)
-            .replace("coalesce = \"1s\"", "coalesce = \"20ms\"\npoison_after = 2\nbackoff = { base = \"20ms\", max = \"200ms\" }")
-            .replace(
-                "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
-                "INSERT INTO device_totals SELECT device, sum(value) / (CASE WHEN min(value) < 0 THEN 0 ELSE 1 END), count(*) FROM readings WHERE device = $1 GROUP BY device",
-            )
+        let text = edited(
+            &no_sweep(&pg.url(), http),
+            "coalesce = \"1s\"",
+            "coalesce = \"20ms\"\npoison_after = 2\nbackoff = { base = \"20ms\", max = \"200ms\" }",
+        );
+        edited(
+            &text,
+            "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
+            "INSERT INTO device_totals SELECT device, sum(value) / (CASE WHEN min(value) < 0 THEN 0 ELSE 1 END), count(*) FROM readings WHERE device = $1 GROUP BY device",
+        )
     };
     let Started { dir, base, mut run } = run_healthy(text, None).await;
     c.batch_execute(
@@ -353,7 +355,11 @@ async fn a_target_on_another_cluster_rebuilds_from_the_source() {
     let text = |http: &str| {
         format!(
             "{}\n[target]\nurl = \"{}\"\n",
-            no_sweep(&source.url(), http).replace("coalesce = \"1s\"", "coalesce = \"20ms\""),
+            edited(
+                &no_sweep(&source.url(), http),
+                "coalesce = \"1s\"",
+                "coalesce = \"20ms\""
+            ),
             target.url()
         )
     };
@@ -619,15 +625,16 @@ async fn a_rebuild_abandoned_at_shutdown_is_cancelled_on_the_server() {
     let c = connect(&pg.url()).await;
     c.batch_execute(SCHEMA).await.unwrap();
     let text = |http: &str| {
-        config(&pg.url(), http)
-            .replace(
-                "max_wait = \"500ms\"",
-                "max_wait = \"500ms\"\nshutdown_grace = \"500ms\"",
-            )
-            .replace(
-                "\"DELETE FROM device_totals WHERE device = $1\",",
-                "\"SELECT pg_sleep(120) WHERE $1::text IS NOT NULL\",",
-            )
+        let text = edited(
+            &config(&pg.url(), http),
+            "max_wait = \"500ms\"",
+            "max_wait = \"500ms\"\nshutdown_grace = \"500ms\"",
+        );
+        edited(
+            &text,
+            "\"DELETE FROM device_totals WHERE device = $1\",",
+            "\"SELECT pg_sleep(120) WHERE $1::text IS NOT NULL\",",
+        )
     };
     let Started {
         dir,
@@ -723,7 +730,8 @@ async fn a_locked_derived_table_stalls_only_its_own_view() {
     let mut c = connect(&pg.url()).await;
     c.batch_execute(SCHEMA).await.unwrap();
     let text = |http: &str| {
-        config(&pg.url(), http).replace(
+        edited(
+            &config(&pg.url(), http),
             "max_wait = \"500ms\"\n",
             "max_wait = \"500ms\"\nstatement_timeout = \"300ms\"\nbackoff = { base = \"50ms\", max = \"300ms\" }\n",
         )

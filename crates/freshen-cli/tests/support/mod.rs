@@ -11,7 +11,9 @@ pub mod saas;
 use freshen_testenv::PgServer;
 use tokio_postgres::{Client, NoTls};
 
-pub const SCHEMA: &str = "
+macro_rules! tables {
+    () => {
+        "
 CREATE TABLE sites (id text PRIMARY KEY, region text NOT NULL);
 CREATE TABLE readings (id bigserial PRIMARY KEY, device text NOT NULL, site text NOT NULL, value bigint NOT NULL);
 ALTER TABLE readings REPLICA IDENTITY FULL;
@@ -20,8 +22,23 @@ CREATE INDEX ON readings (device);
 CREATE INDEX ON readings (site);
 CREATE TABLE device_totals (device text PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL);
 CREATE TABLE site_totals (site text PRIMARY KEY, region text NOT NULL, total bigint NOT NULL, n bigint NOT NULL);
-INSERT INTO sites SELECT 's' || g, (ARRAY['eu','us','ap'])[1 + g % 3] FROM generate_series(0, 9) g;
-";
+"
+    };
+}
+
+macro_rules! sites {
+    () => {
+        "INSERT INTO sites SELECT 's' || g, (ARRAY['eu','us','ap'])[1 + g % 3] FROM generate_series(0, 9) g;\n"
+    };
+}
+
+/// The readings schema: its tables, then its sites.
+pub const SCHEMA: &str = concat!(tables!(), sites!());
+/// The schema's tables alone, empty: for a run with no sweep, which then learns every
+/// row, the [`SITES`] included, from the stream.
+pub const TABLES: &str = tables!();
+/// The schema's sites.
+pub const SITES: &str = sites!();
 
 /// Two views; the second watches two tables.
 pub fn config(url: &str, http: &str) -> String {
@@ -117,6 +134,42 @@ pub async fn wait_equal(c: &Client, within: Duration) {
             "derived tables never matched truth: {d:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `text` with `from` replaced by `to`, failing when `from` is not there: a test's
+/// meaning often rests on such an edit (a sweep taken out), and one that silently did
+/// not take would test something else.
+pub fn edited(text: &str, from: &str, to: &str) -> String {
+    assert!(
+        text.contains(from),
+        "the edit did not take: {from:?} is not in\n{text}"
+    );
+    text.replace(from, to)
+}
+
+/// [`config`]'s views without any reconcile sweep: nothing but the stream heals them.
+pub fn without_sweeps(text: &str) -> String {
+    let out = edited(
+        text,
+        "reconcile = { every = \"1h\", keys = \"SELECT id FROM sites\" }\n",
+        "",
+    );
+    assert!(!out.contains("reconcile"), "a sweep is left in\n{out}");
+    out
+}
+
+/// Fails unless no view of the run serving `base` ran a reconcile sweep (at start or
+/// since): what a fault test's witnesses show then came from the stream alone.
+pub async fn assert_no_sweep_ran(base: &str) {
+    let s = freshen_cli::status::fetch(base).await.expect("/status");
+    assert!(!s.views.is_empty(), "views in /status: {s:?}");
+    for v in &s.views {
+        assert!(
+            v.reconciles == 0 && v.sweep_rebuilds == 0 && v.sweep_listed == 0,
+            "view {} ran a reconcile sweep, which may have healed what the test checks: {v:?}",
+            v.name
+        );
     }
 }
 

@@ -394,6 +394,7 @@ pub async fn across_a_sigkill(
     workload(c, &mut r, n[3]).await;
     wait_equal(c, Duration::from_secs(90)).await;
     assert_witnesses(c, 1..=6).await;
+    super::assert_no_sweep_ran(&base).await;
     (dir, base, second)
 }
 

@@ -47,6 +47,8 @@ pub enum TestEnvError {
         /// The tail of the server log.
         log: String,
     },
+    /// What a helper waited for did not happen in time.
+    Timeout(String),
     /// A file-system or process operation failed.
     Io {
         /// What was being done.
@@ -98,6 +100,7 @@ impl fmt::Display for TestEnvError {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            TestEnvError::Timeout(what) => write!(f, "timed out waiting for {what}"),
             TestEnvError::NoUnprivilegedUser { user } => write!(
                 f,
                 "the tests run as root and PostgreSQL refuses to run as root, but there is no \

@@ -26,10 +26,12 @@
 //!
 //! Broker modules (`kafka`, `pulsar`) go beside `postgres` and share [`support`].
 //! [`refresher`] holds what tests of every source share: a refresher running on a task
-//! and polling with a deadline.
+//! and polling with a deadline. [`child`] runs part of a test in a process of its own,
+//! for crash tests that kill it with SIGKILL.
 
 mod broker;
 pub mod browser;
+pub mod child;
 mod error;
 mod kafka;
 mod mariadb;

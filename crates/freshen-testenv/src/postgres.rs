@@ -786,6 +786,28 @@ impl PgServer {
         Ok(out.trim().to_string())
     }
 
+    /// Waits until replication slot `slot` is streaming to someone (a reader started
+    /// elsewhere, e.g. in a child process, is connected), or fails after `within`.
+    /// Blocking: it asks `psql` every 50 ms.
+    pub fn wait_for_slot(&self, slot: &str, within: Duration) -> Result<(), TestEnvError> {
+        let deadline = std::time::Instant::now() + within;
+        let sql = format!(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = '{}'",
+            slot.replace('\'', "''")
+        );
+        loop {
+            if self.psql(&sql)? == "t" {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(TestEnvError::Timeout(format!(
+                    "slot {slot} streaming, within {within:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Appends a line to the server log (marks phases of a test in its diagnostics).
     pub fn note(&self, line: &str) {
         if let Ok(mut f) = OpenOptions::new().append(true).open(self.log_path()) {

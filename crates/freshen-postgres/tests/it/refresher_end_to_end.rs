@@ -10,6 +10,7 @@ use std::time::Duration;
 use freshen::{Handle, Refresher, RowEvent};
 use freshen_postgres::{ConnectionConfig, SlotMode, SqlEnumerate, SqlRebuild, connect_pool};
 use freshen_testenv::PgServer;
+use freshen_testenv::child::ChildProcess;
 use support::*;
 use support::{ROLLUP_DERIVED as DERIVED, ROLLUP_TRUTH as TRUTH, rollup_rows as rows};
 use tokio_postgres::Client;
@@ -130,16 +131,18 @@ async fn a_killed_refresher_resumes_from_the_slot_and_loses_nothing() {
     let build = rollup_refresher;
     let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
 
-    // First refresher: killed (its run future aborted) in the middle of the workload.
-    let first = build(
-        source(config(&pg, "resume", &["readings"])).await,
-        rebuild(&pg).await,
+    // First refresher: a process of its own, SIGKILLed in the middle of the workload (no
+    // graceful stop, no final feedback: a crash).
+    let mut first = ChildProcess::spawn(
+        "refresher_end_to_end::the_refresher_killed_mid_workload",
+        &[(CHILD_URL, &pg.url())],
     );
-    let first_handle = first.handle();
-    let run = tokio::spawn(async move { first.run(std::future::pending()).await });
+    // Its slot streams before the workload starts: nothing written before the slot
+    // would ever reach it.
+    pg.wait_for_slot("resume", Duration::from_secs(30)).unwrap();
     workload(&c, &mut rng, 80).await;
     eventually(30, "the first refresher to rebuild something", || async {
-        (first_handle.stats().rebuilds_ok > 0).then_some(())
+        (!rows(&c, DERIVED).await.is_empty()).then_some(())
     })
     .await;
     workload(&c, &mut rng, 40).await;
@@ -153,8 +156,7 @@ async fn a_killed_refresher_resumes_from_the_slot_and_loses_nothing() {
         .await
         .unwrap();
     }
-    run.abort();
-    let _ = run.await;
+    first.kill();
     // More changes while nothing runs.
     workload(&c, &mut rng, 80).await;
     assert_ne!(
@@ -192,4 +194,22 @@ async fn a_killed_refresher_resumes_from_the_slot_and_loses_nothing() {
     assert_eq!(handle.stats().reconciles, 0, "healed by replay alone");
     stop_tx.send(()).unwrap();
     run.await.unwrap().unwrap();
+}
+
+/// Where the child process of the test above finds the database.
+const CHILD_URL: &str = "FRESHEN_TEST_PG_URL";
+
+/// The first refresher of the test above, in a process of its own that the test
+/// SIGKILLs: the rollup over the slot `resume`, run until killed.
+#[test]
+#[ignore = "the child process of a_killed_refresher_resumes_from_the_slot_and_loses_nothing, which runs and kills it"]
+fn the_refresher_killed_mid_workload() {
+    let url = freshen_testenv::child::var(CHILD_URL);
+    freshen_testenv::child::run(async move {
+        let refresher = rollup_refresher(
+            source(config_at(&url, "resume", &["readings"])).await,
+            rollup_rebuild_at(&url, 4).await,
+        );
+        refresher.run(std::future::pending()).await.unwrap();
+    });
 }

@@ -28,8 +28,13 @@ pub async fn sql(pg: &PgServer) -> Client {
 
 /// A source configuration for `tables` on `pg`, tuned for quick tests.
 pub fn config(pg: &PgServer, slot: &str, tables: &[&str]) -> PgSourceConfig {
+    config_at(&pg.url(), slot, tables)
+}
+
+/// [`config`] for the database at `url`.
+pub fn config_at(url: &str, slot: &str, tables: &[&str]) -> PgSourceConfig {
     PgSourceConfig {
-        connection: ConnectionConfig::from_url(&pg.url()).unwrap(),
+        connection: ConnectionConfig::from_url(url).unwrap(),
         slot: slot.into(),
         slot_mode: SlotMode::CreateIfMissing,
         publication: format!("{slot}_pub"),
@@ -125,7 +130,12 @@ pub async fn rollup_rows(c: &Client, sql: &str) -> Vec<(String, i64, i64)> {
 /// The `rollup` view's rebuild: a device's row deleted and computed again from
 /// `readings`, on a pool of `connections`.
 pub async fn rollup_rebuild(pg: &PgServer, connections: usize) -> freshen_postgres::SqlRebuild {
-    let connection = ConnectionConfig::from_url(&pg.url()).unwrap();
+    rollup_rebuild_at(&pg.url(), connections).await
+}
+
+/// [`rollup_rebuild`] for the database at `url`.
+pub async fn rollup_rebuild_at(url: &str, connections: usize) -> freshen_postgres::SqlRebuild {
+    let connection = ConnectionConfig::from_url(url).unwrap();
     let pool = freshen_postgres::connect_pool(&connection, connections).unwrap();
     freshen_postgres::SqlRebuild::builder(pool)
         .statement("DELETE FROM rollup WHERE device = $1")

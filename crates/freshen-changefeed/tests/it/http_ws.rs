@@ -70,7 +70,10 @@ async fn subscribe_window_ack_redelivery_and_unsubscribe() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
     cfg.http.ws_pending_window = 3;
-    cfg.http.ws_ack_timeout_ms = 300;
+    // Long enough that the steps before the redelivery (drain, ack, drain: a few round
+    // trips) cannot outlast it on a loaded machine, where 300 ms did: events 3, 4 and 5
+    // were then sent again before the test expected them.
+    cfg.http.ws_ack_timeout_ms = 2000;
     let server = Server::start(&cfg).await;
     server.cf.append(&orders(1, 10)).await.unwrap();
     server

@@ -178,6 +178,45 @@ proptest! {
 
     #[test]
     fn dirty_set_agrees_with_the_scan_model(ops in proptest::collection::vec(op(), 1..300)) {
+        agrees(ops)?;
+    }
+}
+
+/// A sequence proptest once shrank a failure to, written out in today's operations (the
+/// seed it saved generated another sequence once `Complete` changed shape): revives of
+/// an idle and of a running key, marks and re-marks, pops, and a completion by key of
+/// a run whose key was revived meanwhile.
+#[test]
+fn a_revived_key_completed_while_dirty_again_agrees_with_the_model() {
+    use Op::*;
+    let done = Complete {
+        which: 4,
+        outcome: Outcome::Rebuilt,
+        by_ticket: false,
+    };
+    let ops = vec![
+        Revive(2),
+        Mark(5),
+        Mark(0),
+        Mark(0),
+        Advance(10),
+        Mark(0),
+        Pop,
+        Pop,
+        Revive(5),
+        Advance(11),
+        Pop,
+        done,
+        Mark(0),
+        Mark(0),
+    ];
+    agrees(ops).unwrap();
+}
+
+/// Runs `ops` on a [`DirtySet`] and on the scan model, failing at the first step where
+/// they disagree.
+fn agrees(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let cfg = DirtyConfig {
@@ -202,12 +241,24 @@ proptest! {
                     if got == Mark::Retried {
                         let at = set.deadline_of(&key(k)).expect("a retried key is queued");
                         let delay = at - ms(now);
-                        let ceiling = cfg.backoff.ceiling(POISON_AFTER).max(Duration::from_millis(CO));
-                        prop_assert!(delay >= ceiling / 2 && delay <= ceiling, "retry delay {:?}", delay);
-                        model.keys.get_mut(&k).unwrap().st = St::Backoff { first: now, at: adopt(now, delay) };
+                        let ceiling = cfg
+                            .backoff
+                            .ceiling(POISON_AFTER)
+                            .max(Duration::from_millis(CO));
+                        prop_assert!(
+                            delay >= ceiling / 2 && delay <= ceiling,
+                            "retry delay {:?}",
+                            delay
+                        );
+                        model.keys.get_mut(&k).unwrap().st = St::Backoff {
+                            first: now,
+                            at: adopt(now, delay),
+                        };
                     }
                 }
-                Op::Revive(k) => prop_assert_eq!(set.revive(&key(k), ms(now)), model.mark(k, now, true)),
+                Op::Revive(k) => {
+                    prop_assert_eq!(set.revive(&key(k), ms(now)), model.mark(k, now, true))
+                }
                 Op::Advance(d) => now += d,
                 Op::Pop => {
                     let (_, due) = model.earliest_due(now);
@@ -215,7 +266,12 @@ proptest! {
                         None => prop_assert!(due.is_empty(), "model has {:?} due at {}", due, now),
                         Some(r) => {
                             let k: u8 = r.key.to_string()[1..].parse().unwrap();
-                            prop_assert!(due.contains(&k), "popped {} but model's earliest due are {:?}", k, due);
+                            prop_assert!(
+                                due.contains(&k),
+                                "popped {} but model's earliest due are {:?}",
+                                k,
+                                due
+                            );
                             let e = model.keys.get_mut(&k).unwrap();
                             let first = match e.st {
                                 St::Dirty { first, .. } | St::Backoff { first, .. } => first,
@@ -223,7 +279,10 @@ proptest! {
                             };
                             prop_assert_eq!(r.first_dirty, ms(first));
                             prop_assert_eq!(r.failures, e.failures + e.stalls);
-                            e.st = St::Running { job_first: first, redirty: None };
+                            e.st = St::Running {
+                                job_first: first,
+                                redirty: None,
+                            };
                             running.push((k, r.ticket));
                         }
                     }
@@ -231,10 +290,17 @@ proptest! {
                 Op::Stale(which) => {
                     if !spent.is_empty() {
                         let t = spent[which % spent.len()];
-                        prop_assert_eq!(set.complete_ticket(t, Outcome::Rebuilt, ms(now)), Completion::NotRunning);
+                        prop_assert_eq!(
+                            set.complete_ticket(t, Outcome::Rebuilt, ms(now)),
+                            Completion::NotRunning
+                        );
                     }
                 }
-                Op::Complete { which, outcome, by_ticket } => {
+                Op::Complete {
+                    which,
+                    outcome,
+                    by_ticket,
+                } => {
                     if running.is_empty() {
                         continue;
                     }
@@ -246,7 +312,9 @@ proptest! {
                         set.complete(&key(k), outcome, ms(now))
                     };
                     let e = model.keys.get_mut(&k).unwrap();
-                    let St::Running { job_first, redirty } = e.st.clone() else { unreachable!() };
+                    let St::Running { job_first, redirty } = e.st.clone() else {
+                        unreachable!()
+                    };
                     if outcome == Outcome::Rebuilt {
                         e.failures = 0;
                         e.stalls = 0;
@@ -256,7 +324,11 @@ proptest! {
                                 prop_assert_eq!(got, Completion::Clean);
                             }
                             Some((first, last)) => {
-                                e.st = St::Dirty { first, last, floor: now };
+                                e.st = St::Dirty {
+                                    first,
+                                    last,
+                                    floor: now,
+                                };
                                 prop_assert_eq!(got, Completion::Requeued);
                             }
                         }
@@ -271,13 +343,22 @@ proptest! {
                             prop_assert_eq!(got, Completion::Poisoned);
                         } else {
                             let Completion::Retry { at, failures } = got else {
-                                return Err(TestCaseError::fail(format!("expected retry, got {got:?}")));
+                                return Err(TestCaseError::fail(format!(
+                                    "expected retry, got {got:?}"
+                                )));
                             };
                             prop_assert_eq!(failures, e.failures + e.stalls);
                             let ceiling = cfg.backoff.ceiling(failures);
                             let delay = at - ms(now);
-                            prop_assert!(delay >= ceiling / 2 && delay <= ceiling, "delay {:?}", delay);
-                            e.st = St::Backoff { first: job_first, at: adopt(now, delay) };
+                            prop_assert!(
+                                delay >= ceiling / 2 && delay <= ceiling,
+                                "delay {:?}",
+                                delay
+                            );
+                            e.st = St::Backoff {
+                                first: job_first,
+                                at: adopt(now, delay),
+                            };
                         }
                     }
                 }
@@ -293,11 +374,20 @@ proptest! {
                 }
                 (m, n) => prop_assert!(false, "next deadline: model {:?}, set {:?}", m, n),
             }
-            let queued = model.keys.values().filter(|e| matches!(e.st, St::Dirty { .. } | St::Backoff { .. })).count();
-            let poisoned = model.keys.values().filter(|e| matches!(e.st, St::Poisoned)).count();
+            let queued = model
+                .keys
+                .values()
+                .filter(|e| matches!(e.st, St::Dirty { .. } | St::Backoff { .. }))
+                .count();
+            let poisoned = model
+                .keys
+                .values()
+                .filter(|e| matches!(e.st, St::Poisoned))
+                .count();
             prop_assert_eq!(set.queued(), queued);
             prop_assert_eq!(set.running(), running.len());
             prop_assert_eq!(set.poisoned(), poisoned);
         }
     }
+    Ok(())
 }

@@ -43,7 +43,13 @@ name = "device_totals"
 watch = [{{ table = "public.readings", key = ["device"] }}]
 keys_per_transaction = 1
 reconcile = {{ every = "1h", keys = "SELECT device FROM readings UNION SELECT device FROM device_totals" }}
+# The first statement takes a lock on the key for the rebuild's transaction; finding it
+# taken means another rebuild of the key is running (two instances rebuilding one key
+# at once), and that is counted in a sequence of this instance: a sequence's count
+# survives the transaction's rollback (one of two overlapping REPEATABLE READ rebuilds
+# fails), where a row logged inside it would not.
 rebuild = [
+  "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtext('device_totals:' || $1)) THEN 0 ELSE nextval('overlaps_${{FRESHEN_INSTANCE}}') END",
   "INSERT INTO rebuild_log (view, key, worker, started) VALUES ('device_totals', $1, '${{FRESHEN_INSTANCE}}', clock_timestamp())",
   "DELETE FROM device_totals WHERE device = $1",
   "INSERT INTO device_totals SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",
@@ -72,6 +78,11 @@ rebuild = [
 "#
     )
 }
+
+/// Every instance the test starts, as `start` names them (`FRESHEN_INSTANCE`).
+const INSTANCES: [&str; 6] = [
+    "capture0", "worker1", "worker2", "worker3", "worker4", "capture5",
+];
 
 struct Instance {
     run: Running,
@@ -203,6 +214,11 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
     )
     .await
     .unwrap();
+    for instance in INSTANCES {
+        c.batch_execute(&format!("CREATE SEQUENCE overlaps_{instance}"))
+            .await
+            .unwrap();
+    }
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(dir.path(), &config(&url, &bootstrap));
 
@@ -328,7 +344,29 @@ async fn capture_and_workers_under_load_and_sigkills_stay_equal_to_truth_without
         .get(0);
     assert_eq!(left, 0, "the truncated table's keys were swept away");
 
-    // No two committed rebuilds of one key by different instances overlapped in time.
+    // No rebuild of a key found another one of it running: counted outside the
+    // rebuilds' transactions, so a rolled-back attempt counts too.
+    let mut overlapped = Vec::new();
+    for instance in INSTANCES {
+        let n: i64 = c
+            .query_one(
+                &format!(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM overlaps_{instance}"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            overlapped.push((instance, n));
+        }
+    }
+    assert!(
+        overlapped.is_empty(),
+        "rebuilds of a key that found another rebuild of it running, by instance: {overlapped:?}"
+    );
+    // Nor did two committed rebuilds of one key by different instances overlap in time.
     let overlaps: Vec<(String, String, String)> = c
         .query(
             "SELECT a.key, a.worker, b.worker FROM rebuild_log a JOIN rebuild_log b

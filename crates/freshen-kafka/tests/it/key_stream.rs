@@ -219,8 +219,28 @@ impl Worker {
     }
 }
 
-/// The capture end on a task, fed by the returned channel.
-async fn capture(bootstrap: &str) -> (freshen::Feed, tokio::task::JoinHandle<()>) {
+/// The capture end on a task, fed by [`Capture::feed`].
+struct Capture {
+    feed: freshen::Feed,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Capture {
+    /// Ends its stream and waits until the publisher has stopped and its producer is
+    /// gone, failing (rather than hanging the run) past 60 s. Every test stops it (and
+    /// its workers) before it ends: the broker is stopped when the test's locals drop,
+    /// and a client still talking to it then — a producer's or a consumer's blocking
+    /// close — would hold the runtime's shutdown, which was how these tests hung.
+    async fn stop(self) {
+        drop(self.feed);
+        tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the capture stops within 60 s")
+            .expect("the capture ended without a panic");
+    }
+}
+
+async fn capture(bootstrap: &str) -> Capture {
     let publisher = KeyPublisher::connect(&config(bootstrap)).await.unwrap();
     assert_eq!(publisher.partitions(), PARTITIONS);
     let (feed, source) = channel(4);
@@ -230,8 +250,13 @@ async fn capture(bootstrap: &str) -> (freshen::Feed, tokio::task::JoinHandle<()>
             .run(source, &views, &*keyer(), std::future::pending())
             .await
             .unwrap();
+        // Dropping the producer closes it in librdkafka, which blocks its thread: off
+        // the runtime's, and before the task (and so the test) ends.
+        tokio::task::spawn_blocking(move || drop(publisher))
+            .await
+            .unwrap();
     });
-    (feed, task)
+    Capture { feed, task }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -239,19 +264,20 @@ async fn capture_acknowledges_a_batch_only_once_its_keys_are_in_kafka() {
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
     create_topic(&bootstrap, "keys", PARTITIONS).await;
-    let (feed, _task) = capture(&bootstrap).await;
+    let cap = capture(&bootstrap).await;
     let acked = Arc::new(Mutex::new(false));
     let a = acked.clone();
     let events = (0..10)
         .map(|i| reading(&format!("dev-{i}"), 7))
         .chain([reading("dev-0", 7)]) // the same key in the same transaction: once
         .collect();
-    feed.send(Batch::new(
-        events,
-        Ack::new(move || *a.lock().unwrap() = true),
-    ))
-    .await
-    .unwrap();
+    cap.feed
+        .send(Batch::new(
+            events,
+            Ack::new(move || *a.lock().unwrap() = true),
+        ))
+        .await
+        .unwrap();
     until("the batch is acknowledged", || *acked.lock().unwrap()).await;
     // Acknowledged: every record is already readable, in the partition that owns it.
     let ends = high_watermarks(&bootstrap, "keys", PARTITIONS);
@@ -264,6 +290,7 @@ async fn capture_acknowledges_a_batch_only_once_its_keys_are_in_kafka() {
         }
     }
     assert_eq!(ends, expected, "each key in its own partition");
+    cap.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -271,7 +298,7 @@ async fn a_truncate_at_the_capture_sweeps_the_views_on_every_worker() {
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
     create_topic(&bootstrap, "keys", PARTITIONS).await;
-    let (feed, _task) = capture(&bootstrap).await;
+    let cap = capture(&bootstrap).await;
     // Two workers, each view sweeping its listed keys: each key rebuilt by its owner only.
     let spans = Spans::default();
     let mut workers = Vec::new();
@@ -327,12 +354,13 @@ async fn a_truncate_at_the_capture_sweeps_the_views_on_every_worker() {
     let a = acked.clone();
     let truncate = RowEvent::new("public", "readings", Op::Truncate);
     let other = RowEvent::new("public", "unwatched", Op::Truncate);
-    feed.send(Batch::new(
-        vec![truncate.clone(), truncate, other],
-        Ack::new(move || *a.lock().unwrap() = true),
-    ))
-    .await
-    .unwrap();
+    cap.feed
+        .send(Batch::new(
+            vec![truncate.clone(), truncate, other],
+            Ack::new(move || *a.lock().unwrap() = true),
+        ))
+        .await
+        .unwrap();
     until("the truncate is published", || *acked.lock().unwrap()).await;
     // Each table once, for each view, to every partition.
     let ends = high_watermarks(&bootstrap, "keys", PARTITIONS);
@@ -360,6 +388,7 @@ async fn a_truncate_at_the_capture_sweeps_the_views_on_every_worker() {
         r.stop().await;
         o.stop().await;
     }
+    cap.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -367,14 +396,14 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
     create_topic(&bootstrap, "keys", PARTITIONS).await;
-    let (feed, _capture) = capture(&bootstrap).await;
+    let cap = capture(&bootstrap).await;
     let spans = Spans::default();
 
     // Load: every device changes again and again, each batch its own transaction.
     let changed: Arc<Mutex<BTreeMap<String, (Instant, u64)>>> = Arc::default();
     let stop_load = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
-        let (changed, stop) = (changed.clone(), stop_load.clone());
+        let (changed, stop, feed) = (changed.clone(), stop_load.clone(), cap.feed.clone());
         tokio::spawn(async move {
             let mut txid = 1000u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -477,6 +506,7 @@ async fn workers_joining_and_leaving_under_load_never_rebuild_a_key_at_once() {
     eprintln!("fenced {fenced}, revoke waits {waits}, owner changes {moved}");
     w1.stop().await;
     w2.stop().await;
+    cap.stop().await;
 }
 
 /// Stops `w`, failing (rather than hanging the run) if it takes over 60 s.
@@ -529,7 +559,7 @@ async fn a_rebuild_held_open_across_a_revocation_keeps_the_next_owner_waiting() 
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
     create_topic(&bootstrap, "keys", PARTITIONS).await;
-    let (feed, _capture) = capture(&bootstrap).await;
+    let cap = capture(&bootstrap).await;
     let spans = Spans::default();
     let held = one_key_per_partition("held");
     let (hold, release) = Hold::new(held.clone());
@@ -539,7 +569,10 @@ async fn a_rebuild_held_open_across_a_revocation_keeps_the_next_owner_waiting() 
     })
     .await;
     let events = held.iter().map(|d| reading(d, 5000)).collect();
-    feed.send(Batch::new(events, Ack::none())).await.unwrap();
+    cap.feed
+        .send(Batch::new(events, Ack::none()))
+        .await
+        .unwrap();
     until("a rebuild of every partition's key runs, held open", || {
         hold.running() == PARTITIONS as usize
     })
@@ -589,6 +622,7 @@ async fn a_rebuild_held_open_across_a_revocation_keeps_the_next_owner_waiting() 
     assert_no_overlap(&spans.0.lock().unwrap());
     w1.stop().await;
     w0.stop().await;
+    cap.stop().await;
 }
 
 /// Offsets follow the rebuilds: a worker whose rebuild of a key keeps failing stops
@@ -600,7 +634,7 @@ async fn a_worker_commits_a_record_only_after_its_views_rebuilt_its_keys() {
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
     create_topic(&bootstrap, "keys", PARTITIONS).await;
-    let (feed, _capture) = capture(&bootstrap).await;
+    let cap = capture(&bootstrap).await;
     let spans = Spans::default();
     let witness = "witness-0".to_string();
     let failing = Some(Failing([witness.clone()].into()));
@@ -613,7 +647,10 @@ async fn a_worker_commits_a_record_only_after_its_views_rebuilt_its_keys() {
         .map(|i| reading(&format!("dev-{i:02}"), 7000))
         .chain([reading(&witness, 7000)])
         .collect();
-    feed.send(Batch::new(events, Ack::none())).await.unwrap();
+    cap.feed
+        .send(Batch::new(events, Ack::none()))
+        .await
+        .unwrap();
     until("worker 0 rebuilt the others and failed the witness", || {
         let failed: u64 = w0
             .views
@@ -648,10 +685,5 @@ async fn a_worker_commits_a_record_only_after_its_views_rebuilt_its_keys() {
     )
     .await;
     stopped(w1, "worker 1").await;
-    // Under load this test once hung about once in 40 runs with no message although
-    // every step above is bounded: the workers' stop returned before their consumers
-    // had closed, and the broker stopped under a close still talking to it held the
-    // runtime's shutdown. Should a hang come back, this line tells whether it is the
-    // teardown's.
-    eprintln!("the test's body ended; teardown follows");
+    cap.stop().await;
 }

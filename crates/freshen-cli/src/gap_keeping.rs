@@ -37,7 +37,8 @@ impl GapKeeper {
     /// The keeper of `view`'s gaps in `ledger`, when the view needs one (it has no
     /// reconcile sweep: a sweep would heal its gaps, at start too).
     pub fn for_view(ledger: &Arc<dyn GapLedger>, view: &View) -> Option<Arc<GapKeeper>> {
-        view.reconcile.is_none().then(|| {
+        // The refresher sweeps where the view has a reconcile that lists keys.
+        view.reconcile_keys().is_none().then(|| {
             Arc::new(GapKeeper {
                 ledger: ledger.clone(),
                 view: view.name.clone(),
@@ -203,7 +204,7 @@ mod tests {
         if reconcile {
             v.reconcile = Some(Reconcile {
                 every: Duration::from_secs(60),
-                keys: "SELECT 1".into(),
+                keys: Some("SELECT 1".into()),
                 line: None,
             });
         }

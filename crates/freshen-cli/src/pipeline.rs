@@ -636,7 +636,7 @@ async fn view_consumer(
                 consumer.gaps = Some((keeper, kept));
             }
         }
-        None if view.reconcile.is_none() => tracing::warn!(
+        None if view.reconcile_keys().is_none() => tracing::warn!(
             view = %view.name,
             "this target keeps no unhealed gaps: a restart forgets one (add a reconcile sweep to heal gaps)"
         ),

@@ -61,11 +61,17 @@ impl std::error::Error for PgError {}
 /// The detail of a data exception or an integrity violation (SQLSTATE classes 22 and
 /// 23) is left out: it quotes row values (`Key (email)=(…) already exists`, `Failing
 /// row contains (…)`), which would land in logs and `/status`, where no `[[redact]]`
-/// rule reaches. The message and the SQLSTATE say what failed.
+/// rule reaches; so is what a data exception's message quotes (the value). The message
+/// and the SQLSTATE say what failed.
 pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     if let Some(db) = find_db_error(e) {
         let code = db.code().code();
-        let mut s = format!("{} {code}: {}", db.severity(), db.message());
+        let message = if code.starts_with("22") {
+            hide_quoted(db.message())
+        } else {
+            db.message().to_owned()
+        };
+        let mut s = format!("{} {code}: {message}", db.severity());
         if let Some(d) = db.detail().filter(|_| !quotes_rows(code)) {
             s.push_str(&format!(" (DETAIL: {d})"));
         }
@@ -91,6 +97,27 @@ pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
 /// Whether errors of `sqlstate` carry row values in their detail.
 fn quotes_rows(sqlstate: &str) -> bool {
     matches!(sqlstate.get(..2), Some("22" | "23"))
+}
+
+/// `message` with what it quotes in double quotes hidden: a data exception's message
+/// (class 22) quotes the value it could not take (`invalid input syntax for type
+/// integer: "…"`). An integrity violation's message quotes only names (its relation,
+/// constraint, column): kept.
+fn hide_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut quoted = false;
+    for c in message.chars() {
+        if c == '"' {
+            if quoted {
+                out.push('…');
+            }
+            quoted = !quoted;
+            out.push(c);
+        } else if !quoted {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn find_db_error<'a>(
@@ -257,6 +284,21 @@ pub fn db_message(e: &tokio_postgres::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_values_of_data_errors_are_hidden() {
+        assert_eq!(
+            hide_quoted(r#"invalid input syntax for type integer: "SSN-555""#),
+            r#"invalid input syntax for type integer: "…""#
+        );
+        assert_eq!(hide_quoted("division by zero"), "division by zero");
+        assert_eq!(
+            hide_quoted(r#"a "b" c "d"#),
+            r#"a "…" c ""#,
+            "an unclosed quote hides to the end"
+        );
+        assert!(quotes_rows("22P02") && quotes_rows("23505") && !quotes_rows("42P01"));
+    }
 
     #[test]
     fn sqlstate_classes_decide_whose_fault_it_is() {

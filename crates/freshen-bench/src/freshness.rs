@@ -69,7 +69,7 @@ pub(crate) const FRESHEN: &str = "CREATE TABLE device_totals (
     device int PRIMARY KEY, total bigint NOT NULL, n bigint NOT NULL, snap pg_snapshot NOT NULL
 )";
 
-/// The README's rebuild, with the snapshot stamped on the row and logged in one statement
+/// The tour's rebuild (docs/views.md), with the snapshot stamped on the row and logged in one statement
 /// (so the round trips are the same as without the measurement).
 pub(crate) const REBUILD: [&str; 2] = [
     "DELETE FROM device_totals WHERE device = $1",

@@ -38,7 +38,7 @@ CREATE TABLE readings (
 pub(crate) const TRUTH: &str =
     "SELECT device, sum(value)::bigint AS total, count(*) AS n FROM readings GROUP BY device";
 
-/// freshen's rebuild of one device: the README's example, unchanged.
+/// freshen's rebuild of one device: the tour's example (docs/views.md), unchanged.
 pub(crate) const REBUILD: [&str; 2] = [
     "DELETE FROM device_totals WHERE device = $1",
     "INSERT INTO device_totals (device, total, n) SELECT device, sum(value), count(*) FROM readings WHERE device = $1 GROUP BY device",

@@ -108,7 +108,7 @@ pub struct ViewStatus {
     pub skipped: u64,
     /// Keys marked.
     pub keys_marked: u64,
-    /// Changes that carried no value for the key columns (see the README on replica identity).
+    /// Changes that carried no value for the key columns (see docs/views.md on replica identity).
     pub unscoped: u64,
     /// Successful key rebuilds.
     pub rebuilds_ok: u64,

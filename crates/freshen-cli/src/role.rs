@@ -1,5 +1,5 @@
 //! Which part of the work an instance does when a configuration spreads its rebuilds
-//! over many instances (`[key_stream]`; the README's "Scaling out"):
+//! over many instances (`[key_stream]`; docs/scaling.md):
 //!
 //! - **capture** (one at a time: it holds the source's slot): reads `[source]`, maps
 //!   each change to the views' scope keys and publishes them to the key stream, to the

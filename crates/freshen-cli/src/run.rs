@@ -38,7 +38,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
     };
     logging::init(cfg.log, "info");
     // A rule that matches nothing hides nothing: said once, loudly, but not refused
-    // (README, "Redacting columns": why).
+    // (docs/sources.md, "Redacting columns": why).
     for u in cfg.unmatched_redactions() {
         let line = u.line.map_or_else(String::new, |l| format!(":{l}"));
         tracing::warn!("{}{line}: {}", path.display(), u.message);

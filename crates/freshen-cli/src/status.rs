@@ -163,7 +163,7 @@ pub fn render(s: &Status) -> String {
         }
         if v.unscoped > 0 {
             notes.push(format!(
-                "{}: {} changes carried no key (see replica identity in the README)",
+                "{}: {} changes carried no key (see docs/views.md, replica identity)",
                 v.name, v.unscoped
             ));
         }

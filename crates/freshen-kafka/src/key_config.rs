@@ -21,7 +21,7 @@ const RESERVED: &[&str] = &[
 ];
 
 /// The key stream: a topic of dirtied scope keys between one capture instance and a
-/// group of workers (see the README's "Scaling out").
+/// group of workers (see docs/scaling.md).
 ///
 /// ```toml
 /// [key_stream]
@@ -43,7 +43,7 @@ pub struct KeyStreamConfig {
     /// The workers' consumer group.
     pub group: String,
     /// Group session timeout in ms (default 10000): how long a worker that died keeps its
-    /// partitions. Keep it above the views' `statement_timeout` (see the README).
+    /// partitions. Keep it above the views' `statement_timeout` (see docs/scaling.md).
     #[serde(default = "default_session_timeout_ms")]
     pub session_timeout_ms: u32,
     /// How long a worker losing partitions in a rebalance waits for its running rebuilds

@@ -44,7 +44,7 @@ pub struct SourceStats {
     /// waited for them.
     pub revoke_waits: u64,
     /// Key stream workers: revocations whose running rebuilds outlasted
-    /// `revoke_timeout_ms` (see the README's "Scaling out" for what that risks).
+    /// `revoke_timeout_ms` (see docs/scaling.md for what that risks).
     pub revoke_timeouts: u64,
     /// The last consumer error recovered from, if any.
     pub last_error: Option<String>,

@@ -169,7 +169,7 @@ pub use source::{
 };
 pub use stats::{Stats, WholeRunning};
 
-/// The README's Rust examples compile and run as doctests.
+/// The library guide's Rust examples (docs/library.md) compile and run as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../../../docs/library.md")]
 struct ReadmeDoctests;

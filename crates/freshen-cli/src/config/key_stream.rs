@@ -1,5 +1,5 @@
-//! `[key_stream]`: rebuild work spread over many instances (see the README's "Scaling
-//! out"). One file serves both roles: the capture instance reads `[source]` and
+//! `[key_stream]`: rebuild work spread over many instances (see docs/scaling.md). One
+//! file serves both roles: the capture instance reads `[source]` and
 //! publishes the views' keys; workers read the key stream and rebuild.
 
 use toml_edit::Item;

@@ -1,10 +1,10 @@
-//! The README's least-privilege blocks, run: each ```sql block headed `-- least
+//! The least-privilege guide's blocks (docs/privileges.md), run: each ```sql block headed `-- least
 //! privilege: NAME` is executed against a real server by an administrator, freshen runs
-//! the README's tour configuration (or the feature's configuration) as the role the
+//! the tour's configuration (docs/views.md) (or the feature's configuration) as the role the
 //! block makes — never a superuser — and works; then each privilege is left out in turn
 //! (a privilege of a GRANT's list, a role attribute, the publication) and the run shows
-//! the error its absence gives. A line of the README that the test has no expected
-//! error for fails the test, so the README and this file move together.
+//! the error its absence gives. A line of the guide that the test has no expected
+//! error for fails the test, so the guide and this file move together.
 
 use crate::support;
 
@@ -14,17 +14,19 @@ use std::time::{Duration, Instant};
 use freshen_testenv::PgServer;
 use support::*;
 
-const README: &str = include_str!("../../../../README.md");
-/// The password the README's `'…'` stands for.
+const GUIDE: &str = include_str!("../../../../docs/privileges.md");
+/// The guide whose tour configuration the blocks are run with.
+const VIEWS: &str = include_str!("../../../../docs/views.md");
+/// The password the guide's `'…'` stands for.
 const PASSWORD: &str = "least-privilege-pw";
 
-/// The README's least-privilege block `name`: its statements, one per line.
+/// The guide's least-privilege block `name`: its statements, one per line.
 fn block(name: &str) -> Vec<String> {
     let head = format!("-- least privilege: {name}\n");
-    let at = README
+    let at = GUIDE
         .find(&head)
-        .unwrap_or_else(|| panic!("README has no block {head:?}"));
-    let body = &README[at + head.len()..];
+        .unwrap_or_else(|| panic!("docs/privileges.md has no block {head:?}"));
+    let body = &GUIDE[at + head.len()..];
     let end = body.find("```").expect("the block ends");
     body[..end]
         .lines()
@@ -34,10 +36,10 @@ fn block(name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The first ```toml block after `heading` in the README.
+/// The first ```toml block after `heading` in docs/views.md.
 fn readme_toml(heading: &str) -> String {
-    let at = README.find(heading).expect("the heading");
-    let body = &README[at..];
+    let at = VIEWS.find(heading).expect("the heading");
+    let body = &VIEWS[at..];
     let start = body.find("```toml\n").expect("a TOML block") + "```toml\n".len();
     let end = body[start..].find("```").expect("its end");
     body[start..start + end].to_owned()
@@ -86,7 +88,7 @@ fn withouts(lines: &[String]) -> Vec<Without> {
         } else {
             assert!(
                 line.starts_with("CREATE ROLE") || line.starts_with("CREATE USER"),
-                "a README line the test does not know how to leave out: {line}"
+                "a guide line the test does not know how to leave out: {line}"
             );
         }
     }
@@ -94,7 +96,7 @@ fn withouts(lines: &[String]) -> Vec<Without> {
 }
 
 /// The error `what`'s absence must show, by the first entry of `expected` whose key is
-/// in `what`; a line with no entry fails (the README changed: say what it needs).
+/// in `what`; a line with no entry fails (the guide changed: say what it needs).
 fn expected<'a>(expected: &[(&str, &'a str)], what: &str) -> &'a str {
     expected
         .iter()
@@ -291,9 +293,9 @@ async fn pg_feature<F>(
     assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
 }
 
-/// The tour's configuration from the README, on the run's listener.
+/// The tour's configuration from docs/views.md, on the run's listener.
 fn tour(ctx: &Ctx, _: &Path) -> String {
-    readme_toml("### 1. Describe the derived table")
+    readme_toml("## Describe the derived table")
         .replace("http://", "")
         .replace("127.0.0.1:9187", ctx.base.trim_start_matches("http://"))
         .replace("coalesce = \"100ms\"", "coalesce = \"10ms\"")

@@ -280,7 +280,10 @@ impl MySqlRebuild {
                 .map(|&p| {
                     let ty = self.key_types.get(p).copied().unwrap_or_default();
                     params::bind_set(&keys, p, ty).map_err(|why| {
-                        MySqlError::new(ErrorKind::Key, format!("set statement {}: {why}", i + 1))
+                        MySqlError::new(
+                            ErrorKind::Key,
+                            format!("rebuild_set statement {}: {why}", i + 1),
+                        )
                     })
                 })
                 .collect::<Result<_, _>>()?;
@@ -298,6 +301,8 @@ impl MySqlRebuild {
         // Bind everything first: a key that cannot bind fails before any work.
         let set = self.is_set(due);
         let statements = if set { &self.set } else { &self.statements };
+        // The configuration key the statements came from, as errors name them.
+        let name = if set { "rebuild_set" } else { "rebuild" };
         let plan = if set {
             self.set_plan(due)?
         } else {
@@ -318,7 +323,7 @@ impl MySqlRebuild {
         let mut stmts: Vec<Statement> = Vec::with_capacity(statements.len());
         for (i, r) in statements.iter().enumerate() {
             stmts.push(c.prep(r.sql.as_str()).await.map_err(|e| {
-                MySqlError::driver(format!("rebuild statement {} does not prepare", i + 1), e)
+                MySqlError::driver(format!("{name} statement {} does not prepare", i + 1), e)
             })?);
         }
         if let (true, Some(needed)) = (self.check_visibility, needed) {
@@ -345,9 +350,10 @@ impl MySqlRebuild {
                 let _ = c.query_drop("ROLLBACK").await;
                 // The key itself is the refresher's to report (shown as `[[redact]]`
                 // says): never its value here.
-                let what = match due.len() {
-                    1 => format!("rebuild statement {} failed", i + 1),
-                    n => format!("rebuild statement {} failed for one of {n} keys", i + 1),
+                let what = match (set, due.len()) {
+                    (true, n) => format!("{name} statement {} failed for a set of {n} keys", i + 1),
+                    (false, 1) => format!("{name} statement {} failed", i + 1),
+                    (false, n) => format!("{name} statement {} failed for one of {n} keys", i + 1),
                 };
                 return Err(MySqlError::driver(what, e));
             }

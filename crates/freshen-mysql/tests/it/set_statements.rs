@@ -95,7 +95,22 @@ async fn a_call_past_a_batch_runs_the_set_statements_over_json_arrays() {
     bad.push(due("not-a-number"));
     let e = rebuild.run(&bad).await.unwrap_err().to_string();
     assert!(
-        e.contains("not a valid int") && !e.contains("not-a-number"),
+        e.contains("not a valid int")
+            && !e.contains("not-a-number")
+            && e.starts_with("rebuild_set statement"),
+        "{e}"
+    );
+
+    // A set statement that fails names the key it came from: `rebuild_set`.
+    exec(
+        &mut c,
+        "ALTER TABLE app.rollup ADD CONSTRAINT not_301 CHECK (total <> 301);
+         UPDATE app.readings SET v = v + 1",
+    )
+    .await;
+    let e = rebuild.run(&keys(1..=40)).await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("rebuild_set statement 2 failed for a set of 40 keys"),
         "{e}"
     );
 }

@@ -72,6 +72,9 @@ pub struct SqlRebuild {
     /// What runs instead for a call larger than a batch (a backlog's set call), if the
     /// view gave set statements: a rebuild over arrays of keys.
     set: Option<Arc<SqlRebuild>>,
+    /// The configuration key its statements came from, as errors name them: `rebuild`,
+    /// or `rebuild_set` for the set statements.
+    name: &'static str,
 }
 
 /// How a rebuild proves it sees the transactions that dirtied its keys (see the module
@@ -240,7 +243,10 @@ impl SqlRebuildBuilder {
         match (own, set) {
             (Ok(own), None) => Ok(own),
             (Ok(own), Some(Ok(set))) => Ok(SqlRebuild {
-                set: Some(Arc::new(set)),
+                set: Some(Arc::new(SqlRebuild {
+                    name: "rebuild_set",
+                    ..set
+                })),
                 ..own
             }),
             (Err(e), None | Some(Ok(_))) | (Ok(_), Some(Err(e))) => Err(e),
@@ -301,6 +307,7 @@ impl SqlRebuildBuilder {
             visibility: self.visibility,
             visibility_wait: self.visibility_wait,
             set: None,
+            name: "rebuild",
         })
     }
 }
@@ -363,7 +370,8 @@ impl SqlRebuild {
                     params.push(TextParam(Some(array_literal(column))));
                 }
                 let what = format!(
-                    "rebuild statement {} failed for a batch of {} keys",
+                    "{} statement {} failed for a batch of {} keys",
+                    self.name,
                     i + 1,
                     due.len()
                 );
@@ -384,10 +392,11 @@ impl SqlRebuild {
                     // The key itself is the refresher's to report (shown as `[[redact]]`
                     // says): never its value here.
                     let what = if due.len() == 1 {
-                        format!("rebuild statement {} failed", i + 1)
+                        format!("{} statement {} failed", self.name, i + 1)
                     } else {
                         format!(
-                            "rebuild statement {} failed for one of {} keys",
+                            "{} statement {} failed for one of {} keys",
+                            self.name,
                             i + 1,
                             due.len()
                         )
@@ -437,7 +446,10 @@ impl SqlRebuild {
         let mut statements = Vec::with_capacity(self.statements.len());
         for (i, sql) in self.statements.iter().enumerate() {
             statements.push(c.prepare_cached(sql).await.map_err(|e| {
-                PgError::sql(format!("rebuild statement {} does not prepare", i + 1), e)
+                PgError::sql(
+                    format!("{} statement {} does not prepare", self.name, i + 1),
+                    e,
+                )
             })?);
         }
         let check = c

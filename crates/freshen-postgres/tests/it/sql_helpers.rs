@@ -242,6 +242,20 @@ async fn a_call_past_a_batch_runs_the_set_statements() {
         .collect();
     assert_eq!(rows, want);
 
+    // A set statement that fails says which key it came from: `rebuild_set`.
+    c.batch_execute("ALTER TABLE rollup ADD CHECK (total <> 301)")
+        .await
+        .unwrap();
+    c.batch_execute("UPDATE readings SET v = v + 1")
+        .await
+        .unwrap();
+    let e = rebuild.run(&keys(1..=40)).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("rebuild_set statement 2 failed for a batch of 40 keys"),
+        "{e}"
+    );
+
     // Set statements that take a scalar are refused, with the own statements' problems
     // in the same error.
     let e = SqlRebuild::builder(pool(&pg))

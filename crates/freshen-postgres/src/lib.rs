@@ -115,6 +115,7 @@ mod snapshot;
 mod spelling;
 mod table;
 mod target;
+mod target_plug;
 mod tls;
 
 pub use check::depends;
@@ -166,10 +167,10 @@ pub use table::{TableName, naming};
 pub use target::enumerate::SqlEnumerate;
 pub use target::fanout::{SqlFanOut, SqlFanOutBuilder};
 pub use target::keyed::batch_query;
-pub use target::plug::{PgTarget, is_postgres_url};
 pub use target::query::{
     DEFAULT_QUERY_BATCH, DEFAULT_WHOLE_TIMEOUT, QueryRebuild, QueryRebuildBuilder,
 };
 pub use target::rebuild::{
     DEFAULT_BULK_BATCH, SqlRebuild, SqlRebuildBuilder, Visibility, cancels_settled,
 };
+pub use target_plug::{PgTarget, is_postgres_url};

@@ -1,6 +1,11 @@
 //! PostgreSQL as a target ([`freshen::plug::TargetPlug`]): where rebuild, fan-out and
 //! reconcile SQL runs, and how rebuilds there prove they see the changes that dirtied
 //! their keys.
+//!
+//! It sits beside `target/`, `check/` and `infer/` rather than in one of them: it
+//! assembles a view's rebuild (`target/`), its checks (`check/`) and its inferred watch
+//! entries (`infer/`), while `check/` and `infer/` use `target/`'s query planning, so
+//! no folder imports back into another.
 
 use freshen::plug::{Finding, Target, TargetError, TargetPlug, ViewSpec, ViewTarget};
 use freshen::{BoxError, BoxFuture, Enumerate, Expand, Rebuild};

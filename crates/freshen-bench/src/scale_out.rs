@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use freshen::{Ack, Batch, Key, Op, Row, RowEvent, Source, Value, channel};
-use freshen_cli::pipeline::{Observer, Pipeline};
-use freshen_cli::role::Role;
+use freshen_cli::Role;
+use freshen_cli::{Observer, Pipeline};
 use freshen_kafka::{KeyPublisher, KeySource, KeyStreamConfig};
 use freshen_testenv::{KafkaFlavor, KafkaServer};
 use rdkafka::ClientConfig;
@@ -157,7 +157,7 @@ struct Worker {
 }
 
 async fn start_worker(toml: &str) -> anyhow::Result<Worker> {
-    let cfg = freshen_cli::config::parse(toml, "bench.toml", &|_| None)
+    let cfg = freshen_cli::config::parse(toml, "bench.toml", &|_| None, freshen_cli::kinds())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let pipeline = Pipeline::start_as(&cfg, &[], Some(Role::Worker)).await?;
     let observer = pipeline.observer();
@@ -175,20 +175,20 @@ async fn start_worker(toml: &str) -> anyhow::Result<Worker> {
 fn rebuilt(workers: &[Worker]) -> u64 {
     workers
         .iter()
-        .flat_map(|w| freshen_cli::http::Readout::views(&*w.observer))
+        .flat_map(|w| freshen_cli::Readout::views(&*w.observer))
         .map(|v| v.stats.rebuilds_ok)
         .sum()
 }
 
 /// Whether `w` owns a partition of the key stream now (the group has formed for it).
 fn owning(w: &Worker) -> bool {
-    let source = freshen_cli::http::Readout::source(&*w.observer);
+    let source = freshen_cli::Readout::source(&*w.observer);
     source.partitions.is_some_and(|p| !p.is_empty())
 }
 
 /// The group's rebalances as `w` saw them.
 fn rebalances(w: &Worker) -> u64 {
-    freshen_cli::http::Readout::source(&*w.observer).reconnects
+    freshen_cli::Readout::source(&*w.observer).reconnects
 }
 
 /// The broker the runs read the key stream from.

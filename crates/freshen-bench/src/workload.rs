@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use freshen::Stats;
-use freshen_cli::http::Readout;
-use freshen_cli::pipeline::{Observer, Pipeline};
+use freshen_cli::Readout;
+use freshen_cli::{Observer, Pipeline};
 use freshen_testenv::PgServer;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -339,7 +339,7 @@ impl Freshen {
     /// Starts the pipeline (creates slot and publication) and waits until it streams and
     /// any start-up reconcile sweep has been rebuilt.
     pub(crate) async fn start(toml: &str) -> anyhow::Result<Freshen> {
-        let cfg = freshen_cli::config::parse(toml, "bench.toml", &|_| None)
+        let cfg = freshen_cli::config::parse(toml, "bench.toml", &|_| None, freshen_cli::kinds())
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let sweep = cfg.views.iter().any(|v| v.reconcile.is_some());
         let pipeline = Pipeline::start(&cfg).await?;

@@ -207,6 +207,35 @@ impl SnapshotSource {
         }
     }
 
+    /// Reads from the database at `url` — the source's, a PostgreSQL one whose WAL the
+    /// capture streams — for `tables` (`(schema, table)`), and, with `discovery`, every
+    /// table its patterns select ([`discovering`](Self::discovering)).
+    pub fn connect(
+        url: &str,
+        tables: Vec<(String, String)>,
+        discovery: Option<&freshen::plug::Discovery>,
+    ) -> Result<SnapshotSource, freshen::BoxError> {
+        let conn = freshen_postgres::ConnectionConfig::from_url(url)
+            .map_err(|e| format!("the source URL is not usable: {e}"))?;
+        let pool = freshen_postgres::connect_pool(&conn, 1)
+            .map_err(|e| format!("cannot set up the snapshot connection: {e}"))?;
+        let tables = tables
+            .into_iter()
+            .map(|(schema, table)| TableName::new(schema, table))
+            .collect();
+        let source = SnapshotSource::new(pool, tables);
+        Ok(match discovery {
+            Some(d) => source.discovering(
+                d.patterns
+                    .iter()
+                    .filter_map(|p| TablePattern::parse(p)?.ok())
+                    .collect(),
+                d.every,
+            ),
+            None => source,
+        })
+    }
+
     /// Also every table `patterns` select (the source's `"all"`, `"schema.*"`,
     /// `"schema.prefix_*"` entries, which its publication follows), read from the catalog
     /// at start and every `every`: a table that appears later — created, renamed or

@@ -22,7 +22,7 @@ use freshen::Key;
 use serde::{Deserialize, Serialize};
 
 use crate::config::AdminToken;
-use crate::http::Readout;
+use crate::readout::Readout;
 
 /// Who may use the endpoints.
 #[derive(Debug, Clone)]
@@ -199,7 +199,7 @@ async fn quarantined(
     State((o, _)): State<Shared>,
     Path(view): Path<String>,
 ) -> Result<Json<Vec<QuarantinedKey>>, AdminError> {
-    let crate::http::AdminView {
+    let crate::readout::AdminView {
         handle: h, scope, ..
     } = o
         .view(&view)
@@ -273,7 +273,7 @@ async fn readmit(
     Path(view): Path<String>,
     bytes: axum::body::Bytes,
 ) -> Result<Json<serde_json::Value>, AdminError> {
-    let crate::http::AdminView {
+    let crate::readout::AdminView {
         handle: h, scope, ..
     } = o
         .view(&view)
@@ -366,10 +366,13 @@ async fn sink_snapshot(
         ))
     })?;
     let snapshots = o.sink(sink).ok_or(AdminError::NoSink(sink))?;
-    let progress = snapshots
+    let progress: Vec<crate::readout::TableProgress> = snapshots
         .request(&req.tables)
         .await
-        .map_err(|e| AdminError::BadKey(e.to_string()))?;
+        .map_err(|e| AdminError::BadKey(e.to_string()))?
+        .into_iter()
+        .map(Into::into)
+        .collect();
     tracing::info!(sink, tables = ?req.tables, "sink snapshot requested over /admin");
     Ok((
         StatusCode::ACCEPTED,

@@ -15,7 +15,7 @@ use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
     // Our own `help`, which takes `--help` itself and suggests a subcommand for a typo.
     disable_help_subcommand = true
 )]
-pub struct Args {
+pub(crate) struct Args {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -23,7 +23,7 @@ pub struct Args {
 
 /// The configuration file of a subcommand that reads one.
 #[derive(Debug, Clone, ClapArgs)]
-pub struct ConfigFile {
+pub(crate) struct ConfigFile {
     /// The configuration file.
     #[arg(short, long, value_name = "FILE", default_value = crate::config::DEFAULT_FILE)]
     pub config: PathBuf,
@@ -31,7 +31,7 @@ pub struct ConfigFile {
 
 /// Which running instance `status` and `health` ask.
 #[derive(Debug, Clone, ClapArgs)]
-pub struct Instance {
+pub(crate) struct Instance {
     /// The instance's HTTP address: `host:port` or `http://host:port`. Without it, the
     /// `[http] listen` of `-c FILE` (or of `freshen.toml` in the working directory), else
     /// 127.0.0.1:9187.
@@ -47,7 +47,7 @@ pub struct Instance {
 
 impl Instance {
     /// The base URL (`http://host:port`) to ask.
-    pub fn base_url(&self) -> anyhow::Result<String> {
+    pub(crate) fn base_url(&self) -> anyhow::Result<String> {
         if let Some(a) = self.address.as_deref().or(self.url.as_deref()) {
             return base_url(a);
         }
@@ -68,7 +68,7 @@ impl Instance {
 }
 
 /// Where `freshen run` serves `/status` unless configured otherwise.
-pub const DEFAULT_ADDRESS: &str = "127.0.0.1:9187";
+pub(crate) const DEFAULT_ADDRESS: &str = "127.0.0.1:9187";
 
 /// `host:port` or `http://host:port[/]` as a base URL.
 fn base_url(address: &str) -> anyhow::Result<String> {
@@ -84,7 +84,7 @@ fn base_url(address: &str) -> anyhow::Result<String> {
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Keep every view of a configuration fresh until SIGINT/SIGTERM.
     Run {
         /// The configuration file.
@@ -223,7 +223,7 @@ pub enum Command {
 
 /// The subcommands of `freshen config`.
 #[derive(Debug, Subcommand)]
-pub enum ConfigCommand {
+pub(crate) enum ConfigCommand {
     /// Print every key of every table of the configuration file — type, default,
     /// accepted values, what it does — as Markdown (`docs/configuration.md`).
     Reference,
@@ -231,7 +231,7 @@ pub enum ConfigCommand {
 
 /// Prints the help `freshen help [COMMAND]` asks for; an unknown subcommand is an error
 /// that suggests the closest one.
-pub fn help(command: Option<&str>) -> std::process::ExitCode {
+pub(crate) fn help(command: Option<&str>) -> std::process::ExitCode {
     let mut args = vec!["freshen".to_owned()];
     args.extend(command.map(str::to_owned));
     args.push("--help".to_owned());
@@ -246,7 +246,7 @@ pub fn help(command: Option<&str>) -> std::process::ExitCode {
 }
 
 /// Writes the completion script for `shell` to stdout.
-pub fn completions(shell: clap_complete::Shell) {
+pub(crate) fn completions(shell: clap_complete::Shell) {
     clap_complete::generate(
         shell,
         &mut Args::command(),
@@ -258,10 +258,10 @@ pub fn completions(shell: clap_complete::Shell) {
 /// This build's version and what it was built with, e.g. `0.1.0 (sources: postgres,
 /// mysql; changefeed)`: which sources a binary reads depends on its cargo features, so a
 /// user (or a bug report) can tell from the binary alone.
-pub fn version() -> &'static str {
+pub(crate) fn version() -> &'static str {
     static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     LINE.get_or_init(|| {
-        let sources: Vec<&str> = crate::sources::KINDS.iter().map(|k| k.name).collect();
+        let sources = crate::kinds::builtin().sources.built();
         format!(
             "{} (sources: {}; changefeed)",
             env!("CARGO_PKG_VERSION"),

@@ -9,7 +9,7 @@ use crate::config::{self, Config};
 
 /// Everything `check` found.
 #[derive(Debug, Clone, Default)]
-pub struct CheckReport {
+pub(crate) struct CheckReport {
     /// True when there is no error.
     pub ok: bool,
     /// The findings, in the order they were made.
@@ -57,7 +57,7 @@ impl CheckReport {
     }
 
     /// How many findings are warnings (`--deny-warnings` fails on any).
-    pub fn warnings(&self) -> usize {
+    pub(crate) fn warnings(&self) -> usize {
         self.findings
             .iter()
             .filter(|f| f.level == Level::Warning)
@@ -70,7 +70,7 @@ impl CheckReport {
     }
 
     /// One line per finding.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         for f in &self.findings {
             out.push_str(&format!(
@@ -94,12 +94,12 @@ impl CheckReport {
 }
 
 /// Checks the file at `path` and, unless `offline`, the databases it names.
-pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
+pub(crate) async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
     let mut report = CheckReport::default();
     let loaded = if offline {
-        config::load_offline(path)
+        config::load_offline(path, crate::kinds::builtin())
     } else {
-        config::load(path)
+        config::load(path, crate::kinds::builtin())
     };
     let cfg = match loaded {
         Ok(cfg) => cfg,
@@ -159,20 +159,18 @@ pub async fn check(path: &std::path::Path, offline: bool) -> CheckReport {
     report.finish()
 }
 
-/// `[[redact]]` rules naming a column their (PostgreSQL) tables do not have. Only a
-/// PostgreSQL source is asked (its catalog, whatever the role's column privileges); a
-/// table it cannot read is left to the source's own findings.
+/// `[[redact]]` rules naming a column their tables do not have, as the source's catalog
+/// says (a PostgreSQL source's, whatever the role's column privileges); a source that
+/// cannot tell, or a table it cannot read, is left to the source's own findings.
 async fn redacted_columns(cfg: &Config) -> Vec<crate::redact_coverage::Unmatched> {
-    if cfg.redact.is_empty() || cfg.source.kind() != "postgres" {
+    if cfg.redact.is_empty() {
         return Vec::new();
     }
-    let Some(url) = cfg.source.database_url() else {
-        return Vec::new();
-    };
     let captured = cfg.watched_tables();
-    let Ok(columns) = table_columns(url, &captured).await else {
+    let Some(columns) = cfg.source.columns(&captured).await else {
         return Vec::new();
     };
+    let columns: std::collections::BTreeMap<_, _> = columns.into_iter().collect();
     crate::redact_coverage::unmatched_columns(
         cfg.redact.rules(),
         &cfg.redact_lines,
@@ -186,40 +184,13 @@ async fn redacted_columns(cfg: &Config) -> Vec<crate::redact_coverage::Unmatched
     )
 }
 
-/// Each table's columns from the catalog (an empty list: no such table).
-async fn table_columns(
-    url: &str,
-    tables: &[(String, String)],
-) -> anyhow::Result<std::collections::BTreeMap<(String, String), Vec<String>>> {
-    let conn = freshen_postgres::ConnectionConfig::from_url(url)?;
-    let pool = freshen_postgres::connect_pool(&conn, 1)?;
-    let client = pool.get().await?;
-    let mut out = std::collections::BTreeMap::new();
-    for (schema, table) in tables {
-        let rows = client
-            .query(
-                "SELECT a.attname::text FROM pg_attribute a
-                 JOIN pg_class c ON c.oid = a.attrelid
-                 JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
-                &[schema, table],
-            )
-            .await?;
-        out.insert(
-            (schema.clone(), table.clone()),
-            rows.iter().map(|r| r.get::<_, String>(0)).collect(),
-        );
-    }
-    Ok(out)
-}
-
 async fn check_database(cfg: &Config, report: &mut CheckReport) {
     // Views rebuilt by `query` get their missing entries inferred first: the source's
     // findings (publication, replica identity) then cover the inferred tables too.
     let target = if cfg.views.is_empty() {
         None
     } else {
-        match crate::targets::connect(cfg).await {
+        match cfg.target.connect(cfg.source.database_url()).await {
             Ok(t) => Some(t),
             Err(e) => {
                 report.push(
@@ -263,11 +234,11 @@ async fn check_database(cfg: &Config, report: &mut CheckReport) {
         _ => None,
     };
     let cfg = completed.as_ref().unwrap_or(cfg);
-    let plan = crate::sources::plan(cfg);
+    let plan = cfg.plan();
     report.findings.extend(cfg.source.check(&plan).await);
     let Some(target) = target else { return };
     for view in cfg.views.iter().filter(|v| !refused.contains(&v.name)) {
-        match target.view(&crate::targets::spec(view, Some(1))) {
+        match target.view(&view.spec(Some(1))) {
             Ok(on) => report.findings.extend(on.check().await),
             Err(e) => report.push(
                 Level::Error,

@@ -13,13 +13,13 @@ use freshen_testenv::PgServer;
 use tokio_postgres::{Client, NoTls};
 
 use crate::config;
-use crate::http::{Readout, status};
 use crate::pipeline::{Observer, Pipeline};
+use crate::readout::{Readout, status};
 use crate::status::lsn;
 
 /// Options of the demo.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+pub(crate) struct DemoOptions {
     /// How long the writers run.
     pub duration: Duration,
     /// Concurrent writers.
@@ -77,7 +77,7 @@ const VIEWS: [(&str, &str); 3] = [
 /// The demo's configuration: exactly what a user would write — the views' SELECTs, and
 /// nothing else (what they watch and their keys are inferred, the tables built whole at
 /// the first start).
-pub fn demo_config(url: &str, listen: &str) -> String {
+pub(crate) fn demo_config(url: &str, listen: &str) -> String {
     let mut out = format!(
         r#"
 [source]
@@ -198,10 +198,15 @@ async fn writer(
             }
             Err(e) if matches!(e.code().map(|c| c.code()), Some("40P01" | "40001")) => {}
             Err(e) => {
-                return Err(anyhow::anyhow!(
-                    "a writer failed: {}",
-                    freshen_postgres::check::db_message(&e)
-                ));
+                // The server's words (and hint), not the driver's "db error".
+                let why = match e.as_db_error() {
+                    Some(db) => match db.hint() {
+                        Some(hint) => format!("{} (hint: {hint})", db.message()),
+                        None => db.message().to_owned(),
+                    },
+                    None => e.to_string(),
+                };
+                return Err(anyhow::anyhow!("a writer failed: {why}"));
             }
         }
     }
@@ -273,7 +278,7 @@ fn listener(addr: std::net::SocketAddr) -> anyhow::Result<std::net::TcpListener>
 }
 
 /// Runs the demo; `Ok(true)` when every derived table equals truth.
-pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
+pub(crate) async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let started = Instant::now();
     println!("freshen demo: starting a throwaway PostgreSQL…");
     let keep = opts.keep;
@@ -315,8 +320,13 @@ pub async fn run(opts: DemoOptions) -> anyhow::Result<bool> {
     let std_listener = listener(opts.listen)?;
     let addr = std_listener.local_addr()?;
     std_listener.set_nonblocking(true)?;
-    let cfg = config::parse(&demo_config(&url, "off"), "demo.toml", &|_| None)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cfg = config::parse(
+        &demo_config(&url, "off"),
+        "demo.toml",
+        &|_| None,
+        crate::kinds::builtin(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     let pipeline = Pipeline::start(&cfg).await?;
     let observer = pipeline.observer();
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -3,12 +3,9 @@
 
 use crate::config::Config;
 
-/// The comment freshen puts on a publication it creates; `drop` removes only those.
-pub use freshen_postgres::CREATED_BY;
-
 /// Removes what the source keeps upstream (a PostgreSQL slot, and the publication
 /// when freshen created it); one line per thing and what became of it.
-pub async fn drop_pipeline(cfg: &Config) -> anyhow::Result<Vec<String>> {
+pub(crate) async fn drop_pipeline(cfg: &Config) -> anyhow::Result<Vec<String>> {
     cfg.source
         .drop_upstream()
         .await

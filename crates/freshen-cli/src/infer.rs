@@ -9,7 +9,7 @@ use crate::config::{Config, View, Watch};
 
 /// What inferring a file's views found.
 #[derive(Debug)]
-pub struct Completed {
+pub(crate) struct Completed {
     /// The configuration with each view's inferred entries added after its own.
     pub config: Config,
     /// Per view that gained entries: its name and what was inferred.
@@ -19,12 +19,12 @@ pub struct Completed {
 }
 
 /// Whether `cfg` has a view whose entries may be inferred (one rebuilt by `query`).
-pub fn wanted(cfg: &Config) -> bool {
+pub(crate) fn wanted(cfg: &Config) -> bool {
     cfg.views.iter().any(|v| v.query.is_some())
 }
 
 /// Infers the entries of every view of `cfg` rebuilt by `query`, on `target`.
-pub async fn complete(cfg: &Config, target: &dyn Target) -> Completed {
+pub(crate) async fn complete(cfg: &Config, target: &dyn Target) -> Completed {
     let mut out = Completed {
         config: cfg.clone(),
         inferred: Vec::new(),
@@ -34,7 +34,7 @@ pub async fn complete(cfg: &Config, target: &dyn Target) -> Completed {
         if view.query.is_none() {
             continue;
         }
-        match target.infer(&crate::targets::spec(view, Some(1))).await {
+        match target.infer(&view.spec(Some(1))).await {
             Ok(inferred) => {
                 apply(view, &inferred);
                 if !inferred.watch.is_empty() {
@@ -48,7 +48,7 @@ pub async fn complete(cfg: &Config, target: &dyn Target) -> Completed {
 }
 
 /// [`complete`] for `run`: the configuration to run, or an error listing every reason.
-pub async fn for_run(cfg: &Config, target: &dyn Target) -> anyhow::Result<Config> {
+pub(crate) async fn for_run(cfg: &Config, target: &dyn Target) -> anyhow::Result<Config> {
     let done = complete(cfg, target).await;
     if !done.refused.is_empty() {
         let problems: Vec<String> = done
@@ -98,7 +98,7 @@ fn apply(view: &mut View, inferred: &Inferred) {
 
 /// The inferred entries as a `watch = [...]` to paste into the view, table names
 /// written by the source's `naming` rules.
-pub fn toml(inferred: &Inferred, naming: &Naming) -> String {
+pub(crate) fn toml(inferred: &Inferred, naming: &Naming) -> String {
     let mut out = String::from("watch = [\n");
     for w in &inferred.watch {
         let table = format!("{}.{}", part(&w.schema, naming), part(&w.table, naming));
@@ -134,7 +134,7 @@ fn part(s: &str, naming: &Naming) -> String {
 }
 
 /// A TOML basic string.
-pub fn toml_string(s: &str) -> String {
+pub(crate) fn toml_string(s: &str) -> String {
     string(s)
 }
 

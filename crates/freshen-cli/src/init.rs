@@ -15,7 +15,7 @@ use freshen::plug::{QuerySpec, ViewSpec};
 
 /// What `freshen init` was asked.
 #[derive(Debug, Clone, Default)]
-pub struct Request {
+pub(crate) struct Request {
     /// The view's name (default: the materialized view's, or the target table's).
     pub name: Option<String>,
     /// The target table, as the file writes it (default with `from_matview`: the
@@ -37,7 +37,7 @@ pub struct Request {
 
 /// What `init` wrote, and what it ran.
 #[derive(Debug, Clone)]
-pub struct Written {
+pub(crate) struct Written {
     /// The file.
     pub file: String,
     /// With `--create`: each statement run (or left, because what it creates exists).
@@ -46,14 +46,17 @@ pub struct Written {
 
 /// The file for `request` (and, with `create`, its statements run, each told to `say`
 /// before it runs), or every problem (a sentence each, never the URL).
-pub async fn starting_file(request: &Request, say: &dyn Fn(&str)) -> Result<Written, Vec<String>> {
+pub(crate) async fn starting_file(
+    request: &Request,
+    say: &dyn Fn(&str),
+) -> Result<Written, Vec<String>> {
     let var = &request.url_env;
     let url = std::env::var(var).map_err(|_| {
         vec![format!(
             "set {var} to the database URL (freshen init reads it there and writes `${{{var}}}` into the file)"
         )]
     })?;
-    let plug = crate::targets::open_url(&url).map_err(|p| {
+    let plug = crate::kinds::builtin().open_target(&url).map_err(|p| {
         p.into_iter()
             .map(|p| format!("{var}: {p}"))
             .collect::<Vec<_>>()
@@ -190,7 +193,7 @@ pub async fn starting_file(request: &Request, say: &dyn Fn(&str)) -> Result<Writ
 }
 
 /// Writes `text` to a new file at `path`; an existing file is left alone (an error).
-pub fn write_new(path: &Path, text: &str) -> anyhow::Result<()> {
+pub(crate) fn write_new(path: &Path, text: &str) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -1,10 +1,26 @@
-//! The key stream's one kind, Kafka's (`[key_stream]`, see [`crate::role`]): its
-//! settings, the capture role's publisher and the workers' source. The only place the
-//! roles name Kafka: without the `kafka` feature configuration refuses `[key_stream]`,
-//! so neither role can start.
+//! The key stream's one kind, Kafka's (`[key_stream]`, see `role.rs`): the capture
+//! role's publisher and the workers' source (its settings are read by
+//! `config/key_stream.rs`). With `config/key_stream.rs`, the only place the roles name
+//! Kafka: without the `kafka` feature configuration refuses `[key_stream]`, so neither
+//! role can start.
 
-pub use kind::KeyStream;
-pub(crate) use kind::{publisher, read, worker};
+pub(crate) use kind::{publisher, worker};
+
+use std::sync::Arc;
+
+/// How the capture role reads a change's keys: `(view index, key)` for each view.
+pub(crate) type Keyer = dyn Fn(&freshen::RowEvent, &mut Vec<(usize, freshen::Key)>) + Send + Sync;
+
+/// What a worker runs its views on: one source per view (its keys from the stream) and
+/// each view's rebuild fenced by partition ownership.
+pub(crate) struct Worker {
+    /// Per view, in configuration order.
+    pub(crate) sources: Vec<Box<dyn freshen::Source>>,
+    /// Per view, fenced.
+    pub(crate) rebuilds: Vec<Box<dyn freshen::Rebuild>>,
+    /// The key stream's health (partitions owned).
+    pub(crate) probe: Arc<dyn freshen::SourceProbe>,
+}
 
 /// Kafka's key stream.
 #[cfg(feature = "kafka")]
@@ -12,33 +28,10 @@ mod kind {
     use std::sync::Arc;
 
     use anyhow::Context as _;
-    use toml_edit::Item;
 
-    use crate::config::read::Reader;
-    use crate::pipeline::SinkRun;
-    use crate::role::{Keyer, Worker};
-
-    /// The key stream's settings.
-    pub type KeyStream = freshen_kafka::KeyStreamConfig;
-
-    /// Reads the `[key_stream]` table `item`, every problem with its line.
-    pub(crate) fn read(
-        r: &mut Reader<'_, '_>,
-        item: &Item,
-        line: Option<usize>,
-    ) -> Option<KeyStream> {
-        let mark = r.mark();
-        let ks: KeyStream = r.serde_table(item, "key_stream", &[])?;
-        let problems = if r.judged_since(mark) {
-            ks.problems()
-        } else {
-            Vec::new()
-        };
-        for p in &problems {
-            r.problem_in(item, "key_stream", p, line);
-        }
-        problems.is_empty().then_some(ks)
-    }
+    use super::{Keyer, Worker};
+    use crate::config::KeyStream;
+    use crate::parts::SinkRun;
 
     /// Connects the capture role's publisher of the views named `views` (in order),
     /// whose keys `keyer` reads from each change.
@@ -102,7 +95,14 @@ mod kind {
 
     #[cfg(test)]
     mod tests {
-        use crate::config::parse;
+        /// [`crate::config::parse`] with the kinds this binary registers.
+        fn parse(
+            src: &str,
+            file: &str,
+            env: &dyn Fn(&str) -> Option<String>,
+        ) -> Result<crate::config::Config, crate::config::ConfigError> {
+            crate::config::parse(src, file, env, crate::kinds::builtin())
+        }
         use crate::role::{Role, resolve};
 
         const BASE: &str = r#"
@@ -216,29 +216,9 @@ rebuild = ["SELECT 1 WHERE $1::text IS NOT NULL"]
 /// Without Kafka built in: configuration refuses `[key_stream]`, so no settings exist.
 #[cfg(not(feature = "kafka"))]
 mod kind {
-    use toml_edit::Item;
-
-    use crate::config::read::Reader;
-    use crate::pipeline::SinkRun;
-    use crate::role::{Keyer, Worker};
-
-    /// The key stream's settings (not built into this freshen: build it with
-    /// `--features kafka`).
-    #[derive(Debug, Clone)]
-    pub enum KeyStream {}
-
-    /// Refuses the `[key_stream]` table.
-    pub(crate) fn read(
-        r: &mut Reader<'_, '_>,
-        _item: &Item,
-        line: Option<usize>,
-    ) -> Option<KeyStream> {
-        r.p.at_line(
-            line,
-            "[key_stream] is not built into this freshen: build it with `--features kafka`",
-        );
-        None
-    }
+    use super::{Keyer, Worker};
+    use crate::config::KeyStream;
+    use crate::parts::SinkRun;
 
     /// Never called: no settings exist.
     pub(crate) async fn publisher(

@@ -9,7 +9,7 @@ use crate::config::LogFormat;
 
 /// Installs the global subscriber with `default` as the filter unless `RUST_LOG` is set;
 /// a second call is ignored.
-pub fn init(format: LogFormat, default: &str) {
+pub(crate) fn init(format: LogFormat, default: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

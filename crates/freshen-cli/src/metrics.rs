@@ -8,141 +8,141 @@ use freshen::Stats;
 use serde::{Deserialize, Serialize};
 
 /// Names of every exported metric.
-pub mod names {
+pub(crate) mod names {
     /// Row events of the tables a view watches, per view.
-    pub const EVENTS: &str = "freshen_events_total";
+    pub(crate) const EVENTS: &str = "freshen_events_total";
     /// Undecodable messages skipped, per view.
-    pub const SKIPPED: &str = "freshen_events_skipped_total";
+    pub(crate) const SKIPPED: &str = "freshen_events_skipped_total";
     /// 1 while this process is the active one on its configuration (0: a standby, or
     /// starting).
-    pub const ACTIVE: &str = "freshen_active";
+    pub(crate) const ACTIVE: &str = "freshen_active";
     /// Keys rebuilt that no change made due (listed by a sweep, or asked for), per view.
-    pub const SWEEP_REBUILDS: &str = "freshen_sweep_rebuilds_total";
+    pub(crate) const SWEEP_REBUILDS: &str = "freshen_sweep_rebuilds_total";
     /// Seconds the longest-running rebuild call now running has run, per view.
-    pub const OLDEST_IN_FLIGHT: &str = "freshen_oldest_rebuild_running_seconds";
+    pub(crate) const OLDEST_IN_FLIGHT: &str = "freshen_oldest_rebuild_running_seconds";
     /// Seconds the longest-waiting change has waited for its rebuild (0: nothing
     /// waits), per view.
-    pub const OLDEST_WAITING: &str = "freshen_oldest_change_waiting_seconds";
+    pub(crate) const OLDEST_WAITING: &str = "freshen_oldest_change_waiting_seconds";
     /// The view's `stale_after` bound in seconds (0: none), per view: an alert compares
     /// [`OLDEST_WAITING`] with it, as `/healthz` does.
-    pub const STALE_AFTER: &str = "freshen_view_stale_after_seconds";
+    pub(crate) const STALE_AFTER: &str = "freshen_view_stale_after_seconds";
     /// Keys the reconcile sweep now listing has listed so far, per view.
-    pub const SWEEP_LISTED: &str = "freshen_sweep_keys_listed";
+    pub(crate) const SWEEP_LISTED: &str = "freshen_sweep_keys_listed";
     /// Keys marked dirty, per view.
-    pub const KEYS_MARKED: &str = "freshen_keys_marked_total";
+    pub(crate) const KEYS_MARKED: &str = "freshen_keys_marked_total";
     /// Quarantined keys whose held transactions were confirmed without a successful
     /// rebuild (the one exception to after-rebuild acks), per view.
-    pub const QUARANTINE_RELEASES: &str = "freshen_quarantine_releases_total";
+    pub(crate) const QUARANTINE_RELEASES: &str = "freshen_quarantine_releases_total";
     /// Failed rebuilds that were not the key's fault (an outage, a timeout), per view.
-    pub const PATH_FAILURES: &str = "freshen_rebuild_path_failures_total";
+    pub(crate) const PATH_FAILURES: &str = "freshen_rebuild_path_failures_total";
     /// Rebuilds abandoned (cancelled) at shutdown, per view.
-    pub const ABANDONED: &str = "freshen_rebuilds_abandoned_total";
+    pub(crate) const ABANDONED: &str = "freshen_rebuilds_abandoned_total";
     /// 1 while a view's rebuilds fail for a reason that is not the key's, per view.
-    pub const STALLED: &str = "freshen_view_stalled";
+    pub(crate) const STALLED: &str = "freshen_view_stalled";
     /// Quarantined keys holding their transactions unconfirmed, per view.
-    pub const POISONED_HOLDING: &str = "freshen_poisoned_keys_holding";
+    pub(crate) const POISONED_HOLDING: &str = "freshen_poisoned_keys_holding";
     /// Changes of a watched table that carried no value for the view's key columns
     /// (typically a DELETE under the default replica identity), per view.
-    pub const UNSCOPED: &str = "freshen_events_unscoped_total";
+    pub(crate) const UNSCOPED: &str = "freshen_events_unscoped_total";
     /// 1 while a schema change that broke the view's key pauses it, per view.
-    pub const PAUSED: &str = "freshen_view_paused";
+    pub(crate) const PAUSED: &str = "freshen_view_paused";
     /// Schema changes of the tables a view watches, per view.
-    pub const SCHEMA_CHANGES: &str = "freshen_schema_changes_total";
+    pub(crate) const SCHEMA_CHANGES: &str = "freshen_schema_changes_total";
     /// Changes that reached a view's table without their rows (key-only messages,
     /// statements, dropped partitions), each answered by a sweep, per view.
-    pub const GAPS: &str = "freshen_gaps_total";
+    pub(crate) const GAPS: &str = "freshen_gaps_total";
     /// Tables with a gap that no sweep heals (the view has no reconcile), per view:
     /// the view is unhealthy until a person rebuilds and acknowledges.
-    pub const UNHEALED_GAPS: &str = "freshen_view_unhealed_gaps";
+    pub(crate) const UNHEALED_GAPS: &str = "freshen_view_unhealed_gaps";
     /// Key rebuilds by outcome (`ok`, `failed`), per view.
-    pub const REBUILDS: &str = "freshen_rebuilds_total";
+    pub(crate) const REBUILDS: &str = "freshen_rebuilds_total";
     /// Rebuild round trips, per view.
-    pub const REBUILD_CALLS: &str = "freshen_rebuild_calls_total";
+    pub(crate) const REBUILD_CALLS: &str = "freshen_rebuild_calls_total";
     /// Rebuild calls and whole-table runs by `path` (`per-key`: calls of the
     /// rebuild's batch; `set`: calls grown to work through a backlog; `whole`: the
     /// whole table at once), per view.
-    pub const CALLS_BY_PATH: &str = "freshen_rebuild_path_calls_total";
+    pub(crate) const CALLS_BY_PATH: &str = "freshen_rebuild_path_calls_total";
     /// Keys rebuilt by `path` (as [`CALLS_BY_PATH`]), per view.
-    pub const KEYS_BY_PATH: &str = "freshen_rebuild_path_keys_total";
+    pub(crate) const KEYS_BY_PATH: &str = "freshen_rebuild_path_keys_total";
     /// Whole-table runs by outcome (`ok`, `failed`), per view.
-    pub const WHOLE_RUNS: &str = "freshen_whole_runs_total";
+    pub(crate) const WHOLE_RUNS: &str = "freshen_whole_runs_total";
     /// Rows whole-table runs inserted, updated or deleted, per view.
-    pub const WHOLE_WRITTEN: &str = "freshen_whole_rows_written_total";
+    pub(crate) const WHOLE_WRITTEN: &str = "freshen_whole_rows_written_total";
     /// 1 while a whole-table run (a first build, a backlog past the threshold) runs,
     /// per view.
-    pub const WHOLE_RUNNING: &str = "freshen_whole_running";
+    pub(crate) const WHOLE_RUNNING: &str = "freshen_whole_running";
     /// Waiting keys at or above which a view's backlog is recomputed as the whole table
     /// (0: never, or not known yet), per view.
-    pub const WHOLE_THRESHOLD: &str = "freshen_whole_threshold_keys";
+    pub(crate) const WHOLE_THRESHOLD: &str = "freshen_whole_threshold_keys";
     /// Rows the derived table holds, last known (0: not known), per view.
-    pub const TABLE_ROWS: &str = "freshen_view_table_rows";
+    pub(crate) const TABLE_ROWS: &str = "freshen_view_table_rows";
     /// Fan-out calls finished (parent rows mapped to view keys), per view.
-    pub const FANOUT_CALLS: &str = "freshen_fanout_calls_total";
+    pub(crate) const FANOUT_CALLS: &str = "freshen_fanout_calls_total";
     /// View keys sent by fan-outs, per view.
-    pub const FANOUT_KEYS: &str = "freshen_fanout_keys_total";
+    pub(crate) const FANOUT_KEYS: &str = "freshen_fanout_keys_total";
     /// Keys quarantined, per view.
-    pub const POISONINGS: &str = "freshen_keys_poisoned_total";
+    pub(crate) const POISONINGS: &str = "freshen_keys_poisoned_total";
     /// Reconcile sweeps by outcome, per view.
-    pub const RECONCILES: &str = "freshen_reconciles_total";
+    pub(crate) const RECONCILES: &str = "freshen_reconciles_total";
     /// Keys waiting for a rebuild, per view.
-    pub const DIRTY: &str = "freshen_dirty_keys";
+    pub(crate) const DIRTY: &str = "freshen_dirty_keys";
     /// Keys quarantined now, per view.
-    pub const POISONED: &str = "freshen_poisoned_keys";
+    pub(crate) const POISONED: &str = "freshen_poisoned_keys";
     /// Rebuilds running now, per view.
-    pub const IN_FLIGHT: &str = "freshen_rebuilds_in_flight";
+    pub(crate) const IN_FLIGHT: &str = "freshen_rebuilds_in_flight";
     /// Batches received and not yet acknowledged, per view.
-    pub const UNACKED: &str = "freshen_unacked_batches";
+    pub(crate) const UNACKED: &str = "freshen_unacked_batches";
     /// First change → rebuilt, per view (histogram, seconds).
-    pub const FRESHNESS: &str = "freshen_freshness_lag_seconds";
+    pub(crate) const FRESHNESS: &str = "freshen_freshness_lag_seconds";
     /// Unix time of the last batch, per view.
-    pub const LAST_EVENT: &str = "freshen_last_event_timestamp_seconds";
+    pub(crate) const LAST_EVENT: &str = "freshen_last_event_timestamp_seconds";
     /// Unix time of the last successful rebuild, per view.
-    pub const LAST_REBUILD: &str = "freshen_last_rebuild_timestamp_seconds";
+    pub(crate) const LAST_REBUILD: &str = "freshen_last_rebuild_timestamp_seconds";
     /// Times a view's run loop woke up, per view.
-    pub const WAKEUPS: &str = "freshen_loop_wakeups_total";
+    pub(crate) const WAKEUPS: &str = "freshen_loop_wakeups_total";
     /// 1 while the source streams changes.
-    pub const SOURCE_UP: &str = "freshen_source_streaming";
+    pub(crate) const SOURCE_UP: &str = "freshen_source_streaming";
     /// Highest position received from the source (PostgreSQL LSN as a number).
-    pub const SOURCE_RECEIVED: &str = "freshen_source_received_lsn";
+    pub(crate) const SOURCE_RECEIVED: &str = "freshen_source_received_lsn";
     /// Highest position confirmed to the source.
-    pub const SOURCE_CONFIRMED: &str = "freshen_source_confirmed_lsn";
+    pub(crate) const SOURCE_CONFIRMED: &str = "freshen_source_confirmed_lsn";
     /// Bytes of WAL the slot retains behind the server's current position.
-    pub const SOURCE_LAG: &str = "freshen_source_lag_bytes";
+    pub(crate) const SOURCE_LAG: &str = "freshen_source_lag_bytes";
     /// Age of the oldest change received and not yet confirmed.
-    pub const SOURCE_LAG_SECONDS: &str = "freshen_source_lag_seconds";
+    pub(crate) const SOURCE_LAG_SECONDS: &str = "freshen_source_lag_seconds";
     /// Seconds the source has read nothing while the server's position was ahead of it
     /// (0 while it reads): a stalled reader.
-    pub const SOURCE_STALLED: &str = "freshen_source_stalled_seconds";
+    pub(crate) const SOURCE_STALLED: &str = "freshen_source_stalled_seconds";
     /// Reconnects of the source.
-    pub const SOURCE_RECONNECTS: &str = "freshen_source_reconnects_total";
+    pub(crate) const SOURCE_RECONNECTS: &str = "freshen_source_reconnects_total";
     /// Row events the source delivered.
-    pub const SOURCE_EVENTS: &str = "freshen_source_events_total";
+    pub(crate) const SOURCE_EVENTS: &str = "freshen_source_events_total";
     /// Gauge: partitions of the key stream this worker owns now (key stream workers).
-    pub const KEY_STREAM_PARTITIONS: &str = "freshen_key_stream_partitions_owned";
+    pub(crate) const KEY_STREAM_PARTITIONS: &str = "freshen_key_stream_partitions_owned";
     /// Records the destination acknowledged (a Kafka broker: every in-sync replica),
     /// per sink.
-    pub const SINK_DELIVERED: &str = "freshen_sink_records_delivered_total";
+    pub(crate) const SINK_DELIVERED: &str = "freshen_sink_records_delivered_total";
     /// Records whose delivery failed for good (after the client's own retries, within
     /// `delivery_timeout_ms`): the batch stays unconfirmed and the sink stops, per sink.
-    pub const SINK_FAILURES: &str = "freshen_sink_delivery_failures_total";
+    pub(crate) const SINK_FAILURES: &str = "freshen_sink_delivery_failures_total";
     /// Errors the sink's client reported and retried by itself (a broker down, a
     /// connection refused), per sink: an outage shows here before anything fails.
-    pub const SINK_CLIENT_ERRORS: &str = "freshen_sink_client_errors_total";
+    pub(crate) const SINK_CLIENT_ERRORS: &str = "freshen_sink_client_errors_total";
     /// Rows sent to the dead-letter topic, per sink and `reason` (a fixed set:
     /// `missing_id`, `missing_aggregate_type`, `missing_aggregate_id`,
     /// `missing_payload`, `invalid_payload`).
-    pub const SINK_DEAD_LETTERS: &str = "freshen_sink_dead_letters_total";
+    pub(crate) const SINK_DEAD_LETTERS: &str = "freshen_sink_dead_letters_total";
     /// Batches handed to the destination and not yet acknowledged by it, per sink.
-    pub const SINK_WAITING: &str = "freshen_sink_batches_waiting";
+    pub(crate) const SINK_WAITING: &str = "freshen_sink_batches_waiting";
     /// Seconds the oldest batch waiting for the destination's acknowledgement has
     /// waited (0: none waits), per sink: a stuck relay grows it.
-    pub const SINK_OLDEST_WAITING: &str = "freshen_sink_oldest_waiting_seconds";
+    pub(crate) const SINK_OLDEST_WAITING: &str = "freshen_sink_oldest_waiting_seconds";
     /// Unix time of the last record the destination acknowledged (0: none yet), per
     /// sink.
-    pub const SINK_LAST_DELIVERY: &str = "freshen_sink_last_delivery_timestamp_seconds";
+    pub(crate) const SINK_LAST_DELIVERY: &str = "freshen_sink_last_delivery_timestamp_seconds";
     /// Values a `[[redact]]` rule rewrote or dropped, per `table`, `column` and
     /// `action`: once per row image and per output that published it.
-    pub const REDACTED: &str = "freshen_redacted_values_total";
+    pub(crate) const REDACTED: &str = "freshen_redacted_values_total";
 }
 
 /// Freshness histogram bucket bounds, in seconds.
@@ -214,7 +214,7 @@ pub struct ViewStats {
 }
 
 /// How many quarantined keys a view shows in `/status` and `/healthz`.
-pub const QUARANTINE_SHOWN: usize = 20;
+pub(crate) const QUARANTINE_SHOWN: usize = 20;
 
 impl ViewStats {
     /// Why this view is unhealthy, if it is: rebuilds stalled by an outage, a change
@@ -576,7 +576,7 @@ const BY_PATH: &[(&str, &str, Paths)] = &[
 ];
 
 /// The Prometheus text exposition of every view and the source.
-pub fn render(views: &[ViewStats], source: &SourceStatus) -> String {
+pub(crate) fn render(views: &[ViewStats], source: &SourceStatus) -> String {
     let mut o = Out(String::new());
     let label = |v: &ViewStats| format!("view=\"{}\"", escape(&v.name));
     for (name, kind, help, get) in PER_VIEW {
@@ -749,7 +749,7 @@ impl Redacted {
 
 /// The Prometheus text exposition of the sinks' deliveries and the redaction counts
 /// (nothing for a configuration without either).
-pub fn render_outputs(sinks: &[SinkStatus], redacted: &[Redacted]) -> String {
+pub(crate) fn render_outputs(sinks: &[SinkStatus], redacted: &[Redacted]) -> String {
     let mut o = Out(String::new());
     if !sinks.is_empty() {
         type SinkGet = fn(&freshen::plug::SinkReport) -> f64;

@@ -16,8 +16,9 @@ use tokio::task::JoinSet;
 
 use crate::config::{Config, Sink, View};
 use crate::gap_keeping::GapKeeper;
-use crate::http::Readout;
-use crate::metrics::{SourceStatus, ViewStats};
+use crate::metrics::{Redacted, SinkStatus, SourceStatus, ViewStats};
+use crate::parts::{Part, SinkRun, Stop};
+use crate::readout::{Readout, SinkSnapshotStatus, SinkSnapshots};
 use crate::role::Role;
 use crate::scope::ViewScope;
 
@@ -26,22 +27,13 @@ use crate::scope::ViewScope;
 const LAG_SAMPLE: Duration = Duration::from_secs(5);
 
 /// The window of the recent freshness figures.
-pub const RECENT: Duration = Duration::from_secs(60);
+pub(crate) const RECENT: Duration = Duration::from_secs(60);
 
-/// A sink's run, started with its branch of the source and the shutdown signal.
-pub(crate) type SinkRun = Box<
-    dyn FnOnce(
-            Branch,
-            freshen::BoxFuture<'static, ()>,
-        ) -> freshen::BoxFuture<'static, anyhow::Result<()>>
-        + Send,
->;
-
-/// A sink set up: how to run it, its snapshot driver (a PostgreSQL source only) and
+/// A sink set up: how to run it, its snapshots (a source that can take them) and
 /// what reads its deliveries for `/metrics` (a kind that reports them).
 type SinkParts = (
     SinkRun,
-    Option<crate::sink_snapshot::Driver>,
+    Option<SinkSnapshots>,
     Option<Arc<dyn freshen::plug::SinkProbe>>,
 );
 
@@ -56,10 +48,8 @@ fn sink_run(cfg: &Config, sink: &Sink) -> anyhow::Result<SinkParts> {
         .open_probed(redact)
         .map_err(anyhow::Error::from_boxed)
         .with_context(|| format!("cannot set up the {} sink", sink.plug.name()))?;
-    let driver = crate::sink_snapshot::driver(cfg, &sink.plug.identity(), &sink.snapshot)?;
-    let splice = driver.as_ref().map(|d| {
-        Box::new(crate::sink_snapshot::splice(d.snapshots.clone())) as freshen::plug::Splice
-    });
+    let snapshots = crate::sink_snapshot::open(cfg, &sink.plug.identity(), &sink.snapshot)?;
+    let splice = snapshots.as_ref().map(|s| s.splice());
     let run: SinkRun = Box::new(move |branch, stop| {
         Box::pin(async move {
             s(branch, splice, stop)
@@ -67,7 +57,7 @@ fn sink_run(cfg: &Config, sink: &Sink) -> anyhow::Result<SinkParts> {
                 .map_err(anyhow::Error::from_boxed)
         })
     });
-    Ok((run, driver, probe))
+    Ok((run, snapshots, probe))
 }
 
 /// Each sink's `sink` label: where it publishes (its identity, `kafka:<topic>`), made
@@ -84,30 +74,6 @@ fn sink_labels(cfg: &Config) -> Vec<String> {
             }
         })
         .collect()
-}
-
-/// Until the pipeline stops.
-type Stop = freshen::BoxFuture<'static, ()>;
-
-/// One task of a running pipeline — a view's refresher, a sink, a snapshot driver, the
-/// changefeed's writer or its listener — named as the log calls it. Every part runs
-/// until the stop signal or its own end; the first failure stops the others.
-struct Part {
-    name: String,
-    run: Box<dyn FnOnce(Stop) -> freshen::BoxFuture<'static, anyhow::Result<()>> + Send>,
-}
-
-impl Part {
-    fn new<F, Fut>(name: impl Into<String>, run: F) -> Part
-    where
-        F: FnOnce(Stop) -> Fut + Send + 'static,
-        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
-    {
-        Part {
-            name: name.into(),
-            run: Box::new(move |stop| Box::pin(run(stop))),
-        }
-    }
 }
 
 /// A consumer of the source: views, sinks, the key publisher and the changefeed alike.
@@ -128,7 +94,7 @@ struct Topology {
     /// The changefeed, for its snapshot progress.
     changefeed: Option<Changefeed>,
     /// The sinks' snapshots, by sink index.
-    sink_snapshots: Vec<(usize, freshen_postgres::SinkSnapshots)>,
+    sink_snapshots: Vec<(usize, SinkSnapshots)>,
     /// The sinks that report their deliveries, by label.
     sinks: Vec<ObservedSink>,
     /// The redaction rules, counting what they redact.
@@ -213,12 +179,12 @@ impl Consumer for ViewConsumer {
     }
 }
 
-/// A sink (or the capture role's key publisher), with its snapshot driver.
+/// A sink (or the capture role's key publisher), with its snapshots.
 struct SinkConsumer {
     /// Its place in `[[sinks]]` (`None`: the key publisher, which has no snapshots).
     index: Option<usize>,
     run: SinkRun,
-    driver: Option<crate::sink_snapshot::Driver>,
+    snapshots: Option<SinkSnapshots>,
     /// Its `/metrics` labels and probe, for a kind that reports its deliveries.
     observed: Option<ObservedSink>,
 }
@@ -234,14 +200,14 @@ impl Consumer for SinkConsumer {
             .parts
             .push(Part::new(name.clone(), move |stop| run(branch, stop)));
         topology.sinks.extend(self.observed);
-        if let Some(driver) = self.driver {
+        if let Some(snapshots) = self.snapshots {
             if let Some(i) = self.index {
-                topology.sink_snapshots.push((i, driver.snapshots.clone()));
+                topology.sink_snapshots.push((i, snapshots.clone()));
             }
             topology
                 .parts
-                .push(Part::new(format!("{name} snapshots"), move |stop| {
-                    driver.run(stop)
+                .push(Part::new(format!("{name} snapshots"), move |stop| async move {
+                    snapshots.run(stop).await.map_err(anyhow::Error::from_boxed)
                 }));
         }
         Ok(())
@@ -322,7 +288,7 @@ pub struct Observer {
     /// The changefeed, for its snapshot progress.
     changefeed: Option<Changefeed>,
     /// The sinks' snapshots, by sink index.
-    sink_snapshots: Vec<(usize, freshen_postgres::SinkSnapshots)>,
+    sink_snapshots: Vec<(usize, SinkSnapshots)>,
     /// The sinks that report their deliveries.
     sinks: Vec<ObservedSink>,
     /// The redaction rules, counting what they redact.
@@ -372,11 +338,11 @@ impl Observer {
 }
 
 impl Readout for Observer {
-    fn view(&self, view: &str) -> Option<crate::http::AdminView> {
+    fn view(&self, view: &str) -> Option<crate::readout::AdminView> {
         self.views
             .iter()
             .find(|(name, ..)| name == view)
-            .map(|(_, h, scope, _, gaps)| crate::http::AdminView {
+            .map(|(_, h, scope, _, gaps)| crate::readout::AdminView {
                 handle: h.clone(),
                 scope: scope.clone(),
                 gaps: gaps.clone(),
@@ -390,14 +356,14 @@ impl Readout for Observer {
             .unwrap_or_default()
     }
 
-    fn sink_snapshots(&self) -> Vec<crate::sink_snapshot::SinkSnapshotStatus> {
+    fn sink_snapshots(&self) -> Vec<SinkSnapshotStatus> {
         crate::sink_snapshot::status(&self.sink_snapshots)
     }
 
-    fn sinks(&self) -> Vec<crate::metrics::SinkStatus> {
+    fn sinks(&self) -> Vec<SinkStatus> {
         self.sinks
             .iter()
-            .map(|(name, kind, probe)| crate::metrics::SinkStatus {
+            .map(|(name, kind, probe)| SinkStatus {
                 name: name.clone(),
                 kind,
                 report: probe.report(),
@@ -405,11 +371,11 @@ impl Readout for Observer {
             .collect()
     }
 
-    fn redactions(&self) -> Vec<crate::metrics::Redacted> {
-        crate::metrics::Redacted::from_redactor(&self.redact)
+    fn redactions(&self) -> Vec<Redacted> {
+        Redacted::from_redactor(&self.redact)
     }
 
-    fn sink(&self, index: usize) -> Option<freshen_postgres::SinkSnapshots> {
+    fn sink(&self, index: usize) -> Option<SinkSnapshots> {
         self.sink_snapshots
             .iter()
             .find(|(i, _)| *i == index)
@@ -496,7 +462,7 @@ fn view_target(
     cfg: &Config,
 ) -> anyhow::Result<Box<dyn ViewTarget>> {
     target
-        .view(&crate::targets::spec(view, cfg.target.pool_size))
+        .view(&view.spec(cfg.target.pool_size))
         .map_err(anyhow::Error::from_boxed)
 }
 
@@ -684,26 +650,13 @@ fn changefeed_snapshots(
         }
         return Ok(None);
     };
-    let conn = freshen_postgres::ConnectionConfig::from_url(url)
-        .context("the source URL is not usable")?;
-    let pool = freshen_postgres::connect_pool(&conn, 1)
-        .context("cannot set up the snapshot connection")?;
-    let tables = cfg
-        .watched_tables()
-        .into_iter()
-        .map(|(schema, table)| freshen_postgres::TableName::new(schema, table))
-        .collect();
-    let source = freshen_changefeed::SnapshotSource::new(pool, tables);
-    Ok(Some(match cfg.source.discovery() {
-        Some(d) => source.discovering(
-            d.patterns
-                .iter()
-                .filter_map(|p| freshen_postgres::TablePattern::parse(p)?.ok())
-                .collect(),
-            d.every,
-        ),
-        None => source,
-    }))
+    let source = freshen_changefeed::SnapshotSource::connect(
+        url,
+        cfg.watched_tables(),
+        cfg.source.discovery().as_ref(),
+    )
+    .map_err(anyhow::Error::from_boxed)?;
+    Ok(Some(source))
 }
 
 impl Pipeline {
@@ -733,7 +686,7 @@ impl Pipeline {
         // their tables (the publication, the key stream, the scopes).
         let completed;
         let cfg = if crate::infer::wanted(cfg) {
-            let target = crate::targets::connect(cfg).await?;
+            let target = cfg.target.connect(cfg.source.database_url()).await?;
             completed = crate::infer::for_run(cfg, &*target).await?;
             &completed
         } else {
@@ -746,7 +699,7 @@ impl Pipeline {
         let mut consumers: Vec<Box<dyn Consumer>> = Vec::new();
         // A capture instance runs no views: its publisher takes their place.
         if !capture && !cfg.views.is_empty() {
-            let target = crate::targets::connect(cfg).await?;
+            let target = cfg.target.connect(cfg.source.database_url()).await?;
             for view in &cfg.views {
                 consumers.push(Box::new(
                     view_consumer(&*target, view, cfg, unchanged).await?,
@@ -757,17 +710,17 @@ impl Pipeline {
             consumers.push(Box::new(SinkConsumer {
                 index: None,
                 run: crate::role::publisher(cfg).await?,
-                driver: None,
+                snapshots: None,
                 observed: None,
             }));
         }
         let labels = sink_labels(cfg);
         for ((i, sink), label) in cfg.sinks.iter().enumerate().zip(labels) {
-            let (run, driver, probe) = sink_run(cfg, sink)?;
+            let (run, snapshots, probe) = sink_run(cfg, sink)?;
             consumers.push(Box::new(SinkConsumer {
                 index: Some(i),
                 run,
-                driver,
+                snapshots,
                 observed: probe.map(|p| (label, sink.plug.kind(), p)),
             }));
         }
@@ -777,7 +730,7 @@ impl Pipeline {
         let kind = cfg.source.kind();
         let freshen::plug::Started { source, probe } = cfg
             .source
-            .start(&crate::sources::plan(cfg))
+            .start(&cfg.plan())
             .await
             .map_err(|e| anyhow::anyhow!("cannot start the {kind} source: {e}"))?;
         let mut topology = Topology {
@@ -795,7 +748,7 @@ impl Pipeline {
     /// (no source, sinks or changefeed here: they run on the capture instance; nor
     /// fan-outs: their keys arrive mapped).
     async fn start_worker(cfg: &Config, unchanged: &[String]) -> anyhow::Result<Pipeline> {
-        let target = crate::targets::connect(cfg).await?;
+        let target = cfg.target.connect(cfg.source.database_url()).await?;
         let mut targets = Vec::new();
         let mut rebuilds = Vec::new();
         for view in &cfg.views {

@@ -44,7 +44,7 @@ fn pattern_may_select(rule: &RedactRule, pattern: &str) -> bool {
 /// The rules (with `lines`, in the same order) whose table is none of `captured` (every
 /// table the configuration captures: the views', the source's, the sinks') and that no
 /// `patterns` entry could select.
-pub fn unmatched_tables(
+pub(crate) fn unmatched_tables(
     rules: &[RedactRule],
     lines: &[Option<usize>],
     captured: &[(String, String)],
@@ -70,7 +70,7 @@ pub fn unmatched_tables(
 /// The rules (with `lines`) whose column none of the captured tables they name has;
 /// `columns` gives a captured table's columns (`None`: not known, e.g. the table does
 /// not exist yet — then nothing is said about it).
-pub fn unmatched_columns(
+pub(crate) fn unmatched_columns(
     rules: &[RedactRule],
     lines: &[Option<usize>],
     captured: &[(String, String)],

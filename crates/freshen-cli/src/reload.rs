@@ -19,63 +19,14 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::config::{self, Config, View};
-
-/// What a reload changes, by view name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Change {
-    /// Views only in the new file.
-    pub added: Vec<String>,
-    /// Views only in the old file.
-    pub removed: Vec<String>,
-    /// Views in both, configured differently (or under a different `[target]`).
-    pub changed: Vec<String>,
-    /// Views in both, the same.
-    pub unchanged: Vec<String>,
-}
-
-impl Change {
-    /// Whether the pipeline needs restarting at all.
-    pub fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
-    }
-}
-
-impl std::fmt::Display for Change {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let list = |v: &[String]| {
-            if v.is_empty() {
-                "none".to_owned()
-            } else {
-                v.join(", ")
-            }
-        };
-        write!(
-            f,
-            "added: {}; removed: {}; changed: {}; unchanged: {}",
-            list(&self.added),
-            list(&self.removed),
-            list(&self.changed),
-            list(&self.unchanged)
-        )
-    }
-}
-
-/// Why a reload was refused; the running configuration goes on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused(pub String);
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+use crate::readout::{Change, Refused};
+use crate::registry::Kinds;
 
 /// What changes from `old` to `new`, or why `new` cannot replace `old` without a restart.
-pub fn diff(old: &Config, new: &Config) -> Result<Change, Refused> {
+pub(crate) fn diff(old: &Config, new: &Config) -> Result<Change, Refused> {
     // The digest covers what Debug redacts (a new password in the URL).
     if old.source_digest != new.source_digest {
         return Err(Refused(
@@ -133,23 +84,27 @@ fn same_view(a: &View, b: &View) -> bool {
 
 /// Re-reads the file on request and hands a good configuration to the run loop.
 #[derive(Debug)]
-pub struct Reloader {
+pub(crate) struct Reloader {
     path: PathBuf,
+    kinds: &'static Kinds,
     current: Mutex<Config>,
     tx: mpsc::UnboundedSender<(Config, Change)>,
 }
 
 impl Reloader {
-    /// A reloader of `path`, whose running configuration is `current`; the run loop
-    /// receives accepted configurations from the returned receiver.
-    pub fn new(
+    /// A reloader of `path`, whose running configuration is `current`, read with
+    /// `kinds`; the run loop receives accepted configurations from the returned
+    /// receiver.
+    pub(crate) fn new(
         path: PathBuf,
         current: Config,
+        kinds: &'static Kinds,
     ) -> (Reloader, mpsc::UnboundedReceiver<(Config, Change)>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (
             Reloader {
                 path,
+                kinds,
                 current: Mutex::new(current),
                 tx,
             },
@@ -158,8 +113,8 @@ impl Reloader {
     }
 
     /// Reads and validates the file; on success the run loop restarts with it.
-    pub fn reload(&self) -> Result<Change, Refused> {
-        let new = config::load(&self.path).map_err(|e| Refused(e.to_string()))?;
+    pub(crate) fn reload(&self) -> Result<Change, Refused> {
+        let new = config::load(&self.path, self.kinds).map_err(|e| Refused(e.to_string()))?;
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let change = diff(&current, &new)?;
         if current.http != new.http {
@@ -182,7 +137,7 @@ mod tests {
 
     fn cfg(views: &str, url: &str) -> Config {
         let text = format!("[source]\nkind = \"postgres\"\nurl = \"{url}\"\n{views}");
-        config::parse(&text, "f.toml", &|_| None).unwrap()
+        config::parse(&text, "f.toml", &|_| None, crate::kinds::builtin()).unwrap()
     }
 
     fn view(name: &str, table: &str) -> String {
@@ -235,7 +190,7 @@ mod tests {
                 "[source]{extra}\nkind = \"postgres\"\nurl = \"postgres://u:one@h/d\"\n{}",
                 view("a", "t1")
             );
-            config::parse(&text, "f.toml", &|_| None).unwrap()
+            config::parse(&text, "f.toml", &|_| None, crate::kinds::builtin()).unwrap()
         };
         assert!(
             diff(&src(""), &src("   # the database"))

@@ -11,9 +11,8 @@
 //!
 //! Without `[key_stream]` an instance does everything itself, as always.
 
-use std::sync::Arc;
-
 use crate::config::Config;
+use crate::key_stream::{Keyer, Worker};
 
 /// A role, as `freshen run --role` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -37,7 +36,7 @@ impl Role {
 /// The role this instance runs: `None` does everything itself (no `[key_stream]`).
 /// A configuration with `[key_stream]` says which role by `--role`; one without cannot
 /// take a role.
-pub fn resolve(cfg: &Config, asked: Option<Role>) -> Result<Option<Role>, String> {
+pub(crate) fn resolve(cfg: &Config, asked: Option<Role>) -> Result<Option<Role>, String> {
     match (cfg.key_stream.is_some(), asked) {
         (true, Some(r)) => Ok(Some(r)),
         (true, None) => Err(
@@ -52,11 +51,8 @@ pub fn resolve(cfg: &Config, asked: Option<Role>) -> Result<Option<Role>, String
     }
 }
 
-/// How the capture role reads a change's keys: `(view index, key)` for each view.
-pub(crate) type Keyer = dyn Fn(&freshen::RowEvent, &mut Vec<(usize, freshen::Key)>) + Send + Sync;
-
 /// The capture role's publisher, run like a sink on its branch of the source.
-pub(crate) async fn publisher(cfg: &Config) -> anyhow::Result<crate::pipeline::SinkRun> {
+pub(crate) async fn publisher(cfg: &Config) -> anyhow::Result<crate::parts::SinkRun> {
     use anyhow::Context as _;
     let ks = cfg
         .key_stream
@@ -70,17 +66,6 @@ pub(crate) async fn publisher(cfg: &Config) -> anyhow::Result<crate::pipeline::S
         }
     });
     crate::key_stream::publisher(ks, names, keyer).await
-}
-
-/// What a worker runs its views on: one source per view (its keys from the stream) and
-/// each view's rebuild fenced by partition ownership.
-pub(crate) struct Worker {
-    /// Per view, in configuration order.
-    pub(crate) sources: Vec<Box<dyn freshen::Source>>,
-    /// Per view, fenced.
-    pub(crate) rebuilds: Vec<Box<dyn freshen::Rebuild>>,
-    /// The key stream's health (partitions owned).
-    pub(crate) probe: Arc<dyn freshen::SourceProbe>,
 }
 
 /// Joins the workers' group and fences `rebuilds` (one per view).
@@ -98,7 +83,7 @@ pub(crate) async fn worker(
 }
 
 /// The status line of a worker's partitions: which key stream partitions it owns.
-pub fn partitions_line(parts: &[i32]) -> String {
+pub(crate) fn partitions_line(parts: &[i32]) -> String {
     if parts.is_empty() {
         return "key stream partitions owned: none (waiting for an assignment, or more workers than partitions)\n".into();
     }

@@ -5,7 +5,8 @@
 use std::process::ExitCode;
 
 use crate::config;
-use crate::http::{self, Readout as _};
+use crate::http;
+use crate::readout::Readout;
 use crate::role::Role;
 use crate::supervisor::{AfterFailure, Restarts};
 use crate::{logging, pipeline, standby};
@@ -22,7 +23,7 @@ async fn shutdown_signal() {
 /// `freshen run -c path [--role capture|worker]`: until SIGINT/SIGTERM, or until
 /// another process takes over.
 pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<ExitCode> {
-    let cfg = match config::load(path) {
+    let cfg = match config::load(path, crate::kinds::builtin()) {
         Ok(c) => c,
         Err(e) => {
             eprint!("{e}");
@@ -67,7 +68,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
                     "the /admin endpoints are off: the listener is beyond loopback and [http] admin_token is not set"
                 );
             }
-            let observer: std::sync::Arc<dyn http::Readout> = process.clone();
+            let observer: std::sync::Arc<dyn Readout> = process.clone();
             Some(tokio::spawn(http::serve(
                 listener,
                 observer,
@@ -81,7 +82,8 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
         None => None,
     };
     // SIGHUP and POST /admin/reload re-read the file.
-    let (reloader, reloads) = crate::reload::Reloader::new(path.to_owned(), cfg.clone());
+    let (reloader, reloads) =
+        crate::reload::Reloader::new(path.to_owned(), cfg.clone(), crate::kinds::builtin());
     let reloader = std::sync::Arc::new(reloader);
     process.set_reloader(reloader.clone());
     tokio::spawn(async move {
@@ -100,6 +102,7 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
             }
         }
     });
+    let target = cfg.target.clone();
     let result = lead_and_run(cfg, role, &process, reloads, stop_rx.clone(), stop(stop_rx)).await;
     let _ = stop_http.send(());
     if let Some(s) = server {
@@ -107,7 +110,9 @@ pub async fn run(path: &std::path::Path, role: Option<Role>) -> anyhow::Result<E
     }
     // Rebuilds abandoned at shutdown cancel their statements on the server: let those
     // requests go out before the runtime ends.
-    crate::targets::settled(std::time::Duration::from_secs(5)).await;
+    if let Ok(kind) = target.kind() {
+        kind.settled(std::time::Duration::from_secs(5)).await;
+    }
     let Some(observer) = result? else {
         tracing::info!("stopped while standby");
         return Ok(ExitCode::SUCCESS);
@@ -131,7 +136,7 @@ async fn lead_and_run(
     cfg: config::Config,
     role: Option<Role>,
     process: &standby::Process,
-    mut reloads: tokio::sync::mpsc::UnboundedReceiver<(config::Config, crate::reload::Change)>,
+    mut reloads: tokio::sync::mpsc::UnboundedReceiver<(config::Config, crate::readout::Change)>,
     stop_rx: tokio::sync::watch::Receiver<bool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<Option<std::sync::Arc<pipeline::Observer>>> {
@@ -226,7 +231,7 @@ async fn lead_and_run(
         enum Why {
             Shutdown,
             Taken(String),
-            Reload(Box<config::Config>, crate::reload::Change),
+            Reload(Box<config::Config>, crate::readout::Change),
         }
         let (why_tx, why_rx) = tokio::sync::oneshot::channel::<Why>();
         let stopping = async {

@@ -152,7 +152,7 @@ impl ViewScope {
 /// parent key) to its refresher: a TRUNCATE or a gap sweeps the view only when it hits
 /// one of them, and a schema change that drops or retypes one of those columns, or
 /// renames the table, pauses the view until undone.
-pub fn declare(view: &View, mut builder: freshen::Builder) -> freshen::Builder {
+pub(crate) fn declare(view: &View, mut builder: freshen::Builder) -> freshen::Builder {
     for w in view.direct().chain(view.fanouts()) {
         let key: Vec<&str> = w.key.iter().map(String::as_str).collect();
         builder = builder.watches(&w.schema, &w.table, &key);

@@ -11,7 +11,7 @@ use crate::config::View;
 
 /// A view's key parts and how each is shown.
 #[derive(Debug, Clone, Default)]
-pub struct KeyDisplay {
+pub(crate) struct KeyDisplay {
     /// By key part: the action that hides it, if any.
     parts: Vec<Option<RedactAction>>,
 }
@@ -20,7 +20,7 @@ impl KeyDisplay {
     /// How `view`'s keys are shown under `redact`: a part is hidden when a rule covers
     /// the column it is read from in any table the view watches directly. (A fan-out's
     /// keys come from its statement, whose columns freshen does not know.)
-    pub fn new(view: &View, redact: &Redactor) -> KeyDisplay {
+    pub(crate) fn new(view: &View, redact: &Redactor) -> KeyDisplay {
         let width = view.direct().map(|w| w.key.len()).max().unwrap_or(0);
         let parts = (0..width)
             .map(|i| {
@@ -36,12 +36,12 @@ impl KeyDisplay {
     }
 
     /// Whether any part is hidden.
-    pub fn hides(&self) -> bool {
+    pub(crate) fn hides(&self) -> bool {
         self.parts.iter().any(Option::is_some)
     }
 
     /// `key` as it may be shown.
-    pub fn show(&self, key: &Key) -> Key {
+    pub(crate) fn show(&self, key: &Key) -> Key {
         if !self.hides() {
             return key.clone();
         }

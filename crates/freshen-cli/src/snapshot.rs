@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use crate::config::Config;
 
 /// The environment variable read for the token when the configuration names none.
-pub const TOKEN_ENV: &str = "FRESHEN_CHANGEFEED_TOKEN";
+pub(crate) const TOKEN_ENV: &str = "FRESHEN_CHANGEFEED_TOKEN";
 
 /// The changefeed's base URL and an admin token, from `cfg`.
 fn endpoint(cfg: &Config) -> anyhow::Result<(String, Option<String>)> {
@@ -35,7 +35,7 @@ fn endpoint(cfg: &Config) -> anyhow::Result<(String, Option<String>)> {
 }
 
 /// Starts a snapshot of `tables` (`schema.table`), or with none prints the progress.
-pub async fn run(cfg: &Config, tables: &[String]) -> anyhow::Result<String> {
+pub(crate) async fn run(cfg: &Config, tables: &[String]) -> anyhow::Result<String> {
     let (base, token) = endpoint(cfg)?;
     let (code, body) = if tables.is_empty() {
         crate::status::request(&base, "GET", "/changefeed/snapshot", token.as_deref(), None).await?
@@ -62,7 +62,11 @@ pub async fn run(cfg: &Config, tables: &[String]) -> anyhow::Result<String> {
 }
 
 /// Starts a snapshot of `tables` into sink `sink`, or with none prints its progress.
-pub async fn run_sink(cfg: &Config, sink: usize, tables: &[String]) -> anyhow::Result<String> {
+pub(crate) async fn run_sink(
+    cfg: &Config,
+    sink: usize,
+    tables: &[String],
+) -> anyhow::Result<String> {
     if sink >= cfg.sinks.len() {
         bail!(
             "the configuration has {} sink(s) ([[sinks]], numbered from 0): no sink {sink}",
@@ -80,7 +84,7 @@ pub async fn run_sink(cfg: &Config, sink: usize, tables: &[String]) -> anyhow::R
         if !(200..300).contains(&code) {
             bail!("{base}/status answered {code}: {}", body.trim());
         }
-        let status: crate::http::Status =
+        let status: crate::readout::Status =
             serde_json::from_str(&body).context("the status is not what this freshen reads")?;
         let mine: Vec<_> = status
             .sink_snapshots

@@ -17,36 +17,14 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use freshen::plug::{Lease, SourcePlug};
 use freshen::{BoxError, BoxFuture};
 
-use crate::http::Readout;
-use crate::metrics::{SourceStatus, ViewStats};
+use crate::metrics::{Redacted, SinkStatus, SourceStatus, ViewStats};
 use crate::pipeline::Observer;
+use crate::readout::{Activity, Change, Readout, Refused, SinkSnapshotStatus, SinkSnapshots};
 use crate::supervisor::{Answer, Reacquire, ReacquireStep, Standby, StandbyStep};
-
-/// What this process is now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Activity {
-    /// Connecting, not yet known.
-    Starting,
-    /// Waiting for the active process (named) to go away.
-    Standby(String),
-    /// Running the pipeline.
-    Active,
-}
-
-impl Activity {
-    /// `starting`, `standby` or `active`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Activity::Starting => "starting",
-            Activity::Standby(_) => "standby",
-            Activity::Active => "active",
-        }
-    }
-}
 
 /// The observer the HTTP listener reads from the start: the pipeline's once active,
 /// this process's activity before.
-pub struct Process {
+pub(crate) struct Process {
     kind: &'static str,
     activity: Mutex<Activity>,
     last_error: Mutex<Option<String>>,
@@ -64,7 +42,7 @@ impl std::fmt::Debug for Process {
 
 impl Process {
     /// A process of a `kind` source that has not started yet.
-    pub fn new(kind: &'static str) -> Process {
+    pub(crate) fn new(kind: &'static str) -> Process {
         Process {
             kind,
             activity: Mutex::new(Activity::Starting),
@@ -75,7 +53,7 @@ impl Process {
     }
 
     /// What `POST /admin/reload` calls.
-    pub fn set_reloader(&self, r: Arc<crate::reload::Reloader>) {
+    pub(crate) fn set_reloader(&self, r: Arc<crate::reload::Reloader>) {
         let _ = self.reloader.set(r);
     }
 
@@ -92,7 +70,7 @@ impl Process {
 
     /// The pipeline runs: everything is read from its observer now (after a reload,
     /// the new pipeline's).
-    pub fn activate(&self, observer: Arc<Observer>) {
+    pub(crate) fn activate(&self, observer: Arc<Observer>) {
         *self.active.write().unwrap_or_else(|p| p.into_inner()) = Some(observer);
         self.set(Activity::Active);
     }
@@ -122,29 +100,29 @@ impl Readout for Process {
         self.active().map(|o| o.snapshots()).unwrap_or_default()
     }
 
-    fn sink_snapshots(&self) -> Vec<crate::sink_snapshot::SinkSnapshotStatus> {
+    fn sink_snapshots(&self) -> Vec<SinkSnapshotStatus> {
         self.active()
             .map(|o| o.sink_snapshots())
             .unwrap_or_default()
     }
 
-    fn sink(&self, index: usize) -> Option<freshen_postgres::SinkSnapshots> {
+    fn sink(&self, index: usize) -> Option<SinkSnapshots> {
         self.active().and_then(|o| o.sink(index))
     }
 
-    fn sinks(&self) -> Vec<crate::metrics::SinkStatus> {
+    fn sinks(&self) -> Vec<SinkStatus> {
         self.active().map(|o| o.sinks()).unwrap_or_default()
     }
 
-    fn redactions(&self) -> Vec<crate::metrics::Redacted> {
+    fn redactions(&self) -> Vec<Redacted> {
         self.active().map(|o| o.redactions()).unwrap_or_default()
     }
 
-    fn view(&self, view: &str) -> Option<crate::http::AdminView> {
+    fn view(&self, view: &str) -> Option<crate::readout::AdminView> {
         self.active().and_then(|o| o.view(view))
     }
 
-    fn reload(&self) -> Option<Result<crate::reload::Change, crate::reload::Refused>> {
+    fn reload(&self) -> Option<Result<Change, Refused>> {
         self.reloader.get().map(|r| r.reload())
     }
 
@@ -158,7 +136,7 @@ impl Readout for Process {
 
 /// Waits until this process may be active. `Ok(None)`: `stop` came first (a standby
 /// asked to stop). The granted lease's loss future comes with `Ok(Some)`.
-pub async fn lead(
+pub(crate) async fn lead(
     source: &dyn SourcePlug,
     process: &Process,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -207,7 +185,10 @@ pub async fn lead(
 
 /// While active: when the lease is lost, takes it again; resolves only when another
 /// process holds it (then this one must stop), with who.
-pub async fn keep(source: Arc<dyn SourcePlug>, mut lost: BoxFuture<'static, BoxError>) -> String {
+pub(crate) async fn keep(
+    source: Arc<dyn SourcePlug>,
+    mut lost: BoxFuture<'static, BoxError>,
+) -> String {
     loop {
         let why = lost.await;
         tracing::warn!(

@@ -4,7 +4,7 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::http::Status;
+use crate::readout::Status;
 
 /// The base URL that reaches a listener bound to `listen` from this host: a wildcard
 /// address (`0.0.0.0`, `::`) answers on loopback too.

@@ -40,7 +40,7 @@ use freshen::plug::Lease;
 /// The source's answer to a request for the lease, as the decisions see it (the
 /// granted lease's loss future stays with the caller).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer<'a> {
+pub(crate) enum Answer<'a> {
     /// The source needs no arbiter.
     Unneeded,
     /// This process holds the lease.
@@ -53,7 +53,7 @@ pub enum Answer<'a> {
 
 impl<'a> Answer<'a> {
     /// What `answer` says.
-    pub fn of<E>(answer: &'a Result<Lease, E>) -> Answer<'a> {
+    pub(crate) fn of<E>(answer: &'a Result<Lease, E>) -> Answer<'a> {
         match answer {
             Ok(Lease::Unneeded) => Answer::Unneeded,
             Ok(Lease::Granted(_)) => Answer::Granted,
@@ -64,22 +64,22 @@ impl<'a> Answer<'a> {
 }
 
 /// The first wait before starting the pipeline again after it could not start.
-pub const RESTART_FIRST_DELAY: Duration = Duration::from_secs(1);
+pub(crate) const RESTART_FIRST_DELAY: Duration = Duration::from_secs(1);
 /// The longest such wait.
-pub const RESTART_MAX_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const RESTART_MAX_DELAY: Duration = Duration::from_secs(30);
 /// How often a standby asks for the lease: the takeover delay after the active process
 /// dies.
-pub const STANDBY_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const STANDBY_RETRY: Duration = Duration::from_secs(1);
 /// How long to wait between tries when the upstream cannot be reached at all.
-pub const UNREACHABLE_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const UNREACHABLE_RETRY: Duration = Duration::from_secs(2);
 /// How long a re-taken lease may show as held before this process concludes that
 /// another one holds it.
-pub const REACQUIRE_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const REACQUIRE_GRACE: Duration = Duration::from_secs(10);
 
 /// The configurations `freshen run` moves between, generic over what a configuration is
 /// (the tests use strings).
 #[derive(Debug)]
-pub struct Restarts<C> {
+pub(crate) struct Restarts<C> {
     /// What starts next.
     cfg: C,
     /// The configuration that ran before an accepted reload: where a failed start of
@@ -99,7 +99,7 @@ pub struct Restarts<C> {
 
 /// What follows a failed start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterFailure {
+pub(crate) enum AfterFailure {
     /// The reloaded configuration cannot start: start the one that ran before, now.
     RollBack,
     /// What ran before cannot start again (most likely an outage): wait this long,
@@ -111,7 +111,7 @@ pub enum AfterFailure {
 
 impl<C> Restarts<C> {
     /// Before the first start, with the file as read.
-    pub fn new(cfg: C) -> Restarts<C> {
+    pub(crate) fn new(cfg: C) -> Restarts<C> {
         Restarts {
             cfg,
             previous: None,
@@ -123,23 +123,23 @@ impl<C> Restarts<C> {
     }
 
     /// A reload accepted before anything ran (while standing by): the latest file wins.
-    pub fn reloaded_before_start(&mut self, cfg: C) {
+    pub(crate) fn reloaded_before_start(&mut self, cfg: C) {
         self.cfg = cfg;
     }
 
     /// The configuration to start now.
-    pub fn config(&self) -> &C {
+    pub(crate) fn config(&self) -> &C {
         &self.cfg
     }
 
     /// The views that may skip their start-up sweep in the start about to happen.
-    pub fn unchanged(&self) -> &[String] {
+    pub(crate) fn unchanged(&self) -> &[String] {
         &self.unchanged
     }
 
     /// The pipeline of [`config`](Self::config) started: it is what runs now, and what
     /// a failed start of a later reload goes back to.
-    pub fn started(&mut self) {
+    pub(crate) fn started(&mut self) {
         self.delay = RESTART_FIRST_DELAY;
         self.unstarted = None;
         self.previous = None;
@@ -147,7 +147,7 @@ impl<C> Restarts<C> {
     }
 
     /// The pipeline of [`config`](Self::config) did not start.
-    pub fn failed(&mut self) -> AfterFailure {
+    pub(crate) fn failed(&mut self) -> AfterFailure {
         if let Some(previous) = self.previous.take() {
             self.unstarted = Some(std::mem::replace(&mut self.cfg, previous));
             // The previous configuration's views were not stopped as they were: sweep.
@@ -164,7 +164,7 @@ impl<C> Restarts<C> {
 
     /// The wait of [`AfterFailure::Wait`] is over: the newest accepted configuration is
     /// tried first.
-    pub fn waited(&mut self) {
+    pub(crate) fn waited(&mut self) {
         if let Some(new) = self.unstarted.take() {
             self.previous = Some(std::mem::replace(&mut self.cfg, new));
         }
@@ -172,7 +172,7 @@ impl<C> Restarts<C> {
 
     /// The running pipeline stopped for an accepted reload to `cfg`, which leaves the
     /// views named in `unchanged` as they were.
-    pub fn reloaded(&mut self, cfg: C, unchanged: Vec<String>) {
+    pub(crate) fn reloaded(&mut self, cfg: C, unchanged: Vec<String>) {
         self.unchanged = unchanged;
         self.previous = Some(std::mem::replace(&mut self.cfg, cfg));
     }
@@ -180,14 +180,14 @@ impl<C> Restarts<C> {
 
 /// What a process waiting for the lease does with the source's answer.
 #[derive(Debug, Default)]
-pub struct Standby {
+pub(crate) struct Standby {
     /// The process announced as active (logged once per holder).
     announced: Option<String>,
 }
 
 /// What follows one answer to a standby's request for the lease.
 #[derive(Debug, PartialEq, Eq)]
-pub enum StandbyStep {
+pub(crate) enum StandbyStep {
     /// Active now. `took_over`: a process was active before and is gone.
     Lead {
         /// Whether this process waited as a standby first.
@@ -212,7 +212,7 @@ pub enum StandbyStep {
 
 impl Standby {
     /// The source answered.
-    pub fn answered(&mut self, answer: Answer<'_>) -> StandbyStep {
+    pub(crate) fn answered(&mut self, answer: Answer<'_>) -> StandbyStep {
         match answer {
             Answer::Unneeded => StandbyStep::Lead { took_over: false },
             Answer::Granted => StandbyStep::Lead {
@@ -240,7 +240,7 @@ impl Standby {
 /// The lease was lost while active: try to take it again, until a deadline after which
 /// a holder is another process.
 #[derive(Debug)]
-pub struct Reacquire {
+pub(crate) struct Reacquire {
     /// The lease may still show as held by this process's own previous session until
     /// the server has noticed that session end (a probe that timed out on a slow
     /// server, a socket not yet closed): only a holder that stays past this is another
@@ -250,7 +250,7 @@ pub struct Reacquire {
 
 /// What follows one answer while taking a lost lease again.
 #[derive(Debug, PartialEq, Eq)]
-pub enum ReacquireStep {
+pub(crate) enum ReacquireStep {
     /// Held again: active as before.
     Held,
     /// The source needs no lease any more: nothing to keep.
@@ -263,14 +263,14 @@ pub enum ReacquireStep {
 
 impl Reacquire {
     /// The lease was lost at `now`.
-    pub fn lost_at(now: Instant) -> Reacquire {
+    pub(crate) fn lost_at(now: Instant) -> Reacquire {
         Reacquire {
             grace_until: now + REACQUIRE_GRACE,
         }
     }
 
     /// The source answered `answer` at `now`.
-    pub fn answered(&self, answer: Answer<'_>, now: Instant) -> ReacquireStep {
+    pub(crate) fn answered(&self, answer: Answer<'_>, now: Instant) -> ReacquireStep {
         match answer {
             Answer::Granted => ReacquireStep::Held,
             Answer::Unneeded => ReacquireStep::Unneeded,

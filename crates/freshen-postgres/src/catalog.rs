@@ -72,6 +72,34 @@ pub async fn columns(client: &Client, table: &TableName) -> Result<Vec<Column>, 
         .collect())
 }
 
+/// Each table's column names, read over a connection of its own to `url` (an empty
+/// list: no such table); for `check`, which holds `[[redact]]` rules to them.
+pub(crate) async fn column_names(
+    url: &str,
+    tables: &[(String, String)],
+) -> Result<Vec<((String, String), Vec<String>)>, PgError> {
+    let pool = crate::connect_pool(&crate::ConnectionConfig::from_url(url)?, 1)?;
+    let client = crate::pool::client(&pool).await?;
+    let mut out = Vec::with_capacity(tables.len());
+    for (schema, table) in tables {
+        let rows = client
+            .query(
+                "SELECT a.attname::text FROM pg_attribute a
+                 JOIN pg_class c ON c.oid = a.attrelid
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+                &[schema, table],
+            )
+            .await
+            .map_err(|e| PgError::sql(format!("cannot read the columns of {schema}.{table}"), e))?;
+        out.push((
+            (schema.clone(), table.clone()),
+            rows.iter().map(|r| r.get::<_, String>(0)).collect(),
+        ));
+    }
+    Ok(out)
+}
+
 /// The category and printed name of a parameter or result type.
 pub async fn type_info(client: &Client, ty: &Type) -> Result<TypeInfo, PgError> {
     let row = client

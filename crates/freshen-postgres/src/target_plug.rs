@@ -73,6 +73,10 @@ impl TargetPlug for PgTarget {
         Vec::new()
     }
 
+    fn settled(&self, within: std::time::Duration) -> BoxFuture<'static, ()> {
+        Box::pin(crate::cancels_settled(within))
+    }
+
     fn connect<'a>(
         &'a self,
         source_url: Option<&'a str>,

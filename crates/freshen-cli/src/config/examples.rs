@@ -126,7 +126,8 @@ fn every_toml_example_in_the_docs_is_a_file_check_accepts() {
                     continue;
                 }
             };
-            if let Err(e) = parse_with(&whole, "example", &|_| None, true) {
+            if let Err(e) = parse_with(&whole, "example", &|_| None, crate::kinds::builtin(), true)
+            {
                 failures.push(format!("{name}:{line}: {e}\n--- as read:\n{whole}"));
             }
         }
@@ -142,10 +143,10 @@ fn every_toml_example_in_the_docs_is_a_file_check_accepts() {
 fn a_wrong_key_in_an_example_is_caught() {
     // What the test above relies on: completing an example never hides its mistakes.
     let whole = complete("rebuild_bacth = 8\n").unwrap();
-    let e = parse_with(&whole, "example", &|_| None, true).unwrap_err();
+    let e = parse_with(&whole, "example", &|_| None, crate::kinds::builtin(), true).unwrap_err();
     assert!(e.to_string().contains("rebuild_bacth"), "{e}");
     let whole = complete("[defaults]\nworkers = 0\n").unwrap();
-    assert!(parse_with(&whole, "example", &|_| None, true).is_err());
+    assert!(parse_with(&whole, "example", &|_| None, crate::kinds::builtin(), true).is_err());
     let blocks = toml_blocks("a\n```toml\nx = 1\n```\n  ```toml\n  y = 2\n  ```\n");
     assert_eq!(
         blocks,

@@ -7,7 +7,8 @@ use toml_edit::Item;
 use super::View;
 use super::read::{Reader, Tbl};
 
-pub use crate::key_stream::KeyStream;
+pub use kind::KeyStream;
+use kind::read as read_kind;
 
 /// Reads `[key_stream]`, and what a configuration that has one cannot hold.
 pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>, views: &[View]) -> Option<KeyStream> {
@@ -32,5 +33,61 @@ pub(super) fn read(r: &mut Reader<'_, '_>, root: Tbl<'_>, views: &[View]) -> Opt
                 .to_string(),
         );
     }
-    crate::key_stream::read(r, item, line)
+    read_kind(r, item, line)
+}
+
+/// Kafka's key stream.
+#[cfg(feature = "kafka")]
+mod kind {
+    use toml_edit::Item;
+
+    use crate::config::read::Reader;
+
+    /// The key stream's settings.
+    pub type KeyStream = freshen_kafka::KeyStreamConfig;
+
+    /// Reads the `[key_stream]` table `item`, every problem with its line.
+    pub(crate) fn read(
+        r: &mut Reader<'_, '_>,
+        item: &Item,
+        line: Option<usize>,
+    ) -> Option<KeyStream> {
+        let mark = r.mark();
+        let ks: KeyStream = r.serde_table(item, "key_stream", &[])?;
+        let problems = if r.judged_since(mark) {
+            ks.problems()
+        } else {
+            Vec::new()
+        };
+        for p in &problems {
+            r.problem_in(item, "key_stream", p, line);
+        }
+        problems.is_empty().then_some(ks)
+    }
+}
+
+/// Without Kafka built in: configuration refuses `[key_stream]`, so no settings exist.
+#[cfg(not(feature = "kafka"))]
+mod kind {
+    use toml_edit::Item;
+
+    use crate::config::read::Reader;
+
+    /// The key stream's settings (not built into this freshen: build it with
+    /// `--features kafka`).
+    #[derive(Debug, Clone)]
+    pub enum KeyStream {}
+
+    /// Refuses the `[key_stream]` table.
+    pub(crate) fn read(
+        r: &mut Reader<'_, '_>,
+        _item: &Item,
+        line: Option<usize>,
+    ) -> Option<KeyStream> {
+        r.p.at_line(
+            line,
+            "[key_stream] is not built into this freshen: build it with `--features kafka`",
+        );
+        None
+    }
 }

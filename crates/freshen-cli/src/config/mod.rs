@@ -21,6 +21,8 @@ pub use key_stream::KeyStream;
 pub use problems::ConfigError;
 use problems::Problem;
 use read::{Reader, Tbl};
+
+use crate::registry::{Found, Kinds, Registry, SinkKind, SourceKind};
 pub use sink_snapshot::SinkSnapshot;
 
 /// A connection URL that may hold a password: never printed, never logged.
@@ -29,12 +31,11 @@ pub use freshen::SecretUrl as Secret;
 /// The one redaction routine of every adapter (see [`freshen::redact_url`]).
 pub use freshen::redact_url;
 
-/// Where changes come from: a registered kind's configuration (see
-/// [`crate::sources`]).
+/// Where changes come from: a registered kind's configuration (see `kinds.rs`).
 pub type Source = std::sync::Arc<dyn freshen::plug::SourcePlug>;
 
 /// Where captured changes are published besides the views: a registered kind's
-/// configuration (see [`crate::sinks`]), and whether it publishes the rows that already
+/// configuration (see `kinds.rs`), and whether it publishes the rows that already
 /// exist.
 #[derive(Debug, Clone)]
 pub struct Sink {
@@ -91,7 +92,7 @@ impl Default for Timing {
             statement_timeout: Some(Duration::from_secs(30)),
             stale_after: Some(Duration::from_secs(600)),
             rebuild_by: freshen::RebuildBy::Auto,
-            whole_timeout: Some(freshen_postgres::DEFAULT_WHOLE_TIMEOUT),
+            whole_timeout: Some(freshen::plug::DEFAULT_WHOLE_TIMEOUT),
         }
     }
 }
@@ -173,7 +174,7 @@ pub struct View {
     /// Rebuild by query instead of statements (`into` + `query`).
     pub query: Option<QueryMode>,
     /// Keys per rebuild round trip (statements written over arrays); `None` = one key.
-    /// Query mode always batches ([`freshen_postgres::DEFAULT_QUERY_BATCH`] unless set).
+    /// Query mode always batches ([`freshen::plug::DEFAULT_QUERY_BATCH`] unless set).
     pub rebuild_batch: Option<usize>,
     /// Without `rebuild_batch`: keys rebuilt in one transaction, each with its own
     /// parameters, pipelined (default 16).
@@ -193,7 +194,7 @@ pub struct View {
     /// never change, or their changes are deliberately ignored. `schema.table`.
     pub static_tables: Vec<(String, String)>,
     /// The view's key as the target names it: the file's `key`, or where the watch
-    /// entries were inferred ([`crate::infer`]) the inferred key (a plain query's: the
+    /// entries were inferred (`infer.rs`) the inferred key (a plain query's: the
     /// target's primary key); empty otherwise (the first watch entry that carries the
     /// key names it).
     pub key_names: Vec<String>,
@@ -225,6 +226,35 @@ impl View {
         ))
     }
 
+    /// The view as a target builds it; `cap`: the most connections it may open.
+    pub fn spec(&self, cap: Option<usize>) -> freshen::plug::ViewSpec {
+        freshen::plug::ViewSpec {
+            name: self.name.clone(),
+            watch: self.watch.iter().map(|w| w.watched(&self.name)).collect(),
+            rebuild: self.rebuild.clone(),
+            query: self.query.as_ref().map(|q| freshen::plug::QuerySpec {
+                into: q.into.clone(),
+                query: q.query.clone(),
+            }),
+            rebuild_batch: self.rebuild_batch,
+            keys_per_transaction: self.keys_per_transaction,
+            rebuild_set: self.rebuild_set.clone(),
+            reconcile: self.reconcile_keys(),
+            static_tables: self.static_tables.clone(),
+            connections: self.connections(cap),
+            statement_timeout: self.timing.statement_timeout,
+            whole_timeout: self.timing.whole_timeout,
+            key_names: self.key_names.clone(),
+        }
+    }
+
+    /// How many connections the view opens: one per worker and one for its sweep, so
+    /// its rebuilds never wait for a connection another view holds.
+    fn connections(&self, cap: Option<usize>) -> usize {
+        let want = self.timing.workers + usize::from(self.reconcile.is_some());
+        cap.map_or(want, |c| want.min(c)).max(1)
+    }
+
     /// Number of key parts (`$1..$n`): the key of the watched tables that carry it
     /// (fan-out entries carry a parent key instead).
     pub fn arity(&self) -> usize {
@@ -243,7 +273,7 @@ impl View {
 }
 
 /// Where rebuild and reconcile SQL runs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Target {
     /// Connection URL.
     pub url: Secret,
@@ -251,6 +281,37 @@ pub struct Target {
     /// reconcile sweep). Each view has its own pool, so a slow or locked view never
     /// takes another's connections.
     pub pool_size: Option<usize>,
+    /// Its kind, opened from the URL by the registry the reader was handed; or why
+    /// it could not be (an unusable URL, reported with its line unless offline).
+    kind: Result<std::sync::Arc<dyn freshen::plug::TargetPlug>, Vec<String>>,
+}
+
+/// Two targets are the same when configured alike: the kind follows from the URL.
+impl PartialEq for Target {
+    fn eq(&self, other: &Target) -> bool {
+        self.url == other.url && self.pool_size == other.pool_size
+    }
+}
+
+impl Target {
+    /// Its kind, or why its URL is not usable.
+    pub fn kind(&self) -> anyhow::Result<&dyn freshen::plug::TargetPlug> {
+        self.kind
+            .as_deref()
+            .map_err(|p| anyhow::anyhow!("the target URL is not usable: {}", p.join("; ")))
+    }
+
+    /// Connects, deciding how rebuilds prove visibility of the changes read from
+    /// `source_url` (the source's database, when it reads one).
+    pub async fn connect(
+        &self,
+        source_url: Option<&str>,
+    ) -> anyhow::Result<Box<dyn freshen::plug::Target>> {
+        self.kind()?
+            .connect(source_url)
+            .await
+            .map_err(anyhow::Error::from_boxed)
+    }
 }
 
 /// Log line format.
@@ -344,7 +405,7 @@ pub struct Config {
     /// The same for `[[sinks]]`, `[changefeed]` and `[[redact]]` together.
     pub outputs_digest: u64,
     /// Rebuild work spread over many instances (`[key_stream]`): see
-    /// [`crate::role`].
+    /// `role.rs`.
     pub key_stream: Option<KeyStream>,
     /// Column redaction applied to every output (`[[redact]]`): the changefeed and
     /// every sink; never rebuilds.
@@ -390,6 +451,19 @@ impl Config {
             &self.watched_tables(),
             &patterns,
         )
+    }
+
+    /// What the configuration asks of its source.
+    pub fn plan(&self) -> freshen::plug::Plan {
+        freshen::plug::Plan {
+            watched: self
+                .views
+                .iter()
+                .flat_map(|v| v.watch.iter().map(|w| w.watched(&v.name)))
+                .collect(),
+            tables: self.watched_tables(),
+            changefeed: self.changefeed.is_some(),
+        }
     }
 
     /// How many consumers the source feeds: views, sinks and the changefeed.
@@ -451,18 +525,19 @@ pub(crate) const VIEW: &[&str] = &[
     "whole_timeout",
 ];
 
-/// Reads and validates `path`, expanding `${VAR}` from the process environment.
-pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+/// Reads and validates `path`, expanding `${VAR}` from the process environment; the
+/// kinds it may name are those of `kinds`.
+pub fn load(path: &std::path::Path, kinds: &Kinds) -> Result<Config, ConfigError> {
     let (src, file) = read(path)?;
-    parse(&src, &file, &|name| std::env::var(name).ok())
+    parse(&src, &file, &|name| std::env::var(name).ok(), kinds)
 }
 
 /// Reads and validates `path` for `check --offline`: an unset `${VAR}` is no problem —
 /// the value using it is kept as written and not judged — and is listed in
 /// [`Config::unset`].
-pub fn load_offline(path: &std::path::Path) -> Result<Config, ConfigError> {
+pub fn load_offline(path: &std::path::Path, kinds: &Kinds) -> Result<Config, ConfigError> {
     let (src, file) = read(path)?;
-    parse_with(&src, &file, &|name| std::env::var(name).ok(), true)
+    parse_with(&src, &file, &|name| std::env::var(name).ok(), kinds, true)
 }
 
 /// Only the `[http] listen` address of `path` (`None`: `"off"`), for `status` and
@@ -523,19 +598,22 @@ fn read(path: &std::path::Path) -> Result<(String, String), ConfigError> {
     }
 }
 
-/// Parses and validates a configuration; `env` looks up `${VAR}` references.
+/// Parses and validates a configuration; `env` looks up `${VAR}` references, and
+/// `kinds` are the sources, targets and sinks it may name.
 pub fn parse(
     src: &str,
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
+    kinds: &Kinds,
 ) -> Result<Config, ConfigError> {
-    parse_with(src, file, env, false)
+    parse_with(src, file, env, kinds, false)
 }
 
 fn parse_with(
     src: &str,
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
+    kinds: &Kinds,
     offline: bool,
 ) -> Result<Config, ConfigError> {
     let doc = match Document::parse(src) {
@@ -562,8 +640,8 @@ fn parse_with(
     };
     r.known_keys(root, TOP);
 
-    let (source, ack) = read_source(&mut r, root);
-    let target = read_target(&mut r, root, source.as_ref());
+    let (source, ack) = read_source(&mut r, root, &kinds.sources);
+    let target = read_target(&mut r, root, source.as_ref(), kinds);
     let http = read_http(&mut r, root);
     let log = read_log(&mut r, root);
     let defaults = match r.table(root, "defaults", "defaults") {
@@ -573,7 +651,7 @@ fn parse_with(
         }
         None => Timing::default(),
     };
-    let sinks = read_sinks(&mut r, root, source.as_ref());
+    let sinks = read_sinks(&mut r, root, source.as_ref(), &kinds.sinks);
     let changefeed = root.t.get("changefeed").and_then(|item| {
         let mark = r.mark();
         let cf: freshen_changefeed::ChangefeedConfig = r.serde_table(item, "changefeed", &[])?;
@@ -607,9 +685,7 @@ fn parse_with(
     });
     // The target's kind, opened once from its URL (a URL with problems was reported by
     // check_url): its table-name rules and what it cannot rebuild.
-    let target_plug = target
-        .as_ref()
-        .and_then(|t| crate::targets::open_url(t.url.expose()).ok());
+    let target_plug = target.as_ref().and_then(|t| t.kind.as_ref().ok().cloned());
     let names = Names::new(source.as_ref(), target_plug.as_deref());
     let views = read_views(
         &mut r,
@@ -622,13 +698,16 @@ fn parse_with(
     let key_stream = key_stream::read(&mut r, root, &views);
     let (redact, redact_lines) = redact::read(&mut r, root, &names.source);
 
-    let kind = root
+    let database = root
         .t
         .get("source")
         .and_then(|s| s.get("kind"))
         .and_then(|k| k.as_str())
-        .and_then(crate::sources::find);
-    if target.is_none() && !views.is_empty() && kind.is_some_and(|k| !k.database) {
+        .and_then(|k| match kinds.sources.find(k) {
+            Found::Built(_, kind) => Some(kind.database),
+            _ => None,
+        });
+    if target.is_none() && !views.is_empty() && database == Some(false) {
         r.missing(
             root,
             "target",
@@ -647,6 +726,7 @@ fn parse_with(
             target: target.unwrap_or(Target {
                 url: Secret::new(String::new()),
                 pool_size: None,
+                kind: Err(vec!["no [target] url".to_owned()]),
             }),
             http,
             log,
@@ -673,7 +753,11 @@ fn parse_with(
     }
 }
 
-fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option<AckPolicy>) {
+fn read_source(
+    r: &mut Reader<'_, '_>,
+    root: Tbl<'_>,
+    kinds: &Registry<SourceKind>,
+) -> (Option<Source>, Option<AckPolicy>) {
     let Some(t) = r.table(root, "source", "source") else {
         if root.t.get("source").is_none() {
             r.missing(root, "source", "a [source] table: where changes come from");
@@ -686,10 +770,10 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
             "on-enqueue" => AckPolicy::OnEnqueue,
             _ => AckPolicy::AfterRebuild,
         });
-    if let Some((name, feature)) =
+    if let Some(Found::LeftOut(name, feature)) =
         t.t.get("kind")
             .and_then(|k| k.as_str())
-            .and_then(crate::sources::left_out)
+            .map(|k| kinds.find(k))
     {
         let line = r.line(t.t.get("kind").and_then(|i| i.span()));
         r.p.at_line(
@@ -698,7 +782,7 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
         );
         return (None, ack);
     }
-    let names: Vec<&str> = crate::sources::KINDS.iter().map(|k| k.name).collect();
+    let names = kinds.built();
     let kind = r.choice(t, "kind", &names);
     if kind.is_none() && t.t.get("kind").is_none() {
         let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
@@ -711,15 +795,29 @@ fn read_source(r: &mut Reader<'_, '_>, root: Tbl<'_>) -> (Option<Source>, Option
     let Some(kind) = kind else {
         return (None, ack);
     };
+    let Found::Built(_, registered) = kinds.find(&kind.value) else {
+        return (None, ack);
+    };
     let item = root.t.get("source").expect("read above");
-    let source = crate::sources::find(&kind.value).and_then(|k| k.read(r, item, kind.line));
-    (source, ack)
+    let mark = r.mark();
+    let Some(config) = r.serde_with(item, "source", SOURCE_SHARED, |d| registered.read(d)) else {
+        return (None, ack);
+    };
+    // Offline with an unset variable: kept as written, judged by `run`.
+    if !r.judged_since(mark) {
+        return (Some(config), ack);
+    }
+    let problems = config.problems();
+    for p in &problems {
+        r.problem_in(item, "source", p, kind.line);
+    }
+    (problems.is_empty().then_some(config), ack)
 }
 
 /// A target URL is parsed and checked here, so that `check --offline` rejects what
 /// `run` would. The parsers' messages never quote a value.
-fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
-    let problems = match crate::targets::open_url(&url.value) {
+fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>, kinds: &Kinds) {
+    let problems = match kinds.open_target(&url.value) {
         Ok(_) => Vec::new(),
         Err(problems) => problems,
     };
@@ -728,23 +826,30 @@ fn check_url(r: &mut Reader<'_, '_>, path: &str, url: &read::Spanned<String>) {
     }
 }
 
-fn read_target(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Option<Target> {
+fn read_target(
+    r: &mut Reader<'_, '_>,
+    root: Tbl<'_>,
+    source: Option<&Source>,
+    kinds: &Kinds,
+) -> Option<Target> {
+    let target = |url: Secret, pool_size| Target {
+        kind: kinds.open_target(url.expose()),
+        url,
+        pool_size,
+    };
     let default_url = source.and_then(|s| s.database_url()).map(Secret::new);
     let Some(t) = r.table(root, "target", "target") else {
-        return default_url.map(|url| Target {
-            url,
-            pool_size: None,
-        });
+        return default_url.map(|url| target(url, None));
     };
     r.known_keys(t, TARGET);
     let mark = r.mark();
     let url = r.string(t, "url");
     if let Some(u) = url.as_ref().filter(|_| r.judged_since(mark)) {
-        check_url(r, "target.url", u);
+        check_url(r, "target.url", u, kinds);
     }
     let url = url.map(|s| Secret::new(s.value)).or(default_url);
     let pool_size = r.int(t, "pool_size", 1..=1024).map(|n| n.value as usize);
-    url.map(|url| Target { url, pool_size })
+    url.map(|url| target(url, pool_size))
 }
 
 /// The keys of `[http]`.
@@ -1067,7 +1172,7 @@ fn read_views(
             );
         }
         let rebuild_batch = match &query {
-            Some(_) => Some(rebuild_batch.unwrap_or(freshen_postgres::DEFAULT_QUERY_BATCH)),
+            Some(_) => Some(rebuild_batch.unwrap_or(freshen::plug::DEFAULT_QUERY_BATCH)),
             None => rebuild_batch,
         };
         let keys_per_transaction = keys_per_transaction.map_or(16, |k| k.value as usize);
@@ -1225,7 +1330,7 @@ fn read_query(
     // writes its batch filter. Otherwise it selects its batch itself: without a watch
     // entry that carries the key, it takes at least $1.
     let plain = freshen::plug::is_plain_query(&query.value);
-    let missing = freshen_postgres::check::missing_params(&query.value, key.len().max(1));
+    let missing = freshen::plug::missing_params(&query.value, key.len().max(1));
     if !plain && !missing.is_empty() {
         let example: Vec<String> = if key.is_empty() {
             vec!["key = ANY($1)".to_string()]
@@ -1265,13 +1370,18 @@ fn check_views_on_target(
     for v in views {
         // A problem is most often with the query: its line, else the view's.
         let line = v.query.as_ref().and_then(|q| q.line).or(v.line);
-        for p in plug.view_problems(&crate::targets::spec(v, None), source_url) {
+        for p in plug.view_problems(&v.spec(None), source_url) {
             r.p.at_line(line, p);
         }
     }
 }
 
-fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) -> Vec<Sink> {
+fn read_sinks(
+    r: &mut Reader<'_, '_>,
+    root: Tbl<'_>,
+    source: Option<&Source>,
+    kinds: &Registry<SinkKind>,
+) -> Vec<Sink> {
     let Some(item) = root.t.get("sinks") else {
         return Vec::new();
     };
@@ -1285,7 +1395,7 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) ->
             return Vec::new();
         }
     };
-    let names = crate::sinks::names();
+    let names = kinds.names();
     let mut out = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let path = format!("sinks[{i}]");
@@ -1298,15 +1408,16 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) ->
             r.missing(t, "kind", &format!("the sink type: {}", quoted.join(", ")));
         }
         let Some(kind) = kind else { continue };
-        if let Some((name, feature)) = crate::sinks::left_out(&kind.value) {
-            r.p.at_line(
-                kind.line,
-                format!("`{path}.kind` \"{name}\" is not built into this freshen: build it with `--features {feature}`"),
-            );
-            continue;
-        }
-        let Some(registered) = crate::sinks::find(&kind.value) else {
-            continue;
+        let registered = match kinds.find(&kind.value) {
+            Found::Built(_, registered) => registered,
+            Found::LeftOut(name, feature) => {
+                r.p.at_line(
+                    kind.line,
+                    format!("`{path}.kind` \"{name}\" is not built into this freshen: build it with `--features {feature}`"),
+                );
+                continue;
+            }
+            Found::Unknown => continue,
         };
         let mark = r.mark();
         let snapshot = sink_snapshot::read(r, t, source);
@@ -1315,7 +1426,7 @@ fn read_sinks(r: &mut Reader<'_, '_>, root: Tbl<'_>, source: Option<&Source>) ->
             .chain(sink_snapshot::KEYS)
             .copied()
             .collect();
-        let Some(plug) = registered.read(r, entry, &path, &skip) else {
+        let Some(plug) = r.serde_with(entry, &path, &skip, |d| registered.read(d)) else {
             continue;
         };
         let problems = if r.judged_since(mark) {

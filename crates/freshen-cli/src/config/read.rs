@@ -591,6 +591,18 @@ impl<'s, 'e> Reader<'s, 'e> {
         path: &str,
         skip: &[&str],
     ) -> Option<T> {
+        self.serde_with(item, path, skip, T::deserialize)
+    }
+
+    /// [`serde_table`](Self::serde_table), deserialized by `de` (a registered kind's
+    /// type, chosen by the table's `kind`).
+    pub(crate) fn serde_with<T>(
+        &mut self,
+        item: &Item,
+        path: &str,
+        skip: &[&str],
+        de: impl FnOnce(toml_edit::de::ValueDeserializer) -> Result<T, toml_edit::de::Error>,
+    ) -> Option<T> {
         let mut value = item.clone().into_value().ok()?;
         let Value::InlineTable(t) = &mut value else {
             self.p.at(item.span(), format!("`{path}` must be a table"));
@@ -606,7 +618,7 @@ impl<'s, 'e> Reader<'s, 'e> {
         // variable is no problem: the value is kept as written; the caller sees it
         // through `judged_since` and does not judge it.)
         let expanded = self.p.list.len() == before;
-        match T::deserialize(value.into_deserializer()) {
+        match de(value.into_deserializer()) {
             Ok(v) => expanded.then_some(v),
             Err(e) => {
                 let span = e.span().or_else(|| item.span());

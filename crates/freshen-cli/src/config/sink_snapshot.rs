@@ -98,7 +98,7 @@ topic = "pg"
             POSTGRES,
             "snapshot = \"initial\"\nsnapshot_chunk_rows = 500\nsnapshot_pause_ms = 20",
         );
-        let c = parse(&src, "f.toml", &env).unwrap();
+        let c = parse(&src, "f.toml", &env, crate::kinds::builtin()).unwrap();
         let Sink { plug, snapshot: s } = &c.sinks[0];
         assert_eq!(plug.identity(), "kafka:pg");
         assert_eq!(
@@ -110,7 +110,13 @@ topic = "pg"
             }
         );
         // As for the changefeed: no snapshot unless asked.
-        let c = parse(&config(POSTGRES, ""), "f.toml", &env).unwrap();
+        let c = parse(
+            &config(POSTGRES, ""),
+            "f.toml",
+            &env,
+            crate::kinds::builtin(),
+        )
+        .unwrap();
         let s = &c.sinks[0].snapshot;
         assert_eq!(*s, SinkSnapshot::default());
         assert_eq!(s.mode, SnapshotMode::Never);
@@ -122,7 +128,9 @@ topic = "pg"
             POSTGRES,
             "snapshot = \"always\"\nsnapshot_chunk_rows = 0\nsnapshot_pause_ms = -1",
         );
-        let p = parse(&src, "f.toml", &env).unwrap_err().lines();
+        let p = parse(&src, "f.toml", &env, crate::kinds::builtin())
+            .unwrap_err()
+            .lines();
         for w in [
             "f.toml:9: `sinks[0].snapshot` must be one of `initial`, `never`, not `always`",
             "f.toml:10: `sinks[0].snapshot_chunk_rows` must be between 1 and 1000000, not 0",
@@ -142,7 +150,9 @@ topic = "pg"
             "kind = \"postgres-incremental\"\nurl = \"${DATABASE_URL}\"\ncursor = \"updated_at\"",
             "snapshot = \"initial\"",
         );
-        let p = parse(&src, "f.toml", &env).unwrap_err().lines();
+        let p = parse(&src, "f.toml", &env, crate::kinds::builtin())
+            .unwrap_err()
+            .lines();
         assert!(
             p.iter().any(|l| l.starts_with("f.toml:10: `sinks[0].snapshot` \"initial\" reads from a PostgreSQL replication source, not a postgres-incremental source")),
             "{}",

@@ -1,4 +1,14 @@
 use super::*;
+use crate::registry::Found;
+
+/// [`super::parse`] with the kinds this binary registers.
+fn parse(
+    src: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    super::parse(src, file, env, crate::kinds::builtin())
+}
 
 const GOOD: &str = r#"
 [source]
@@ -199,9 +209,11 @@ watch = "readings"
 rebuild = ["x"]
 "#;
     let p = problems(src);
-    let kinds: Vec<String> = crate::sources::KINDS
+    let kinds: Vec<String> = crate::kinds::builtin()
+        .sources
+        .built()
         .iter()
-        .map(|k| format!("`{}`", k.name))
+        .map(|k| format!("`{k}`"))
         .collect();
     let want = format!(
         "f.toml:3: `source.kind` must be one of {}, not `postgress` (did you mean `postgres`?)",
@@ -509,7 +521,7 @@ path = "/tmp/f.redb"
 fn a_kind_left_out_of_the_build_names_its_feature() {
     for (kind, feature) in [("mysql", "mysql"), ("kafka", "kafka"), ("pulsar", "pulsar")] {
         let src = format!("[source]\nkind = \"{kind}\"\n[changefeed]\npath = \"/tmp/f.redb\"\n");
-        let built = crate::sources::find(kind).is_some();
+        let built = matches!(crate::kinds::builtin().sources.find(kind), Found::Built(..));
         match parse(&src, "f.toml", &env) {
             Err(e) if !built => {
                 let want = format!(
@@ -549,7 +561,10 @@ brokers = "k:9092"
 topic = "keys"
 group = "w"
 "#;
-    let sink_built = crate::sinks::find("kafka").is_some();
+    let sink_built = matches!(
+        crate::kinds::builtin().sinks.find("kafka"),
+        Found::Built(..)
+    );
     let key_stream_built = cfg!(feature = "kafka");
     let lines = match parse(src, "f.toml", &env) {
         Ok(c) => {
@@ -691,7 +706,7 @@ fn a_query_view_resolves_and_batches_by_default() {
     assert!(q.query.contains("ANY($1)"), "{}", q.query);
     assert_eq!(q.line, Some(10));
     assert!(v.rebuild.is_empty());
-    assert_eq!(v.rebuild_batch, Some(freshen_postgres::DEFAULT_QUERY_BATCH));
+    assert_eq!(v.rebuild_batch, Some(freshen::plug::DEFAULT_QUERY_BATCH));
     let mine = QUERY_VIEW.replace("into = ", "rebuild_batch = 8\ninto = ");
     let c = parse(&mine, "f.toml", &env).unwrap();
     assert_eq!(
@@ -878,9 +893,9 @@ fn table_names_are_read_by_the_source_databases_rules() {
     // name waits for `run` instead of being refused.
     let offline = file("${MYSQL_URL}", "Orders");
     assert!(
-        super::parse_with(&offline, "f.toml", &env, true).is_ok(),
+        super::parse_with(&offline, "f.toml", &env, crate::kinds::builtin(), true).is_ok(),
         "{:?}",
-        super::parse_with(&offline, "f.toml", &env, true).err()
+        super::parse_with(&offline, "f.toml", &env, crate::kinds::builtin(), true).err()
     );
     // PostgreSQL folds what is not quoted, as the server does.
     let pg = GOOD.replace("\"readings\"", "\"Readings\"");
@@ -1268,7 +1283,7 @@ fn set_statements_go_with_hand_written_statements_only() {
         ["DELETE FROM device_totals WHERE device = ANY($1)"]
     );
     assert!(c.views[1].rebuild_set.is_empty(), "unset: none");
-    let spec = crate::targets::spec(&c.views[0], None);
+    let spec = c.views[0].spec(None);
     assert_eq!(
         spec.rebuild_set, c.views[0].rebuild_set,
         "handed to the target"

@@ -26,8 +26,10 @@ mod tests;
 use std::fmt::Write as _;
 
 /// What a key holds when the file leaves it out.
+// The example values are written by the tests only.
+#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Debug, Clone, Copy)]
-pub enum Omitted {
+pub(crate) enum Omitted {
     /// The key must be given; an example value (TOML), which the tests write.
     Required(&'static str),
     /// Nothing: the feature it sets is off; an example value (TOML).
@@ -40,7 +42,7 @@ pub enum Omitted {
 
 /// The values the parser accepts, where it checks more than the type.
 #[derive(Debug, Clone, Copy)]
-pub enum Range {
+pub(crate) enum Range {
     /// Any value of the type.
     Any,
     /// An integer from `.0` to `.1`, both included.
@@ -53,7 +55,7 @@ pub enum Range {
 
 /// One key of a table.
 #[derive(Debug, Clone, Copy)]
-pub struct Key {
+pub(crate) struct Key {
     /// As written in the file.
     pub name: &'static str,
     /// Its TOML type, in words.
@@ -85,7 +87,7 @@ const fn key(
 
 /// One table of the file (or one kind's keys of a shared table such as `[source]`).
 #[derive(Debug, Clone, Copy)]
-pub struct Table {
+pub(crate) struct Table {
     /// Its heading, e.g. `[http]` or `[source] kind = "mysql"`.
     pub header: &'static str,
     /// The cargo feature of `freshen-cli` that builds it in, if any.
@@ -97,7 +99,7 @@ pub struct Table {
 }
 
 /// Every table, in the order of the reference.
-pub fn tables() -> Vec<&'static Table> {
+pub(crate) fn tables() -> Vec<&'static Table> {
     let mut out: Vec<&'static Table> = Vec::new();
     out.extend([&freshen::TOP, &freshen::SOURCE]);
     out.extend([
@@ -137,10 +139,11 @@ pub fn tables() -> Vec<&'static Table> {
 }
 
 /// The command that writes `docs/configuration.md`.
-pub const REGENERATE: &str = "cargo run -p freshen-cli -- config reference > docs/configuration.md";
+pub(crate) const REGENERATE: &str =
+    "cargo run -p freshen-cli -- config reference > docs/configuration.md";
 
 /// The reference, as Markdown.
-pub fn render() -> String {
+pub(crate) fn render() -> String {
     let mut s = String::new();
     s.push_str("# Configuration reference\n\n");
     let _ = writeln!(
@@ -238,7 +241,7 @@ fn millis(ms: u64) -> String {
 
 /// Prints the reference; a build without some kinds says so on stderr (the reference
 /// itself is the same in every build).
-pub fn print() {
+pub(crate) fn print() {
     print!("{}", render());
     let left_out: Vec<&str> = tables()
         .iter()

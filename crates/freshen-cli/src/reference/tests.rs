@@ -145,9 +145,13 @@ fn every_source_and_sink_kind_is_documented() {
             _ => panic!("`{}` lists its kinds", t.header),
         }
     };
-    let sources: BTreeSet<&str> = crate::sources::all_names().into_iter().collect();
+    let sources: BTreeSet<&str> = crate::kinds::builtin()
+        .sources
+        .names()
+        .into_iter()
+        .collect();
     assert_eq!(kinds(&freshen::SOURCE), sources);
-    let sinks: BTreeSet<&str> = crate::sinks::names().into_iter().collect();
+    let sinks: BTreeSet<&str> = crate::kinds::builtin().sinks.names().into_iter().collect();
     assert_eq!(kinds(&freshen::SINKS), sinks);
     for name in sources {
         let header = format!("[source] kind = \"{name}\"");
@@ -403,7 +407,7 @@ fn env(name: &str) -> Option<String> {
 /// The configuration a file gives, as comparable text (its digests, which hash the
 /// text as written, left out); or its problems.
 fn parsed(src: &str) -> Result<String, String> {
-    config::parse(src, "f.toml", &env)
+    config::parse(src, "f.toml", &env, crate::kinds::builtin())
         .map(|mut c| {
             c.source_digest = 0;
             c.outputs_digest = 0;

@@ -20,7 +20,7 @@ fn no_sweep(url: &str, http: &str) -> String {
     edited(&text, "max_wait = \"500ms\"", "max_wait = \"2s\"")
 }
 
-async fn status(base: &str) -> freshen_cli::http::Status {
+async fn status(base: &str) -> freshen_cli::Status {
     freshen_cli::status::fetch(base).await.expect("/status")
 }
 
@@ -29,8 +29,8 @@ async fn wait_status(
     base: &str,
     what: &str,
     within: Duration,
-    cond: impl Fn(&freshen_cli::http::Status) -> bool,
-) -> freshen_cli::http::Status {
+    cond: impl Fn(&freshen_cli::Status) -> bool,
+) -> freshen_cli::Status {
     let deadline = std::time::Instant::now() + within;
     loop {
         if let Ok(s) = freshen_cli::status::fetch(base).await
@@ -522,7 +522,7 @@ async fn a_gap_survives_restarts_until_a_person_acknowledges_it() {
     c.batch_execute("ALTER PUBLICATION freshen_test ADD TABLE readings")
         .await
         .unwrap();
-    let unhealed = |s: &freshen_cli::http::Status| {
+    let unhealed = |s: &freshen_cli::Status| {
         s.views
             .iter()
             .find(|v| v.name == "device_totals")

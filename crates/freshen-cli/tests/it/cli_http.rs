@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use freshen_cli::Readout;
 use freshen_cli::admin::Access;
-use freshen_cli::http::{Readout, serve};
-use freshen_cli::metrics::{SourceStatus, ViewStats};
+use freshen_cli::http::serve;
+use freshen_cli::{SourceStatus, ViewStats};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -34,10 +35,10 @@ impl Readout for Down {
             ..SourceStatus::default()
         }
     }
-    fn sinks(&self) -> Vec<freshen_cli::metrics::SinkStatus> {
+    fn sinks(&self) -> Vec<freshen_cli::SinkStatus> {
         Vec::new()
     }
-    fn redactions(&self) -> Vec<freshen_cli::metrics::Redacted> {
+    fn redactions(&self) -> Vec<freshen_cli::Redacted> {
         Vec::new()
     }
 }
@@ -111,6 +112,7 @@ async fn admin_endpoints_take_the_token_and_are_off_beyond_loopback_without_one(
             "[source]\nkind = \"postgres\"\nurl = \"postgres://a@h/d\"\n[http]\nadmin_token = \"0123456789abcdef0123\"\n[[views]]\nname = \"v\"\nwatch = [{ table = \"t\", key = [\"k\"] }]\nrebuild = [\"SELECT $1\"]\n",
             "t.toml",
             &|_| None,
+            freshen_cli::kinds(),
         )
         .map(|c| c.http.unwrap().admin_token.unwrap())
     };

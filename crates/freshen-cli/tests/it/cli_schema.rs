@@ -63,8 +63,8 @@ async fn until_view(
     started: &Started,
     view: &str,
     what: &str,
-    cond: impl Fn(&freshen_cli::http::ViewStatus) -> bool,
-) -> freshen_cli::http::ViewStatus {
+    cond: impl Fn(&freshen_cli::ViewStatus) -> bool,
+) -> freshen_cli::ViewStatus {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(s) = freshen_cli::status::fetch(&started.base).await

@@ -147,6 +147,24 @@ impl SourcePlug for PgSourceSettings {
         })
     }
 
+    fn sink_snapshots(
+        &self,
+        spec: freshen::plug::SinkSnapshotSpec,
+    ) -> Result<Option<Arc<dyn freshen::plug::SinkSnapshots>>, BoxError> {
+        crate::snapshot::sink::plugged(self.url.expose(), spec).map(Some)
+    }
+
+    fn columns<'a>(
+        &'a self,
+        tables: &'a [(String, String)],
+    ) -> BoxFuture<'a, Option<Vec<freshen::plug::TableColumns>>> {
+        Box::pin(async move {
+            crate::catalog::column_names(self.url.expose(), tables)
+                .await
+                .ok()
+        })
+    }
+
     fn start<'a>(&'a self, plan: &'a Plan) -> BoxFuture<'a, Result<Started, BoxError>> {
         Box::pin(async move {
             let connection = self.connection()?;

@@ -23,7 +23,7 @@ pub use crate::publication::{
     Unpublishable, publication_privileges, refuse_to_publish, unpublishable,
 };
 pub use crate::spelling::closest;
-pub use crate::target::merge::missing_params;
+pub use freshen::plug::missing_params;
 pub use query_view::{query_view, query_view_across};
 pub use source::LAG_WARNING_BYTES;
 pub(crate) use source::source;

@@ -143,6 +143,29 @@ impl SnapshotProgress {
     }
 }
 
+impl From<SnapshotProgress> for freshen::plug::TableSnapshot {
+    fn from(p: SnapshotProgress) -> freshen::plug::TableSnapshot {
+        use freshen::plug::SnapshotState as S;
+        freshen::plug::TableSnapshot {
+            schema: p.schema,
+            table: p.table,
+            state: match p.state {
+                SnapshotState::Pending => S::Pending,
+                SnapshotState::Running => S::Running,
+                SnapshotState::Done => S::Done,
+            },
+            after: p.after,
+            after_sealed: p.after_sealed,
+            rows: p.rows,
+            dropped: p.dropped,
+            chunks: p.chunks,
+            started_ms: p.started_ms,
+            finished_ms: p.finished_ms,
+            last_error: p.last_error,
+        }
+    }
+}
+
 /// Resolves the tables a snapshot request names (`schema.table`, or a table name that
 /// `known` holds once) against `known`; every unknown or ambiguous name, with the known
 /// ones, in one message.

@@ -670,3 +670,86 @@ impl ChunkConsumer for Run<'_> {
         }
     }
 }
+
+/// A sink's snapshots as the plug hands them out ([`freshen::plug::SinkSnapshots`]):
+/// the snapshots, and the source database and tables they read.
+struct Plugged {
+    snapshots: SinkSnapshots,
+    pool: Pool,
+    tables: Vec<TableName>,
+}
+
+/// The snapshots of the sink `spec` names, reading from the database at `url` (the
+/// source's: its WAL carries the watermarks the sink's stream brings back).
+pub(crate) fn plugged(
+    url: &str,
+    spec: freshen::plug::SinkSnapshotSpec,
+) -> Result<Arc<dyn freshen::plug::SinkSnapshots>, freshen::BoxError> {
+    use freshen::plug::TargetError;
+    let conn = crate::ConnectionConfig::from_url(url)
+        .map_err(|e| TargetError::new("the source URL is not usable", e))?;
+    let pool = crate::connect_pool(&conn, 1)
+        .map_err(|e| TargetError::new("cannot set up the sink snapshot connection", e))?;
+    let mut settings = SinkSnapshotConfig::new(spec.identity, spec.initial)
+        .chunk_rows(spec.chunk_rows)
+        .pause(spec.pause);
+    if let Some(redact) = spec.redact {
+        // The progress it stores holds a hidden key column's position sealed.
+        settings = settings.redact(redact);
+    }
+    Ok(Arc::new(Plugged {
+        snapshots: SinkSnapshots::new(settings),
+        pool,
+        tables: spec
+            .tables
+            .into_iter()
+            .map(|(schema, table)| TableName::new(schema, table))
+            .collect(),
+    }))
+}
+
+impl freshen::plug::SinkSnapshots for Plugged {
+    fn identity(&self) -> &str {
+        self.snapshots.sink()
+    }
+
+    fn splice(&self) -> freshen::plug::Splice {
+        let s = self.snapshots.clone();
+        Box::new(move |b| {
+            s.splice(b)
+                .into_iter()
+                .map(|x| (x.at, x.rows, x.delivered))
+                .collect()
+        })
+    }
+
+    fn run(
+        &self,
+        stop: freshen::BoxFuture<'static, ()>,
+    ) -> freshen::BoxFuture<'static, Result<(), freshen::BoxError>> {
+        let (s, pool, tables) = (
+            self.snapshots.clone(),
+            self.pool.clone(),
+            self.tables.clone(),
+        );
+        Box::pin(async move { s.run(pool, tables, stop).await.map_err(Into::into) })
+    }
+
+    fn request<'a>(
+        &'a self,
+        tables: &'a [String],
+    ) -> freshen::BoxFuture<'a, Result<Vec<freshen::plug::TableSnapshot>, freshen::BoxError>> {
+        Box::pin(async move {
+            let progress = self.snapshots.request(tables).await?;
+            Ok(progress.into_iter().map(Into::into).collect())
+        })
+    }
+
+    fn status(&self) -> Vec<freshen::plug::TableSnapshot> {
+        self.snapshots
+            .status()
+            .into_iter()
+            .map(Into::into)
+            .collect()
+    }
+}

@@ -148,22 +148,6 @@ pub(crate) fn column_problems(key: &[String], output: &[String], target: &[Strin
     out
 }
 
-/// Which of `$1..$arity` the text of `query` never uses (a static check: a query-mode
-/// query must select its batch of keys by them).
-pub fn missing_params(query: &str, arity: usize) -> Vec<usize> {
-    (1..=arity)
-        .filter(|i| {
-            let p = format!("${i}");
-            !query.match_indices(&p).any(|(at, _)| {
-                !query[at + p.len()..]
-                    .chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_digit())
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,13 +253,5 @@ mod tests {
                 "the target table has no key column `k`".to_string(),
             ]
         );
-    }
-
-    #[test]
-    fn parameters_used_by_the_text() {
-        assert!(missing_params("WHERE a = ANY($1) AND b = ANY($2)", 2).is_empty());
-        assert_eq!(missing_params("WHERE a = ANY($12)", 1), vec![1]);
-        assert_eq!(missing_params("WHERE a = ANY($1)", 2), vec![2]);
-        assert_eq!(missing_params("SELECT 1", 1), vec![1]);
     }
 }

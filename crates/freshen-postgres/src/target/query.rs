@@ -25,14 +25,8 @@ use crate::target::merge::{Merge, column_problems};
 use crate::target::whole::{PgWhole, Statements};
 use crate::{PgError, SqlRebuild, TableName, Visibility};
 
-/// Keys per statement when nothing else is said: large enough that the per-statement
-/// costs (planning, the round trip, the visibility check) are spread thin, small enough
-/// that one slow key delays few others (see BENCHMARKS.md, "rebuild-index").
-pub const DEFAULT_QUERY_BATCH: usize = 64;
-
-/// The statement timeout of a whole-table run when nothing else is said: a recompute of
-/// a large table takes far longer than a batch of keys.
-pub const DEFAULT_WHOLE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The defaults the configuration applies, kept in the core beside [`freshen::plug::ViewSpec`].
+pub use freshen::plug::{DEFAULT_QUERY_BATCH, DEFAULT_WHOLE_TIMEOUT};
 
 /// A [`freshen::Rebuild`] that writes what a query returns into a table: for the
 /// batch's keys it inserts the rows the table lacks, updates the rows whose values

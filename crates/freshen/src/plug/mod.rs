@@ -16,6 +16,7 @@
 
 mod naming;
 mod sink;
+mod snapshot;
 mod target;
 
 use std::fmt;
@@ -24,9 +25,10 @@ use std::time::Duration;
 
 pub use naming::Naming;
 pub use sink::{Redact, RunSink, SinkPlug, SinkProbe, SinkReport, Splice};
+pub use snapshot::{SinkSnapshotSpec, SinkSnapshots, SnapshotState, TableSnapshot};
 pub use target::{
-    GapLedger, Imported, Inferred, QuerySpec, Starter, Target, TargetError, TargetPlug, ViewSpec,
-    ViewTarget, is_plain_query,
+    DEFAULT_QUERY_BATCH, DEFAULT_WHOLE_TIMEOUT, GapLedger, Imported, Inferred, QuerySpec, Starter,
+    Target, TargetError, TargetPlug, ViewSpec, ViewTarget, is_plain_query, missing_params,
 };
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};
@@ -232,7 +234,33 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
             Err(format!("a {kind} source keeps nothing upstream that `drop` could remove").into())
         })
     }
+
+    /// The snapshots of a sink fed by this source (the rows that already exist,
+    /// published among its changes), as `spec` says; `None`: this source cannot take
+    /// them (the default). Nothing is read until [`SinkSnapshots::run`].
+    fn sink_snapshots(
+        &self,
+        spec: SinkSnapshotSpec,
+    ) -> Result<Option<std::sync::Arc<dyn SinkSnapshots>>, BoxError> {
+        let _ = spec;
+        Ok(None)
+    }
+
+    /// The columns of `tables` as the upstream catalog has them (an empty list: no
+    /// such table), for `check` to hold `[[redact]]` rules to; `None`: this source
+    /// cannot tell (the default), or could not be asked.
+    fn columns<'a>(
+        &'a self,
+        tables: &'a [(String, String)],
+    ) -> BoxFuture<'a, Option<Vec<TableColumns>>> {
+        let _ = tables;
+        Box::pin(async { None })
+    }
 }
+
+/// A table (`(schema, table)`) and its columns' names, as [`SourcePlug::columns`]
+/// answers them.
+pub type TableColumns = ((String, String), Vec<String>);
 
 /// What [`SourcePlug::discovery`] answers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -107,6 +107,31 @@ impl ViewSpec {
     }
 }
 
+/// Keys per statement of a view rebuilt by `query` when the file says nothing: large
+/// enough that the per-statement costs (planning, the round trip, the visibility check)
+/// are spread thin, small enough that one slow key delays few others (see
+/// BENCHMARKS.md, "rebuild-index").
+pub const DEFAULT_QUERY_BATCH: usize = 64;
+
+/// The statement timeout of a whole-table run when the file says nothing: a recompute
+/// of a large table takes far longer than a batch of keys.
+pub const DEFAULT_WHOLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Which of the parameters `$1..$arity` `query` never uses (`$1` is not used by `$10`).
+pub fn missing_params(query: &str, arity: usize) -> Vec<usize> {
+    (1..=arity)
+        .filter(|i| {
+            let p = format!("${i}");
+            !query.match_indices(&p).any(|(at, _)| {
+                !query[at + p.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit())
+            })
+        })
+        .collect()
+}
+
 /// Whether `query` is a plain query — the SELECT its owner writes for `CREATE
 /// MATERIALIZED VIEW`, with no `$n` parameter — whose batch filter the target writes
 /// around it. A query that uses `$1` selects its batch itself.
@@ -205,6 +230,14 @@ pub trait TargetPlug: fmt::Debug + Send + Sync + 'static {
         &'a self,
         source_url: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Box<dyn Target>, BoxError>>;
+
+    /// Completes once work this kind left behind at shutdown has gone out (the cancel
+    /// requests of rebuilds abandoned then, so the server stops their statements), or
+    /// after `within`. The default: nothing to wait for.
+    fn settled(&self, within: Duration) -> BoxFuture<'static, ()> {
+        let _ = within;
+        Box::pin(async {})
+    }
 }
 
 /// What a target inferred for a view rebuilt by `query`: the watch entries the file
@@ -408,6 +441,14 @@ mod tests {
             keys: keys.map(str::to_owned),
             fixed_key: false,
         }
+    }
+
+    #[test]
+    fn parameters_used_by_the_text() {
+        assert!(missing_params("WHERE a = ANY($1) AND b = ANY($2)", 2).is_empty());
+        assert_eq!(missing_params("WHERE a = ANY($12)", 1), vec![1]);
+        assert_eq!(missing_params("WHERE a = ANY($1)", 2), vec![2]);
+        assert_eq!(missing_params("SELECT 1", 1), vec![1]);
     }
 
     #[test]

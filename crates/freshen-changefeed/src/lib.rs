@@ -185,6 +185,7 @@ mod http;
 mod log;
 mod metrics;
 mod record;
+mod reference;
 mod retention;
 mod shared;
 mod snapshot;

@@ -20,7 +20,7 @@ macro_rules! kind {
     };
     ($names:expr, feature = $feature:literal, $make:expr) => {{
         #[cfg(feature = $feature)]
-        let kind = Kind::built($names, $make);
+        let kind = Kind::featured($names, $feature, $make);
         #[cfg(not(feature = $feature))]
         let kind = Kind::left_out($names, $feature);
         kind

@@ -11,23 +11,40 @@
 use std::sync::Arc;
 
 use freshen::plug::{SinkPlug, SourcePlug, TargetPlug};
+use freshen::reference::{Documented, Table};
 use serde::de::DeserializeOwned;
 use toml_edit::de::{Error as DeError, ValueDeserializer};
 
-/// A kind of part: the names it answers to (the first is the one messages use), and
-/// how it is made, or the cargo feature of `freshen-cli` that builds it in.
+/// A kind of part: the names it answers to (the first is the one messages use), the
+/// cargo feature of `freshen-cli` that builds it in (if any), and how it is made when
+/// this build has it.
 #[derive(Clone)]
 pub struct Kind<M> {
     names: &'static [&'static str],
-    made: Result<M, &'static str>,
+    feature: Option<&'static str>,
+    made: Option<M>,
 }
 
 impl<M> Kind<M> {
-    /// A kind built into this binary.
+    /// A kind built into every build of this binary.
     pub const fn built(names: &'static [&'static str], make: M) -> Kind<M> {
         Kind {
             names,
-            made: Ok(make),
+            feature: None,
+            made: Some(make),
+        }
+    }
+
+    /// A kind behind cargo `feature`, which this build has.
+    pub const fn featured(
+        names: &'static [&'static str],
+        feature: &'static str,
+        make: M,
+    ) -> Kind<M> {
+        Kind {
+            names,
+            feature: Some(feature),
+            made: Some(make),
         }
     }
 
@@ -35,7 +52,8 @@ impl<M> Kind<M> {
     pub const fn left_out(names: &'static [&'static str], feature: &'static str) -> Kind<M> {
         Kind {
             names,
-            made: Err(feature),
+            feature: Some(feature),
+            made: None,
         }
     }
 
@@ -51,20 +69,20 @@ impl<M> Kind<M> {
 
     /// How it is made, when built in.
     pub fn made(&self) -> Option<&M> {
-        self.made.as_ref().ok()
+        self.made.as_ref()
     }
 
-    /// The cargo feature that builds it in, when left out.
+    /// The cargo feature that builds it in, if it needs one (built in or not).
     pub fn feature(&self) -> Option<&'static str> {
-        self.made.as_ref().err().copied()
+        self.feature
     }
 }
 
 impl<M> std::fmt::Debug for Kind<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.feature() {
-            None => f.write_str(self.name()),
-            Some(feature) => write!(f, "{} (feature {feature})", self.name()),
+        match (self.feature, self.made.is_some()) {
+            (Some(feature), false) => write!(f, "{} (feature {feature}, left out)", self.name()),
+            _ => f.write_str(self.name()),
         }
     }
 }
@@ -100,8 +118,11 @@ impl<M> Registry<M> {
     /// The kind that answers to `name` (names are compared as written).
     pub fn find(&self, name: &str) -> Found<'_, M> {
         match self.kinds.iter().find(|k| k.names.contains(&name)) {
-            Some(Kind { names, made: Ok(m) }) => Found::Built(names[0], m),
-            Some(k @ Kind { made: Err(f), .. }) => Found::LeftOut(k.name(), f),
+            Some(k) => match (&k.made, k.feature) {
+                (Some(m), _) => Found::Built(k.name(), m),
+                (None, Some(f)) => Found::LeftOut(k.name(), f),
+                (None, None) => Found::Unknown,
+            },
             None => Found::Unknown,
         }
     }
@@ -110,14 +131,14 @@ impl<M> Registry<M> {
     pub fn built(&self) -> Vec<&'static str> {
         self.kinds
             .iter()
-            .filter(|k| k.made.is_ok())
+            .filter(|k| k.made.is_some())
             .map(Kind::name)
             .collect()
     }
 
     /// The first names of every kind: built in, then left out.
     pub fn names(&self) -> Vec<&'static str> {
-        let left_out = self.kinds.iter().filter(|k| k.made.is_err());
+        let left_out = self.kinds.iter().filter(|k| k.made.is_none());
         self.built()
             .into_iter()
             .chain(left_out.map(Kind::name))
@@ -130,6 +151,8 @@ impl<M> Registry<M> {
 pub struct SourceKind {
     /// Whether the source reads a database, which is then the default `[target]`.
     pub database: bool,
+    /// The tables of the configuration reference its settings type documents.
+    pub reference: &'static [Table],
     read: fn(ValueDeserializer) -> Result<Arc<dyn SourcePlug>, DeError>,
 }
 
@@ -141,9 +164,10 @@ impl SourceKind {
 }
 
 /// A source kind whose `[source]` table deserializes into `T`.
-pub fn source<T: DeserializeOwned + SourcePlug>(database: bool) -> SourceKind {
+pub fn source<T: DeserializeOwned + SourcePlug + Documented>(database: bool) -> SourceKind {
     SourceKind {
         database,
+        reference: T::REFERENCE,
         read: |d| T::deserialize(d).map(|t| Arc::new(t) as Arc<dyn SourcePlug>),
     }
 }
@@ -151,6 +175,8 @@ pub fn source<T: DeserializeOwned + SourcePlug>(database: bool) -> SourceKind {
 /// How a sink kind is made: its `[[sinks]]` table deserialized.
 #[derive(Clone, Copy)]
 pub struct SinkKind {
+    /// The tables of the configuration reference its settings type documents.
+    pub reference: &'static [Table],
     read: fn(ValueDeserializer) -> Result<Arc<dyn SinkPlug>, DeError>,
 }
 
@@ -162,8 +188,9 @@ impl SinkKind {
 }
 
 /// A sink kind whose `[[sinks]]` table deserializes into `T`.
-pub fn sink<T: DeserializeOwned + SinkPlug>() -> SinkKind {
+pub fn sink<T: DeserializeOwned + SinkPlug + Documented>() -> SinkKind {
     SinkKind {
+        reference: T::REFERENCE,
         read: |d| T::deserialize(d).map(|t| Arc::new(t) as Arc<dyn SinkPlug>),
     }
 }

@@ -41,6 +41,7 @@ mod keys;
 mod offsets;
 mod outbox;
 mod plug;
+mod reference;
 mod sink;
 mod source;
 mod stats;

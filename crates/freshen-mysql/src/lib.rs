@@ -104,6 +104,7 @@ mod plug;
 mod position;
 mod reader;
 mod rebuild;
+mod reference;
 mod schema;
 mod server;
 mod source;

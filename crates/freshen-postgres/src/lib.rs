@@ -110,6 +110,7 @@ pub mod polling;
 mod pool;
 mod publication;
 mod quote;
+mod reference;
 mod select;
 mod snapshot;
 mod spelling;

@@ -35,6 +35,7 @@ mod lookup;
 mod plug;
 mod producer;
 mod proto;
+mod reference;
 mod source;
 mod stats;
 

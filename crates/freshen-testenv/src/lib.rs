@@ -37,6 +37,7 @@ mod kafka;
 mod mariadb;
 mod postgres;
 mod pulsar;
+pub mod reference;
 pub mod refresher;
 pub mod support;
 

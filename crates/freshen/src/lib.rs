@@ -129,6 +129,7 @@ pub mod poller;
 mod pump;
 mod rebuild;
 mod redact;
+pub mod reference;
 mod refresher;
 mod report;
 mod retry;

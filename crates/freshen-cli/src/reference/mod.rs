@@ -1,146 +1,166 @@
 //! `freshen config reference`: every key of every table of the configuration file, with
 //! its type, default, allowed range and the source kinds it belongs to.
 //!
-//! The description of each table is kept here, one file per crate whose type reads it
-//! (`freshen.rs` for the tables `config/` reads itself). It cannot drift from the
-//! parser: the tests (`tests.rs`) take every key the parser accepts — the serde types'
+//! The description of each table is kept beside the type that reads it: a kind's in its
+//! crate ([`::freshen::reference::Documented`], collected here through the registration
+//! lines of `kinds.rs`), the tables `config/` reads itself in `freshen.rs`. It cannot
+//! drift from the parser: the tests (`tests.rs`) take every key the parser accepts — the serde types'
 //! field lists, `config/`'s lists of known keys — and fail on one the reference lacks
 //! or one it has that the parser refuses; every stated default is written into a file
 //! and must parse to the same configuration as leaving it out; every stated range is
 //! probed at both ends and just beyond them. `docs/configuration.md` is this output, and
 //! a test fails when it differs.
 //!
-//! The text is the same in every build: kinds behind a cargo feature say which, so a
-//! build without them still documents them (and `freshen --version` says what a build
-//! reads).
+//! Kinds behind a cargo feature say which. A build without some of them names them but
+//! cannot list their keys (their crates are not in it): `docs/configuration.md` is the
+//! output of a build with every kind (`--features full`), and `freshen --version` says
+//! what a build reads.
 
-mod changefeed;
 mod freshen;
-mod kafka;
-mod mysql;
-mod postgres;
-mod pulsar;
 #[cfg(test)]
 mod tests;
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 
-/// What a key holds when the file leaves it out.
-// The example values are written by the tests only.
-#[cfg_attr(not(test), allow(dead_code))]
+use ::freshen::reference::{Key, Omitted, Range, Table, key};
+
+use crate::registry::Registry;
+
+/// A table as the reference shows it: the table, and the cargo feature of
+/// `freshen-cli` that builds its kind in, if any.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Omitted {
-    /// The key must be given; an example value (TOML), which the tests write.
-    Required(&'static str),
-    /// Nothing: the feature it sets is off; an example value (TOML).
-    Unset(&'static str),
-    /// This value, written as TOML: the tests check that writing it changes nothing.
-    Is(&'static str),
-    /// A value that depends on others, in words; an example value (TOML).
-    Derived(&'static str, &'static str),
+pub(crate) struct Shown {
+    /// The table.
+    pub table: &'static Table,
+    /// The cargo feature its kind needs.
+    pub feature: Option<&'static str>,
 }
 
-/// The values the parser accepts, where it checks more than the type.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Range {
-    /// Any value of the type.
-    Any,
-    /// An integer from `.0` to `.1`, both included.
-    Int(i64, i64),
-    /// A duration (`"250ms"`, `"10s"`, `"1h"`) from `.0` to `.1` milliseconds.
-    Millis(u64, u64),
-    /// One of these strings.
-    OneOf(&'static [&'static str]),
-}
+impl std::ops::Deref for Shown {
+    type Target = Table;
 
-/// One key of a table.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Key {
-    /// As written in the file.
-    pub name: &'static str,
-    /// Its TOML type, in words.
-    pub ty: &'static str,
-    /// When left out.
-    pub default: Omitted,
-    /// What the parser accepts.
-    pub range: Range,
-    /// What it does.
-    pub about: &'static str,
-}
-
-/// A shorthand for the tables of keys.
-const fn key(
-    name: &'static str,
-    ty: &'static str,
-    default: Omitted,
-    range: Range,
-    about: &'static str,
-) -> Key {
-    Key {
-        name,
-        ty,
-        default,
-        range,
-        about,
+    fn deref(&self) -> &Table {
+        self.table
     }
 }
 
-/// One table of the file (or one kind's keys of a shared table such as `[source]`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Table {
-    /// Its heading, e.g. `[http]` or `[source] kind = "mysql"`.
-    pub header: &'static str,
-    /// The cargo feature of `freshen-cli` that builds it in, if any.
-    pub feature: Option<&'static str>,
-    /// What it is for.
-    pub about: &'static str,
-    /// Its keys, in the order the reference lists them.
-    pub keys: &'static [Key],
+/// Every table, in the order of the reference: freshen's own, and each registered
+/// kind's (its settings type's [`::freshen::reference::Documented`]) after the table
+/// whose `kind` picks it.
+pub(crate) fn tables() -> Vec<&'static Shown> {
+    static TABLES: OnceLock<Vec<Shown>> = OnceLock::new();
+    TABLES.get_or_init(collect).iter().collect()
 }
 
-/// Every table, in the order of the reference.
-pub(crate) fn tables() -> Vec<&'static Table> {
-    let mut out: Vec<&'static Table> = Vec::new();
-    out.extend([&freshen::TOP, &freshen::SOURCE]);
-    out.extend([
-        &postgres::SOURCE,
-        &postgres::INCREMENTAL,
-        &postgres::INCREMENTAL_TABLE,
-    ]);
-    out.extend([
-        &mysql::SOURCE,
-        &mysql::INCREMENTAL,
-        &mysql::INCREMENTAL_TABLE,
-    ]);
-    out.extend([&kafka::SOURCE, &pulsar::SOURCE]);
-    out.extend([
-        &freshen::TARGET,
-        &freshen::HTTP,
-        &freshen::LOG,
-        &freshen::DEFAULTS,
-        &freshen::BACKOFF,
-        &freshen::VIEWS,
-        &freshen::WATCH,
-        &freshen::RECONCILE,
-        &freshen::SINKS,
-        &kafka::SINK,
-        &kafka::OUTBOX,
-        &kafka::KEY_STREAM,
-        &freshen::REDACT,
-    ]);
-    out.extend([
-        &changefeed::CHANGEFEED,
-        &changefeed::RETENTION,
-        &changefeed::GROUPS,
-        &changefeed::HTTP,
-        &changefeed::TOKENS,
-    ]);
+fn collect() -> Vec<Shown> {
+    let kinds = crate::kinds::builtin();
+    let own = |table: &'static Table| Shown {
+        table,
+        feature: None,
+    };
+    let mut out = vec![
+        own(&freshen::TOP),
+        own(with_kinds(&freshen::SOURCE, "source", &kinds.sources)),
+    ];
+    for k in kinds.sources.kinds() {
+        if let Some(made) = k.made() {
+            out.extend(made.reference.iter().map(|table| Shown {
+                table,
+                feature: k.feature(),
+            }));
+        }
+    }
+    out.extend(
+        [
+            &freshen::TARGET,
+            &freshen::HTTP,
+            &freshen::LOG,
+            &freshen::DEFAULTS,
+            &freshen::BACKOFF,
+            &freshen::VIEWS,
+            &freshen::WATCH,
+            &freshen::RECONCILE,
+        ]
+        .map(own),
+    );
+    out.push(own(with_kinds(&freshen::SINKS, "sink", &kinds.sinks)));
+    for k in kinds.sinks.kinds() {
+        if let Some(made) = k.made() {
+            out.extend(made.reference.iter().map(|table| Shown {
+                table,
+                feature: k.feature(),
+            }));
+        }
+    }
+    // `[key_stream]` is read by the configuration itself, over Kafka.
+    #[cfg(feature = "kafka")]
+    out.extend(
+        <freshen_kafka::KeyStreamConfig as ::freshen::reference::Documented>::REFERENCE
+            .iter()
+            .map(|table| Shown {
+                table,
+                feature: Some("kafka"),
+            }),
+    );
+    out.push(own(&freshen::REDACT));
+    out.extend(
+        <freshen_changefeed::ChangefeedConfig as ::freshen::reference::Documented>::REFERENCE
+            .iter()
+            .map(own),
+    );
     out
+}
+
+/// `table` with its `kind` key listing every kind of `kinds` (built in or left out)
+/// and the cargo features they need: the registration lines are the one list.
+fn with_kinds<M>(table: &'static Table, part: &str, kinds: &Registry<M>) -> &'static Table {
+    let names: &'static [&'static str] = kinds.names().leak();
+    let mut groups: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+    for k in kinds.kinds() {
+        let Some(f) = k.feature() else { continue };
+        match groups.iter_mut().find(|(g, _)| *g == f) {
+            Some((_, names)) => names.push(k.name()),
+            None => groups.push((f, vec![k.name()])),
+        }
+    }
+    let mut about = format!("The {part} kind");
+    for (i, (feature, names)) in groups.iter().enumerate() {
+        let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+        let listed = match quoted.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => continue,
+        };
+        let _ = match (i, names.len()) {
+            (0, 1) => write!(about, "; {listed} needs the cargo feature `{feature}`"),
+            (0, _) => write!(about, "; {listed} need the cargo feature `{feature}`"),
+            _ => write!(about, ", {listed} the feature `{feature}`"),
+        };
+    }
+    about.push('.');
+    let about: &'static str = about.leak();
+    let keys: Vec<Key> = table
+        .keys
+        .iter()
+        .map(|k| match k.name {
+            "kind" => Key {
+                range: Range::OneOf(names),
+                about,
+                ..*k
+            },
+            _ => *k,
+        })
+        .collect();
+    Box::leak(Box::new(Table {
+        keys: keys.leak(),
+        ..*table
+    }))
 }
 
 /// The command that writes `docs/configuration.md`.
 pub(crate) const REGENERATE: &str =
-    "cargo run -p freshen-cli -- config reference > docs/configuration.md";
+    "cargo run -p freshen-cli --features full -- config reference > docs/configuration.md";
 
 /// The reference, as Markdown.
 pub(crate) fn render() -> String {
@@ -150,7 +170,7 @@ pub(crate) fn render() -> String {
         s,
         "Every key of every table of freshen's TOML file. Generated by `freshen config reference` \
          from the descriptions kept beside the types that read the file \
-         (`crates/freshen-cli/src/reference/`), which tests hold to the parser: every key it \
+         (each kind's in its crate, the rest in `crates/freshen-cli/src/reference/`), which tests hold to the parser: every key it \
          accepts is here, every default and range here is what it applies. Do not edit; \
          regenerate with `{REGENERATE}`.\n"
     );
@@ -239,21 +259,20 @@ fn millis(ms: u64) -> String {
     }
 }
 
-/// Prints the reference; a build without some kinds says so on stderr (the reference
-/// itself is the same in every build).
+/// Prints the reference; a build without some kinds says so on stderr (their names are
+/// in the reference, their keys are not).
 pub(crate) fn print() {
     print!("{}", render());
-    let left_out: Vec<&str> = tables()
-        .iter()
-        .filter_map(|t| t.feature)
+    let kinds = crate::kinds::builtin();
+    let mut features: Vec<&str> = (kinds.sources.kinds().iter().filter_map(|k| k.feature()))
+        .chain(kinds.sinks.kinds().iter().filter_map(|k| k.feature()))
         .filter(|f| !built_in(f))
         .collect();
-    if !left_out.is_empty() {
-        let mut features = left_out;
+    if !features.is_empty() {
         features.sort_unstable();
         features.dedup();
         eprintln!(
-            "note: this binary is built without the cargo features {}: their kinds are documented but not read",
+            "note: this binary is built without the cargo features {}: their kinds are named but their keys are not listed (`--features full` lists them all, as docs/configuration.md does)",
             features.join(", ")
         );
     }

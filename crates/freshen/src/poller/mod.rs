@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 mod settings;
 
-pub use settings::{OwnTable, PollSettings};
+pub use settings::{OwnTable, PollSettings, TABLE_REFERENCE};
 
 use crate::cursor::{Cursor, Handed, Horizon, Position, Reread};
 use crate::{

@@ -150,6 +150,35 @@ impl<T: Clone + PartialEq + fmt::Display> PollSettings<'_, T> {
     }
 }
 
+/// The keys of a polled table's own settings (`[source.tables."schema.table"]`), the
+/// same for every polling kind: each defaults to the `[source]` key of its name.
+pub const TABLE_REFERENCE: [crate::reference::Key; 3] = {
+    use crate::reference::{HOUR_MS, Omitted::Derived, Range::*, key};
+    [
+        key(
+            "cursor",
+            "string",
+            Derived("`[source] cursor`", "\"id\""),
+            Any,
+            "Its cursor column.",
+        ),
+        key(
+            "poll_interval",
+            "duration",
+            Derived("`[source] poll_interval`", "\"5s\""),
+            Millis(1, HOUR_MS),
+            "Its poll interval.",
+        ),
+        key(
+            "page_size",
+            "integer",
+            Derived("`[source] page_size`", "500"),
+            Int(1, 100_000),
+            "Its page size.",
+        ),
+    ]
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,9 @@
 //! The `[source]` keys of `kind = "pulsar"` (`freshen_pulsar::PulsarSourceConfig`).
 
-use super::{Omitted::*, Range::*, Table, key};
+use freshen::reference::{Documented, Omitted::*, Range::*, Table, key};
 
-pub(super) const SOURCE: Table = Table {
+const SOURCE: Table = Table {
     header: "[source] kind = \"pulsar\"",
-    feature: Some("pulsar"),
     about: "Change messages (TiCDC's canal-json, or Debezium JSON) from a Pulsar topic, through a failover subscription: standbys wait. Needs a `[target]`.",
     keys: &[
         key(
@@ -72,3 +71,19 @@ pub(super) const SOURCE: Table = Table {
         ),
     ],
 };
+
+impl Documented for crate::PulsarSourceConfig {
+    const REFERENCE: &'static [Table] = &[SOURCE];
+}
+
+#[cfg(test)]
+mod tests {
+    use freshen_testenv::reference::{fields, same_keys};
+
+    use super::*;
+
+    #[test]
+    fn every_key_the_parser_accepts_is_documented_and_no_other() {
+        same_keys(&SOURCE, fields::<crate::PulsarSourceConfig>());
+    }
+}

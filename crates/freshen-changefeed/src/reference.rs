@@ -1,15 +1,14 @@
 //! The keys of `[changefeed]` and its tables (`freshen_changefeed::ChangefeedConfig`,
 //! `RetentionConfig`, `GroupDefaults`, `HttpConfig`, `TokenConfig`).
 
-use super::{Omitted::*, Range::*, Table, key};
+use freshen::reference::{Documented, Omitted::*, Range::*, Table, key};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_SECS: i64 = 86_400;
 const CENTURY_SECS: i64 = 100 * 365 * DAY_SECS;
 
-pub(super) const CHANGEFEED: Table = Table {
+const CHANGEFEED: Table = Table {
     header: "[changefeed]",
-    feature: None,
     about: "A durable log of every captured change, served over HTTP (long poll, Server-Sent Events, WebSocket, consumer groups).",
     keys: &[
         key(
@@ -99,9 +98,8 @@ pub(super) const CHANGEFEED: Table = Table {
     ],
 };
 
-pub(super) const RETENTION: Table = Table {
+const RETENTION: Table = Table {
     header: "[changefeed.retention]",
-    feature: None,
     about: "What the log keeps; the policy runs in the background.",
     keys: &[
         key(
@@ -156,9 +154,8 @@ pub(super) const RETENTION: Table = Table {
     ],
 };
 
-pub(super) const GROUPS: Table = Table {
+const GROUPS: Table = Table {
     header: "[changefeed.groups]",
-    feature: None,
     about: "Defaults for consumer groups created without their own settings.",
     keys: &[
         key(
@@ -178,9 +175,8 @@ pub(super) const GROUPS: Table = Table {
     ],
 };
 
-pub(super) const HTTP: Table = Table {
+const HTTP: Table = Table {
     header: "[changefeed.http]",
-    feature: None,
     about: "The changefeed's HTTP API.",
     keys: &[
         key(
@@ -326,9 +322,8 @@ pub(super) const HTTP: Table = Table {
     ],
 };
 
-pub(super) const TOKENS: Table = Table {
+const TOKENS: Table = Table {
     header: "[[changefeed.http.tokens]]",
-    feature: None,
     about: "One bearer token of the API: its value (inline or from the environment) and scope.",
     keys: &[
         key(
@@ -354,3 +349,24 @@ pub(super) const TOKENS: Table = Table {
         ),
     ],
 };
+
+impl Documented for crate::ChangefeedConfig {
+    const REFERENCE: &'static [Table] = &[CHANGEFEED, RETENTION, GROUPS, HTTP, TOKENS];
+}
+
+#[cfg(test)]
+mod tests {
+    use freshen_testenv::reference::{fields, same_keys};
+
+    use super::*;
+
+    #[test]
+    fn every_key_the_parser_accepts_is_documented_and_no_other() {
+        use crate as cf;
+        same_keys(&CHANGEFEED, fields::<cf::ChangefeedConfig>());
+        same_keys(&RETENTION, fields::<cf::RetentionConfig>());
+        same_keys(&GROUPS, fields::<cf::GroupDefaults>());
+        same_keys(&HTTP, fields::<cf::HttpConfig>());
+        same_keys(&TOKENS, fields::<cf::TokenConfig>());
+    }
+}

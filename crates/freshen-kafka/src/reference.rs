@@ -4,11 +4,10 @@
 //! (`freshen_kafka::KafkaOutboxConfig`) and `[key_stream]`
 //! (`freshen_kafka::KeyStreamConfig`).
 
-use super::{Omitted::*, Range::*, Table, key};
+use freshen::reference::{Documented, Omitted::*, Range::*, Table, key};
 
-pub(super) const SOURCE: Table = Table {
+const SOURCE: Table = Table {
     header: "[source] kind = \"kafka\"",
-    feature: Some("kafka"),
     about: "Change messages (canal-json or Debezium JSON) from Kafka topics; offsets are the positions. Needs a `[target]`.",
     keys: &[
         key(
@@ -84,9 +83,8 @@ pub(super) const SOURCE: Table = Table {
     ],
 };
 
-pub(super) const SINK: Table = Table {
+const SINK: Table = Table {
     header: "[[sinks]] kind = \"kafka\"",
-    feature: Some("kafka"),
     about: "Publishes every captured change as Debezium JSON, keyed by primary key, with an idempotent producer; a batch is acknowledged once every record is.",
     keys: &[
         key(
@@ -141,9 +139,8 @@ pub(super) const SINK: Table = Table {
     ],
 };
 
-pub(super) const OUTBOX: Table = Table {
+const OUTBOX: Table = Table {
     header: "[[sinks]] kind = \"kafka-outbox\"",
-    feature: Some("kafka"),
     about: "Relays a transactional outbox table as Debezium's outbox event router does: each inserted row becomes one record on its `aggregatetype`'s topic, keyed by `aggregateid`, with headers `id` and `type` and the `payload` as value; updates and deletes are ignored and the rows are never deleted by freshen; a batch is acknowledged (the slot advances) once the broker acknowledged every record of it.",
     keys: &[
         key(
@@ -233,9 +230,8 @@ pub(super) const OUTBOX: Table = Table {
     ],
 };
 
-pub(super) const KEY_STREAM: Table = Table {
+const KEY_STREAM: Table = Table {
     header: "[key_stream]",
-    feature: Some("kafka"),
     about: "Rebuilds spread over several instances: `freshen run --role capture` publishes the views' dirty keys to a Kafka topic, `--role worker` instances share its partitions and rebuild.",
     keys: &[
         key(
@@ -303,3 +299,34 @@ pub(super) const KEY_STREAM: Table = Table {
         ),
     ],
 };
+
+impl Documented for crate::KafkaSourceConfig {
+    const REFERENCE: &'static [Table] = &[SOURCE];
+}
+
+impl Documented for crate::KafkaSinkConfig {
+    const REFERENCE: &'static [Table] = &[SINK];
+}
+
+impl Documented for crate::KafkaOutboxConfig {
+    const REFERENCE: &'static [Table] = &[OUTBOX];
+}
+
+impl Documented for crate::KeyStreamConfig {
+    const REFERENCE: &'static [Table] = &[KEY_STREAM];
+}
+
+#[cfg(test)]
+mod tests {
+    use freshen_testenv::reference::{fields, same_keys};
+
+    use super::*;
+
+    #[test]
+    fn every_key_the_parser_accepts_is_documented_and_no_other() {
+        same_keys(&SOURCE, fields::<crate::KafkaSourceConfig>());
+        same_keys(&SINK, fields::<crate::KafkaSinkConfig>());
+        same_keys(&OUTBOX, fields::<crate::KafkaOutboxConfig>());
+        same_keys(&KEY_STREAM, fields::<crate::KeyStreamConfig>());
+    }
+}

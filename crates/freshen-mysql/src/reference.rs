@@ -1,13 +1,10 @@
 //! The `[source]` keys of the MySQL kinds (`freshen_mysql::MySqlSourceConfig`,
 //! `freshen_mysql::MySqlIncrementalSettings` and its per-table `TableSettings`).
 
-use super::{Omitted::*, Range::*, Table, key};
+use freshen::reference::{Documented, HOUR_MS, Omitted::*, Range::*, Table, key};
 
-const HOUR_MS: u64 = 3_600_000;
-
-pub(super) const SOURCE: Table = Table {
+const SOURCE: Table = Table {
     header: "[source] kind = \"mysql\"",
-    feature: Some("mysql"),
     about: "MySQL or MariaDB row-based binlog; its position is stored in a table (or a file).",
     keys: &[
         key(
@@ -118,9 +115,8 @@ pub(super) const SOURCE: Table = Table {
     ],
 };
 
-pub(super) const INCREMENTAL: Table = Table {
+const INCREMENTAL: Table = Table {
     header: "[source] kind = \"mysql-incremental\"",
-    feature: Some("mysql"),
     about: "MySQL or MariaDB without binlog grants: polls each table by a cursor column (`SELECT` only). Rows deleted are not seen: pair views with reconcile.",
     keys: &[
         key(
@@ -189,9 +185,33 @@ pub(super) const INCREMENTAL: Table = Table {
     ],
 };
 
-pub(super) const INCREMENTAL_TABLE: Table = Table {
+const INCREMENTAL_TABLE: Table = Table {
     header: "[source.tables.\"database.table\"] (mysql-incremental)",
-    feature: Some("mysql"),
     about: "One polled table's own settings; each defaults to the `[source]` key of the same name.",
-    keys: &super::postgres::POLLED_TABLE,
+    keys: &freshen::poller::TABLE_REFERENCE,
 };
+
+impl Documented for crate::MySqlSourceConfig {
+    const REFERENCE: &'static [Table] = &[SOURCE];
+}
+
+impl Documented for crate::MySqlIncrementalSettings {
+    const REFERENCE: &'static [Table] = &[INCREMENTAL, INCREMENTAL_TABLE];
+}
+
+#[cfg(test)]
+mod tests {
+    use freshen_testenv::reference::{fields, same_keys};
+
+    use super::*;
+
+    #[test]
+    fn every_key_the_parser_accepts_is_documented_and_no_other() {
+        same_keys(&SOURCE, fields::<crate::MySqlSourceConfig>());
+        same_keys(&INCREMENTAL, fields::<crate::MySqlIncrementalSettings>());
+        same_keys(
+            &INCREMENTAL_TABLE,
+            fields::<crate::incremental::TableSettings>(),
+        );
+    }
+}

@@ -1,13 +1,11 @@
-//! The `[source]` keys of the PostgreSQL kinds (`freshen_postgres::PgSourceSettings`,
-//! `freshen_postgres::PgIncrementalSettings` and its per-table `TableSettings`).
+//! The `[source]` keys of the PostgreSQL kinds, for the configuration reference:
+//! [`PgSourceSettings`](crate::PgSourceSettings), [`PgIncrementalSettings`](crate::PgIncrementalSettings)
+//! and its per-table settings (the keys every polling kind shares).
 
-use super::{Key, Omitted::*, Range::*, Table, key};
+use freshen::reference::{Documented, HOUR_MS, Omitted::*, Range::*, Table, key};
 
-const HOUR_MS: u64 = 3_600_000;
-
-pub(super) const SOURCE: Table = Table {
+const SOURCE: Table = Table {
     header: "[source] kind = \"postgres\"",
-    feature: None,
     about: "PostgreSQL logical replication (pgoutput): a slot and a publication.",
     keys: &[
         key(
@@ -114,9 +112,8 @@ pub(super) const SOURCE: Table = Table {
     ],
 };
 
-pub(super) const INCREMENTAL: Table = Table {
+const INCREMENTAL: Table = Table {
     header: "[source] kind = \"postgres-incremental\"",
-    feature: None,
     about: "PostgreSQL without replication grants: polls each table by a cursor column (`SELECT` only). Rows deleted are not seen: pair views with reconcile.",
     keys: &[
         key(
@@ -185,34 +182,33 @@ pub(super) const INCREMENTAL: Table = Table {
     ],
 };
 
-pub(super) const INCREMENTAL_TABLE: Table = Table {
+const INCREMENTAL_TABLE: Table = Table {
     header: "[source.tables.\"schema.table\"] (postgres-incremental)",
-    feature: None,
     about: "One polled table's own settings; each defaults to the `[source]` key of the same name.",
-    keys: &POLLED_TABLE,
+    keys: &freshen::poller::TABLE_REFERENCE,
 };
 
-/// A polled table's own keys: the same for every polling kind (`freshen::poller`).
-pub(super) const POLLED_TABLE: [Key; 3] = [
-    key(
-        "cursor",
-        "string",
-        Derived("`[source] cursor`", "\"id\""),
-        Any,
-        "Its cursor column.",
-    ),
-    key(
-        "poll_interval",
-        "duration",
-        Derived("`[source] poll_interval`", "\"5s\""),
-        Millis(1, HOUR_MS),
-        "Its poll interval.",
-    ),
-    key(
-        "page_size",
-        "integer",
-        Derived("`[source] page_size`", "500"),
-        Int(1, 100_000),
-        "Its page size.",
-    ),
-];
+impl Documented for crate::PgSourceSettings {
+    const REFERENCE: &'static [Table] = &[SOURCE];
+}
+
+impl Documented for crate::PgIncrementalSettings {
+    const REFERENCE: &'static [Table] = &[INCREMENTAL, INCREMENTAL_TABLE];
+}
+
+#[cfg(test)]
+mod tests {
+    use freshen_testenv::reference::{fields, same_keys};
+
+    use super::*;
+
+    #[test]
+    fn every_key_the_parser_accepts_is_documented_and_no_other() {
+        same_keys(&SOURCE, fields::<crate::PgSourceSettings>());
+        same_keys(&INCREMENTAL, fields::<crate::PgIncrementalSettings>());
+        same_keys(
+            &INCREMENTAL_TABLE,
+            fields::<crate::incremental::TableSettings>(),
+        );
+    }
+}

@@ -13,7 +13,7 @@ use super::read::{Reader, Tbl};
 pub(crate) const KEYS: &[&str] = &["snapshot", "snapshot_chunk_rows", "snapshot_pause_ms"];
 
 /// Whether and how a sink publishes the rows that already exist (DBLog snapshots,
-/// `freshen_postgres::SinkSnapshots`).
+/// the source's `freshen::plug::SinkSnapshots`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SinkSnapshot {
     /// `"initial"`: on first start (and for a sink new to a deployment) every captured

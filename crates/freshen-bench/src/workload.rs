@@ -48,12 +48,21 @@ pub(crate) const REBUILD: [&str; 2] = [
 /// is CPU-bound, the harshest case for anything that costs CPU) plus autovacuum on, as in
 /// production, and `extra`.
 pub(crate) fn server(extra: &[(&str, &str)]) -> anyhow::Result<PgServer> {
+    server_at(None, extra)
+}
+
+/// [`server`] of major version `version` (the version matrix's build when Debian has
+/// none: `scripts/test-deps-postgres` installs them), or the default one.
+pub(crate) fn server_at(version: Option<u32>, extra: &[(&str, &str)]) -> anyhow::Result<PgServer> {
     let mut b = PgServer::builder().setting("autovacuum", "on");
+    if let Some(v) = version {
+        b = b.version(v);
+    }
     for (k, v) in extra {
         b = b.setting(*k, *v);
     }
     b.start()
-        .context("cannot start a throwaway PostgreSQL (needs the server binaries and pgbench: apt-get install postgresql-15)")
+        .context("cannot start a throwaway PostgreSQL (needs the server binaries and pgbench: apt-get install postgresql-15; other versions: scripts/test-deps-postgres)")
 }
 
 /// A runtime like the `freshen` binary's (multi-thread, one worker per core).
@@ -276,6 +285,26 @@ pub(crate) fn query_config_of(
     view_config(url, &how, batch, coalesce, max_wait, reconcile)
 }
 
+/// [`query_config`] decoding on a standby (PostgreSQL 16): the slot and its walsender on
+/// `standby`, the publication made beforehand on the primary (`freshen`, freshen's
+/// default name), the rebuilds written to the primary — as docs/operating.md says to run
+/// it, `primary_url` included (freshen asks the primary for a standby snapshot while it
+/// creates the slot, and reads its WAL position before confirming).
+pub(crate) fn standby_query_config(
+    standby: &str,
+    primary: &str,
+    coalesce: &str,
+    max_wait: &str,
+    reconcile: bool,
+) -> String {
+    let source = format!(
+        "kind = \"postgres\"\nurl = \"{standby}\"\nprimary_url = \"{primary}\"\n\
+         publication_mode = \"existing\"\n\n[target]\nurl = \"{primary}\""
+    );
+    let how = format!("into = \"device_totals\"\nquery = {QUERY:?}");
+    config_of(&source, &how, None, coalesce, max_wait, reconcile)
+}
+
 /// A configuration for one view `device_totals` over `readings`, as a user would write it;
 /// `batch` sets `rebuild_batch` (the statements then take arrays).
 pub(crate) fn config(
@@ -299,6 +328,20 @@ fn view_config(
     max_wait: &str,
     reconcile: bool,
 ) -> String {
+    let source = format!("kind = \"postgres\"\nurl = \"{url}\"");
+    config_of(&source, how, batch, coalesce, max_wait, reconcile)
+}
+
+/// The configuration of the one view with `source` as the `[source]` section's body
+/// (followed by any `[target]`).
+fn config_of(
+    source: &str,
+    how: &str,
+    batch: Option<usize>,
+    coalesce: &str,
+    max_wait: &str,
+    reconcile: bool,
+) -> String {
     let batch = batch.map_or(String::new(), |n| format!("rebuild_batch = {n}"));
     let reconcile = if reconcile {
         "reconcile = { every = \"1h\", keys = \"SELECT device FROM readings UNION SELECT device FROM device_totals\" }"
@@ -308,8 +351,7 @@ fn view_config(
     format!(
         r#"
 [source]
-kind = "postgres"
-url = "{url}"
+{source}
 
 [http]
 listen = "off"

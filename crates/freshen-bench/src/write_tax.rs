@@ -31,13 +31,26 @@
 //!   with pgoutput's `binary` option: what each cuts from decoding;
 //! - (e1) query mode under that identity (no FULL, no separate `readings(device)` index)
 //!   and (e2) with the column-listed publication as well;
+//! - (s) query mode decoding on a hot standby (PostgreSQL 16+): freshen's `[source]` is
+//!   a streaming standby of the primary (`publication_mode = "existing"`, the publication
+//!   made on the primary, `primary_url` set), its `[target]` the primary, where the
+//!   rebuilds run — what moving the slot and its walsender off the primary leaves the
+//!   primary to pay: the writers, the physical walsender feeding the standby, freshen's
+//!   rebuild backends. The standby's CPU (its decoding walsender apart) is reported on
+//!   its own;
 //! - (f) pg_ivm 1.15's incrementally maintained view (IMMV) of the same rollup — run when
 //!   pg_ivm is installed for the server binaries (it is not packaged for Debian 12 and
 //!   builds from its public source against `postgresql-server-dev-15`; otherwise the run
 //!   says it was left out).
 //!
 //! `FRESHEN_BENCH_WRITE_TAX=a,a2,e,e1` runs only the variants named by code (a, a1, a2,
-//! g1, g2, g3, b, c, d, d1, e, e1, e2, f), to iterate; "vs (a)" is then against the first.
+//! g1, g2, g3, b, c, d, d1, e, e1, e2, s, f), to iterate; "vs (a)" is then against the
+//! first.
+//!
+//! Every server of a run is one major version: the default one, or — when (s) is among
+//! the variants — the run's version if it is 16 or later, else 16 (the version matrix's
+//! build, `scripts/test-deps-postgres`; missing, the run fails naming it), so that (s)
+//! is compared with row triggers and the rest on the same server build.
 //!
 //! What each variant needs is charged to it: only (a′) and (d) get the replica identity,
 //! the index, the publication and the slot; `wal_level = logical` is the same for all.
@@ -47,7 +60,10 @@
 //! figure that barely moves when other work shares the machine, where TPS does — and
 //! where it went: the walsender's, freshen's backends' and the slot reader's own share
 //! (`cpu_split`), the rest being the writers' backends, pgbench and the server's
-//! background work.
+//! background work. Beside it, the primary server's own CPU per transaction (its
+//! postmaster and every backend, live or gone; not pgbench, freshen or pg_recvlogical,
+//! nor the measurement's backends): for (s) all the primary pays, against the same
+//! figure of row triggers — and the standby's, for (s).
 //!
 //! `write-tax-hot` runs the same mix with device popularity ~ Zipf(1.1) (the readings to
 //! start with, inserts and moves; updates and deletes pick a reading at random, so their
@@ -87,7 +103,8 @@ use crate::cpu_split::{Sample, Split};
 use crate::report::Table;
 use crate::workload::{
     Bench, DEVICES, Freshen, Load, LoadResult, READINGS, REBUILD, REBUILD_ARRAYS, Script, config,
-    connect, converge, median, ms, process_cpu, query_config, runtime, server, tree_cpu,
+    connect, converge, median, ms, process_cpu, query_config, runtime, server_at, server_cpu,
+    standby_query_config, tree_cpu,
 };
 use crate::writer_waits::{Sampled, Sampler, Seen, Waits};
 
@@ -111,11 +128,13 @@ enum Variant {
     QueryIdentity,
     /// The same with a publication column list (id, device).
     QueryColumns,
+    /// Query mode decoding on a hot standby, rebuilding on the primary (16+).
+    Standby,
     PgIvm,
 }
 
 impl Variant {
-    const ALL: [Variant; 14] = [
+    const ALL: [Variant; 15] = [
         Variant::Bare,
         Variant::Decode,
         Variant::DecodeOnly,
@@ -129,6 +148,7 @@ impl Variant {
         Variant::FreshenQuery,
         Variant::QueryIdentity,
         Variant::QueryColumns,
+        Variant::Standby,
         Variant::PgIvm,
     ];
 
@@ -148,6 +168,7 @@ impl Variant {
             Variant::FreshenQuery => "e",
             Variant::QueryIdentity => "e1",
             Variant::QueryColumns => "e2",
+            Variant::Standby => "s",
             Variant::PgIvm => "f",
         }
     }
@@ -177,6 +198,7 @@ impl Variant {
                 | Variant::FreshenQuery
                 | Variant::QueryIdentity
                 | Variant::QueryColumns
+                | Variant::Standby
         )
     }
 
@@ -205,6 +227,9 @@ impl Variant {
                 "(e1) query mode, identity USING INDEX on unique (device, id), no (device) index"
             }
             Variant::QueryColumns => "(e2) query mode, (e1) + publication column list (id, device)",
+            Variant::Standby => {
+                "(s) query mode decoding on a standby (slot and walsender there), rebuilds on the primary"
+            }
             Variant::PgIvm => "(f) pg_ivm 1.15 IMMV (maintained inside every writing transaction)",
         }
     }
@@ -416,7 +441,27 @@ struct Outcome {
     derived: Option<Writes>,
     /// What the writers' and freshen's backends were doing during the load.
     waits: Seen,
+    /// The primary server's own CPU per committed transaction: its postmaster and every
+    /// backend, live or gone (the writers', the walsenders, freshen's pool), not the
+    /// measurement's (truth checks, wait sampler), nor the clients (pgbench, freshen's
+    /// process, pg_recvlogical).
+    primary_per_tx: Duration,
+    /// (s): the standby server's CPU per committed transaction, the same way, and the
+    /// part of it its decoding walsender spent.
+    standby: Option<StandbyCpu>,
+    /// The server's major version.
+    major: u32,
     note: String,
+}
+
+/// What the standby spent per committed transaction.
+#[derive(Debug, Clone, Copy)]
+struct StandbyCpu {
+    /// All its processes: the WAL receiver, the startup process replaying the primary's
+    /// WAL, the decoding walsender, the rest.
+    total: Duration,
+    /// Its walsender decoding for freshen.
+    walsender: Duration,
 }
 
 /// `pg_stat_user_tables` counters of `device_totals`.
@@ -551,18 +596,52 @@ impl Drop for Drain {
     }
 }
 
+/// The first major version that decodes on a standby.
+const STANDBY_MAJOR: u32 = 16;
+
+/// Waits until `standby` has replayed everything `primary` has written so far (polled
+/// every 10 ms, for at most a minute).
+fn replayed(primary: &PgServer, standby: &PgServer) -> anyhow::Result<()> {
+    let lsn = primary.psql("SELECT pg_current_wal_lsn()")?;
+    let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
+    let t0 = Instant::now();
+    while standby.psql(&sql)? != "t" {
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the standby did not replay the primary's WAL up to {lsn} within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
 fn run_variant(
     mode: Mode,
     keys: Keys,
     v: Variant,
     rows: u64,
     load: &Load,
+    version: Option<u32>,
 ) -> anyhow::Result<Outcome> {
     let mut settings = mode.settings().to_vec();
     if v == Variant::PgIvm {
         settings.push(("shared_preload_libraries", "pg_ivm"));
     }
-    let pg: PgServer = server(&settings)?;
+    let mut pg: PgServer = server_at(version, &settings)?;
+    // Before anything connects: starting a standby restarts its primary. Durable or not
+    // as the primary is.
+    let standby = if v == Variant::Standby {
+        let options = mode
+            .settings()
+            .iter()
+            .fold(PgServer::builder(), |b, (k, val)| b.setting(*k, *val));
+        Some(
+            pg.start_standby(options)
+                .context("starting a hot standby of the primary")?,
+        )
+    } else {
+        None
+    };
     pg.psql(READINGS)?;
     pg.psql(&keys.seed(rows))?;
     match v {
@@ -578,6 +657,14 @@ fn run_variant(
         }
         Variant::Freshen | Variant::FreshenArrays | Variant::FreshenQuery => {
             pg.psql(FRESHEN)?;
+        }
+        Variant::Standby => {
+            pg.psql(FRESHEN)?;
+            // On the primary, under freshen's default name: a standby is read-only, so
+            // freshen uses it as it is (`publication_mode = "existing"`).
+            pg.psql(
+                "CREATE PUBLICATION freshen FOR TABLE readings WITH (publish_via_partition_root = true)",
+            )?;
         }
         Variant::QueryIdentity => {
             pg.psql(IDENTITY)?;
@@ -611,6 +698,9 @@ fn run_variant(
         }
     }
     pg.psql("VACUUM ANALYZE")?;
+    if let Some(sb) = &standby {
+        replayed(&pg, sb)?;
+    }
     // pgoutput's `binary` option (PostgreSQL 14+): values in their types' send format.
     let binary: &[&str] = if v == Variant::DecodeBinary {
         &["-o", "binary=true"]
@@ -640,6 +730,9 @@ fn run_variant(
     };
     let bench = Bench::of(&pg);
     let url = pg.url();
+    let standby_url = standby.as_ref().map(PgServer::url);
+    let (data, standby_data) = (pg.data_dir(), standby.as_ref().map(PgServer::data_dir));
+    let major = pg.major_version();
     let rt = runtime()?;
     let out = rt.block_on(async {
         let admin = connect(&url).await?;
@@ -663,6 +756,9 @@ fn run_variant(
             Variant::FreshenQuery | Variant::QueryIdentity | Variant::QueryColumns => {
                 Some(query_config(&url, None, "100ms", "5s", true))
             }
+            Variant::Standby => standby_url
+                .as_deref()
+                .map(|s| standby_query_config(s, &url, "100ms", "5s", true)),
             _ => None,
         };
         // Before freshen starts, so that every variant's counts include its start-up
@@ -687,7 +783,26 @@ fn run_variant(
             (None, false) => None,
         };
         let sampler = Sampler::start(&url).await?;
+        // (s): the standby's decoding walsender, read through a connection of its own
+        // whose backend's CPU is taken out of the standby's.
+        let on_standby = match &standby_url {
+            Some(u) => {
+                let c = connect(u).await?;
+                let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+                let roles = Sample::take(&c, None).await?;
+                Some((c, pid as u32, roles))
+            }
+            None => None,
+        };
+        let standby_cpu = || {
+            on_standby
+                .as_ref()
+                .zip(standby_data.as_ref())
+                .map(|((_, pid, _), d)| server_cpu(d).saturating_sub(process_cpu(*pid)))
+        };
+        let standby0 = standby_cpu();
         let roles0 = Sample::take(&admin, reader).await?;
+        let primary0 = server_cpu(&data);
         let (cpu0, check0, sample0) = (tree_cpu(), process_cpu(checker), process_cpu(sampler.pid));
         let (b, l) = (bench.clone(), load.clone());
         let result =
@@ -709,11 +824,23 @@ fn run_variant(
         if reader == Some(std::process::id()) {
             split.reader = split.reader.saturating_sub(own_cpu);
         }
+        let checked = process_cpu(checker).saturating_sub(check0);
         let cpu = tree_cpu()
             .saturating_sub(cpu0)
-            .saturating_sub(process_cpu(checker).saturating_sub(check0))
+            .saturating_sub(checked)
             .saturating_sub(sampled)
             .saturating_sub(own_cpu);
+        let primary = server_cpu(&data)
+            .saturating_sub(primary0)
+            .saturating_sub(checked)
+            .saturating_sub(sampled);
+        let standby_spent = match (&on_standby, standby0, standby_cpu()) {
+            (Some((c, _, roles0)), Some(a), Some(b)) => Some((
+                b.saturating_sub(a),
+                Sample::take(c, None).await?.since(roles0).walsender,
+            )),
+            _ => None,
+        };
         let _ = stop_tx.send(true);
         if let Some(t) = mv {
             t.await??;
@@ -749,7 +876,14 @@ fn run_variant(
             _ => None,
         };
         let tx = result.transactions.max(1);
+        let per_tx = |d: Duration| d / u32::try_from(tx).unwrap_or(u32::MAX);
         anyhow::Ok(Outcome {
+            primary_per_tx: per_tx(primary),
+            standby: standby_spent.map(|(total, walsender)| StandbyCpu {
+                total: per_tx(total),
+                walsender: per_tx(walsender),
+            }),
+            major,
             wal_per_tx: wal as f64 / tx as f64,
             derived,
             cpu_per_tx: cpu / u32::try_from(tx).unwrap_or(u32::MAX),
@@ -798,12 +932,28 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
         vars: vec![("rows".into(), rows.to_string())],
     };
     let mut variants = chosen(variants)?;
-    if variants.contains(&Variant::PgIvm) && !pg_ivm_installed(&PgServer::find_bin_dir()?) {
+    // (s) needs 16 or later: then every row runs that version, to compare on one build.
+    let version = variants
+        .contains(&Variant::Standby)
+        .then(|| PgServer::find_major_version().map_or(STANDBY_MAJOR, |m| m.max(STANDBY_MAJOR)));
+    let builder = match version {
+        Some(v) => PgServer::builder().version(v),
+        None => PgServer::builder(),
+    };
+    let bin_dir = builder.bin_dir().with_context(|| {
+        format!(
+            "(s) decodes on a standby: PostgreSQL {STANDBY_MAJOR} or later, every row of the run \
+             on it (leave s out of {VARIANTS_ENV} to run without)"
+        )
+    })?;
+    let bin_dir = std::fs::canonicalize(&bin_dir).unwrap_or(bin_dir);
+    if variants.contains(&Variant::PgIvm) && !pg_ivm_installed(&bin_dir) {
         variants.retain(|v| *v != Variant::PgIvm);
         println!(
-            "(f) pg_ivm not run: it is not installed for these server binaries \
-             (not packaged for Debian 12: build and install it from its public source \
-             against postgresql-server-dev-15)\n"
+            "(f) pg_ivm not run: it is not installed for these server binaries ({}; \
+             not packaged for Debian 12: build and install it from its public source \
+             against the server's headers)\n",
+            bin_dir.display()
         );
     }
     let spread = match keys {
@@ -819,7 +969,7 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
             variants.iter().map(|v| (*v, Vec::new())).collect();
         for round in 0..rounds {
             for (v, outs) in &mut results {
-                let o = run_variant(mode, keys, *v, rows, &load)?;
+                let o = run_variant(mode, keys, *v, rows, &load, version)?;
                 eprintln!(
                     "  write-tax {keys:?} {mode:?} round {}/{rounds}: {:<62} {:>7.0} tps",
                     round + 1,
@@ -831,13 +981,21 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
         }
         println!("### {}\n", mode.label());
         table(&results);
+        let major = results
+            .iter()
+            .find_map(|(_, o)| o.first().map(|o| o.major))
+            .unwrap_or_default();
         println!(
-            "\n{} clients, {secs} s per run, {rows} readings to start, {spread}; mix: 40% insert, \
+            "\nPostgreSQL {major} ({}). {} clients, {secs} s per run, {rows} readings to start, {spread}; mix: 40% insert, \
              30% update, 20% move to another device, 10% delete. Median TPS of {rounds} alternating rounds, \
              a fresh server per run ({:.0} s in all). CPU per tx: user + system time of every process of \
              the run (server, pgbench, freshen, pg_recvlogical, the matview refresher; not the truth \
              checks or the wait sampler) from the start of the load until the derived table had caught up, per committed \
-             transaction — steadier than TPS when other work shares the machine. Writer latency: \
+             transaction — steadier than TPS when other work shares the machine. The primary server's CPU \
+             per tx: the same for the primary's processes alone (postmaster and backends, live or gone: the \
+             writers', the walsender — for (s) the physical one feeding the standby —, freshen's rebuild \
+             backends; not pgbench, freshen's process, pg_recvlogical). (s): the standby's processes the \
+             same way, of which its walsender decoding for freshen. Writer latency: \
              p50 / p99 of every transaction of the run (pgbench's log), median over the rounds. \
              Writers' backends: pgbench's backends sampled every 5 ms during the load (running: active \
              with no wait event, on a CPU or waiting for one; client: idle between statements, until \
@@ -849,7 +1007,9 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
              device_totals writes: row versions inserted / updated (HOT) / deleted from before freshen's \
              start-up sweep of every device (which (e) finds unchanged and does not write) until the end; dead \
              tuples: what autovacuum had not removed by then. \
-             Goal: (d) ≥ 0.95× of (a), ahead of (b) and (c).\n",
+             Goal: (d) ≥ 0.95× of (a), ahead of (b) and (c); (s): the primary server's CPU per tx \
+             ≤ 0.8× (b)'s, and TPS above (b)'s.\n",
+            bin_dir.display(),
             load.clients,
             t0.elapsed().as_secs_f64()
         );
@@ -862,11 +1022,25 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
     let cpu_of =
         |outs: &[Outcome]| median(outs.iter().map(|o| o.cpu_per_tx.as_secs_f64()).collect());
     let base_cpu = cpu_of(&results[0].1);
+    let primary_of = |outs: &[Outcome]| {
+        median(
+            outs.iter()
+                .map(|o| o.primary_per_tx.as_secs_f64())
+                .collect(),
+        )
+    };
+    let triggers = results
+        .iter()
+        .find(|(v, _)| *v == Variant::Triggers)
+        .map(|(_, outs)| primary_of(outs));
     let mut t = Table::new(&[
         "variant",
         "CPU per tx (median)",
         "vs (a)",
-        "of which walsender / freshen's backends / reader process / rest",
+        "of which walsender ((s): the primary's physical one) / freshen's backends / reader process / rest",
+        "the primary server's CPU per tx",
+        "vs (b)",
+        "(s) the standby's CPU per tx (of which its decoding walsender)",
         "TPS (median)",
         "vs (a)",
         "writer latency p50 / p99",
@@ -902,6 +1076,11 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
             format!("{:.0} µs", cpu_of(outs) * 1e6),
             format!("{:.2}×", cpu_of(outs) / base_cpu.max(1e-12)),
             split(outs),
+            format!("{:.0} µs", primary_of(outs) * 1e6),
+            triggers.map_or("–".into(), |b| {
+                format!("{:.2}×", primary_of(outs) / b.max(1e-12))
+            }),
+            standby(outs),
             format!("{tps:.0}"),
             format!("{:.2}×", tps / base.max(1e-9)),
             latency(outs),
@@ -928,7 +1107,7 @@ fn table(results: &[(Variant, Vec<Outcome>)]) {
 
 /// Median over the rounds of each role's CPU per transaction ("–" for a part the variant
 /// does not have); the rest is everything else: the writers' backends, pgbench, the
-/// server's background processes.
+/// server's background processes — (s)'s standby apart, which has a column of its own.
 fn split(outs: &[Outcome]) -> String {
     let of = |f: fn(&Split) -> Duration| {
         let v = median(outs.iter().map(|o| f(&o.split).as_secs_f64()).collect());
@@ -940,7 +1119,13 @@ fn split(outs: &[Outcome]) -> String {
     };
     let rest = median(
         outs.iter()
-            .map(|o| o.cpu_per_tx.saturating_sub(o.split.total()).as_secs_f64())
+            .map(|o| {
+                let standby = o.standby.map_or(Duration::ZERO, |s| s.total);
+                o.cpu_per_tx
+                    .saturating_sub(o.split.total())
+                    .saturating_sub(standby)
+                    .as_secs_f64()
+            })
             .collect(),
     );
     format!(
@@ -950,6 +1135,22 @@ fn split(outs: &[Outcome]) -> String {
         of(|s| s.reader),
         rest * 1e6
     )
+}
+
+/// (s): the median over the rounds of the standby's CPU per transaction and of its
+/// decoding walsender's part ("–" for the other variants).
+fn standby(outs: &[Outcome]) -> String {
+    let of = |f: fn(&StandbyCpu) -> Duration| {
+        let v: Vec<f64> = outs
+            .iter()
+            .filter_map(|o| o.standby.as_ref().map(|s| f(s).as_secs_f64()))
+            .collect();
+        (!v.is_empty()).then(|| median(v) * 1e6)
+    };
+    match (of(|s| s.total), of(|s| s.walsender)) {
+        (Some(total), Some(walsender)) => format!("{total:.0} µs ({walsender:.0} µs)"),
+        _ => "–".into(),
+    }
 }
 
 /// One group's three most frequent states over all rounds.

@@ -354,6 +354,13 @@ impl PgServerBuilder {
         self.version(run.max(major))
     }
 
+    /// The directory of the server binaries this builder would start, without starting
+    /// one (e.g. to look for an extension installed beside them in `../lib`); fails as
+    /// [`start`](Self::start) would when they are missing, naming what installs them.
+    pub fn bin_dir(&self) -> Result<PathBuf, TestEnvError> {
+        Ok(Binaries::find(self.version)?.dir)
+    }
+
     /// Starts the server.
     pub fn start(self) -> Result<PgServer, TestEnvError> {
         PgServer::launch(self)
@@ -401,7 +408,7 @@ impl PgServer {
     /// The directory of the server binaries a server would be started from, without
     /// starting one (e.g. to look for an extension installed beside them in `../lib`).
     pub fn find_bin_dir() -> Result<PathBuf, TestEnvError> {
-        Ok(Binaries::find(None)?.dir)
+        PgServer::builder().bin_dir()
     }
 
     /// The major version a server started without [`PgServerBuilder::version`] runs

@@ -88,7 +88,7 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "write-tax",
-        about: "OLTP TPS and CPU per tx with no derived table, row triggers, a matview refreshed every second, freshen (hand-written per key and over arrays, query mode); WAL and derived-table writes; staleness and truth at the end",
+        about: "OLTP TPS and CPU per tx with no derived table, row triggers, a matview refreshed every second, freshen (hand-written per key and over arrays, query mode, query mode decoding on a standby: the primary's CPU per tx and the standby's); WAL and derived-table writes; staleness and truth at the end",
         run: write_tax::run,
     },
     Scenario {

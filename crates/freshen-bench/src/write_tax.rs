@@ -949,8 +949,15 @@ fn measure(opts: &Opts, keys: Keys, variants: &[Variant]) -> anyhow::Result<()> 
     let bin_dir = std::fs::canonicalize(&bin_dir).unwrap_or(bin_dir);
     if variants.contains(&Variant::PgIvm) && !pg_ivm_installed(&bin_dir) {
         variants.retain(|v| *v != Variant::PgIvm);
+        let why = match version {
+            Some(v) => format!(
+                "; the run is on PostgreSQL {v} because (s) needs {STANDBY_MAJOR} or later: \
+                 leave s out of {VARIANTS_ENV} for the default server"
+            ),
+            None => String::new(),
+        };
         println!(
-            "(f) pg_ivm not run: it is not installed for these server binaries ({}; \
+            "(f) pg_ivm not run: it is not installed for these server binaries ({}{why}; \
              not packaged for Debian 12: build and install it from its public source \
              against the server's headers)\n",
             bin_dir.display()

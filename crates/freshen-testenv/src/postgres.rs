@@ -1,12 +1,13 @@
 //! `PgServer`: a throwaway PostgreSQL cluster.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
@@ -212,10 +213,16 @@ fn parse_major(version: &str) -> Option<u32> {
 
 /// A freshly initialised cluster directory shared by every server of this process and
 /// later ones (initdb takes most of a second; a copy takes a tenth). Never modified.
+/// One per major version: a process may start servers of several (a benchmark run).
 fn template(bins: &Binaries, run_as: &RunAs) -> Result<PathBuf, TestEnvError> {
-    static TEMPLATE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    TEMPLATE
-        .get_or_init(|| make_template(bins, run_as).map_err(|e| e.to_string()))
+    static TEMPLATES: OnceLock<Mutex<HashMap<u32, Result<PathBuf, String>>>> = OnceLock::new();
+    let mut templates = TEMPLATES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    templates
+        .entry(bins.major)
+        .or_insert_with(|| make_template(bins, run_as).map_err(|e| e.to_string()))
         .clone()
         .map_err(|reason| TestEnvError::StartFailed {
             reason: format!("could not prepare the cluster template: {reason}"),

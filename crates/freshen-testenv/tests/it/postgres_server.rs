@@ -122,6 +122,21 @@ fn starts_the_version_asked_for() {
 }
 
 #[test]
+fn one_process_starts_servers_of_two_versions() {
+    // A benchmark run starts the default server and, for one scenario, another major
+    // version: each must get its own cluster template.
+    let major = PgServer::find_major_version().expect("an installed PostgreSQL");
+    let other = if major == 16 { 17 } else { 16 };
+    for v in [major, other, major] {
+        let pg = PgServer::builder().version(v).start().unwrap_or_else(|e| {
+            panic!("start PostgreSQL {v} (other versions: scripts/test-deps-postgres): {e}")
+        });
+        let num: u32 = pg.psql("SHOW server_version_num").unwrap().parse().unwrap();
+        assert_eq!(num / 10_000, v);
+    }
+}
+
+#[test]
 fn a_standby_streams_holds_back_and_promotes() {
     let mut primary = PgServer::start().expect("start PostgreSQL");
     let standby = primary

@@ -190,7 +190,7 @@ impl TableIdentity {
                 "{} has REPLICA IDENTITY {} on ({}): an UPDATE that changes the scope columns \
                  ({}) but not the key sends no former image, and a DELETE sends only the key, \
                  so the scope the row left is never rebuilt (only a reconcile sweep heals it). \
-                 Run: {fix}",
+                 Run: {fix} (or the cheaper identity index `freshen check` proposes)",
                 self.table,
                 self.identity,
                 self.key_columns.join(", "),

@@ -249,6 +249,9 @@ async fn acknowledge_gaps(
     // them, never a restart bringing back what the view no longer shows.
     if let Some(keeper) = &v.gaps {
         let seen = v.handle.stats().unhealed_gaps;
+        // Kept gaps the refresher has not taken in are not acknowledged yet (it reports
+        // none meanwhile): this only lets the keeper stop showing them once it has.
+        keeper.unhealed(seen.clone());
         keeper
             .forget(&seen)
             .await

@@ -23,6 +23,10 @@ pub struct GapKeeper {
     view: String,
     /// The tables the view declares (direct and fan-out entries).
     watched: Vec<(String, String)>,
+    /// The kept gaps' lines until the refresher reports a gap itself (the kept ones come
+    /// first, so by then it has them): the view shows these meanwhile, so a restart never
+    /// looks healthy before the refresher has taken them in.
+    pending: std::sync::Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for GapKeeper {
@@ -47,6 +51,7 @@ impl GapKeeper {
                     .iter()
                     .map(|w| (w.schema.clone(), w.table.clone()))
                     .collect(),
+                pending: std::sync::Mutex::default(),
             })
         })
     }
@@ -71,9 +76,30 @@ impl GapKeeper {
         self.ledger.forget(&self.view, lines).await
     }
 
+    /// What the view reports as unhealed, given what its refresher reports: the
+    /// refresher's lines once it has any (the kept gaps are then among them), else the
+    /// kept gaps it has not taken in yet.
+    pub fn unhealed(&self, reported: Vec<String>) -> Vec<String> {
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if reported.is_empty() {
+            pending.clone()
+        } else {
+            pending.clear();
+            reported
+        }
+    }
+
     /// `inner` with `kept` coming first and every gap concerning the view recorded
     /// before its batch goes on.
     pub fn source(self: &Arc<Self>, inner: Box<dyn Source>, kept: Vec<Gap>) -> Box<dyn Source> {
+        *self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            kept.iter().map(ToString::to_string).collect();
         Box::new(Keeping {
             inner,
             keeper: self.clone(),
@@ -219,6 +245,24 @@ mod tests {
         assert!(k.concerns(&Gap::new("public", "orders", "x")));
         assert!(k.concerns(&Gap::new("", "", "a table the source cannot name")));
         assert!(!k.concerns(&Gap::new("public", "other", "x")));
+    }
+
+    #[test]
+    fn kept_gaps_show_until_the_refresher_reports_gaps_itself() {
+        let ledger: Arc<dyn GapLedger> = Arc::new(Memory::default());
+        let keeper = GapKeeper::for_view(&ledger, &view(false)).unwrap();
+        let (_feed, inner) = freshen::channel(1);
+        let kept = vec![Gap::new("public", "orders", "from before")];
+        let _source = keeper.source(Box::new(inner), kept);
+        let line = vec!["public.orders: from before".to_owned()];
+        // Just after a start the refresher reports nothing yet: the view shows the kept.
+        assert_eq!(keeper.unhealed(Vec::new()), line);
+        assert_eq!(keeper.unhealed(Vec::new()), line, "as often as it is asked");
+        // Once the refresher reports gaps, its lines are the view's, and stay so after
+        // a person acknowledged them.
+        let reported = vec!["public.orders: from before; minimal image".to_owned()];
+        assert_eq!(keeper.unhealed(reported.clone()), reported);
+        assert!(keeper.unhealed(Vec::new()).is_empty());
     }
 
     #[tokio::test]

@@ -386,8 +386,11 @@ impl Readout for Observer {
         self.views
             .iter()
             .enumerate()
-            .map(|(i, (name, h, scope, stale_after, _))| {
-                let stats = h.stats();
+            .map(|(i, (name, h, scope, stale_after, keeper))| {
+                let mut stats = h.stats();
+                if let Some(keeper) = keeper {
+                    stats.unhealed_gaps = keeper.unhealed(std::mem::take(&mut stats.unhealed_gaps));
+                }
                 ViewStats {
                     name: name.clone(),
                     recent: self.recent(i, &stats.freshness),

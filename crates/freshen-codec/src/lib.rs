@@ -70,6 +70,7 @@ mod debezium_encode;
 mod decoded;
 mod error;
 mod format;
+mod hex;
 mod json;
 mod key_change;
 mod redact;

@@ -247,7 +247,12 @@ impl Redactor {
             .iter()
             .filter_map(|c| rules.iter().find(|(_, r)| r.column == *c).map(|(_, r)| *r))
             .collect();
-        (!covering.is_empty()).then(|| SealKey::for_rules(&covering))
+        // The first `hash` rule's key, in column order: a restart with it opens the token.
+        let secret = covering.iter().find_map(|r| match &r.action {
+            Action::Hash(k) => Some(k.bytes()),
+            _ => None,
+        });
+        (!covering.is_empty()).then(|| SealKey::for_secret(secret))
     }
 
     /// The rules naming the table, each with its index.
@@ -373,17 +378,7 @@ pub fn hmac_hex(key: &HashKey, text: &str) -> String {
         unreachable!("HMAC accepts keys of every length");
     });
     mac.update(text.as_bytes());
-    hex(&mac.finalize().into_bytes())
-}
-
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
-        out.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
-    }
-    out
+    crate::hex::encode(&mac.finalize().into_bytes())
 }
 
 #[cfg(test)]
@@ -393,6 +388,23 @@ mod tests {
 
     fn key(k: &str) -> HashKey {
         HashKey::new(k.as_bytes().to_vec())
+    }
+
+    /// A position is sealed under the first `hash` rule's key among its columns (so a
+    /// restart with that key opens it), and under this process's key where only other
+    /// rules cover them.
+    #[test]
+    fn the_first_hash_rule_over_a_position_gives_its_key() {
+        let k = "a key of sixteen bytes or more";
+        let r = Redactor::new(vec![
+            RedactRule::new("t", "a", Action::Drop),
+            RedactRule::new("t", "b", Action::Hash(key(k))),
+        ]);
+        assert!(r.seal_key("public", "t", &["a"]) == Some(SealKey::Process));
+        assert!(
+            r.seal_key("public", "t", &["a", "b"]) == Some(SealKey::for_secret(Some(k.as_bytes())))
+        );
+        assert!(r.seal_key("public", "t", &["c"]).is_none());
     }
 
     fn event(email: &str) -> RowEvent {

@@ -26,7 +26,7 @@ use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 use sha2::Sha256;
 
-use crate::redact::{Action, HashKey, RedactRule, hex};
+use crate::hex;
 
 /// What a sealed position starts with (and its format's version).
 pub const SEALED_PREFIX: &str = "sealed1:";
@@ -44,17 +44,10 @@ pub(crate) enum SealKey {
 }
 
 impl SealKey {
-    /// The key for a position over columns that `rules` (those of its table that name
-    /// one of its columns, in column order) hide: the first `hash` rule's, else this
-    /// process's.
-    pub(crate) fn for_rules(rules: &[&RedactRule]) -> SealKey {
-        rules
-            .iter()
-            .find_map(|r| match &r.action {
-                Action::Hash(k) => Some(SealKey::Derived(derive(k))),
-                _ => None,
-            })
-            .unwrap_or(SealKey::Process)
+    /// The key derived from `secret` (the hash key of the first `hash` rule over the
+    /// position's columns); without one, this process's.
+    pub(crate) fn for_secret(secret: Option<&[u8]>) -> SealKey {
+        secret.map_or(SealKey::Process, |k| SealKey::Derived(derive(k)))
     }
 
     fn bytes(self) -> Option<[u8; 32]> {
@@ -65,9 +58,9 @@ impl SealKey {
     }
 }
 
-fn derive(key: &HashKey) -> [u8; 32] {
+fn derive(key: &[u8]) -> [u8; 32] {
     // HMAC takes a key of any length: no error can happen.
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.bytes()).unwrap_or_else(|_| {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| {
         unreachable!("HMAC accepts keys of every length");
     });
     mac.update(LABEL);
@@ -129,7 +122,7 @@ pub(crate) fn seal(
     }
     let mut bytes = nonce.to_vec();
     bytes.extend_from_slice(&data);
-    format!("{SEALED_PREFIX}{}", hex(&bytes))
+    format!("{SEALED_PREFIX}{}", hex::encode(&bytes))
 }
 
 /// The position `token` holds, if `key` sealed it for `schema.table`'s `columns`.
@@ -140,7 +133,7 @@ pub(crate) fn open(
     columns: &[&str],
     token: &str,
 ) -> Option<Vec<String>> {
-    let mut bytes = unhex(token.strip_prefix(SEALED_PREFIX)?)?;
+    let mut bytes = hex::decode(token.strip_prefix(SEALED_PREFIX)?)?;
     if bytes.len() < NONCE_LEN {
         return None;
     }
@@ -154,22 +147,12 @@ pub(crate) fn open(
     (position.len() == columns.len()).then_some(position)
 }
 
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn keyed(k: &str) -> SealKey {
-        SealKey::Derived(derive(&HashKey::new(k.as_bytes().to_vec())))
+        SealKey::Derived(derive(k.as_bytes()))
     }
 
     fn pos(v: &[&str]) -> Vec<String> {
@@ -233,14 +216,9 @@ mod tests {
     }
 
     #[test]
-    fn the_first_hash_rule_gives_the_key() {
-        let hash = RedactRule::new(
-            "t",
-            "b",
-            Action::Hash(HashKey::new(b"a key of sixteen bytes or more".to_vec())),
-        );
-        let mask = RedactRule::new("t", "a", Action::Drop);
-        assert!(SealKey::for_rules(&[&mask]) == SealKey::Process);
-        assert!(SealKey::for_rules(&[&mask, &hash]) == keyed("a key of sixteen bytes or more"));
+    fn a_secret_gives_a_derived_key_and_none_the_process_key() {
+        assert!(SealKey::for_secret(None) == SealKey::Process);
+        let k = "a key of sixteen bytes or more";
+        assert!(SealKey::for_secret(Some(k.as_bytes())) == keyed(k));
     }
 }

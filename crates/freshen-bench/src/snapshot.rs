@@ -226,10 +226,10 @@ async fn run_async(opts: &Opts) -> anyhow::Result<()> {
         let cf = cf.clone();
         let stop = stopped(stop_rx.clone());
         let source = SnapshotSource::new(
-            pool,
+            std::sync::Arc::new(freshen_postgres::PgChunkReader::new(pool)),
             vec![
-                TableName::new("public", "snap"),
-                TableName::new("public", "snap_small"),
+                ("public".to_owned(), "snap".to_owned()),
+                ("public".to_owned(), "snap_small".to_owned()),
             ],
         );
         tokio::spawn(async move { cf.run_snapshots(source, stop).await })

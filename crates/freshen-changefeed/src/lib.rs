@@ -67,7 +67,7 @@
 //!   since the changefeed started, it was deleted, or retention removed its last
 //!   event), the event keeps `"unchanged_columns"` and says `"partial":true`: `value`
 //!   is then not the whole row. Never a `null` for an unknown value.
-//!   `freshen check` (`freshen_postgres::needs_full_identity`) tells which tables need
+//!   `freshen check` tells which tables need
 //!   `REPLICA IDENTITY FULL` to avoid partial events altogether.
 //! - **Gaps**: when events after a reader's position were deleted before it read them
 //!   (retention with `unacknowledged = "drop"`, or an explicit delete), the reader is

@@ -29,34 +29,35 @@
 //! At most one chunk is in flight, so memory is bounded by `snapshot_chunk_rows`, and
 //! `snapshot_pause_ms` spaces chunks out to bound the load on the source.
 //!
-//! The chunk loop (watermarks, SELECT, waiting for the high watermark) is
-//! [`freshen_postgres::snapshot_table`], shared with the sinks' snapshots; this module
-//! holds the chunk for the capture loop and puts it into the log.
+//! The chunk loop (watermarks, SELECT, waiting for the high watermark) is the source's:
+//! its plug hands out a [`ChunkReader`] (PostgreSQL's shares the loop with the sinks'
+//! snapshots). This module holds each chunk for the capture loop and puts it into the
+//! log, so a changefeed over any source whose plug reads chunks can snapshot.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use freshen::{Backoff, Jitter, Op, RowEvent, StreamMark};
-pub(crate) use freshen_postgres::ChunkCheck;
-use freshen_postgres::{
-    ChunkConsumer, ChunkIds, DriverError, HeldChunk, PgAdmin, PgError, Pool, TableEvent, TableName,
-    TablePattern, TableReader, WATERMARK_PREFIX, WATERMARK_WAIT, high_mark,
+use freshen::plug::{
+    Chunk, ChunkAnswer, ChunkEvent, ChunkHolder, ChunkReader, ChunkView, ReadError, Redact,
+    TableSnapshot, WATERMARK_PREFIX, resolve_tables,
 };
-pub use freshen_postgres::{SnapshotProgress, SnapshotState};
+use freshen::{Backoff, BoxError, BoxFuture, Jitter, Op, RowEvent, StreamMark};
 use tokio::sync::{Notify, oneshot};
 
 use crate::record::unix_ms;
 use crate::store::{SnapshotRecord, store_key};
 use crate::writer::{Request, WriteOp};
 use crate::{Changefeed, Error, SnapshotMode};
+pub use freshen_codec::{SnapshotProgress, SnapshotState};
 
 /// A chunk read and waiting for its high watermark.
 struct InFlight {
-    id: String,
+    /// The content of the high watermark that ends it.
+    high: Box<[u8]>,
     rows: Vec<RowEvent>,
-    check: ChunkCheck,
+    check: Arc<dyn ChunkView>,
     /// The table's progress once the chunk is in the log (counts added by the writer).
     next: SnapshotProgress,
     /// A TRUNCATE of the table came by meanwhile.
@@ -75,12 +76,12 @@ pub(crate) struct Snapshots {
     /// Records changed at open (a finished snapshot's position dropped), to store again.
     scrubbed: Mutex<Vec<String>>,
     /// The tables the driver may read (the source's), once it runs.
-    tables: Mutex<Option<Vec<TableName>>>,
+    tables: Mutex<Option<Vec<Table>>>,
     wake: Notify,
-    /// Ids of this process's chunks (which tell its watermarks from older runs' and
-    /// other feeds').
-    ids: ChunkIds,
 }
+
+/// A table as the source names it: `(schema, table)`.
+type Table = (String, String);
 
 impl Snapshots {
     pub(crate) fn new(
@@ -115,7 +116,6 @@ impl Snapshots {
             scrubbed: Mutex::new(scrubbed),
             tables: Mutex::new(None),
             wake: Notify::new(),
-            ids: ChunkIds::new(""),
         }
     }
 
@@ -145,18 +145,16 @@ impl Snapshots {
     /// The in-flight chunk whose high watermark `mark` is, taken.
     fn take_at(&self, mark: &StreamMark) -> Option<InFlight> {
         let mut g = self.lock_in_flight();
-        if g.as_ref()
-            .is_some_and(|f| high_mark(&f.id).as_bytes() == &*mark.content)
-        {
+        if g.as_ref().is_some_and(|f| f.high == mark.content) {
             g.take()
         } else {
             None
         }
     }
 
-    fn unregister(&self, id: &str) {
+    fn unregister(&self, high: &[u8]) {
         let mut g = self.lock_in_flight();
-        if g.as_ref().is_some_and(|f| f.id == id) {
+        if g.as_ref().is_some_and(|f| *f.high == *high) {
             *g = None;
         }
     }
@@ -180,16 +178,17 @@ impl Snapshots {
     }
 }
 
-/// Where snapshots read from: the source database (a pool of SQL connections) and the
-/// tables the changefeed captures (only those: a table the stream does not carry could
-/// not be checked against its changes).
+/// Where snapshots read from: the source's chunk reader
+/// ([`freshen::plug::SourcePlug::chunk_reader`]) and the tables the changefeed captures
+/// (only those: a table the stream does not carry could not be checked against its
+/// changes).
 #[derive(Debug, Clone)]
 pub struct SnapshotSource {
-    pool: Pool,
-    tables: Vec<TableName>,
+    reader: Arc<dyn ChunkReader>,
+    tables: Vec<Table>,
     /// The source's `[source] tables` patterns: their tables are looked up in the
     /// catalog at start and every `discover_every`.
-    patterns: Vec<TablePattern>,
+    patterns: Vec<String>,
     discover_every: Duration,
 }
 
@@ -197,43 +196,15 @@ pub struct SnapshotSource {
 pub const DISCOVER_EVERY: Duration = Duration::from_secs(10);
 
 impl SnapshotSource {
-    /// Reads from `pool`, for `tables`.
-    pub fn new(pool: Pool, tables: Vec<TableName>) -> SnapshotSource {
+    /// Reads with `reader` — the source's, whose stream the capture carries — for
+    /// `tables` (`(schema, table)`).
+    pub fn new(reader: Arc<dyn ChunkReader>, tables: Vec<(String, String)>) -> SnapshotSource {
         SnapshotSource {
-            pool,
+            reader,
             tables,
             patterns: Vec::new(),
             discover_every: DISCOVER_EVERY,
         }
-    }
-
-    /// Reads from the database at `url` — the source's, a PostgreSQL one whose WAL the
-    /// capture streams — for `tables` (`(schema, table)`), and, with `discovery`, every
-    /// table its patterns select ([`discovering`](Self::discovering)).
-    pub fn connect(
-        url: &str,
-        tables: Vec<(String, String)>,
-        discovery: Option<&freshen::plug::Discovery>,
-    ) -> Result<SnapshotSource, freshen::BoxError> {
-        let conn = freshen_postgres::ConnectionConfig::from_url(url)
-            .map_err(|e| format!("the source URL is not usable: {e}"))?;
-        let pool = freshen_postgres::connect_pool(&conn, 1)
-            .map_err(|e| format!("cannot set up the snapshot connection: {e}"))?;
-        let tables = tables
-            .into_iter()
-            .map(|(schema, table)| TableName::new(schema, table))
-            .collect();
-        let source = SnapshotSource::new(pool, tables);
-        Ok(match discovery {
-            Some(d) => source.discovering(
-                d.patterns
-                    .iter()
-                    .filter_map(|p| TablePattern::parse(p)?.ok())
-                    .collect(),
-                d.every,
-            ),
-            None => source,
-        })
     }
 
     /// Also every table `patterns` select (the source's `"all"`, `"schema.*"`,
@@ -242,7 +213,7 @@ impl SnapshotSource {
     /// moved into a captured schema with rows in it (`ALTER TABLE … SET SCHEMA`) — is
     /// logged as discovered and, with `snapshot = "initial"`, snapshotted, which the
     /// stream alone cannot do for rows that were there before it was captured.
-    pub fn discovering(mut self, patterns: Vec<TablePattern>, every: Duration) -> SnapshotSource {
+    pub fn discovering(mut self, patterns: Vec<String>, every: Duration) -> SnapshotSource {
         self.patterns = patterns;
         self.discover_every = every.max(Duration::from_millis(10));
         self
@@ -282,12 +253,12 @@ impl Changefeed {
                     "snapshots need the changefeed to capture from PostgreSQL".to_owned(),
                 )
             })?;
-        let resolved = freshen_postgres::resolve_tables(&known, tables).map_err(Error::Invalid)?;
+        let resolved = resolve_tables(&known, tables).map_err(Error::Invalid)?;
         self.begin_snapshots(&resolved).await?;
         let p = self.snapshots.lock_progress();
         Ok(resolved
             .iter()
-            .filter_map(|t| p.get(&store_key(&t.schema, &t.name)).cloned())
+            .filter_map(|(schema, table)| p.get(&store_key(schema, table)).cloned())
             .collect())
     }
 
@@ -305,17 +276,17 @@ impl Changefeed {
     }
 
     /// Records `tables` as pending (unless already under way) and wakes the driver.
-    async fn begin_snapshots(&self, tables: &[TableName]) -> Result<(), Error> {
+    async fn begin_snapshots(&self, tables: &[Table]) -> Result<(), Error> {
         let now = unix_ms(SystemTime::now());
         let mut fresh = Vec::new();
         {
             let p = self.snapshots.lock_progress();
             for t in tables {
                 let under_way = p
-                    .get(&store_key(&t.schema, &t.name))
+                    .get(&store_key(&t.0, &t.1))
                     .is_some_and(|p| p.state != SnapshotState::Done);
                 if !under_way {
-                    fresh.push(SnapshotProgress::new(t, now));
+                    fresh.push(SnapshotProgress::new(&t.0, &t.1, now));
                 }
             }
         }
@@ -356,12 +327,12 @@ impl Changefeed {
             .unwrap_or_else(|p| p.into_inner()) = Some(source.tables.clone());
         self.seal_stored(&source).await?;
         if self.snapshots.mode == SnapshotMode::Initial {
-            let missing: Vec<TableName> = {
+            let missing: Vec<Table> = {
                 let p = self.snapshots.lock_progress();
                 source
                     .tables
                     .iter()
-                    .filter(|t| !p.contains_key(&store_key(&t.schema, &t.name)))
+                    .filter(|(schema, table)| !p.contains_key(&store_key(schema, table)))
                     .cloned()
                     .collect()
             };
@@ -370,7 +341,7 @@ impl Changefeed {
         let backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         let mut jitter = Jitter::from_clock();
         let mut failures = 0u32;
-        let mut discovered: Option<Vec<TableName>> = None;
+        let mut discovered: Option<Vec<Table>> = None;
         let mut next_discovery = tokio::time::Instant::now();
         loop {
             if !source.patterns.is_empty() && tokio::time::Instant::now() >= next_discovery {
@@ -421,8 +392,7 @@ impl Changefeed {
     async fn seal_stored(&self, source: &SnapshotSource) -> Result<(), Error> {
         let stored: Vec<SnapshotProgress> =
             self.snapshots.lock_progress().values().cloned().collect();
-        let redact =
-            (!self.redactor().is_empty()).then(|| self.redactor() as &dyn freshen::plug::Redact);
+        let redact = (!self.redactor().is_empty()).then(|| self.redactor() as &dyn Redact);
         let scrubbed = std::mem::take(
             &mut *self
                 .snapshots
@@ -431,12 +401,16 @@ impl Changefeed {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         let mut changed = Vec::new();
-        for mut p in stored {
+        for p in stored {
             // A failure (the source unreachable) leaves the record to the driver, which
             // seals it before it reads the table.
-            let sealed = freshen_postgres::seal_stored(&source.pool, redact, &mut p)
+            let mut t = TableSnapshot::from(p);
+            let sealed = source
+                .reader
+                .seal_stored(redact, &mut t)
                 .await
                 .unwrap_or(false);
+            let p = SnapshotProgress::from(t);
             if sealed || scrubbed.contains(&p.store_key()) {
                 changed.push(p);
             }
@@ -460,10 +434,9 @@ impl Changefeed {
     async fn discover(
         &self,
         source: &SnapshotSource,
-        discovered: &mut Option<Vec<TableName>>,
+        discovered: &mut Option<Vec<Table>>,
     ) -> Result<(), Error> {
-        let admin = PgAdmin::from_pool(source.pool.clone());
-        let found = match admin.selected_tables(&source.patterns).await {
+        let found = match source.reader.selected(&source.patterns).await {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(error = %e, "changefeed: cannot read the tables the source's patterns select; trying again later");
@@ -472,12 +445,12 @@ impl Changefeed {
         };
         let at_start = discovered.is_none();
         let discovered = discovered.get_or_insert_with(Vec::new);
-        let fresh: Vec<TableName> = found
+        let fresh: Vec<Table> = found
             .iter()
             .filter(|t| !discovered.contains(t) && !source.tables.contains(t))
             .cloned()
             .collect();
-        let gone: Vec<TableName> = discovered
+        let gone: Vec<Table> = discovered
             .iter()
             .filter(|t| !found.contains(t))
             .cloned()
@@ -500,10 +473,11 @@ impl Changefeed {
         }
         let mut wanted = Vec::new();
         for t in &fresh {
+            let name = format!("{}.{}", t.0, t.1);
             if at_start {
-                tracing::debug!(table = %t, "changefeed: captured through a [source] tables pattern");
+                tracing::debug!(table = %name, "changefeed: captured through a [source] tables pattern");
             } else {
-                tracing::info!(table = %t, "changefeed: discovered a table (by a [source] tables pattern); it is captured from now on");
+                tracing::info!(table = %name, "changefeed: discovered a table (by a [source] tables pattern); it is captured from now on");
             }
             if self.snapshots.mode != SnapshotMode::Initial {
                 continue;
@@ -511,16 +485,16 @@ impl Changefeed {
             if self
                 .snapshots
                 .lock_progress()
-                .contains_key(&store_key(&t.schema, &t.name))
+                .contains_key(&store_key(&t.0, &t.1))
             {
                 continue;
             }
             // A table the snapshot cannot read (no primary key) would retry forever
             // ahead of the others: said once and left out.
-            match TableReader::new(source.pool.clone(), t.clone()).await {
-                Ok(_) => wanted.push(t.clone()),
+            match source.reader.readable(t).await {
+                Ok(()) => wanted.push(t.clone()),
                 Err(e) => {
-                    tracing::error!(table = %t, error = %e, "changefeed: cannot snapshot a discovered table; its rows that were there before stay out of the log (its changes stream)")
+                    tracing::error!(table = %name, error = %e, "changefeed: cannot snapshot a discovered table; its rows that were there before stay out of the log (its changes stream)")
                 }
             }
         }
@@ -528,13 +502,13 @@ impl Changefeed {
     }
 
     /// Ends the unfinished snapshots of `tables` (which left the selection).
-    async fn abandon(&self, tables: &[TableName]) -> Result<(), Error> {
+    async fn abandon(&self, tables: &[Table]) -> Result<(), Error> {
         let now = unix_ms(SystemTime::now());
         let ended: Vec<SnapshotProgress> = {
             let p = self.snapshots.lock_progress();
             tables
                 .iter()
-                .filter_map(|t| p.get(&store_key(&t.schema, &t.name)))
+                .filter_map(|(schema, table)| p.get(&store_key(schema, table)))
                 .filter(|p| p.state != SnapshotState::Done)
                 .map(|p| {
                     let mut p = p.clone();
@@ -548,29 +522,37 @@ impl Changefeed {
         }
         self.store_progress(&ended).await?;
         for p in ended {
-            tracing::warn!(table = %TableName::new(&p.schema, &p.table), rows = p.rows, "changefeed snapshot ended early: the table left the source's patterns (dropped, renamed or moved)");
+            tracing::warn!(table = %p.table_name(), rows = p.rows, "changefeed snapshot ended early: the table left the source's patterns (dropped, renamed or moved)");
             self.snapshots.set(p);
         }
         Ok(())
     }
 
-    /// Reads one table to its end, chunk by chunk ([`freshen_postgres::snapshot_table`]).
+    /// Reads one table to its end, chunk by chunk ([`ChunkReader::read_table`]).
     async fn snapshot_table(
         &self,
         source: &SnapshotSource,
         progress: SnapshotProgress,
     ) -> Result<(), ChunkError> {
         let s = &self.snapshots;
-        freshen_postgres::snapshot_table(&Feed(self), &source.pool, progress, s.chunk_rows, s.pause)
+        source
+            .reader
+            .read_table(&Feed(self), progress.into(), s.chunk_rows, s.pause)
             .await
             .map_err(|e| match e {
-                DriverError::Stopped => ChunkError::Stopped,
-                DriverError::Source(e) => ChunkError::Source(e.to_string()),
-                DriverError::Unseen => ChunkError::Source(format!(
+                ReadError::Stopped => ChunkError::Stopped,
+                ReadError::Source(e) => ChunkError::Source(e.to_string()),
+                ReadError::Unseen(wait) => ChunkError::Source(format!(
                     "the high watermark did not come through the stream within {}s; is the capture running?",
-                    WATERMARK_WAIT.as_secs()
+                    wait.as_secs()
                 )),
-                DriverError::Consumer(e) => ChunkError::Log(e),
+                // The log's own error, boxed by `Feed::hold`.
+                ReadError::Holder(e) => ChunkError::Log(match e.downcast::<Error>() {
+                    Ok(e) => *e,
+                    Err(e) => Error::Closed {
+                        reason: Some(e.to_string()),
+                    },
+                }),
             })
     }
 
@@ -605,65 +587,65 @@ async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
-/// A changefeed's snapshots: the consumer of the driver's chunks, which go into the log
+/// A changefeed's snapshots: the holder of the reader's chunks, which go into the log
 /// when their high watermark comes through the capture loop ([`Changefeed::submit_chunk_at`]).
 struct Feed<'a>(&'a Changefeed);
 
-impl ChunkConsumer for Feed<'_> {
-    type Error = Error;
-
-    fn chunk_ids(&self) -> &ChunkIds {
-        &self.0.snapshots.ids
-    }
-
-    fn redact(&self) -> Option<&dyn freshen::plug::Redact> {
+impl ChunkHolder for Feed<'_> {
+    fn redact(&self) -> Option<&dyn Redact> {
         let r = self.0.redactor();
-        (!r.is_empty()).then_some(r as &dyn freshen::plug::Redact)
+        (!r.is_empty()).then_some(r as &dyn Redact)
     }
 
-    fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Error>> {
+    fn hold(&self, chunk: Chunk) -> BoxFuture<'static, ChunkAnswer> {
         let (reply, rx) = oneshot::channel();
         *self.0.snapshots.lock_in_flight() = Some(InFlight {
-            id: chunk.id,
+            high: chunk.high,
             rows: chunk.rows,
             check: chunk.check,
-            next: chunk.next,
+            next: chunk.next.into(),
             truncated: false,
             reply,
         });
-        rx
+        Box::pin(async move {
+            let answer = rx.await.ok()?;
+            Some(
+                answer
+                    .map(TableSnapshot::from)
+                    .map_err(|e| Box::new(e) as BoxError),
+            )
+        })
     }
 
-    fn release(&self, id: &str) {
-        self.0.snapshots.unregister(id);
+    fn release(&self, high: &[u8]) {
+        self.0.snapshots.unregister(high);
     }
 
-    fn stopping(&self) -> impl Future<Output = ()> + Send {
-        stopped(self.0.core.stopping())
+    fn stopping(&self) -> BoxFuture<'static, ()> {
+        Box::pin(stopped(self.0.core.stopping()))
     }
 
-    async fn committed(&self, p: &SnapshotProgress) -> Result<(), PgError> {
-        self.0.snapshots.set(p.clone());
-        Ok(())
+    fn committed(&self, p: &TableSnapshot) {
+        self.0.snapshots.set(p.clone().into());
     }
 
-    fn on(&self, event: TableEvent<'_>) {
+    fn on(&self, event: ChunkEvent<'_>) {
         match event {
             // The position is never logged: it is a row's key, in clear where no rule
             // hides it.
-            TableEvent::Started(p) if p.after.is_none() && p.after_sealed.is_none() => {
-                tracing::info!(table = %p.table_name(), "changefeed snapshot starting")
+            ChunkEvent::Started(p) if p.after.is_none() && p.after_sealed.is_none() => {
+                tracing::info!(table = %format_args!("{}.{}", p.schema, p.table), "changefeed snapshot starting")
             }
-            TableEvent::Started(p) => tracing::info!(
-                table = %p.table_name(), rows = p.rows, chunks = p.chunks,
+            ChunkEvent::Started(p) => tracing::info!(
+                table = %format_args!("{}.{}", p.schema, p.table), rows = p.rows, chunks = p.chunks,
                 "changefeed snapshot resuming after its last committed chunk"
             ),
-            TableEvent::Chunk(p) => tracing::debug!(
-                table = %p.table_name(), rows = p.rows, dropped = p.dropped,
+            ChunkEvent::Chunk(p) => tracing::debug!(
+                table = %format_args!("{}.{}", p.schema, p.table), rows = p.rows, dropped = p.dropped,
                 chunks = p.chunks, "changefeed snapshot chunk committed"
             ),
-            TableEvent::Done(p) => tracing::info!(
-                table = %p.table_name(), rows = p.rows, dropped = p.dropped,
+            ChunkEvent::Done(p) => tracing::info!(
+                table = %format_args!("{}.{}", p.schema, p.table), rows = p.rows, dropped = p.dropped,
                 chunks = p.chunks, "changefeed snapshot done"
             ),
         }
@@ -674,7 +656,7 @@ impl ChunkConsumer for Feed<'_> {
 mod tests {
     use freshen::{Row, Tx, Value};
 
-    use freshen_postgres::XidSnapshot;
+    use freshen_postgres::{ChunkCheck, XidSnapshot};
 
     use super::*;
     use crate::{ChangefeedConfig, Filter};
@@ -719,14 +701,14 @@ mod tests {
             xip: vec![12],
         };
         let (reply, rx) = oneshot::channel();
-        let progress = SnapshotProgress::new(&TableName::new("public", "t"), 0);
+        let progress = SnapshotProgress::new("public", "t", 0);
         cf.core
             .submit(Request::Chunk {
                 rows: (1..=4).map(|id| row(id, "chunk")).collect(),
-                check: ChunkCheck {
+                check: Arc::new(ChunkCheck {
                     snapshot,
                     low: 1000,
-                },
+                }),
                 progress: Box::new(progress),
                 reply,
             })

@@ -18,7 +18,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 
 use crate::Error;
 use crate::record::RecordRef;
-use freshen_postgres::SnapshotProgress;
+use freshen_codec::SnapshotProgress;
 
 pub(crate) const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");

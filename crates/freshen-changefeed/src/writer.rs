@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use freshen::RowEvent;
+use freshen::plug::ChunkView;
 use redb::{Database, ReadableTable, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
@@ -17,7 +18,7 @@ use crate::record::{self, Encoder, Extra, RecordRef};
 use crate::store::SnapshotRecord;
 use crate::store::{self, DEAD, EVENTS, GROUPS, LATEST, LEASES, LogState, META, SNAPSHOTS};
 use crate::{Durability, Error};
-use freshen_postgres::{ChunkCheck, SnapshotProgress};
+use freshen_codec::SnapshotProgress;
 
 /// What an append did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,7 +131,7 @@ pub(crate) enum Request {
     /// table's progress in the same commit.
     Chunk {
         rows: Vec<RowEvent>,
-        check: ChunkCheck,
+        check: Arc<dyn ChunkView>,
         progress: Box<SnapshotProgress>,
         reply: oneshot::Sender<Result<SnapshotProgress, Error>>,
     },
@@ -496,7 +497,7 @@ fn apply(
                 let now = record::unix_ms(std::time::SystemTime::now());
                 for row in rows {
                     let key = record::index_key_of(&row);
-                    if changed_since(&events, &latest, &key, &check)? {
+                    if changed_since(&events, &latest, &key, &*check)? {
                         dropped += 1;
                         continue;
                     }
@@ -547,7 +548,7 @@ fn changed_since(
     events: &redb::Table<'_, u64, &'static [u8]>,
     latest: &redb::Table<'_, &'static str, u64>,
     key: &str,
-    check: &ChunkCheck,
+    check: &dyn ChunkView,
 ) -> Result<bool, Error> {
     let Some(seq) = latest.get(key)?.map(|s| s.value()) else {
         return Ok(false);

@@ -369,7 +369,7 @@ async fn sink_snapshot(
         ))
     })?;
     let snapshots = o.sink(sink).ok_or(AdminError::NoSink(sink))?;
-    let progress: Vec<crate::readout::TableProgress> = snapshots
+    let progress: Vec<freshen_codec::SnapshotProgress> = snapshots
         .request(&req.tables)
         .await
         .map_err(|e| AdminError::BadKey(e.to_string()))?

@@ -52,7 +52,7 @@ pub use metrics::{Redacted, SinkStatus, SourceStatus, ViewStats};
 pub use pipeline::{Observer, Pipeline};
 pub use readout::{
     Activity, Change, PathStatus, QuarantinedKey, Readout, Refused, SinkSnapshotStatus,
-    SinkSnapshots, Status, TableProgress, ViewStatus, WholeRunStatus, problems, status,
+    SinkSnapshots, Status, ViewStatus, WholeRunStatus, problems, status,
 };
 pub use registry::{
     Found, Kind, Kinds, Registry, SinkKind, SourceKind, TargetKind, sink, source, target,

@@ -636,30 +636,34 @@ async fn changefeed_consumer(
     })
 }
 
-/// Where the changefeed's snapshots read from: rows read with SQL from a source that can
-/// snapshot (PostgreSQL's replication stream), the one whose WAL carries their
-/// watermarks.
+/// Where the changefeed's snapshots read from: the source's chunk reader
+/// ([`freshen::plug::SourcePlug::chunk_reader`]; PostgreSQL's replication stream has
+/// one), whose stream carries the watermarks.
 fn changefeed_snapshots(
     cfg: &Config,
     c: &freshen_changefeed::ChangefeedConfig,
 ) -> anyhow::Result<Option<freshen_changefeed::SnapshotSource>> {
-    let snapshotting = cfg
-        .source
-        .database_url()
-        .filter(|_| cfg.source.capabilities().snapshot);
-    let Some(url) = snapshotting else {
+    let reader = if cfg.source.capabilities().snapshot {
+        cfg.source
+            .chunk_reader()
+            .map_err(anyhow::Error::from_boxed)?
+    } else {
+        None
+    };
+    let Some(reader) = reader else {
         if c.snapshot != freshen_changefeed::SnapshotMode::Never {
-            anyhow::bail!("changefeed.snapshot: snapshots read from a PostgreSQL source");
+            anyhow::bail!(
+                "changefeed.snapshot: a {} source cannot take snapshots (PostgreSQL's replication stream can); set snapshot = \"never\"",
+                cfg.source.kind()
+            );
         }
         return Ok(None);
     };
-    let source = freshen_changefeed::SnapshotSource::connect(
-        url,
-        cfg.watched_tables(),
-        cfg.source.discovery().as_ref(),
-    )
-    .map_err(anyhow::Error::from_boxed)?;
-    Ok(Some(source))
+    let source = freshen_changefeed::SnapshotSource::new(reader, cfg.watched_tables());
+    Ok(Some(match cfg.source.discovery() {
+        Some(d) => source.discovering(d.patterns, d.every),
+        None => source,
+    }))
 }
 
 impl Pipeline {

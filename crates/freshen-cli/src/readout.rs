@@ -91,55 +91,7 @@ pub struct SinkSnapshotStatus {
     /// Its identity in the progress table.
     pub id: String,
     /// Each table's progress.
-    pub tables: Vec<TableProgress>,
-}
-
-/// One table's snapshot progress in `/status`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TableProgress {
-    /// The table's schema.
-    pub schema: String,
-    /// The table.
-    pub table: String,
-    /// `pending`, `running` or `done`.
-    pub state: String,
-    /// The key of the last row read (as text, in key order).
-    pub after: Option<Vec<String>>,
-    /// The same position sealed, in place of `after`, where a redaction rule hides a
-    /// key column: an opaque token.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after_sealed: Option<String>,
-    /// Rows published as `read` events.
-    pub rows: u64,
-    /// Rows dropped because their row changed while the chunk was in flight.
-    pub dropped: u64,
-    /// Chunks delivered.
-    pub chunks: u64,
-    /// When the snapshot was asked for (ms since the Unix epoch).
-    pub started_ms: u64,
-    /// When it ended.
-    pub finished_ms: Option<u64>,
-    /// The last failure reading from the source, until a chunk succeeds again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-impl From<freshen::plug::TableSnapshot> for TableProgress {
-    fn from(t: freshen::plug::TableSnapshot) -> TableProgress {
-        TableProgress {
-            schema: t.schema,
-            table: t.table,
-            state: t.state.name().to_owned(),
-            after: t.after,
-            after_sealed: t.after_sealed,
-            rows: t.rows,
-            dropped: t.dropped,
-            chunks: t.chunks,
-            started_ms: t.started_ms,
-            finished_ms: t.finished_ms,
-            last_error: t.last_error,
-        }
-    }
+    pub tables: Vec<freshen_codec::SnapshotProgress>,
 }
 
 /// The snapshots of one sink, for `/admin` to ask for tables.

@@ -13,6 +13,8 @@
 //!   an INSERT of the new one, as every keyed output publishes it.
 //! - [`Redactor`] rewrites row images before they leave freshen (`[[redact]]`: drop,
 //!   mask, keyed hash, truncate), for the changefeed and the sinks alike.
+//! - [`SnapshotProgress`]: a table's snapshot progress as the changefeed and the sinks
+//!   store it and show it (JSON), its position sealed where a rule hides a key column.
 //!
 //! A decoder never panics, whatever the bytes: a message it cannot read is a
 //! [`DecodeError`] (the source skips and counts it), and a message that carries no rows
@@ -73,6 +75,7 @@ mod format;
 mod hex;
 mod json;
 mod key_change;
+mod progress;
 mod redact;
 mod seal;
 
@@ -83,6 +86,7 @@ pub use decoded::{Control, Decoded};
 pub use error::DecodeError;
 pub use format::{Decoder, Format};
 pub use key_change::{KeyChange, changes_key, split_key_change};
+pub use progress::{SnapshotProgress, SnapshotState};
 pub use redact::{
     Action as RedactAction, DEFAULT_MASK_LENGTH, HashKey, MASK_CHAR, Mask, RedactRule, Redactor,
     hmac_hex, redact_value,

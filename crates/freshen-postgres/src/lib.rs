@@ -27,8 +27,9 @@
 //!   snapshots interleaved with the stream (the changefeed's DBLog snapshots). The
 //!   source hands logical decoding messages over as [`freshen::StreamMark`]s.
 //!   [`ChunkCheck`] and [`StreamedKeys`] decide which of a chunk's rows are stale.
-//!   [`snapshot_table`] is the chunk loop (watermarks, SELECT, waiting for the high
-//!   watermark), once, for any [`ChunkConsumer`]: the changefeed's log and sinks.
+//!   One chunk loop (watermarks, SELECT, waiting for the high watermark) serves the
+//!   sinks and [`PgChunkReader`], the [`freshen::plug::ChunkReader`] the source hands
+//!   the changefeed.
 //! - [`SinkSnapshots`]: the same snapshots for a sink (Kafka): chunks spliced into the
 //!   sink's own stream at their high watermarks ([`SinkSnapshots::splice`]), checked
 //!   against the keys the stream carried meanwhile, progress stored in the source
@@ -148,10 +149,7 @@ pub use polling::{PgIncrementalSettings, PgIncrementalSource};
 pub use pool::connect_pool;
 pub use quote::quote_ident;
 pub use select::{BOOKKEEPING_PREFIX, TablePattern, capturable, system_schema};
-pub use snapshot::driver::{
-    ChunkConsumer, ChunkIds, DriverError, HeldChunk, TableEvent, WATERMARK_WAIT, high_mark,
-    seal_stored, snapshot_table,
-};
+pub use snapshot::chunks::PgChunkReader;
 pub use snapshot::sink::{SINK_SNAPSHOT_TABLE, SinkSnapshotConfig, SinkSnapshots, Spliced};
 
 /// The name [`SinkSnapshotConfig`] had before the workspace settled on one meaning of

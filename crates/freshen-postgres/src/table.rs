@@ -28,6 +28,11 @@ impl TableName {
     pub fn quoted(&self) -> String {
         format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
     }
+
+    /// The table a snapshot's progress is of.
+    pub fn of(progress: &freshen_codec::SnapshotProgress) -> TableName {
+        TableName::new(&progress.schema, &progress.table)
+    }
 }
 
 impl fmt::Display for TableName {

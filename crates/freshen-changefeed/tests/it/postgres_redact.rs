@@ -232,9 +232,9 @@ impl Feed {
             .expect("capture runs");
         });
         let c2 = cf.clone();
-        let tables = vec![table.parse::<TableName>().unwrap()];
+        let tables = vec![pair(&table.parse::<TableName>().unwrap())];
         let snapshots = tokio::spawn(async move {
-            c2.run_snapshots(SnapshotSource::new(pool, tables), async {
+            c2.run_snapshots(SnapshotSource::new(reader(pool), tables), async {
                 let _ = stopped_s.await;
             })
             .await

@@ -74,9 +74,12 @@ async fn run(pg: &PgServer, cf: &Changefeed) -> Run {
     });
     let c = cf.clone();
     let snapshots = tokio::spawn(async move {
-        c.run_snapshots(SnapshotSource::new(pool, vec![items()]), async {
-            let _ = stopped_s.await;
-        })
+        c.run_snapshots(
+            SnapshotSource::new(reader(pool), vec![pair(&items())]),
+            async {
+                let _ = stopped_s.await;
+            },
+        )
         .await
         .expect("snapshots run");
     });

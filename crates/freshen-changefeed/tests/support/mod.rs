@@ -482,3 +482,13 @@ pub fn capture_until_stopped(
     });
     (stop, task)
 }
+
+/// PostgreSQL's chunk reader over `pool`, as the source's plug hands it to snapshots.
+pub fn reader(pool: freshen_postgres::Pool) -> std::sync::Arc<dyn freshen::plug::ChunkReader> {
+    std::sync::Arc::new(freshen_postgres::PgChunkReader::new(pool))
+}
+
+/// A table as snapshots name it: `(schema, table)`.
+pub fn pair(t: &freshen_postgres::TableName) -> (String, String) {
+    (t.schema.clone(), t.name.clone())
+}

@@ -154,6 +154,12 @@ impl SourcePlug for PgSourceSettings {
         crate::snapshot::sink::plugged(self.url.expose(), spec).map(Some)
     }
 
+    fn chunk_reader(&self) -> Result<Option<Arc<dyn freshen::plug::ChunkReader>>, BoxError> {
+        let pool = crate::connect_pool(&self.connection()?, 1)
+            .map_err(|e| format!("cannot set up the snapshot connection: {e}"))?;
+        Ok(Some(Arc::new(crate::PgChunkReader::new(pool))))
+    }
+
     fn columns<'a>(
         &'a self,
         tables: &'a [(String, String)],

@@ -27,7 +27,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_postgres::Pool;
 use freshen::plug::Redact;
 use freshen::{Jitter, RowEvent};
-use tokio::sync::oneshot;
 
 use crate::snapshot::resume::Resume;
 use crate::{
@@ -36,18 +35,18 @@ use crate::{
 
 /// How long a chunk waits for its high watermark to come back through the consumer's
 /// stream before it is released and read again (the stream may be reconnecting).
-pub const WATERMARK_WAIT: Duration = Duration::from_secs(300);
+pub(crate) const WATERMARK_WAIT: Duration = Duration::from_secs(300);
 
 /// The high watermark's content for chunk `id` (the low one says `low`: only its
 /// position matters, and it must not end the chunk).
-pub fn high_mark(id: &str) -> String {
+pub(crate) fn high_mark(id: &str) -> String {
     format!("{id} high")
 }
 
 /// Chunk ids: a prefix, a per-process nonce (which tells this process's watermarks from
 /// older runs' and other consumers') and a counter.
 #[derive(Debug)]
-pub struct ChunkIds {
+pub(crate) struct ChunkIds {
     prefix: &'static str,
     nonce: u64,
     counter: AtomicU64,
@@ -55,7 +54,7 @@ pub struct ChunkIds {
 
 impl ChunkIds {
     /// Ids `"{prefix}{nonce:016x}:{n}"`, the nonce drawn from the clock.
-    pub fn new(prefix: &'static str) -> ChunkIds {
+    pub(crate) fn new(prefix: &'static str) -> ChunkIds {
         ChunkIds {
             prefix,
             nonce: Jitter::from_clock().next_u64(),
@@ -64,7 +63,7 @@ impl ChunkIds {
     }
 
     /// The next chunk's id.
-    pub fn next_id(&self) -> String {
+    pub(crate) fn next_id(&self) -> String {
         format!(
             "{}{:016x}:{}",
             self.prefix,
@@ -78,22 +77,22 @@ impl ChunkIds {
 /// watermark ([`high_mark`] of `id`) comes by.
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct HeldChunk {
+pub(crate) struct HeldChunk {
     /// The chunk's id.
-    pub id: String,
+    pub(crate) id: String,
     /// Its rows, as inserts.
-    pub rows: Vec<RowEvent>,
+    pub(crate) rows: Vec<RowEvent>,
     /// What decides which rows are stale: the chunk's snapshot and low watermark.
-    pub check: ChunkCheck,
+    pub(crate) check: ChunkCheck,
     /// The table's progress before the chunk (what a re-read starts from).
-    pub prev: SnapshotProgress,
+    pub(crate) prev: SnapshotProgress,
     /// The table's progress after the chunk; the consumer adds the counts.
-    pub next: SnapshotProgress,
+    pub(crate) next: SnapshotProgress,
 }
 
 /// What happened to a table's snapshot, for the consumer to log (and act on).
 #[derive(Debug, Clone, Copy)]
-pub enum TableEvent<'a> {
+pub(crate) enum TableEvent<'a> {
     /// The table's reading starts (from its first row, or after `progress.after`).
     Started(&'a SnapshotProgress),
     /// A chunk is committed; the table's progress after it.
@@ -104,7 +103,7 @@ pub enum TableEvent<'a> {
 
 /// Why a table's snapshot stopped before its end.
 #[derive(Debug)]
-pub enum DriverError<E> {
+pub(crate) enum DriverError<E> {
     /// The consumer stopped, or dropped the chunk unanswered.
     Stopped,
     /// Reading the source failed (a watermark, the chunk, or what `committed` stores).
@@ -123,7 +122,7 @@ impl<E> From<PgError> for DriverError<E> {
 
 /// What consumes a snapshot's chunks: it holds each until its high watermark comes
 /// through its stream, checks and puts the rows in there, and answers the progress.
-pub trait ChunkConsumer: Sync {
+pub(crate) trait ChunkConsumer: Sync {
     /// How putting a chunk in can fail.
     type Error: Send;
 
@@ -136,8 +135,11 @@ pub trait ChunkConsumer: Sync {
 
     /// Holds `chunk` until its high watermark comes by; the answer is the table's
     /// progress once the chunk is in — its `next` with the counts added, or its `prev`
-    /// to read the chunk again (dropping the sender unanswered stops the table).
-    fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Self::Error>>;
+    /// to read the chunk again (`None`, the chunk dropped unanswered, stops the table).
+    fn hold(
+        &self,
+        chunk: HeldChunk,
+    ) -> impl Future<Output = Option<Result<SnapshotProgress, Self::Error>>> + Send + 'static;
 
     /// Forgets the held chunk `id`, if it is still held (its watermark failed, or
     /// never came back).
@@ -158,14 +160,14 @@ pub trait ChunkConsumer: Sync {
 
 /// Reads one table to its end from `pool` (the database whose WAL the consumer's
 /// stream carries), chunk by chunk of `chunk_rows`, `pause` apart, from `progress`.
-pub async fn snapshot_table<C: ChunkConsumer>(
+pub(crate) async fn snapshot_table<C: ChunkConsumer>(
     consumer: &C,
     pool: &Pool,
     mut progress: SnapshotProgress,
     chunk_rows: usize,
     pause: Duration,
 ) -> Result<(), DriverError<C::Error>> {
-    let table: TableName = progress.table_name();
+    let table: TableName = TableName::of(&progress);
     let reader = TableReader::new(pool.clone(), table).await?;
     let resume = Resume::new(
         consumer.redact(),
@@ -259,7 +261,7 @@ async fn chunk<C: ChunkConsumer>(
         return Err(e.into());
     }
     let answer = tokio::select! {
-        r = rx => r.map_err(|_| DriverError::Stopped)?,
+        r = rx => r.ok_or(DriverError::Stopped)?,
         () = tokio::time::sleep(WATERMARK_WAIT) => {
             consumer.release(&id);
             return Err(DriverError::Unseen);
@@ -285,7 +287,7 @@ async fn chunk<C: ChunkConsumer>(
 /// table's key described from `pool`; a table that cannot be described any more loses
 /// its clear key). For records written before the rule, or by an earlier version.
 /// Whether `p` changed: the caller stores it again.
-pub async fn seal_stored(
+pub(crate) async fn seal_stored(
     pool: &Pool,
     redact: Option<&dyn Redact>,
     p: &mut SnapshotProgress,
@@ -296,7 +298,7 @@ pub async fn seal_stored(
     let (Some(redact), Some(after)) = (redact, p.after.clone()) else {
         return Ok(false);
     };
-    let table = p.table_name();
+    let table = TableName::of(p);
     let reader = match TableReader::new(pool.clone(), table.clone()).await {
         Ok(r) => r,
         // A table gone, or not readable: its snapshot cannot resume anyway. Its clear

@@ -8,6 +8,7 @@
 //! the text pgoutput sends, and are mapped to [`freshen::Value`] exactly as streamed
 //! rows are, so a row read here and the same row streamed encode alike.
 
+pub(crate) mod chunks;
 pub(crate) mod driver;
 pub(crate) mod resume;
 pub(crate) mod sink;
@@ -17,7 +18,6 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use freshen::{Columns, Op, Row, RowEvent};
-use serde::{Deserialize, Serialize};
 use tokio_postgres::IsolationLevel;
 
 use crate::capture::pgoutput::Datum;
@@ -27,7 +27,7 @@ use crate::quote::quote_ident;
 use crate::{Lsn, PgError, TableName};
 
 /// The prefix of the logical decoding messages freshen writes as watermarks.
-pub const WATERMARK_PREFIX: &str = "freshen.watermark";
+pub use freshen::plug::WATERMARK_PREFIX;
 
 /// Which transactions a snapshot sees: PostgreSQL's `pg_current_snapshot()`, with full
 /// (epoch-extended) transaction ids as the replication source reports them in
@@ -49,151 +49,19 @@ impl XidSnapshot {
     }
 }
 
-/// Where a table's snapshot stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SnapshotState {
-    /// Asked for; not started.
-    Pending,
-    /// Some chunks are in the log; resumes after `after`.
-    Running,
-    /// Every row was read (or the table was truncated meanwhile).
-    Done,
-}
+pub use freshen_codec::{SnapshotProgress, SnapshotState};
 
-/// One table's snapshot progress, as the changefeed stores it with its log
-/// (`GET /changefeed/snapshot`) and a sink in the source database (`/status`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct SnapshotProgress {
-    /// The table's schema.
-    pub schema: String,
-    /// The table.
-    pub table: String,
-    /// Where it stands.
-    pub state: SnapshotState,
-    /// The primary key of the last row read (as text, in key order): the next chunk
-    /// starts after it. `None` when the position is sealed (`after_sealed`) and once the
-    /// snapshot is done.
-    pub after: Option<Vec<String>>,
-    /// The same position sealed, in place of `after`, where a redaction rule hides a
-    /// primary-key column: an opaque token (see [`freshen::plug::Redact::seal_position`])
-    /// that only the running process, or a restart with the same hash key, opens.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after_sealed: Option<String>,
-    /// Rows appended (published) as `read` events.
-    pub rows: u64,
-    /// Rows dropped because their row changed while the chunk was in flight (the live
-    /// event is in the log, or was published, instead).
-    pub dropped: u64,
-    /// Chunks committed.
-    pub chunks: u64,
-    /// When the snapshot was asked for (ms since the Unix epoch).
-    pub started_ms: u64,
-    /// When it ended.
-    pub finished_ms: Option<u64>,
-    /// The last failure reading from the source, until a chunk succeeds again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-impl SnapshotProgress {
-    /// A snapshot of `t` asked for at `now` (ms since the Unix epoch), not started.
-    pub fn new(t: &TableName, now: u64) -> SnapshotProgress {
-        SnapshotProgress {
-            schema: t.schema.clone(),
-            table: t.name.clone(),
-            state: SnapshotState::Pending,
-            after: None,
-            after_sealed: None,
-            rows: 0,
-            dropped: 0,
-            chunks: 0,
-            started_ms: now,
-            finished_ms: None,
-            last_error: None,
-        }
-    }
-
-    /// The table.
-    pub fn table_name(&self) -> TableName {
-        TableName::new(&self.schema, &self.table)
-    }
-
-    /// Marks the snapshot done at `now` (ms since the Unix epoch). A finished snapshot
-    /// never resumes, so it keeps no position: a key read last is not kept at rest.
-    pub fn finish(&mut self, now: u64) {
-        self.state = SnapshotState::Done;
-        self.finished_ms = Some(now);
-        self.after = None;
-        self.after_sealed = None;
-    }
-
-    /// Drops the position of a finished snapshot stored by an earlier version (which
-    /// kept the last key read); whether anything changed, for the caller to store it
-    /// again.
-    pub fn scrub_finished(&mut self) -> bool {
-        let kept = self.after.is_some() || self.after_sealed.is_some();
-        if self.state == SnapshotState::Done && kept {
-            self.after = None;
-            self.after_sealed = None;
-            return true;
-        }
-        false
-    }
-}
-
-impl From<SnapshotProgress> for freshen::plug::TableSnapshot {
-    fn from(p: SnapshotProgress) -> freshen::plug::TableSnapshot {
-        use freshen::plug::SnapshotState as S;
-        freshen::plug::TableSnapshot {
-            schema: p.schema,
-            table: p.table,
-            state: match p.state {
-                SnapshotState::Pending => S::Pending,
-                SnapshotState::Running => S::Running,
-                SnapshotState::Done => S::Done,
-            },
-            after: p.after,
-            after_sealed: p.after_sealed,
-            rows: p.rows,
-            dropped: p.dropped,
-            chunks: p.chunks,
-            started_ms: p.started_ms,
-            finished_ms: p.finished_ms,
-            last_error: p.last_error,
-        }
-    }
-}
-
-/// Resolves the tables a snapshot request names (`schema.table`, or a table name that
-/// `known` holds once) against `known`; every unknown or ambiguous name, with the known
-/// ones, in one message.
+/// Resolves the tables a snapshot request names against `known`
+/// ([`freshen::plug::resolve_tables`]).
 pub fn resolve_tables(known: &[TableName], names: &[String]) -> Result<Vec<TableName>, String> {
-    if names.is_empty() {
-        return Err("tables: name at least one table to snapshot".to_owned());
-    }
-    let mut resolved = Vec::new();
-    let mut unknown = Vec::new();
-    for name in names {
-        let hits: Vec<&TableName> = known
-            .iter()
-            .filter(|t| t.to_string() == *name || t.name == *name)
-            .collect();
-        match hits.as_slice() {
-            [one] => resolved.push((*one).clone()),
-            _ => unknown.push(name.as_str()),
-        }
-    }
-    if !unknown.is_empty() {
-        let known: Vec<String> = known.iter().map(ToString::to_string).collect();
-        return Err(format!(
-            "tables: not captured (or ambiguous): {}; captured: {}",
-            unknown.join(", "),
-            known.join(", ")
-        ));
-    }
-    Ok(resolved)
+    let known: Vec<(String, String)> = known
+        .iter()
+        .map(|t| (t.schema.clone(), t.name.clone()))
+        .collect();
+    Ok(freshen::plug::resolve_tables(&known, names)?
+        .into_iter()
+        .map(|(schema, table)| TableName::new(schema, table))
+        .collect())
 }
 
 /// One chunk of a table's rows.

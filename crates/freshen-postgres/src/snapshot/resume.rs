@@ -121,7 +121,7 @@ mod tests {
     fn a_covered_key_is_kept_sealed_and_read_back() {
         let t = TableName::new("public", "people");
         let r = Resume::new(Some(&Reverse), &t, ["id"]);
-        let mut p = SnapshotProgress::new(&t, 0);
+        let mut p = SnapshotProgress::new(&t.schema, &t.name, 0);
         r.keep(&mut p, key("SSN-1"));
         assert_eq!(p.after, None);
         assert_eq!(p.after_sealed.as_deref(), Some("sealed:SSN-1"));
@@ -136,7 +136,7 @@ mod tests {
         let t = TableName::new("public", "orders");
         for redact in [None, Some(&Reverse as &dyn Redact)] {
             let r = Resume::new(redact, &t, ["id"]);
-            let mut p = SnapshotProgress::new(&t, 0);
+            let mut p = SnapshotProgress::new(&t.schema, &t.name, 0);
             assert_eq!(r.of(&p), Ok(None));
             r.keep(&mut p, key("7"));
             assert_eq!(
@@ -152,7 +152,7 @@ mod tests {
     fn a_clear_record_of_a_covered_table_is_exposed_until_sealed() {
         let t = TableName::new("public", "people");
         let r = Resume::new(Some(&Reverse), &t, ["id"]);
-        let mut p = SnapshotProgress::new(&t, 0);
+        let mut p = SnapshotProgress::new(&t.schema, &t.name, 0);
         p.after = Some(key("SSN-1"));
         assert!(r.exposed(&p));
         assert_eq!(
@@ -167,14 +167,14 @@ mod tests {
     #[test]
     fn a_finished_snapshot_keeps_no_position() {
         let t = TableName::new("public", "people");
-        let mut p = SnapshotProgress::new(&t, 0);
+        let mut p = SnapshotProgress::new(&t.schema, &t.name, 0);
         p.after = Some(key("SSN-1"));
         assert!(!p.scrub_finished(), "a running snapshot keeps its position");
         p.state = crate::SnapshotState::Done;
         assert!(p.scrub_finished());
         assert_eq!((p.after.clone(), p.after_sealed.clone()), (None, None));
         assert!(!p.scrub_finished());
-        let mut q = SnapshotProgress::new(&t, 0);
+        let mut q = SnapshotProgress::new(&t.schema, &t.name, 0);
         q.after_sealed = Some("x".to_owned());
         q.finish(5);
         assert_eq!(

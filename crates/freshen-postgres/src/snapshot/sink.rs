@@ -3,7 +3,7 @@
 //! sink delivered.
 //!
 //! The chunk loop is the changefeed's, one driver for both
-//! ([`snapshot_table`](crate::snapshot_table)): per chunk, a low watermark
+//! ([`snapshot_table`](crate::snapshot::driver::snapshot_table)): per chunk, a low watermark
 //! (non-transactional logical message), a primary-key-ordered SELECT in a REPEATABLE
 //! READ transaction whose snapshot is kept, a high watermark (transactional). What
 //! differs is where a chunk's rows are checked and where progress lives:
@@ -323,7 +323,7 @@ impl SinkSnapshots {
                         .get(t)
                         .is_some_and(|p| p.state != SnapshotState::Done)
                 })
-                .map(|t| SnapshotProgress::new(t, now_ms()))
+                .map(|t| SnapshotProgress::new(&t.schema, &t.name, now_ms()))
                 .collect()
         };
         if !fresh.is_empty() {
@@ -335,8 +335,8 @@ impl SinkSnapshots {
         }
         let mut st = self.lock();
         for p in fresh {
-            tracing::info!(sink = %self.sink(), table = %p.table_name(), "sink snapshot requested");
-            st.progress.insert(p.table_name(), p);
+            tracing::info!(sink = %self.sink(), table = %TableName::of(&p), "sink snapshot requested");
+            st.progress.insert(TableName::of(&p), p);
         }
         drop(st);
         self.inner.wake.notify_one();
@@ -395,7 +395,7 @@ impl SinkSnapshots {
                     () = woken => continue,
                 }
             };
-            let table = progress.table_name();
+            let table = TableName::of(&progress);
             let result = tokio::select! {
                 () = &mut shutdown => Err(ChunkError::Stopped),
                 r = self.snapshot_table(&pool, progress) => r,
@@ -428,7 +428,9 @@ impl SinkSnapshots {
         let mut stored = self.load(pool).await?;
         // Records from before a rule (or an earlier version) are made fit to keep first.
         for p in &mut stored {
-            if crate::seal_stored(pool, self.inner.settings.redact.as_deref(), p).await? {
+            if crate::snapshot::driver::seal_stored(pool, self.inner.settings.redact.as_deref(), p)
+                .await?
+            {
                 self.save(pool, p).await?;
             }
         }
@@ -436,8 +438,8 @@ impl SinkSnapshots {
             let mut st = self.lock();
             st.progress = stored
                 .into_iter()
-                .filter(|p| tables.contains(&p.table_name()))
-                .map(|p| (p.table_name(), p))
+                .filter(|p| tables.contains(&TableName::of(p)))
+                .map(|p| (TableName::of(&p), p))
                 .collect();
             st.source = Some((pool.clone(), tables.to_vec()));
             tables
@@ -459,7 +461,7 @@ impl SinkSnapshots {
         st.keys.clear();
     }
 
-    /// Reads one table to its end, chunk by chunk ([`snapshot_table`](crate::snapshot_table)).
+    /// Reads one table to its end, chunk by chunk ([`snapshot_table`](crate::snapshot::driver::snapshot_table)).
     async fn snapshot_table(
         &self,
         pool: &Pool,
@@ -468,7 +470,7 @@ impl SinkSnapshots {
         {
             // Remember the table's streamed keys from before its first low watermark.
             let mut st = self.lock();
-            st.recording = Some(progress.table_name());
+            st.recording = Some(TableName::of(&progress));
             st.keys.begin();
         }
         let settings = &self.inner.settings;
@@ -476,7 +478,7 @@ impl SinkSnapshots {
             snapshots: self,
             pool,
         };
-        crate::snapshot_table(&run, pool, progress, settings.chunk_rows, settings.pause)
+        crate::snapshot::driver::snapshot_table(&run, pool, progress, settings.chunk_rows, settings.pause)
             .await
             .map_err(|e| match e {
                 DriverError::Stopped => ChunkError::Stopped,
@@ -569,7 +571,7 @@ impl SinkSnapshots {
             ),
             &[
                 &self.inner.settings.sink,
-                &p.table_name().to_string(),
+                &TableName::of(p).to_string(),
                 &json,
             ],
         )
@@ -609,7 +611,10 @@ impl ChunkConsumer for Run<'_> {
         self.snapshots.inner.settings.redact.as_deref()
     }
 
-    fn hold(&self, chunk: HeldChunk) -> oneshot::Receiver<Result<SnapshotProgress, Infallible>> {
+    fn hold(
+        &self,
+        chunk: HeldChunk,
+    ) -> impl Future<Output = Option<Result<SnapshotProgress, Infallible>>> + Send + 'static {
         let (reply, rx) = oneshot::channel();
         self.snapshots.lock().in_flight = Some(InFlight {
             id: chunk.id,
@@ -619,7 +624,7 @@ impl ChunkConsumer for Run<'_> {
             next: chunk.next,
             reply,
         });
-        rx
+        async move { rx.await.ok() }
     }
 
     fn release(&self, id: &str) {
@@ -639,7 +644,7 @@ impl ChunkConsumer for Run<'_> {
         self.snapshots
             .lock()
             .progress
-            .insert(p.table_name(), p.clone());
+            .insert(TableName::of(p), p.clone());
         Ok(())
     }
 
@@ -649,21 +654,21 @@ impl ChunkConsumer for Run<'_> {
             // The position is never logged: it is a row's key, in clear where no rule
             // hides it.
             TableEvent::Started(p) if p.after.is_none() && p.after_sealed.is_none() => {
-                tracing::info!(sink = %sink, table = %p.table_name(), "sink snapshot starting")
+                tracing::info!(sink = %sink, table = %TableName::of(p), "sink snapshot starting")
             }
             TableEvent::Started(p) => tracing::info!(
-                sink = %sink, table = %p.table_name(), rows = p.rows, chunks = p.chunks,
+                sink = %sink, table = %TableName::of(p), rows = p.rows, chunks = p.chunks,
                 "sink snapshot resuming after its last delivered chunk"
             ),
             TableEvent::Chunk(p) => tracing::debug!(
-                sink = %sink, table = %p.table_name(), rows = p.rows,
+                sink = %sink, table = %TableName::of(p), rows = p.rows,
                 dropped = p.dropped, chunks = p.chunks,
                 "sink snapshot chunk delivered"
             ),
             TableEvent::Done(p) => {
                 self.snapshots.stop_recording();
                 tracing::info!(
-                    sink = %sink, table = %p.table_name(), rows = p.rows,
+                    sink = %sink, table = %TableName::of(p), rows = p.rows,
                     dropped = p.dropped, chunks = p.chunks, "sink snapshot done"
                 );
             }

@@ -14,6 +14,7 @@
 //! each view watches and by which key columns — so that a source can prepare for it
 //! (a publication, replica identity advice) without knowing how views are configured.
 
+mod chunks;
 mod naming;
 mod sink;
 mod snapshot;
@@ -23,6 +24,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use chunks::{
+    Chunk, ChunkAnswer, ChunkEvent, ChunkHolder, ChunkReader, ChunkView, ReadError,
+    WATERMARK_PREFIX, resolve_tables,
+};
 pub use naming::Naming;
 pub use sink::{Redact, RunSink, SinkPlug, SinkProbe, SinkReport, Splice};
 pub use snapshot::{SinkSnapshotSpec, SinkSnapshots, SnapshotState, TableSnapshot};
@@ -243,6 +248,13 @@ pub trait SourcePlug: fmt::Debug + Send + Sync + 'static {
         spec: SinkSnapshotSpec,
     ) -> Result<Option<std::sync::Arc<dyn SinkSnapshots>>, BoxError> {
         let _ = spec;
+        Ok(None)
+    }
+
+    /// A reader of this source's existing rows in chunks interleaved with its stream
+    /// (the changefeed's snapshots); `None`: this source cannot take snapshots (the
+    /// default). Nothing is read until [`ChunkReader::read_table`].
+    fn chunk_reader(&self) -> Result<Option<Arc<dyn ChunkReader>>, BoxError> {
         Ok(None)
     }
 

@@ -45,7 +45,8 @@
 //!   state from the log alone.
 //! - Snapshots: the rows that already exist, read into the log as `read` events while
 //!   changes keep streaming ([`Changefeed::run_snapshots`] next to
-//!   [`Changefeed::capture`] on a PostgreSQL source; `snapshot = "initial"`, or
+//!   [`Changefeed::capture`] on a source whose plug reads chunks, PostgreSQL's;
+//!   `snapshot = "initial"`, or
 //!   `POST /changefeed/snapshot`). See "Snapshots" below.
 //!
 //! # What a change means, replayed by key
@@ -78,8 +79,9 @@
 //!
 //! # Snapshots
 //!
-//! DBLog's algorithm, without table locks. For each chunk of a table, in primary-key
-//! order: a *low watermark* is written into the WAL (`pg_logical_emit_message`, not
+//! DBLog's algorithm, without table locks, driven by the source's chunk reader
+//! ([`freshen::plug::ChunkReader`], from its plug: the changefeed knows no source
+//! kind). PostgreSQL's, for each chunk of a table, in primary-key order: a *low watermark* is written into the WAL (`pg_logical_emit_message`, not
 //! transactional: its position is known at once); the chunk is read
 //! (`WHERE (pk) > $last ORDER BY pk LIMIT snapshot_chunk_rows`, the last key bound as
 //! parameters) in a REPEATABLE READ transaction whose snapshot (`xmin`, `xmax`, running

@@ -2,7 +2,7 @@
 //! an embedder or a benchmark needs of it: read a configuration with the kinds it
 //! registers ([`config`], [`Kinds`]), start a [`Pipeline`] and read what it shows of
 //! itself ([`Readout`], the `/status` document), serve that over HTTP ([`http`]), ask
-//! a running instance ([`status`]), or run the whole `freshen run` ([`run`]).
+//! a running instance ([`status()`]), or run the whole `freshen run` ([`run`]).
 //!
 //! `main.rs` only calls [`main`]; everything else is here so that tests can drive it
 //! in-process. The rest of the modules are the binary's own.

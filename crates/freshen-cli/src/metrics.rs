@@ -205,11 +205,11 @@ pub struct ViewStats {
     pub events: u64,
     /// A change waiting longer than this makes the view unhealthy (`stale_after`).
     pub stale_after: Option<std::time::Duration>,
-    /// Freshness over the last minute (see [`crate::pipeline::RECENT`]).
+    /// Freshness over the last minute (`pipeline::RECENT`).
     pub recent: Option<freshen::HistogramSnapshot>,
-    /// Changes that could not be scoped (see [`names::UNSCOPED`]).
+    /// Changes that could not be scoped (`freshen_events_unscoped_total`).
     pub unscoped: u64,
-    /// Quarantined keys (at most [`QUARANTINE_SHOWN`]).
+    /// Quarantined keys (the first 20).
     pub quarantined: Vec<freshen::Quarantined>,
 }
 

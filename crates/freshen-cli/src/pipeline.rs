@@ -679,7 +679,7 @@ impl Pipeline {
     }
 
     /// Like [`start_keeping`](Self::start_keeping), for one role of a configuration that
-    /// spreads its rebuilds (see [`crate::role`]); `None`: everything here.
+    /// spreads its rebuilds (see `role.rs`); `None`: everything here.
     ///
     /// The one place a pipeline is assembled: every consumer of the source is set up
     /// first (a view on its target, a sink, the key publisher, the changefeed), then the

@@ -438,7 +438,7 @@ impl Config {
     }
 
     /// `[[redact]]` rules whose table nothing here captures (and no `[source] tables`
-    /// pattern could select): known without I/O; see [`crate::redact_coverage`].
+    /// pattern could select): known without I/O; see `redact_coverage.rs`.
     pub fn unmatched_redactions(&self) -> Vec<crate::redact_coverage::Unmatched> {
         let patterns = self
             .source

@@ -20,7 +20,7 @@ use entries::{ForeignKey, Question};
 ///
 /// A plain query (no `$n`: the SELECT of a materialized view) is keyed first: its key
 /// is the view's `key` or the target's primary key, its batch filter is written around
-/// it ([`keyed`](crate::target::keyed)), and the plan must show the filter reaching
+/// it (`target::keyed`), and the plan must show the filter reaching
 /// the tables (else every batch would compute the whole query): that is checked even
 /// when the file gives every watch entry.
 pub async fn infer(client: &Client, view: &ViewSpec) -> Result<Inferred, Vec<String>> {

@@ -50,7 +50,7 @@ pub(crate) fn keyed(query: &str, key: &[String]) -> String {
 }
 
 /// The query of a batch: `query` itself when it selects its batch with `$1..$n`,
-/// else [`keyed`].
+/// else the query wrapped in a filter by the key (`target::keyed`).
 pub fn batch_query(query: &str, key: &[String]) -> String {
     if freshen::plug::is_plain_query(query) {
         keyed(query, key)

@@ -293,7 +293,7 @@ impl Rebuild for QueryRebuild {
     }
 
     /// A plain query in the target database recomputes the whole table at once
-    /// ([`PgWhole`]); across databases its rows would travel through freshen, so a
+    /// (`PgWhole`); across databases its rows would travel through freshen, so a
     /// view there stays key by key.
     fn whole(&self) -> Option<Arc<dyn Whole>> {
         self.whole.clone().map(|w| w as Arc<dyn Whole>)

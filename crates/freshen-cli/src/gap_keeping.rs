@@ -205,15 +205,15 @@ mod tests {
             })
         }
 
-        fn forget<'a>(
+        fn remove<'a>(
             &'a self,
             view: &'a str,
-            lines: &'a [String],
+            gaps: &'a [Gap],
         ) -> BoxFuture<'a, Result<(), BoxError>> {
             self.kept
                 .lock()
                 .unwrap()
-                .retain(|(v, g)| v != view || !lines.contains(&g.to_string()));
+                .retain(|(v, g)| v != view || !gaps.contains(g));
             Box::pin(async { Ok(()) })
         }
     }

@@ -31,6 +31,8 @@
 //!   InnoDB makes it visible (see the `rebuild` module docs). Failures are classified
 //!   from server error numbers ([`retry_for`]).
 //! - [`MySqlEnumerate`]: a [`freshen::Enumerate`] streaming keys from a query.
+//! - [`MySqlGapLedger`]: views' unhealed gaps kept in the target across restarts
+//!   (`freshen_gaps`), until a person acknowledges them.
 //! - [`MySqlFanOut`]: a [`freshen::Expand`] mapping changed parent rows to view keys
 //!   with a query (a plan → its subscribed accounts), in a snapshot that sees the change.
 //! - [`MySqlIncrementalSource`] ([`incremental`]): a cursor-polling source for
@@ -97,6 +99,7 @@ mod config;
 mod enumerate;
 mod error;
 mod fanout;
+mod gaps;
 pub mod incremental;
 mod leader;
 mod params;
@@ -118,6 +121,7 @@ pub use enumerate::{MySqlEnumerate, connect_pool, connect_pool_limited};
 pub use error::{ErrorKind, MySqlError, retry_for};
 pub use fanout::MySqlFanOut;
 pub use freshen::SecretUrl;
+pub use gaps::{GAP_TABLE, MySqlGapLedger};
 pub use incremental::{MySqlIncrementalSettings, MySqlIncrementalSource};
 pub use leader::{Attempt, Holder, Leadership, lock_name};
 pub use mysql_async::Pool;

@@ -73,6 +73,12 @@ struct MySqlConnected {
 }
 
 impl Target for MySqlConnected {
+    fn gap_ledger(&self) -> Option<std::sync::Arc<dyn freshen::plug::GapLedger>> {
+        // Its own connection: a gap is recorded while the views' pools are busy.
+        let pool = crate::connect_pool(self.url.expose(), 1).ok()?;
+        Some(std::sync::Arc::new(crate::MySqlGapLedger::new(pool)))
+    }
+
     fn view(&self, view: &ViewSpec) -> Result<Box<dyn ViewTarget>, BoxError> {
         let pool =
             connect_pool_limited(self.url.expose(), view.connections, view.statement_timeout)

@@ -108,13 +108,7 @@ impl PgGapLedger {
         Ok(())
     }
 
-    async fn forget_gaps(&self, view: &str, lines: &[String]) -> Result<(), PgError> {
-        let gone: Vec<Gap> = self
-            .load_gaps(view)
-            .await?
-            .into_iter()
-            .filter(|g| lines.contains(&g.to_string()))
-            .collect();
+    async fn remove_gaps(&self, view: &str, gone: &[Gap]) -> Result<(), PgError> {
         let c = client(&self.pool).await?;
         for g in gone {
             c.execute(
@@ -140,11 +134,7 @@ impl GapLedger for PgGapLedger {
         Box::pin(async move { self.record_gaps(view, gaps).await.map_err(Into::into) })
     }
 
-    fn forget<'a>(
-        &'a self,
-        view: &'a str,
-        lines: &'a [String],
-    ) -> BoxFuture<'a, Result<(), BoxError>> {
-        Box::pin(async move { self.forget_gaps(view, lines).await.map_err(Into::into) })
+    fn remove<'a>(&'a self, view: &'a str, gaps: &'a [Gap]) -> BoxFuture<'a, Result<(), BoxError>> {
+        Box::pin(async move { self.remove_gaps(view, gaps).await.map_err(Into::into) })
     }
 }

@@ -7,6 +7,7 @@ mod support;
 
 mod check;
 mod decode_regressions;
+mod gap_ledger;
 mod incremental;
 mod rebuild_visibility;
 mod refresher_end_to_end;

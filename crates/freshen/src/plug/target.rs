@@ -293,13 +293,29 @@ pub trait GapLedger: Send + Sync + 'static {
     /// Keeps `gaps` for `view` (a table's newer reason replaces its older one).
     fn record<'a>(&'a self, view: &'a str, gaps: &'a [Gap]) -> BoxFuture<'a, Result<(), BoxError>>;
 
+    /// Removes exactly `gaps` (as [`load`](Self::load) gave them) of `view`.
+    fn remove<'a>(&'a self, view: &'a str, gaps: &'a [Gap]) -> BoxFuture<'a, Result<(), BoxError>>;
+
     /// Forgets the gaps of `view` that read as `lines` (their [`Gap`] text: what a
     /// person acknowledged); another reason of the same table is kept.
     fn forget<'a>(
         &'a self,
         view: &'a str,
         lines: &'a [String],
-    ) -> BoxFuture<'a, Result<(), BoxError>>;
+    ) -> BoxFuture<'a, Result<(), BoxError>> {
+        Box::pin(async move {
+            let gone: Vec<Gap> = self
+                .load(view)
+                .await?
+                .into_iter()
+                .filter(|g| lines.contains(&g.to_string()))
+                .collect();
+            if gone.is_empty() {
+                return Ok(());
+            }
+            self.remove(view, &gone).await
+        })
+    }
 }
 
 /// A connected target: makes each view's connections.

@@ -285,3 +285,45 @@ pub(crate) fn write_new(path: &Path, text: &str) -> anyhow::Result<()> {
 fn toml_string(s: &str) -> String {
     crate::infer::toml_string(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fix() -> freshen::plug::SourceFix {
+        freshen::plug::SourceFix {
+            table: "public.items".into(),
+            advice: "view(s) ct need the old cid of an UPDATE that changes it and of a DELETE; Run: A; B;".into(),
+            statements: vec!["A;".into(), "B;".into()],
+        }
+    }
+
+    #[test]
+    fn the_file_says_what_loses_changes_or_what_ran() {
+        assert_eq!(identity_block(&[], false), "");
+        assert_eq!(identity_block(&[], true), "");
+        let lossy = identity_block(&[fix()], false);
+        assert!(
+            lossy.starts_with("# WARNING: as the database is now, this view loses changes.\n"),
+            "{lossy}"
+        );
+        assert!(
+            lossy.contains("# public.items: view(s) ct need the old cid"),
+            "{lossy}"
+        );
+        assert!(lossy.ends_with("does):\n#   A;\n#   B;\n#\n"), "{lossy}");
+        assert!(lossy.lines().all(|l| l.starts_with('#')), "{lossy}");
+        let fixed = identity_block(&[fix()], true);
+        assert_eq!(
+            fixed,
+            "# Run by `freshen init --fix-identity`, for the replica identity the view needs:\n#   A;\n#   B;\n#\n"
+        );
+    }
+
+    #[test]
+    fn wraps_between_words() {
+        assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
+        assert_eq!(wrap("averylongword x", 4), ["averylongword", "x"]);
+        assert!(wrap("  ", 10).is_empty());
+    }
+}

@@ -477,7 +477,7 @@ pub async fn starter(
         } else {
             let tables: Vec<&str> = fixes.iter().map(|f| f.table.as_str()).collect();
             format!(
-                "no `reconcile` needed once the replica identity of {} carries the key (below)",
+                "no `reconcile` needed once the replica identity of {} carries the key (see above)",
                 tables.join(", ")
             )
         };

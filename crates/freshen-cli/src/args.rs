@@ -139,6 +139,14 @@ pub(crate) enum Command {
         /// missing (printed as they run).
         #[arg(long)]
         create: bool,
+        /// Where a watched table's replica identity loses changes the view needs (a
+        /// DELETE, or an UPDATE that moves a row to another key, without the old key),
+        /// set the cheapest one that carries them — a unique index over the key and the
+        /// primary key, made the identity — printing each statement as it runs. It
+        /// changes your table and what its writes log: without the flag, `init` prints
+        /// the statements and writes them into the file instead.
+        #[arg(long)]
+        fix_identity: bool,
         /// The environment variable holding the database URL (the file refers to it).
         #[arg(long, value_name = "VAR", default_value = "DATABASE_URL")]
         url_env: String,

@@ -37,6 +37,7 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
             from_matview,
             key,
             create,
+            fix_identity,
             url_env,
             output,
         } => {
@@ -47,8 +48,18 @@ async fn dispatch(args: Args) -> anyhow::Result<ExitCode> {
                 from_matview,
                 key,
                 create,
+                fix_identity,
                 url_env,
             };
+            // Refused before anything runs: `--create` and `--fix-identity` change the
+            // database, and the file would then be the one thing missing.
+            if let Some(path) = output.as_ref().filter(|p| p.exists()) {
+                eprintln!(
+                    "{} exists: freshen init never writes over a file (name another with -o)",
+                    path.display()
+                );
+                return Ok(ExitCode::FAILURE);
+            }
             match crate::init::starting_file(&request, &|line| eprintln!("{line}")).await {
                 Ok(written) => {
                     for done in &written.created {

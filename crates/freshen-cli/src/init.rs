@@ -31,6 +31,9 @@ pub(crate) struct Request {
     /// Run the statements first (the target table, the publication), each only if
     /// missing.
     pub create: bool,
+    /// Set the replica identity a watched table lacks (the target kind's
+    /// [`freshen::plug::SourceFix`]es): it changes the user's table, so only when asked.
+    pub fix_identity: bool,
     /// The environment variable holding the database URL.
     pub url_env: String,
 }
@@ -40,7 +43,8 @@ pub(crate) struct Request {
 pub(crate) struct Written {
     /// The file.
     pub file: String,
-    /// With `--create`: each statement run (or left, because what it creates exists).
+    /// With `--create`: each statement run (or left, because what it creates exists);
+    /// with `--fix-identity`, each statement that set a replica identity.
     pub created: Vec<String>,
 }
 
@@ -124,7 +128,7 @@ pub(crate) async fn starting_file(
         spec.key_names = inferred.key.clone();
     }
     let starter = target.starter(&spec, &inferred, var).await?;
-    let created = if request.create {
+    let mut created = if request.create {
         for s in &starter.create {
             say(&format!("running: {s}"));
         }
@@ -132,8 +136,34 @@ pub(crate) async fn starting_file(
     } else {
         Vec::new()
     };
+    let fixing: Vec<String> = starter
+        .fixes
+        .iter()
+        .flat_map(|f| f.statements.iter().cloned())
+        .collect();
+    if request.fix_identity {
+        if fixing.is_empty() {
+            say(
+                "--fix-identity: the watched tables' replica identities already carry what the view needs; nothing changed",
+            );
+        } else {
+            for s in &fixing {
+                say(&format!("running: {s}"));
+            }
+            created.extend(target.fix_source(&fixing).await?);
+        }
+    } else if !fixing.is_empty() {
+        // Never silent: a file that loses changes says so, here and in the file.
+        for f in &starter.fixes {
+            say(&format!("warning: {}: {}", f.table, f.advice));
+        }
+        say(
+            "the file says so too: run those statements before `freshen run`, or add --fix-identity to this command to have them run",
+        );
+    }
     let plain = freshen::plug::is_plain_query(&query);
     let mut out = String::from("# Written by `freshen init`.\n#\n");
+    out.push_str(&identity_block(&starter.fixes, request.fix_identity));
     if !request.create {
         out.push_str("# Run first (or `freshen init … --create` does):\n");
         for s in &starter.create {
@@ -192,6 +222,55 @@ pub(crate) async fn starting_file(
     Ok(Written { file: out, created })
 }
 
+/// The file's lines on `fixes`: what was run (`fixed`), or what loses changes until the
+/// statements are run, as comment lines; nothing without fixes.
+fn identity_block(fixes: &[freshen::plug::SourceFix], fixed: bool) -> String {
+    if fixes.is_empty() {
+        return String::new();
+    }
+    let mut out = String::new();
+    if fixed {
+        out.push_str(
+            "# Run by `freshen init --fix-identity`, for the replica identity the view needs:\n",
+        );
+    } else {
+        out.push_str("# WARNING: as the database is now, this view loses changes.\n");
+        for f in fixes {
+            for line in wrap(&format!("{}: {}", f.table, f.advice), 86) {
+                out.push_str(&format!("# {line}\n"));
+            }
+        }
+        out.push_str("# Run before `freshen run` (or `freshen init … --fix-identity` does):\n");
+    }
+    for f in fixes {
+        for s in &f.statements {
+            out.push_str(&format!("#   {s}\n"));
+        }
+    }
+    out.push_str("#\n");
+    out
+}
+
+/// `text` in lines of at most `width` characters, broken between words (a longer word
+/// stays whole).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
 /// Writes `text` to a new file at `path`; an existing file is left alone (an error).
 pub(crate) fn write_new(path: &Path, text: &str) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new()
@@ -205,4 +284,46 @@ pub(crate) fn write_new(path: &Path, text: &str) -> anyhow::Result<()> {
 
 fn toml_string(s: &str) -> String {
     crate::infer::toml_string(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fix() -> freshen::plug::SourceFix {
+        freshen::plug::SourceFix {
+            table: "public.items".into(),
+            advice: "view(s) ct need the old cid of an UPDATE that changes it and of a DELETE; Run: A; B;".into(),
+            statements: vec!["A;".into(), "B;".into()],
+        }
+    }
+
+    #[test]
+    fn the_file_says_what_loses_changes_or_what_ran() {
+        assert_eq!(identity_block(&[], false), "");
+        assert_eq!(identity_block(&[], true), "");
+        let lossy = identity_block(&[fix()], false);
+        assert!(
+            lossy.starts_with("# WARNING: as the database is now, this view loses changes.\n"),
+            "{lossy}"
+        );
+        assert!(
+            lossy.contains("# public.items: view(s) ct need the old cid"),
+            "{lossy}"
+        );
+        assert!(lossy.ends_with("does):\n#   A;\n#   B;\n#\n"), "{lossy}");
+        assert!(lossy.lines().all(|l| l.starts_with('#')), "{lossy}");
+        let fixed = identity_block(&[fix()], true);
+        assert_eq!(
+            fixed,
+            "# Run by `freshen init --fix-identity`, for the replica identity the view needs:\n#   A;\n#   B;\n#\n"
+        );
+    }
+
+    #[test]
+    fn wraps_between_words() {
+        assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
+        assert_eq!(wrap("averylongword x", 4), ["averylongword", "x"]);
+        assert!(wrap("  ", 10).is_empty());
+    }
 }

@@ -125,14 +125,15 @@ pub use check::depends;
 pub use polling as incremental;
 
 pub use admin::{
-    CREATED_BY, Coverage, IdentityCheck, PgAdmin, PublicationDrop, PublicationInfo,
-    ReplicaIdentity, SlotInfo, TableIdentity,
+    CREATED_BY, Coverage, PgAdmin, PublicationDrop, PublicationInfo, ReplicaIdentity, SlotInfo,
+    TableIdentity,
 };
 pub use capture::pgoutput::DecodeError;
 pub use capture::settings::{PgSourceSettings, PublicationChoice, SlotChoice, url_problems};
 pub use capture::source::{Health, PgHandle, PgSource, PgSourceBuilder};
 pub use check::identity::{
-    Choice, FULL_COST, IdentityFacts, Recommendation, UniqueIndex, Verdict, ViewNeed, recommend,
+    Choice, FULL_COST, IdentityFacts, Recommendation, TableAdvice, UniqueIndex, Verdict, ViewNeed,
+    advise, recommend,
 };
 pub use check::toast::{IdentityAdvice, TOASTABLE_COLUMNS_SQL, TableStorage, needs_full_identity};
 pub use config::{

@@ -185,8 +185,24 @@ impl Target for PgConnected {
                 vec![format!("view `{}`: cannot connect: {e}", view.name)]
             };
             let pool = connect_pool(conn, 1).map_err(|e| cannot(&e))?;
+            // Read before the client is taken: the pool has one connection.
+            let fixes = source_fixes(&PgAdmin::from_pool(pool.clone()), &inferred.watch).await?;
             let client = pool.get().await.map_err(|e| cannot(&e))?;
-            crate::infer::starter(&client, view, inferred, url_var).await
+            crate::infer::starter(&client, view, inferred, url_var, fixes).await
+        })
+    }
+
+    fn fix_source<'a>(
+        &'a self,
+        statements: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<String>, Vec<String>>> {
+        Box::pin(async move {
+            // The replica identity is the source's tables'.
+            let conn = self.source.as_ref().unwrap_or(&self.conn);
+            let cannot = |e: &dyn std::fmt::Display| vec![format!("cannot connect: {e}")];
+            let pool = connect_pool(conn, 1).map_err(|e| cannot(&e))?;
+            let client = pool.get().await.map_err(|e| cannot(&e))?;
+            crate::infer::run_each(&client, statements).await
         })
     }
 
@@ -229,6 +245,32 @@ impl Target for PgConnected {
             }
             Ok(done)
         })
+    }
+}
+
+/// The replica identities `watched` needs that the tables lack, each as a fix in the
+/// words `check` uses; a table whose catalog cannot be read is a problem.
+async fn source_fixes(
+    admin: &PgAdmin,
+    watched: &[freshen::plug::Watched],
+) -> Result<Vec<freshen::plug::SourceFix>, Vec<String>> {
+    let mut fixes = Vec::new();
+    let mut problems = Vec::new();
+    for advice in crate::check::identity::advise_watched(admin, watched, false).await {
+        match advice {
+            Ok(a) if a.loses_changes() => fixes.push(freshen::plug::SourceFix {
+                table: a.finding.subject,
+                advice: a.finding.message,
+                statements: a.recommendation.statements,
+            }),
+            Ok(_) => {}
+            Err(f) => problems.push(format!("{}: {}", f.subject, f.message)),
+        }
+    }
+    if problems.is_empty() {
+        Ok(fixes)
+    } else {
+        Err(problems)
     }
 }
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 use freshen_testenv::refresher::eventually;
 use tokio_postgres::Client;
 
+/// At the identity a table has by default: a DELETE carries only `id`.
 const ORDERS: &str = "
 CREATE TABLE orders (id int PRIMARY KEY, region text NOT NULL, amount int NOT NULL);
-ALTER TABLE orders REPLICA IDENTITY FULL;
 INSERT INTO orders SELECT g, (ARRAY['eu', 'us', 'ap', 'sa', 'af', 'oc'])[1 + g % 6], g % 50 FROM generate_series(1, 6000) g;
 ";
 
@@ -92,6 +92,34 @@ impl Drop for Killed {
     }
 }
 
+/// `command` (a `freshen run` of `dir`'s freshen.toml, holding `file`) through the shell,
+/// logging to run.log, killed when dropped. Its listener moves off the default port,
+/// which another freshen on this machine may hold: the one change to the file.
+fn run_file(dir: &std::path::Path, url: &str, file: &str, command: &str) -> Killed {
+    let port = free_port();
+    std::fs::write(
+        dir.join("freshen.toml"),
+        format!("{file}\n[http]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.join("run.log")).unwrap();
+    Killed(
+        shell(dir, url, command)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Waits (60 s at most) until `table` holds exactly what `query` returns.
+async fn until_true(c: &Client, table: &str, query: &str, what: &str) {
+    eventually(60, what, || async move {
+        (differs(c, table, query).await == 0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_quick_start_builds_a_complete_fresh_table() {
     let pg = start_pg();
@@ -117,6 +145,14 @@ async fn the_readme_quick_start_builds_a_complete_fresh_table() {
                 "printed first: {said}"
             );
             assert!(said.contains("done: CREATE PUBLICATION"), "{said}");
+            // --fix-identity: orders' DELETEs and region moves carry the old region.
+            assert!(
+                said.contains(
+                    "running: ALTER TABLE \"public\".\"orders\" REPLICA IDENTITY USING INDEX"
+                ),
+                "{said}"
+            );
+            assert!(!said.contains("warning"), "{said}");
         }
     }
     let file = std::fs::read_to_string(dir.path().join("freshen.toml")).unwrap();
@@ -128,28 +164,9 @@ async fn the_readme_quick_start_builds_a_complete_fresh_table() {
             "no `{absent}` in the starting file:\n{file}"
         );
     }
-    // run, as written: the table is built whole, complete, then kept fresh. (Its
-    // listener moves off the default port, which another freshen on this machine may
-    // hold: the one change to the file.)
-    let port = free_port();
-    std::fs::write(
-        dir.path().join("freshen.toml"),
-        format!("{file}\n[http]\nlisten = \"127.0.0.1:{port}\"\n"),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.path().join("run.log")).unwrap();
-    let _run = Killed(
-        shell(dir.path(), &pg.url(), &commands[2])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    eventually(60, "region_totals complete", || {
-        let c = &c;
-        async move { (differs(c, "region_totals", REGIONS).await == 0).then_some(()) }
-    })
-    .await;
+    // run, as written: the table is built whole, complete, then kept fresh.
+    let _run = run_file(dir.path(), &pg.url(), &file, &commands[2]);
+    until_true(&c, "region_totals", REGIONS, "region_totals complete").await;
     let regions: i64 = c
         .query_one("SELECT count(*) FROM region_totals", &[])
         .await
@@ -163,13 +180,10 @@ async fn the_readme_quick_start_builds_a_complete_fresh_table() {
     )
     .await
     .unwrap();
-    eventually(60, "region_totals fresh", || {
-        let c = &c;
-        async move { (differs(c, "region_totals", REGIONS).await == 0).then_some(()) }
-    })
-    .await;
+    until_true(&c, "region_totals", REGIONS, "region_totals fresh").await;
     let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
     assert!(log.contains("first build done"), "{log}");
+    assert!(!log.contains("need the old"), "no identity warning: {log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -222,11 +236,7 @@ async fn a_materialized_view_is_imported_and_readers_switch_with_no_gap() {
     );
     let base = format!("http://127.0.0.1:{port}");
     wait_healthy(&base, dir.path(), 1, Duration::from_secs(60)).await;
-    eventually(60, "the fresh table built", || {
-        let c = &c;
-        async move { (differs(c, "region_stats_fresh", REGIONS).await == 0).then_some(()) }
-    })
-    .await;
+    until_true(&c, "region_stats_fresh", REGIONS, "the fresh table built").await;
     // Readers keep reading the old name while it is swapped for a view over the fresh
     // table: every read succeeds and sees every region.
     let url = pg.url();
@@ -267,10 +277,179 @@ async fn a_materialized_view_is_imported_and_readers_switch_with_no_gap() {
     c.batch_execute("UPDATE orders SET amount = amount + 1000 WHERE region = 'ap'")
         .await
         .unwrap();
-    eventually(60, "region_stats fresh through the view", || {
-        let c = &c;
-        async move { (differs(c, "region_stats", REGIONS).await == 0).then_some(()) }
-    })
+    until_true(
+        &c,
+        "region_stats",
+        REGIONS,
+        "region_stats fresh through the view",
+    )
     .await;
     drop(run);
+}
+
+const ITEMS: &str = "
+CREATE TABLE items (id int PRIMARY KEY, cid int NOT NULL, v int NOT NULL);
+INSERT INTO items SELECT g, g % 10, g FROM generate_series(1, 2000) g;
+";
+
+/// The new user's query: a count per `cid`, the key of the view and not of `items`.
+const PER_CID: &str = "SELECT cid, count(*) AS n FROM items GROUP BY cid";
+
+fn init_ct(extra: &str) -> String {
+    format!("freshen init --into ct --create {extra} -o freshen.toml --query \"{PER_CID}\"")
+}
+
+/// `check --json`'s replica_identity finding for `public.items`: (level, message).
+fn identity_finding(dir: &std::path::Path, url: &str) -> (String, String) {
+    let out = shell(dir, url, "freshen check --json -c freshen.toml")
+        .output()
+        .unwrap();
+    let f = findings(&out)
+        .into_iter()
+        .find(|f| f["check"] == "replica_identity" && f["subject"] == "public.items")
+        .unwrap_or_else(|| {
+            panic!(
+                "no replica_identity finding: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+    (
+        f["level"].as_str().unwrap_or_default().to_owned(),
+        f["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+async fn replica_identity(c: &Client) -> String {
+    c.query_one(
+        "SELECT relreplident::text FROM pg_class WHERE oid = 'items'::regclass",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_says_which_identity_loses_changes_in_checks_words_and_writes_the_fix() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(ITEMS).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = shell(dir.path(), &pg.url(), &init_ct("")).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    // Nothing of the user's table changed without the flag.
+    assert_eq!(replica_identity(&c).await, "d");
+    let file = std::fs::read_to_string(dir.path().join("freshen.toml")).unwrap();
+    assert!(
+        file.contains("# WARNING: as the database is now, this view loses changes."),
+        "{file}"
+    );
+    assert!(
+        file.contains(
+            "no `reconcile` needed once the replica identity of public.items carries the key"
+        ),
+        "{file}"
+    );
+    // One advice: what init printed is check's finding, word for word.
+    let printed = said
+        .lines()
+        .find_map(|l| l.strip_prefix("warning: public.items: "))
+        .unwrap_or_else(|| panic!("init warned: {said}"))
+        .to_owned();
+    let (level, advice) = identity_finding(dir.path(), &pg.url());
+    assert_eq!(level, "warning", "{advice}");
+    assert_eq!(printed, advice);
+    assert!(advice.contains("view(s) ct need the old cid"), "{advice}");
+    // The statements the file asks for, run as written, make the identity carry cid.
+    let statements: Vec<&str> = file
+        .lines()
+        .skip_while(|l| !l.starts_with("# Run before `freshen run`"))
+        .skip(1)
+        .map_while(|l| l.strip_prefix("#   "))
+        .collect();
+    assert_eq!(statements.len(), 2, "{file}");
+    assert!(
+        statements[0].starts_with("CREATE UNIQUE INDEX CONCURRENTLY"),
+        "{statements:?}"
+    );
+    for s in &statements {
+        assert!(
+            advice.contains(s),
+            "the file's statements are the advice's: {s}"
+        );
+        c.batch_execute(s)
+            .await
+            .unwrap_or_else(|e| panic!("{s}: {e}"));
+    }
+    assert_eq!(replica_identity(&c).await, "i");
+    let (level, advice) = identity_finding(dir.path(), &pg.url());
+    assert_eq!(level, "ok", "{advice}");
+    assert!(advice.contains("is the cheapest that carries"), "{advice}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_fix_identity_keeps_a_count_per_key_true_through_deletes_and_key_moves() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(ITEMS).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = shell(dir.path(), &pg.url(), &init_ct("--fix-identity"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("running: CREATE UNIQUE INDEX CONCURRENTLY"),
+        "{said}"
+    );
+    assert!(
+        said.contains("done: ALTER TABLE \"public\".\"items\" REPLICA IDENTITY USING INDEX"),
+        "{said}"
+    );
+    assert_eq!(replica_identity(&c).await, "i");
+    let file = std::fs::read_to_string(dir.path().join("freshen.toml")).unwrap();
+    assert!(
+        file.contains("# Run by `freshen init --fix-identity`"),
+        "{file}"
+    );
+    assert!(!file.contains("WARNING"), "{file}");
+    let (level, advice) = identity_finding(dir.path(), &pg.url());
+    assert_eq!(level, "ok", "{advice}");
+    // Asked again: nothing left to change.
+    let again = shell(
+        dir.path(),
+        &pg.url(),
+        &init_ct("--fix-identity").replace("freshen.toml", "again.toml"),
+    )
+    .output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&again.stderr).into_owned();
+    assert!(again.status.success(), "{said}");
+    assert!(said.contains("nothing changed"), "{said}");
+    assert!(!said.contains("running: CREATE UNIQUE INDEX"), "{said}");
+
+    let _run = run_file(dir.path(), &pg.url(), &file, "freshen run -c freshen.toml");
+    until_true(&c, "ct", PER_CID, "ct built").await;
+    // DELETEs and UPDATEs that move rows to another cid: each carries the cid the row
+    // left only through the identity init set. cid 3 loses every row and cid 5 moves
+    // whole into 4 (both must vanish from ct); single rows move and go.
+    c.batch_execute(
+        "DELETE FROM items WHERE cid = 3;
+         UPDATE items SET cid = 4 WHERE cid = 5;
+         UPDATE items SET cid = 7 WHERE id % 13 = 0;
+         DELETE FROM items WHERE id % 17 = 0;
+         UPDATE items SET cid = 11 WHERE id = 1;",
+    )
+    .await
+    .unwrap();
+    until_true(&c, "ct", PER_CID, "ct true after deletes and key moves").await;
+    let gone: i64 = c
+        .query_one("SELECT count(*) FROM ct WHERE cid IN (3, 5)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(gone, 0, "the cids every row left are gone");
+    let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
+    assert!(!log.contains("need the old"), "no identity warning: {log}");
 }

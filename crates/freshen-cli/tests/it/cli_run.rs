@@ -196,9 +196,25 @@ async fn a_change_that_cannot_be_scoped_is_warned_about_and_counted() {
     sigterm(&child);
     assert!(child.wait().unwrap().success());
     let log = log_of(dir.path(), 1);
+    // Warned at start in `check`'s words: one advice, the cheapest fix's statements.
+    let out = freshen()
+        .args(["check", "--json", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let advice = findings(&out)
+        .into_iter()
+        .find(|f| f["check"] == "replica_identity" && f["subject"] == "public.readings")
+        .expect("check's replica_identity finding");
+    assert_eq!(advice["level"], "warning", "{advice}");
+    let advice = advice["message"].as_str().unwrap();
     assert!(
-        log.contains("REPLICA IDENTITY FULL"),
-        "warned at start and at the change:\n{log}"
+        advice.contains("REPLICA IDENTITY USING INDEX"),
+        "the cheapest fix: {advice}"
+    );
+    assert!(
+        log.contains(advice),
+        "run warned as check does:\n{advice}\n{log}"
     );
     assert!(
         log.contains("carried no value for the view's key columns"),

@@ -15,8 +15,7 @@ use freshen_postgres::{
 };
 use freshen_testenv::child::ChildProcess;
 use freshen_testenv::{KafkaFlavor, PgServer};
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
 use support::*;
 use tokio_postgres::{Client, NoTls};
@@ -161,13 +160,8 @@ async fn changes_arrive_once_in_order_and_survive_a_killed_sink() {
     .await
     .unwrap();
     let sink_config = KafkaSinkConfig::new(&bootstrap, "pg", TopicMode::PerTable);
-    let reader: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    reader.subscribe(&[TOPIC]).unwrap();
+    // In no group: its drop never waits on the broker (support::reader_from_start).
+    let reader = reader_from_start(&bootstrap, TOPIC, 3);
 
     // Phase 1: a clean run, by a sink in a process of its own (phase 2 kills it). Every
     // change once, in commit order per key.
@@ -227,7 +221,11 @@ async fn changes_arrive_once_in_order_and_survive_a_killed_sink() {
         }
         all.extend(read_changes(&reader, 1).await);
     }
+    // Every Kafka client closed before the broker goes with the test's locals.
     task.abort();
+    let _ = task.await;
+    close("the restarted sink", sink).await;
+    close("the reader", reader).await;
 }
 
 /// Where the child process of the test above finds PostgreSQL and Kafka.

@@ -18,8 +18,7 @@ use freshen_postgres::{
 };
 use freshen_testenv::refresher::{eventually, within};
 use freshen_testenv::{KafkaFlavor, PgServer};
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
 use serde_json::{Value, json};
 use support::*;
@@ -29,6 +28,7 @@ use tokio_postgres::{Client, NoTls};
 
 const ROWS: i32 = 3000;
 const TOPIC: &str = "pg.public.items";
+const PARTITIONS: i32 = 3;
 const SINK: &str = "kafka:pg";
 
 async fn sql(pg: &PgServer) -> Client {
@@ -228,16 +228,10 @@ struct Record {
     after: Value,
 }
 
-/// A consumer reading the topic from its start.
-fn reader(bootstrap: &str, group: &str) -> StreamConsumer {
-    let r: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    r.subscribe(&[TOPIC]).unwrap();
-    r
+/// A consumer reading the topic from its start, in no group: its drop never waits on
+/// the broker ([`reader_from_start`]).
+fn reader(bootstrap: &str) -> StreamConsumer {
+    reader_from_start(bootstrap, TOPIC, PARTITIONS)
 }
 
 async fn next_record(r: &StreamConsumer) -> Option<Record> {
@@ -330,7 +324,7 @@ async fn a_sink_snapshot_taken_while_writers_run_replays_to_the_table() {
     let pg = PgServer::start().unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"));
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
-    create_topic(&bootstrap, TOPIC, 3).await;
+    create_topic(&bootstrap, TOPIC, PARTITIONS).await;
     let c = setup(&pg).await;
     let w = writers(&pg, 2);
     let run = run(&pg, &bootstrap, true, 0).await;
@@ -344,7 +338,7 @@ async fn a_sink_snapshot_taken_while_writers_run_replays_to_the_table() {
         "the writers ran during the snapshot ({writes})"
     );
     let want = table(&c).await;
-    let r = reader(&bootstrap, "replay");
+    let r = reader(&bootstrap);
     let mut replay = Replay::default();
     replay.until_equal(&r, &want).await;
     let reads = replay.reads();
@@ -375,6 +369,7 @@ async fn a_sink_snapshot_taken_while_writers_run_replays_to_the_table() {
         "sink snapshot: {done:?}; {reads} reads so far, {live} live records, {writes} writes"
     );
     run.stop().await;
+    close("the replay reader", r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,9 +377,16 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
     let pg = PgServer::start().unwrap_or_else(|e| panic!("PostgreSQL for this test: {e}"));
     let kafka = broker(KafkaFlavor::Noida);
     let bootstrap = kafka.bootstrap();
-    within(60, "the topic created", create_topic(&bootstrap, TOPIC, 3)).await;
+    within(
+        60,
+        "the topic created",
+        create_topic(&bootstrap, TOPIC, PARTITIONS),
+    )
+    .await;
     let c = within(60, "the table set up", setup(&pg)).await;
-    c.batch_execute(WITNESSES).await.unwrap();
+    within(60, "the witnesses written", c.batch_execute(WITNESSES))
+        .await
+        .unwrap();
     let w = writers(&pg, 2);
 
     let first = within(60, "the first run started", run(&pg, &bootstrap, true, 20)).await;
@@ -395,29 +397,32 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
     // Witness rows changed live just before the crash and never again (the writers keep
     // to ids up to ROWS, their negations and the sequence's): a change lost at the
     // crash leaves the replay unequal to the table.
-    c.batch_execute(WITNESSES_CHANGED).await.unwrap();
+    within(
+        60,
+        "the witnesses changed",
+        c.batch_execute(WITNESSES_CHANGED),
+    )
+    .await
+    .unwrap();
     within(60, "the first run killed", first.kill()).await;
-    let stored: String = c
-        .query_one(
+    let stored: String = within(
+        60,
+        "the stored progress read",
+        c.query_one(
             "SELECT progress::text FROM freshen_sink_snapshots WHERE sink = $1",
             &[&SINK],
-        )
-        .await
-        .unwrap()
-        .get(0);
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
     let stored: SnapshotProgress = serde_json::from_str(&stored).unwrap();
     assert_eq!(stored.state, SnapshotState::Running, "{stored:?}");
     assert!(stored.chunks >= 5, "{stored:?}");
     let resume_after: i64 = stored.after.as_ref().unwrap()[0].parse().unwrap();
     // Where the topic ended when the sink died: later records are the second run's.
-    let probe = reader(&bootstrap, "probe");
-    let ends: BTreeMap<i32, i64> = (0..3)
-        .map(|p| {
-            let (_, high) = probe
-                .fetch_watermarks(TOPIC, p, Duration::from_secs(10))
-                .unwrap();
-            (p, high)
-        })
+    let ends: BTreeMap<i32, i64> = (0..PARTITIONS)
+        .zip(high_watermarks(&bootstrap, TOPIC, PARTITIONS))
         .collect();
 
     let second = within(60, "the second run started", run(&pg, &bootstrap, true, 0)).await;
@@ -428,7 +433,7 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
     within(60, "the writers stopped", w.stop()).await;
     assert!(done.chunks > stored.chunks, "{done:?} {stored:?}");
     let want = within(60, "the table read", table(&c)).await;
-    let r = reader(&bootstrap, "replay");
+    let r = reader(&bootstrap);
     let mut replay = Replay::default();
     replay.until_equal(&r, &want).await;
     // Resumed, not restarted: the second run read only keys after the stored one.
@@ -445,4 +450,6 @@ async fn a_killed_sink_snapshot_resumes_after_its_last_delivered_chunk() {
         &reread[..reread.len().min(10)]
     );
     within(60, "the second run stopped", second.stop()).await;
+    // Before the broker goes with the test's locals.
+    close("the replay reader", r).await;
 }

@@ -11,7 +11,7 @@ use freshen_testenv::{KafkaFlavor, KafkaServer};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -153,11 +153,11 @@ pub fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> 
         .collect()
 }
 
-/// The end offset (high watermark) of each partition of `topic`.
+/// The end offset (high watermark) of each partition of `topic`. The consumer is in no
+/// group (see [`reader_from_start`]).
 pub fn high_watermarks(bootstrap: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
-        .set("group.id", "freshen-test-watermarks")
         .create()
         .expect("consumer for watermarks");
     (0..partitions)
@@ -167,4 +167,40 @@ pub fn high_watermarks(bootstrap: &str, topic: &str, partitions: i32) -> Vec<i64
                 .1
         })
         .collect()
+}
+
+/// A consumer of `topic`'s `partitions` partitions from their first record, assigned
+/// by hand: it never joins its group (librdkafka needs a `group.id` to assign, not to
+/// join one) and commits nothing. A subscribed member's drop waits — without a bound,
+/// on the thread that drops it — until the broker has let it leave the group (rdkafka's
+/// `BaseConsumer` drop polls until closed): a test that only reads a topic has no group
+/// to leave.
+pub fn reader_from_start(bootstrap: &str, topic: &str, partitions: i32) -> StreamConsumer {
+    let r: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "freshen-test-reader")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a reader");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("a partition to read");
+    }
+    r.assign(&tpl).expect("the partitions assigned");
+    r
+}
+
+/// Drops a Kafka client on a blocking thread and waits for it, failing past 60 s:
+/// librdkafka's close blocks the thread it runs on, and a close still talking to the
+/// broker when the test ends (the broker stopped as its locals drop) would hold the
+/// runtime's shutdown without a word. Every test closes its clients before it ends.
+pub async fn close<T: Send + 'static>(what: &str, client: T) {
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || drop(client)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what} not closed within 60 s"))
+    .unwrap_or_else(|e| panic!("closing {what}: {e}"));
 }

@@ -160,60 +160,6 @@ impl TableIdentity {
             _ => BeforeImage::None,
         }
     }
-
-    /// Whether an UPDATE that moves a row between scopes of `scope_columns`, and a
-    /// DELETE, carry the scope the row left — and if not, how to fix it.
-    pub fn check_scope(&self, scope_columns: &[&str]) -> IdentityCheck {
-        let covered = match self.identity {
-            ReplicaIdentity::Full => true,
-            ReplicaIdentity::Default | ReplicaIdentity::Index => {
-                !self.key_columns.is_empty()
-                    && scope_columns
-                        .iter()
-                        .all(|c| self.key_columns.iter().any(|k| k == c))
-            }
-            ReplicaIdentity::Nothing => false,
-        };
-        let fix = format!("ALTER TABLE {} REPLICA IDENTITY FULL", self.table.quoted());
-        let advice = (!covered).then(|| match self.identity {
-            ReplicaIdentity::Nothing => format!(
-                "{} has REPLICA IDENTITY NOTHING: UPDATE and DELETE carry no former row (and \
-                 fail on a published table). Run: {fix}",
-                self.table
-            ),
-            _ if self.key_columns.is_empty() => format!(
-                "{} has no primary key for REPLICA IDENTITY {}: UPDATE and DELETE carry no \
-                 former row. Run: {fix}",
-                self.table, self.identity
-            ),
-            _ => format!(
-                "{} has REPLICA IDENTITY {} on ({}): an UPDATE that changes the scope columns \
-                 ({}) but not the key sends no former image, and a DELETE sends only the key, \
-                 so the scope the row left is never rebuilt (only a reconcile sweep heals it). \
-                 Run: {fix} (or the cheaper identity index `freshen check` proposes)",
-                self.table,
-                self.identity,
-                self.key_columns.join(", "),
-                scope_columns.join(", ")
-            ),
-        });
-        IdentityCheck {
-            identity: self.clone(),
-            carries_old_scope: covered,
-            advice,
-        }
-    }
-}
-
-/// The answer of [`TableIdentity::check_scope`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdentityCheck {
-    /// The table's identity.
-    pub identity: TableIdentity,
-    /// Whether scope-moving UPDATEs and DELETEs carry the scope the row left.
-    pub carries_old_scope: bool,
-    /// What to do when they do not.
-    pub advice: Option<String>,
 }
 
 /// Whether publication `name` carries freshen's mark ([`CREATED_BY`]).
@@ -1000,18 +946,6 @@ impl PgAdmin {
             primary_key: row.get(2),
         })
     }
-
-    /// [`TableIdentity::check_scope`] for `table`.
-    pub async fn check_replica_identity(
-        &self,
-        table: &TableName,
-        scope_columns: &[&str],
-    ) -> Result<IdentityCheck, PgError> {
-        Ok(self
-            .replica_identity(table)
-            .await?
-            .check_scope(scope_columns))
-    }
 }
 
 /// The statement that creates publication `name` for `tables` and `patterns`.
@@ -1130,32 +1064,8 @@ mod tests {
     }
 
     #[test]
-    fn scope_checks() {
-        assert!(
-            ident(ReplicaIdentity::Full, &[])
-                .check_scope(&["device"])
-                .carries_old_scope
-        );
-        let pk = ident(ReplicaIdentity::Default, &["device", "ts"]);
-        assert!(pk.check_scope(&["device"]).carries_old_scope);
+    fn before_images() {
         let id_only = ident(ReplicaIdentity::Default, &["id"]);
-        let c = id_only.check_scope(&["device"]);
-        assert!(!c.carries_old_scope);
-        assert!(
-            c.advice
-                .unwrap()
-                .contains("ALTER TABLE \"public\".\"readings\" REPLICA IDENTITY FULL")
-        );
-        assert!(
-            !ident(ReplicaIdentity::Default, &[])
-                .check_scope(&["id"])
-                .carries_old_scope
-        );
-        assert!(
-            !ident(ReplicaIdentity::Nothing, &[])
-                .check_scope(&["id"])
-                .carries_old_scope
-        );
         assert_eq!(id_only.before_image(), BeforeImage::KeyOnly);
         assert_eq!(
             ident(ReplicaIdentity::Nothing, &[]).before_image(),

@@ -175,16 +175,17 @@ impl SourcePlug for PgSourceSettings {
         Box::pin(async move {
             let connection = self.connection()?;
             let admin = PgAdmin::connect(&connection).await?;
-            // A weak replica identity works, with a weaker promise: say so once.
-            for w in plan.watched.iter().filter(|w| !w.fixed_key) {
-                let table = TableName::new(&w.schema, &w.table);
-                let cols: Vec<&str> = w.key.iter().map(String::as_str).collect();
-                let c = admin
-                    .check_replica_identity(&table, &cols)
-                    .await
-                    .map_err(|e| format!("view {}: {e}", w.view))?;
-                if !c.carries_old_scope {
-                    tracing::warn!(view = %w.view, "{}", c.advice.unwrap_or_default());
+            // A weak replica identity works, with a weaker promise: said once, in the
+            // words `check` and `init` use.
+            for advice in
+                crate::check::identity::advise_watched(&admin, &plan.watched, plan.changefeed).await
+            {
+                match advice {
+                    Ok(a) if a.loses_changes() => {
+                        tracing::warn!(table = %a.finding.subject, "{}", a.finding.message);
+                    }
+                    Ok(_) => {}
+                    Err(f) => return Err(format!("{}: {}", f.subject, f.message).into()),
                 }
             }
             let mut builder = PgSource::builder()

@@ -20,7 +20,7 @@
 //! [`recommend`] decides (pure); [`PgAdmin::identity_facts`](crate::PgAdmin::identity_facts)
 //! reads what it decides from.
 
-use freshen::plug::{Finding, Plan};
+use freshen::plug::{Finding, Plan, Watched};
 
 use crate::{PgError, ReplicaIdentity, TableIdentity, TableName, quote_ident};
 
@@ -184,12 +184,10 @@ pub fn recommend(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) ->
     // The old columns some view needs: its key, unless the primary key carries it or the
     // key is declared fixed.
     let mut needed: Vec<String> = Vec::new();
-    let mut needing: Vec<&ViewNeed> = Vec::new();
     for n in needs {
         if n.fixed_key || (!pk.is_empty() && covers(pk, &n.key)) {
             continue;
         }
-        needing.push(n);
         for c in &n.key {
             if !needed.contains(c) {
                 needed.push(c.clone());
@@ -303,10 +301,20 @@ pub fn recommend(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) ->
             )
         }
     };
+    // What the identity must carry now: every key a view reads that is not declared
+    // fixed. A key the primary key covers needs nothing more under DEFAULT, but an
+    // identity index that leaves it out does not carry it (a DELETE logs the index's
+    // columns, not the primary key's).
+    let mut wanted: Vec<String> = Vec::new();
+    for c in needs.iter().filter(|n| !n.fixed_key).flat_map(|n| &n.key) {
+        if !wanted.contains(c) {
+            wanted.push(c.clone());
+        }
+    }
     let carried = match cur.identity {
         ReplicaIdentity::Full => true,
         ReplicaIdentity::Default | ReplicaIdentity::Index => {
-            !cur.key_columns.is_empty() && covers(&cur.key_columns, &needed)
+            !cur.key_columns.is_empty() && covers(&cur.key_columns, &wanted)
         }
         ReplicaIdentity::Nothing => false,
     };
@@ -316,20 +324,27 @@ pub fn recommend(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) ->
         ReplicaIdentity::Full | ReplicaIdentity::Nothing => 2,
     };
     let verdict = if !carried {
-        let missing: Vec<String> = if cur.key_columns.is_empty() || needed.is_empty() {
+        let missing: Vec<String> = if cur.key_columns.is_empty() {
             needed.clone()
         } else {
-            needed
+            wanted
                 .iter()
                 .filter(|c| !cur.key_columns.contains(c))
                 .cloned()
                 .collect()
         };
+        // The views short of an old key: those whose key is missing, else (nothing is
+        // carried at all) every view of the table.
+        let short: Vec<String> = needs
+            .iter()
+            .filter(|n| !n.fixed_key && n.key.iter().any(|k| missing.contains(k)))
+            .map(|n| n.view.clone())
+            .collect();
         Verdict::Missing {
-            views: if needing.is_empty() {
+            views: if short.is_empty() {
                 needs.iter().map(|n| n.view.clone()).collect()
             } else {
-                needing.iter().map(|n| n.view.clone()).collect()
+                short
             },
             columns: missing,
         }
@@ -438,11 +453,30 @@ fn describe(current: &TableIdentity) -> String {
     }
 }
 
-/// One finding per watched table: whether its identity carries the old key columns its
-/// views need, and the cheapest one that does.
-pub(crate) async fn findings(admin: &crate::PgAdmin, plan: &Plan) -> Vec<Finding> {
+/// One table's replica identity against what its views need: the cheapest identity
+/// that carries it ([`recommend`]) and the words `check` reports it in, `run` warns with
+/// and `init` writes into a starting file — one wording, made by [`advise`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableAdvice {
+    /// The cheapest identity, how the current one compares, the statements.
+    pub recommendation: Recommendation,
+    /// What `check` reports (its level, the table, the advice).
+    pub finding: Finding,
+}
+
+impl TableAdvice {
+    /// Whether the identity loses what a view needs: an old key of a DELETE or of an
+    /// UPDATE that moves a row to another key (or, under `NOTHING`, every old row). The
+    /// statements then fix it.
+    pub fn loses_changes(&self) -> bool {
+        matches!(self.recommendation.verdict, Verdict::Missing { .. })
+    }
+}
+
+/// The needs of each table `watched` reads, tables in their first entry's order.
+fn needs_by_table(watched: &[Watched]) -> Vec<(TableName, Vec<ViewNeed>)> {
     let mut tables: Vec<(TableName, Vec<ViewNeed>)> = Vec::new();
-    for w in &plan.watched {
+    for w in watched {
         let table = TableName::new(&w.schema, &w.table);
         let need = ViewNeed {
             view: w.view.clone(),
@@ -454,25 +488,51 @@ pub(crate) async fn findings(admin: &crate::PgAdmin, plan: &Plan) -> Vec<Finding
             None => tables.push((table, vec![need])),
         }
     }
+    tables
+}
+
+/// [`advise`] for each table `watched` reads, from the catalog; a table whose catalog
+/// cannot be read is an error finding instead. `whole_rows`: a changefeed publishes the
+/// tables' rows.
+pub(crate) async fn advise_watched(
+    admin: &crate::PgAdmin,
+    watched: &[Watched],
+    whole_rows: bool,
+) -> Vec<Result<TableAdvice, Finding>> {
     let mut out = Vec::new();
-    for (table, needs) in tables {
-        let facts = match admin.identity_facts(&table).await {
-            Ok(f) => f,
-            Err(e) => {
-                out.push(Finding::error(CHECK, table.to_string(), e.to_string()));
-                continue;
-            }
-        };
-        out.push(finding(&facts, &needs, plan.changefeed));
+    for (table, needs) in needs_by_table(watched) {
+        out.push(match admin.identity_facts(&table).await {
+            Ok(facts) => Ok(advise(&facts, &needs, whole_rows)),
+            Err(e) => Err(Finding::error(CHECK, table.to_string(), e.to_string())),
+        });
     }
     out
 }
 
+/// One finding per watched table: whether its identity carries the old key columns its
+/// views need, and the cheapest one that does.
+pub(crate) async fn findings(admin: &crate::PgAdmin, plan: &Plan) -> Vec<Finding> {
+    advise_watched(admin, &plan.watched, plan.changefeed)
+        .await
+        .into_iter()
+        .map(|a| a.map_or_else(|error| error, |a| a.finding))
+        .collect()
+}
+
 const CHECK: &str = "replica_identity";
 
-/// The finding for one table (pure: [`recommend`] put in words).
-fn finding(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) -> Finding {
-    let r = recommend(facts, needs, whole_rows);
+/// [`recommend`] for one table, put in the words every command uses (pure): `check`'s
+/// finding, `run`'s warning and `init`'s note are this text.
+pub fn advise(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) -> TableAdvice {
+    let recommendation = recommend(facts, needs, whole_rows);
+    TableAdvice {
+        finding: finding(facts, needs, &recommendation),
+        recommendation,
+    }
+}
+
+/// The finding for one table: `r` ([`recommend`]'s answer) put in words.
+fn finding(facts: &IdentityFacts, needs: &[ViewNeed], r: &Recommendation) -> Finding {
     let subject = r.table.to_string();
     let current = describe(&facts.current);
     let all_views = needs
@@ -754,6 +814,23 @@ mod tests {
                 "missing",
             ),
             (
+                "an identity index without the primary key a view is keyed by: DEFAULT",
+                facts(
+                    I,
+                    &["code"],
+                    &["id"],
+                    &[
+                        ("readings_pkey", &["id"], true),
+                        ("readings_code", &["code"], true),
+                    ],
+                    all,
+                ),
+                vec![need("v", &["id"], false)],
+                false,
+                "DEFAULT",
+                "missing",
+            ),
+            (
                 "NOTHING: never carries",
                 facts(N, &[], &["id"], pk_only, all),
                 vec![need("v", &["id"], false)],
@@ -822,6 +899,46 @@ mod tests {
             r.statements,
             vec!["ALTER TABLE \"public\".\"readings\" REPLICA IDENTITY DEFAULT;".to_owned()]
         );
+    }
+
+    #[test]
+    fn the_advice_is_a_warning_with_the_statements_only_when_changes_are_lost() {
+        let pk_only: &[(&str, &[&str], bool)] = &[("items_pkey", &["id"], true)];
+        let lossy = facts(
+            ReplicaIdentity::Default,
+            &["id"],
+            &["id"],
+            pk_only,
+            &["id", "cid"],
+        );
+        let a = advise(&lossy, &[need("ct", &["cid"], false)], false);
+        assert!(a.loses_changes());
+        assert_eq!(a.finding.level, freshen::plug::Level::Warning);
+        assert_eq!(a.finding.subject, "public.readings");
+        for s in &a.recommendation.statements {
+            assert!(
+                a.finding.message.contains(s.as_str()),
+                "{}",
+                a.finding.message
+            );
+        }
+        assert!(
+            a.finding.message.starts_with(
+                "view(s) ct need the old cid of an UPDATE that changes it and of a DELETE"
+            ),
+            "{}",
+            a.finding.message
+        );
+        // The key declared fixed: nothing is lost, nothing to run.
+        let a = advise(&lossy, &[need("ct", &["cid"], true)], false);
+        assert!(!a.loses_changes());
+        assert_eq!(a.finding.level, freshen::plug::Level::Ok);
+        assert!(a.recommendation.statements.is_empty());
+        // More than needed is said (check), but loses nothing (run and init stay quiet).
+        let full = facts(ReplicaIdentity::Full, &[], &["id"], pk_only, &["id", "cid"]);
+        let a = advise(&full, &[need("ct", &["cid"], false)], false);
+        assert!(!a.loses_changes());
+        assert!(!a.recommendation.statements.is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 pub mod entries;
 pub mod plan;
 
-use freshen::plug::{Finding, Inferred, Starter, ViewSpec, Watched};
+use freshen::plug::{Finding, Inferred, SourceFix, Starter, ViewSpec, Watched};
 use tokio_postgres::Client;
 
 use crate::check::depends;
@@ -406,12 +406,14 @@ async fn index_advice(
 /// What a starting file for `view` (its entries `inferred`) needs besides the view:
 /// the `[source]` table reading its URL from `url_var`, the `CREATE TABLE` of its
 /// target (the query's columns with their types, the key as primary key) and the
-/// publication `run` creates for the tables it watches, each only if missing.
+/// publication `run` creates for the tables it watches, each only if missing; `fixes`:
+/// what the watched tables' replica identities lack, which the file must say.
 pub async fn starter(
     client: &Client,
     view: &ViewSpec,
     inferred: &Inferred,
     url_var: &str,
+    fixes: Vec<SourceFix>,
 ) -> Result<Starter, Vec<String>> {
     let name = &view.name;
     let Some(q) = &view.query else {
@@ -468,8 +470,19 @@ pub async fn starter(
         "`freshen run` creates the publication for the watched tables if missing (it needs CREATE on the database and ownership of each table) and the replication slot.".to_string(),
     ];
     if freshen::plug::is_plain_query(&q.query) {
+        // Without a reconcile sweep, only a replica identity that carries the old key
+        // makes the table stay complete: the note says which holds.
+        let then = if fixes.is_empty() {
+            "no `reconcile` needed".to_owned()
+        } else {
+            let tables: Vec<&str> = fixes.iter().map(|f| f.table.as_str()).collect();
+            format!(
+                "no `reconcile` needed once the replica identity of {} carries the key (see above)",
+                tables.join(", ")
+            )
+        };
         notes.push(format!(
-            "The first `freshen run` builds {into} whole from the query while it is empty (one INSERT … SELECT, in a snapshot taken after the slot), then keeps it fresh key by key: no `reconcile` needed."
+            "The first `freshen run` builds {into} whole from the query while it is empty (one INSERT … SELECT, in a snapshot taken after the slot), then keeps it fresh key by key: {then}."
         ));
     }
     notes.push(
@@ -482,6 +495,7 @@ pub async fn starter(
         ),
         create,
         notes,
+        fixes,
     })
 }
 
@@ -528,6 +542,28 @@ pub async fn matview(client: &Client, name: &str) -> Result<freshen::plug::Impor
         query: keyed::trim(&def).to_owned(),
         key,
     })
+}
+
+/// For `freshen init --fix-identity`: each of `statements` on its own, in order (an
+/// index built `CONCURRENTLY` cannot run in a transaction); what ran, or the statement
+/// that failed, why, and what ran before it (not undone: there is no transaction).
+pub async fn run_each(client: &Client, statements: &[String]) -> Result<Vec<String>, Vec<String>> {
+    let mut done = Vec::new();
+    for sql in statements {
+        client.batch_execute(sql).await.map_err(|e| {
+            vec![format!(
+                "{sql}: {} (ran before it: {})",
+                crate::error::describe(&e),
+                if done.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    done.join(" ")
+                }
+            )]
+        })?;
+        done.push(sql.clone());
+    }
+    Ok(done)
 }
 
 /// Runs a starting file's statements in one transaction: the table only if missing,

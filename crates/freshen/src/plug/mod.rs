@@ -32,8 +32,9 @@ pub use naming::Naming;
 pub use sink::{Redact, RunSink, SinkPlug, SinkProbe, SinkReport, Splice};
 pub use snapshot::{SinkSnapshotSpec, SinkSnapshots, SnapshotState, TableSnapshot};
 pub use target::{
-    DEFAULT_QUERY_BATCH, DEFAULT_WHOLE_TIMEOUT, GapLedger, Imported, Inferred, QuerySpec, Starter,
-    Target, TargetError, TargetPlug, ViewSpec, ViewTarget, is_plain_query, missing_params,
+    DEFAULT_QUERY_BATCH, DEFAULT_WHOLE_TIMEOUT, GapLedger, Imported, Inferred, QuerySpec,
+    SourceFix, Starter, Target, TargetError, TargetPlug, ViewSpec, ViewTarget, is_plain_query,
+    missing_params,
 };
 
 use crate::source::{BeforeImage, BoxError, BoxFuture, Capabilities, Source, SourceProbe};

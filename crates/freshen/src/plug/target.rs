@@ -265,6 +265,25 @@ pub struct Starter {
     pub create: Vec<String>,
     /// Advice, one item each, printed as comment lines.
     pub notes: Vec<String>,
+    /// What the source's tables must change for the view to see every change it needs;
+    /// never run by `--create` ([`SourceFix`]).
+    pub fixes: Vec<SourceFix>,
+}
+
+/// A change to a source table without which a view loses changes — PostgreSQL: a
+/// replica identity that carries the old key of a DELETE and of an UPDATE that moves a
+/// row to another key. `freshen init` prints it and writes it into the file; only
+/// `freshen init --fix-identity` runs it ([`Target::fix_source`]), since it changes the
+/// user's table and what every write to it logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFix {
+    /// The table, as the source names it (`schema.table`).
+    pub table: String,
+    /// What is lost without it and the cheapest change that keeps it — the words
+    /// `freshen check` reports and `freshen run` warns with.
+    pub advice: String,
+    /// The statements, each complete (ending with `;`), to run one by one in order.
+    pub statements: Vec<String>,
 }
 
 /// What `freshen init --from-matview` reads of a materialized view.
@@ -368,6 +387,22 @@ pub trait Target: Send + Sync + 'static {
             Err(vec![format!(
                 "{name}: materialized views are imported from PostgreSQL"
             )])
+        })
+    }
+
+    /// For `freshen init --fix-identity`: runs [`SourceFix`] statements on the source
+    /// database, one by one in order and each on its own (an index built `CONCURRENTLY`
+    /// cannot run in a transaction); returns what it ran, one line each. Targets that
+    /// write no starting file refuse.
+    fn fix_source<'a>(
+        &'a self,
+        statements: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<String>, Vec<String>>> {
+        let _ = statements;
+        Box::pin(async move {
+            Err(vec![
+                "changing a source table's replica identity needs PostgreSQL".to_string(),
+            ])
         })
     }
 

@@ -55,7 +55,8 @@ pub struct Health {
     pub reconnects: u64,
     /// Events handed over but not yet taken by the consumer.
     pub queued_events: u64,
-    /// The most events ever waiting between reader and consumer (a batch under
+    /// The most events ever waiting between reader and consumer, counted until the
+    /// consumer has taken them (so `queue_batches` + 1 batches at most; a batch under
     /// construction adds at most `batch_size`): memory stays bounded by this.
     pub peak_queued_events: u64,
     /// Commit time of the oldest transaction handed over and not yet acknowledged: the

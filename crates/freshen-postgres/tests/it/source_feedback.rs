@@ -330,9 +330,12 @@ async fn a_million_row_transaction_streams_in_bounded_batches() {
     assert_eq!(acked, 1, "only the batch holding the commit carries an ack");
     assert_eq!(last_index, Some(ROWS as u32 - 1));
     let h = src.health();
+    // The queue's batches, and the one the consumer has just taken off it: the reader
+    // fills the freed slot before the consumer's count of what it took catches up (seen
+    // on PostgreSQL 14 under load: 5120).
     assert!(
-        h.peak_queued_events <= 1024 * 4,
-        "at most queue_batches full batches wait: peak {}",
+        h.peak_queued_events <= 1024 * (4 + 1),
+        "at most queue_batches full batches wait, and one being taken: peak {}",
         h.peak_queued_events
     );
     src.shutdown().await;

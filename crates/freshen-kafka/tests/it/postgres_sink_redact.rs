@@ -16,8 +16,6 @@ use freshen_postgres::{
 };
 use freshen_testenv::refresher::eventually;
 use freshen_testenv::{KafkaFlavor, PgServer};
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use serde_json::Value;
 use support::*;
@@ -155,13 +153,7 @@ async fn redacted_columns_are_in_no_kafka_record() {
         .unwrap();
 
     // Every record up to the delete, as raw bytes and as JSON.
-    let r: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "pii-reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    r.subscribe(&[TOPIC]).unwrap();
+    let r = reader_from_start(&bootstrap, TOPIC, 1);
     let mut raw: Vec<u8> = Vec::new();
     let mut values: Vec<Value> = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -185,6 +177,7 @@ async fn redacted_columns_are_in_no_kafka_record() {
             values.push(serde_json::from_slice(p).unwrap());
         }
     }
+    close("the topic's reader", r).await;
     let _ = stop_driver.send(());
     let _ = stop_sink.send(());
     driver.await.unwrap();

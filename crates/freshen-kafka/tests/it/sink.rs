@@ -12,8 +12,6 @@ use freshen::{Ack, Batch, Op, Row, RowEvent, Source, Tx, Value, channel};
 use freshen_codec::{DebeziumJson, Decoded, Format};
 use freshen_kafka::{KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig, TopicMode};
 use freshen_testenv::KafkaFlavor;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use support::*;
 
@@ -88,13 +86,7 @@ async fn every_change_arrives_once_in_order_per_key() {
     );
 
     // Read the topic back: each change once, each key's changes in commit order.
-    let reader: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    reader.subscribe(&["shop.public.orders"]).unwrap();
+    let reader = reader_from_start(&bootstrap, "shop.public.orders", 3);
     let mut decoder = DebeziumJson::new();
     let mut seen: Vec<(i64, Op, Option<u64>)> = Vec::new();
     while seen.len() < total {
@@ -127,6 +119,7 @@ async fn every_change_arrives_once_in_order_per_key() {
     }
     let extra = tokio::time::timeout(Duration::from_millis(300), reader.recv()).await;
     assert!(extra.is_err(), "nothing beyond the changes");
+    close("the topic's reader", reader).await;
 
     // The source, in Debezium mode, reads the sink's output back as row events.
     let config =
@@ -245,13 +238,7 @@ async fn a_primary_key_change_is_delete_tombstone_create() {
         .unwrap();
     assert_eq!(sink.stats().delivered, 3);
 
-    let reader: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    reader.subscribe(&["moves"]).unwrap();
+    let reader = reader_from_start(&bootstrap, "moves", 1);
     let mut got = Vec::new();
     for _ in 0..3 {
         let msg = tokio::time::timeout(DEADLINE, reader.recv())
@@ -293,4 +280,5 @@ async fn a_primary_key_change_is_delete_tombstone_create() {
             ),
         ]
     );
+    close("the topic's reader", reader).await;
 }

@@ -10,8 +10,6 @@ use freshen::{AckPolicy, Key, Refresher, RowEvent};
 use freshen_codec::Format;
 use freshen_kafka::{KafkaSource, KafkaSourceConfig};
 use freshen_testenv::KafkaFlavor;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use support::*;
 
@@ -71,17 +69,14 @@ async fn three_changes_on_two_keys_make_two_rebuilds_and_poison_is_skipped() {
     assert_eq!(rebuilt.len(), 2, "nothing more after the drain");
 
     // The poison message sits in the dead-letter topic, with where it came from.
-    let dlq: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "dlq-reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    dlq.subscribe(&["cdc-dlq"]).unwrap();
+    let dlq = reader_from_start(&bootstrap, "cdc-dlq", 1);
+    // Detached: a message still held keeps its consumer from closing.
     let msg = tokio::time::timeout(DEADLINE, dlq.recv())
         .await
         .expect("a dead letter")
-        .unwrap();
+        .unwrap()
+        .detach();
+    close("the dead-letter reader", dlq).await;
     assert_eq!(msg.payload(), Some(&b"{not canal-json"[..]));
     assert_eq!(msg.key(), Some(&b"poison"[..]));
     let headers = msg.headers().expect("headers");

@@ -194,7 +194,10 @@ pub fn reader_from_start(bootstrap: &str, topic: &str, partitions: i32) -> Strea
 /// Drops a Kafka client on a blocking thread and waits for it, failing past 60 s:
 /// librdkafka's close blocks the thread it runs on, and a close still talking to the
 /// broker when the test ends (the broker stopped as its locals drop) would hold the
-/// runtime's shutdown without a word. Every test closes its clients before it ends.
+/// runtime's shutdown without a word. Every test closes its clients before it ends,
+/// after dropping (or detaching) the messages it read: librdkafka destroys a consumer
+/// only once none of its messages is held, so a close with one still held waits out
+/// the 60 s.
 pub async fn close<T: Send + 'static>(what: &str, client: T) {
     tokio::time::timeout(
         std::time::Duration::from_secs(60),

@@ -207,7 +207,7 @@ impl Outputs {
 /// Every record of `topic` from its start (key, value and each header as bytes) until
 /// it holds at least `min` and nothing more came for two seconds.
 fn records(bootstrap: &str, topic: &str, min: usize, group: &str) -> Vec<Vec<u8>> {
-    let consumer = subscribe(bootstrap, group, &[topic]);
+    let consumer = reader(bootstrap, group, &[topic]);
     let mut out = Vec::new();
     let deadline = Instant::now() + DEADLINE;
     let mut quiet_since = Instant::now();

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use freshen_testenv::KafkaServer;
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
@@ -38,7 +37,7 @@ fn consume(
     n: usize,
     log: &std::path::Path,
 ) -> Vec<(Value, Value)> {
-    let consumer = subscribe(bootstrap, group, &[topic]);
+    let consumer = reader(bootstrap, group, &[topic]);
     let mut got: Vec<(Value, Value)> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while got.len() < n {
@@ -449,13 +448,7 @@ snapshot_pause_ms = 50
     // Every row at least once (the chunk in flight at the kill may come twice).
     let want: std::collections::BTreeSet<i64> = (1..=3000).collect();
     let mut seen = std::collections::BTreeSet::new();
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka.bootstrap())
-        .set("group.id", "reader")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
-    consumer.subscribe(&["killed"]).unwrap();
+    let consumer = reader(&kafka.bootstrap(), "reader", &["killed"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     while seen != want {
         assert!(

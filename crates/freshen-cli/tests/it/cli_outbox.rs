@@ -133,7 +133,7 @@ impl Reader {
 
     /// A reader in consumer group `group` (a new group reads every topic from the start).
     fn start_as(bootstrap: &str, group: &str) -> Reader {
-        let consumer = subscribe(bootstrap, group, &TOPICS);
+        let consumer = reader(bootstrap, group, &TOPICS);
         let got = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

@@ -622,15 +622,33 @@ pub fn stop_run(run: &mut Running, dir: &Path, n: u32) {
     );
 }
 
-/// A consumer in group `group` (a new group reads from the start) subscribed to `topics`.
-pub fn subscribe(bootstrap: &str, group: &str, topics: &[&str]) -> rdkafka::consumer::BaseConsumer {
+/// A reader of every partition of `topics` from their first records, assigned by hand:
+/// it never joins group `group` (librdkafka needs a `group.id` to assign, not to join)
+/// and commits nothing. A subscribed member's drop waits, without a bound, until the
+/// broker has let it leave its group; a test that only reads a topic has no group to
+/// leave. The topics must exist (their partitions are read from the broker).
+pub fn reader(bootstrap: &str, group: &str, topics: &[&str]) -> rdkafka::consumer::BaseConsumer {
     use rdkafka::consumer::Consumer;
     let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
-        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
         .create()
         .expect("a Kafka consumer");
-    consumer.subscribe(topics).expect("subscribed");
+    let mut assigned = rdkafka::TopicPartitionList::new();
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("the partitions of {topic}: {e}"));
+        for t in metadata.topics() {
+            assert!(!t.partitions().is_empty(), "{topic} has no partitions");
+            for p in t.partitions() {
+                assigned
+                    .add_partition_offset(topic, p.id(), rdkafka::Offset::Beginning)
+                    .expect("a partition to read");
+            }
+        }
+    }
+    consumer.assign(&assigned).expect("the partitions assigned");
     consumer
 }

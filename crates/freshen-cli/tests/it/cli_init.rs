@@ -319,6 +319,16 @@ fn identity_finding(dir: &std::path::Path, url: &str) -> (String, String) {
     )
 }
 
+/// `init_ct("--fix-identity")` in `dir`, which must succeed: what it said.
+fn init_fixing(dir: &std::path::Path, url: &str) -> String {
+    let out = shell(dir, url, &init_ct("--fix-identity"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    said
+}
+
 async fn replica_identity(c: &Client) -> String {
     c.query_one(
         "SELECT relreplident::text FROM pg_class WHERE oid = 'items'::regclass",
@@ -394,11 +404,7 @@ async fn init_fix_identity_keeps_a_count_per_key_true_through_deletes_and_key_mo
     let c = connect(&pg.url()).await;
     c.batch_execute(ITEMS).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let out = shell(dir.path(), &pg.url(), &init_ct("--fix-identity"))
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{said}");
+    let said = init_fixing(dir.path(), &pg.url());
     assert!(
         said.contains("running: CREATE UNIQUE INDEX CONCURRENTLY"),
         "{said}"
@@ -452,4 +458,42 @@ async fn init_fix_identity_keeps_a_count_per_key_true_through_deletes_and_key_mo
     assert_eq!(gone, 0, "the cids every row left are gone");
     let log = std::fs::read_to_string(dir.path().join("run.log")).unwrap();
     assert!(!log.contains("need the old"), "no identity warning: {log}");
+}
+
+/// A `CREATE INDEX CONCURRENTLY` that failed (a lock timeout, a cancelled session) leaves
+/// its index behind, invalid; `--fix-identity` asked again drops it and builds it anew
+/// instead of stopping on "already exists".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_fix_identity_builds_again_an_index_a_failed_build_left_invalid() {
+    let pg = start_pg();
+    let c = connect(&pg.url()).await;
+    c.batch_execute(ITEMS).await.unwrap();
+    // What the failed build left: the index, marked invalid as PostgreSQL marks it.
+    c.batch_execute(
+        "CREATE UNIQUE INDEX items_cid_id_identity ON items (cid, id);
+         UPDATE pg_index SET indisvalid = false
+          WHERE indexrelid = 'items_cid_id_identity'::regclass;",
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let said = init_fixing(dir.path(), &pg.url());
+    assert!(
+        said.contains(
+            "done: DROP INDEX CONCURRENTLY IF EXISTS \"public\".\"items_cid_id_identity\""
+        ),
+        "{said}"
+    );
+    assert_eq!(replica_identity(&c).await, "i");
+    let valid: bool = c
+        .query_one(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'items_cid_id_identity'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(valid, "built anew");
+    let (level, advice) = identity_finding(dir.path(), &pg.url());
+    assert_eq!(level, "ok", "{advice}");
 }

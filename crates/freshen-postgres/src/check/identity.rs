@@ -354,15 +354,36 @@ pub fn recommend(facts: &IdentityFacts, needs: &[ViewNeed], whole_rows: bool) ->
     } else {
         Verdict::Fits
     };
+    // An index of the name freshen would create, over the same columns, that PostgreSQL
+    // cannot use: what a failed `CREATE INDEX CONCURRENTLY` leaves behind (invalid). It
+    // is dropped first, or the create would stop on "already exists".
+    let leftover = match &choice {
+        Choice::UsingIndex {
+            index,
+            columns,
+            create: Some(_),
+        } => facts
+            .unique_indexes
+            .iter()
+            .any(|i| i.name == *index && i.columns == *columns && !i.usable),
+        _ => false,
+    };
     let statements = match (&verdict, &choice) {
         (Verdict::Fits, _) => Vec::new(),
         (_, Choice::Default) => vec![format!(
             "ALTER TABLE {} REPLICA IDENTITY DEFAULT;",
             cur.table.quoted()
         )],
-        (_, Choice::UsingIndex { index, create, .. }) => create
-            .iter()
-            .cloned()
+        (_, Choice::UsingIndex { index, create, .. }) => leftover
+            .then(|| {
+                format!(
+                    "DROP INDEX CONCURRENTLY IF EXISTS {}.{};",
+                    quote_ident(&cur.table.schema),
+                    quote_ident(index)
+                )
+            })
+            .into_iter()
+            .chain(create.iter().cloned())
             .chain([format!(
                 "ALTER TABLE {} REPLICA IDENTITY USING INDEX {};",
                 cur.table.quoted(),
@@ -893,6 +914,23 @@ mod tests {
                 columns: vec!["device".into()],
             }
         );
+        // A failed CONCURRENTLY build left the index invalid: dropped, then built again.
+        let f = facts(
+            ReplicaIdentity::Default,
+            &["id"],
+            &["id"],
+            &[
+                ("readings_pkey", &["id"], true),
+                ("readings_device_id_identity", &["device", "id"], false),
+            ],
+            &["id", "device"],
+        );
+        let r = recommend(&f, &[need("v", &["device"], false)], false);
+        assert_eq!(
+            r.statements[0],
+            "DROP INDEX CONCURRENTLY IF EXISTS \"public\".\"readings_device_id_identity\";"
+        );
+        assert_eq!(r.statements.len(), 3, "{:?}", r.statements);
         let full = facts(ReplicaIdentity::Full, &[], &["id"], &[], &["id"]);
         let r = recommend(&full, &[need("v", &["id"], false)], false);
         assert_eq!(

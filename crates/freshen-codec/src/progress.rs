@@ -104,16 +104,34 @@ impl SnapshotProgress {
     }
 }
 
+impl From<plug::SnapshotState> for SnapshotState {
+    fn from(s: plug::SnapshotState) -> SnapshotState {
+        match s {
+            plug::SnapshotState::Pending => SnapshotState::Pending,
+            plug::SnapshotState::Running => SnapshotState::Running,
+            plug::SnapshotState::Done => SnapshotState::Done,
+        }
+    }
+}
+
+impl From<SnapshotState> for plug::SnapshotState {
+    fn from(s: SnapshotState) -> plug::SnapshotState {
+        match s {
+            SnapshotState::Pending => plug::SnapshotState::Pending,
+            SnapshotState::Running => plug::SnapshotState::Running,
+            SnapshotState::Done => plug::SnapshotState::Done,
+        }
+    }
+}
+
+// Field by field both ways: the core's `TableSnapshot` carries no serde (the core
+// depends on tokio only), so this record is its stored and served form.
 impl From<TableSnapshot> for SnapshotProgress {
     fn from(p: TableSnapshot) -> SnapshotProgress {
         SnapshotProgress {
             schema: p.schema,
             table: p.table,
-            state: match p.state {
-                plug::SnapshotState::Pending => SnapshotState::Pending,
-                plug::SnapshotState::Running => SnapshotState::Running,
-                plug::SnapshotState::Done => SnapshotState::Done,
-            },
+            state: p.state.into(),
             after: p.after,
             after_sealed: p.after_sealed,
             rows: p.rows,
@@ -131,11 +149,7 @@ impl From<SnapshotProgress> for TableSnapshot {
         TableSnapshot {
             schema: p.schema,
             table: p.table,
-            state: match p.state {
-                SnapshotState::Pending => plug::SnapshotState::Pending,
-                SnapshotState::Running => plug::SnapshotState::Running,
-                SnapshotState::Done => plug::SnapshotState::Done,
-            },
+            state: p.state.into(),
             after: p.after,
             after_sealed: p.after_sealed,
             rows: p.rows,
